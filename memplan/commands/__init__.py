@@ -1,0 +1,1 @@
+"""memplan.commands."""

@@ -1,0 +1,73 @@
+"""Per-op durations and copy times: measured where the trace has them, else a roofline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.model import Trace
+from .profiles import DeviceProfile, get_profile
+
+
+@dataclass(frozen=True, eq=False)
+class Cost:
+    """Everything time-related a planner or the simulator needs for one trace on one device."""
+
+    profile: DeviceProfile  # the device the times are for
+    durations: np.ndarray  # seconds per op (float64, indexed by op index)
+
+    @classmethod
+    def for_trace(cls, trace: Trace, device: str | DeviceProfile = "h100", allow_tf32: bool = False) -> "Cost":
+        """Durations for every op of `trace` on `device`.
+
+        Args:
+            trace: the trace; ops with a measured `duration_s` keep it.
+            device: a profile name, profile file or DeviceProfile.
+            allow_tf32: price FP32 matmuls/convs at the TF32 tensor-core rate.
+        """
+        profile = get_profile(device)
+        durations = np.array([
+            op.duration_s if op.duration_s is not None
+            else roofline_s(op.flops, op.bytes_accessed, _dtype_of(trace, op), profile, allow_tf32)
+            for op in trace.ops], dtype=np.float64)
+        return cls(profile=profile, durations=durations)
+
+    def d2h_s(self, nbytes: float) -> float:
+        """Seconds to copy `nbytes` device-to-host over the link (pinned memory)."""
+        return self.profile.copy_latency_s + nbytes / (self.profile.d2h_bytes_per_s * self.profile.link_efficiency)
+
+    def h2d_s(self, nbytes: float) -> float:
+        """Seconds to copy `nbytes` host-to-device over the link (pinned memory)."""
+        return self.profile.copy_latency_s + nbytes / (self.profile.h2d_bytes_per_s * self.profile.link_efficiency)
+
+    def memory_pass_s(self, nbytes: float) -> float:
+        """Seconds for one kernel that reads and writes `nbytes` (e.g. compression)."""
+        return self.profile.launch_s + 2 * nbytes / (self.profile.hbm_bytes_per_s * self.profile.memory_efficiency)
+
+    @property
+    def baseline_compute_s(self) -> float:
+        """Sum of all op durations: the unconstrained iteration time."""
+        return float(self.durations.sum())
+
+
+def roofline_s(flops: float, nbytes: float, dtype: str | None, profile: DeviceProfile,
+               allow_tf32: bool = False) -> float:
+    """Roofline estimate: max(compute time, memory time) plus one launch.
+
+    Ops that neither compute nor touch memory (views, metadata) cost nothing.
+    """
+    if flops <= 0 and nbytes <= 0:
+        return 0.0
+    compute = flops / (profile.peak_flops(dtype, allow_tf32) * profile.compute_efficiency)
+    memory = nbytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
+    return max(compute, memory) + profile.launch_s
+
+
+def _dtype_of(trace: Trace, op) -> str | None:
+    """The dtype an op computes in: that of its first written storage, where known."""
+    for sid in op.writes:
+        dtype = trace.storages[sid].dtype
+        if dtype:
+            return dtype
+    return None

@@ -1,0 +1,136 @@
+"""GPU device profiles: the numbers the roofline cost model and the simulator need.
+
+Peak numbers come from the vendors' spec sheets (cited per profile). Real kernels and
+copies reach only part of a peak; the `*_efficiency` factors say how much, and
+`memplan calibrate` measures them on a real GPU and writes a profile file that `--device`
+accepts alongside the built-in names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from ..errors import MemplanError, unknown_name
+
+TFLOPS = 1e12
+GBPS = 1e9
+GIB = 2**30
+
+# Typical shares of a peak that real work reaches (used unless a profile is calibrated):
+# cuDNN/cuBLAS reach ~60-70% of peak FLOP/s on large layers, elementwise kernels ~80% of
+# HBM bandwidth, and pinned copies ~80% of the PCIe link's theoretical rate.
+DEFAULT_COMPUTE_EFFICIENCY = 0.6
+DEFAULT_MEMORY_EFFICIENCY = 0.8
+DEFAULT_LINK_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceProfile:
+    """What the cost model knows about one GPU and its host link."""
+
+    name: str  # short name used on the command line
+    description: str  # marketing name
+    fp32_flops: float  # peak FP32 FLOP/s (non-tensor-core)
+    tf32_flops: float  # peak TF32 tensor-core FLOP/s, dense (fp32_flops where there is none)
+    bf16_flops: float  # peak 16-bit tensor-core FLOP/s, dense (BF16, or FP16 before Ampere)
+    memory_bytes: int  # device memory size
+    hbm_bytes_per_s: float  # device memory bandwidth
+    h2d_bytes_per_s: float  # host-to-device link bandwidth (one direction)
+    d2h_bytes_per_s: float  # device-to-host link bandwidth (one direction)
+    launch_s: float  # kernel launch latency added to every op
+    copy_latency_s: float = 10e-6  # fixed cost of one host<->device copy
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY  # achieved / peak FLOP/s
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY  # achieved / peak HBM bandwidth
+    link_efficiency: float = DEFAULT_LINK_EFFICIENCY  # achieved / peak link bandwidth
+    calibrated: bool = False  # True when the numbers were measured by `memplan calibrate`
+
+    def peak_flops(self, dtype: str | None, allow_tf32: bool = False) -> float:
+        """Peak FLOP/s for ops of `dtype` (tensor cores for 16-bit types, TF32 if allowed)."""
+        if dtype in ("bfloat16", "float16"):
+            return self.bf16_flops
+        return self.tf32_flops if allow_tf32 else self.fp32_flops
+
+
+# PCIe theoretical per-direction rates: Gen3 x16 15.75 GB/s, Gen4 x16 31.5 GB/s, Gen5 x16 63 GB/s.
+_PCIE3, _PCIE4, _PCIE5 = 15.75 * GBPS, 31.5 * GBPS, 63.0 * GBPS
+
+BUILTIN = {
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TF, TF32 494.7 TF dense
+    # (989 with sparsity), BF16 989.4 TF dense, 80 GB HBM3 at 3.35 TB/s, PCIe Gen5.
+    "h100": DeviceProfile(name="h100", description="NVIDIA H100 SXM 80GB", fp32_flops=67 * TFLOPS,
+                          tf32_flops=494.7 * TFLOPS, bf16_flops=989.4 * TFLOPS, memory_bytes=80 * 10**9,
+                          hbm_bytes_per_s=3350 * GBPS, h2d_bytes_per_s=_PCIE5, d2h_bytes_per_s=_PCIE5,
+                          launch_s=4e-6),
+    # NVIDIA H200 datasheet (SXM): same compute as H100 SXM, 141 GB HBM3e at 4.8 TB/s, PCIe Gen5.
+    "h200": DeviceProfile(name="h200", description="NVIDIA H200 SXM 141GB", fp32_flops=67 * TFLOPS,
+                          tf32_flops=494.7 * TFLOPS, bf16_flops=989.4 * TFLOPS, memory_bytes=141 * 10**9,
+                          hbm_bytes_per_s=4800 * GBPS, h2d_bytes_per_s=_PCIE5, d2h_bytes_per_s=_PCIE5,
+                          launch_s=4e-6),
+    # NVIDIA A100 datasheet (40GB SXM): FP32 19.5 TF, TF32 156 TF, BF16 312 TF dense,
+    # HBM2 1,555 GB/s, PCIe Gen4.
+    "a100": DeviceProfile(name="a100", description="NVIDIA A100 40GB", fp32_flops=19.5 * TFLOPS,
+                          tf32_flops=156 * TFLOPS, bf16_flops=312 * TFLOPS, memory_bytes=40 * 10**9,
+                          hbm_bytes_per_s=1555 * GBPS, h2d_bytes_per_s=_PCIE4, d2h_bytes_per_s=_PCIE4,
+                          launch_s=5e-6),
+    # NVIDIA Tesla V100 datasheet (SXM2 16GB): FP32 15.7 TF, tensor (FP16) 125 TF, no TF32,
+    # HBM2 900 GB/s, PCIe Gen3.
+    "v100": DeviceProfile(name="v100", description="NVIDIA V100 16GB", fp32_flops=15.7 * TFLOPS,
+                          tf32_flops=15.7 * TFLOPS, bf16_flops=125 * TFLOPS, memory_bytes=16 * 10**9,
+                          hbm_bytes_per_s=900 * GBPS, h2d_bytes_per_s=_PCIE3, d2h_bytes_per_s=_PCIE3,
+                          launch_s=5e-6),
+    # NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti (reference): FP32 13.4 TF,
+    # FP16 tensor with FP32 accumulate 53.8 TF, 11 GB GDDR6 at 616 GB/s, PCIe Gen3.
+    "rtx2080ti": DeviceProfile(name="rtx2080ti", description="NVIDIA GeForce RTX 2080 Ti",
+                               fp32_flops=13.4 * TFLOPS, tf32_flops=13.4 * TFLOPS, bf16_flops=53.8 * TFLOPS,
+                               memory_bytes=11 * GIB, hbm_bytes_per_s=616 * GBPS, h2d_bytes_per_s=_PCIE3,
+                               d2h_bytes_per_s=_PCIE3, launch_s=5e-6),
+    # NVIDIA GeForce GTX 1080 Ti spec page: FP32 11.3 TF (boost), no tensor cores,
+    # 11 GB GDDR5X at 484 GB/s, PCIe Gen3.
+    "gtx1080ti": DeviceProfile(name="gtx1080ti", description="NVIDIA GeForce GTX 1080 Ti",
+                               fp32_flops=11.3 * TFLOPS, tf32_flops=11.3 * TFLOPS, bf16_flops=11.3 * TFLOPS,
+                               memory_bytes=11 * GIB, hbm_bytes_per_s=484 * GBPS, h2d_bytes_per_s=_PCIE3,
+                               d2h_bytes_per_s=_PCIE3, launch_s=5e-6),
+}
+
+
+def get_profile(name_or_path: str | DeviceProfile) -> DeviceProfile:
+    """A built-in profile by name, or a profile JSON file written by `memplan calibrate`.
+
+    Raises:
+        UnknownNameError: neither a built-in name nor an existing file.
+        MemplanError: the file is not a valid profile.
+    """
+    if isinstance(name_or_path, DeviceProfile):
+        return name_or_path
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        return read_profile(path)
+    raise unknown_name("device", name_or_path, BUILTIN)
+
+
+def read_profile(path: str | os.PathLike) -> DeviceProfile:
+    """Read a profile JSON file (all DeviceProfile fields)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(DeviceProfile)}
+        unknown = set(data) - known
+        if unknown:
+            raise MemplanError(f"{path}: unknown profile field {sorted(unknown)[0]!r}")
+        return DeviceProfile(**data)
+    except (OSError, json.JSONDecodeError, TypeError) as exc:
+        raise MemplanError(f"{path}: not a device profile: {exc}") from None
+
+
+def profile_to_json(profile: DeviceProfile) -> dict:
+    """The JSON form `read_profile` accepts."""
+    return asdict(profile)
+
+
+def with_overrides(profile: DeviceProfile, **changes) -> DeviceProfile:
+    """A copy of `profile` with some numbers replaced (e.g. measured ones)."""
+    return replace(profile, **changes)

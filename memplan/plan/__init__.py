@@ -1,0 +1,1 @@
+"""Plans and planners: the plan format, the registry and one module per planner family."""

@@ -1,0 +1,157 @@
+"""The plan: where every storage lives, and the explicit schedule that implies.
+
+A storage with no decision is kept resident for its whole lifetime. Each Decision takes
+one storage out of device memory for one gap between two of its accesses:
+
+    swap       after op `out_after` the storage is copied to host (device-to-host engine)
+               and its device memory is released when the copy completes (or, if `sync`,
+               the compute stream waits for that copy before the next op). At op `trigger`
+               the prefetch is issued: its bytes are allocated then, the copy runs on the
+               host-to-device engine, and op `back_before` waits for it to land.
+    recompute  after op `out_after` the storage is freed at once; right before op
+               `back_before` its producer chain (Trace.lineage) runs again on the compute
+               stream.
+
+A gap with out_after >= back_before wraps around the iteration boundary (cross-iteration
+swaps of weights and optimizer state): the storage is away from op out_after+1 to the end
+of the iteration and from op 0 up to back_before in the next one.
+A storage may have several decisions for disjoint gaps (multi-swap).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from ..errors import TraceFormatError
+
+ACTIONS = ("swap", "recompute")
+PLAN_SCHEMA = "memplan.plan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """One storage leaves device memory after one op and is back before a later one."""
+
+    storage: int  # storage id
+    action: str  # "swap" or "recompute"
+    out_after: int  # the last op that touches it before the gap
+    back_before: int  # the next op that touches it (wraps around when <= out_after)
+    trigger: int | None = None  # swap only: op at whose start the prefetch is issued (default back_before)
+    sync: bool = False  # swap only: the compute stream waits for the swap-out (vDNN)
+    compress_ratio: float | None = None  # zero-value compression: compressed/original bytes; None = off
+
+    def __post_init__(self):
+        if self.action not in ACTIONS:
+            raise ValueError(f"decision for storage {self.storage}: action {self.action!r} is not one of {ACTIONS}")
+        if self.compress_ratio is not None and not 0.0 < self.compress_ratio <= 1.0:
+            raise ValueError(f"decision for storage {self.storage}: compress_ratio must be in (0, 1]")
+
+    @property
+    def wraps(self) -> bool:
+        """True for a gap across the iteration boundary."""
+        return self.back_before <= self.out_after
+
+    @property
+    def prefetch_at(self) -> int:
+        """The op at whose start the prefetch is issued (swap) or the recompute runs."""
+        return self.back_before if self.trigger is None or self.action == "recompute" else self.trigger
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolSlot:
+    """Where one residency interval of a storage sits in the pool."""
+
+    storage: int  # storage id
+    start: int  # first op of the residency interval (its alloc op, prefetch trigger or recompute op)
+    offset: int  # byte offset in the pool
+
+
+@dataclass(frozen=True, kw_only=True)
+class MicroBatch:
+    """How one convolution layer is split into micro-batches (mu-cuDNN)."""
+
+    module: str  # leaf module path
+    phase: str  # "forward" or "backward"
+    sizes: tuple[int, ...]  # micro-batch sizes, summing to the batch
+    algos: tuple[str, ...] = ()  # convolution algorithm per micro-batch, where chosen
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A planner's answer for one trace and budget."""
+
+    decisions: tuple[Decision, ...] = ()  # swaps and recomputes; everything else is kept
+    pool: tuple[PoolSlot, ...] = ()  # planned offsets, when a pool was laid out
+    pool_bytes: int | None = None  # size of the pool block, when laid out
+    microbatches: tuple[MicroBatch, ...] = ()  # micro-batch configurations per conv layer
+    planner: str = "none"  # registry name of the planner that made it
+    params: dict = field(default_factory=dict)  # the planner's hyper-parameters
+    seed: int | None = None  # the seed the planner used
+    budget_bytes: int | None = None  # the budget the plan was made for
+    trace_digest: str | None = None  # Trace.digest of the trace it was made for
+    predicted: dict = field(default_factory=dict)  # simulator summary at planning time
+    planning_s: float = 0.0  # wall-clock seconds the planner took
+
+    def with_meta(self, **changes) -> "Plan":
+        """A copy with some fields replaced."""
+        return replace(self, **changes)
+
+    def by_storage(self) -> dict[int, list[Decision]]:
+        """Decisions grouped by storage id, each list in order of out_after."""
+        out: dict[int, list[Decision]] = {}
+        for d in sorted(self.decisions, key=lambda d: (d.storage, d.out_after)):
+            out.setdefault(d.storage, []).append(d)
+        return out
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict with schema and version."""
+        return {"schema": PLAN_SCHEMA, "version": PLAN_VERSION, **asdict(self)}
+
+    @staticmethod
+    def from_json(data: dict, source: str = "<plan>") -> "Plan":
+        """Rebuild a plan from `to_json` output, checking the schema.
+
+        Raises:
+            TraceFormatError: naming the source and the bad field.
+        """
+        if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+            raise TraceFormatError(f"{source}: field 'schema': not a memplan plan")
+        if data.get("version") != PLAN_VERSION:
+            raise TraceFormatError(f"{source}: field 'version': expected {PLAN_VERSION}, got {data.get('version')!r}")
+        body = {k: v for k, v in data.items() if k not in ("schema", "version")}
+        try:
+            body["decisions"] = tuple(Decision(**d) for d in body.get("decisions", ()))
+            body["pool"] = tuple(PoolSlot(**p) for p in body.get("pool", ()))
+            body["microbatches"] = tuple(
+                MicroBatch(**{**m, "sizes": tuple(m["sizes"]), "algos": tuple(m.get("algos", ()))})
+                for m in body.get("microbatches", ()))
+            return Plan(**body)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise TraceFormatError(f"{source}: bad plan field: {exc}") from None
+
+
+def write_plan(plan: Plan, path: str | os.PathLike) -> None:
+    """Write a plan as JSON, atomically."""
+    from ..trace.io import atomic_write_text
+
+    atomic_write_text(path, json.dumps(plan.to_json(), indent=1) + "\n")
+
+
+def read_plan(path: str | os.PathLike) -> Plan:
+    """Read a plan written by `write_plan`.
+
+    Raises:
+        TraceFormatError: the file is missing, not JSON or not a plan.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: cannot read plan: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
+    return Plan.from_json(data, str(path))

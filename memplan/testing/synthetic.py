@@ -1,0 +1,85 @@
+"""Small synthetic traces with known structure, for tests and examples.
+
+`chain_trace` builds the iteration of a plain feed-forward chain of n layers: each
+forward op saves its output for the backward pass, each backward op frees the
+activation it consumed. No torch needed, so planners and the simulator can be tested
+before (and independently of) the tracer.
+"""
+
+from __future__ import annotations
+
+from ..trace.model import Op, Storage, Trace
+
+MIB = 2**20
+
+
+def chain_trace(n_layers: int = 8, act_bytes: int = 64 * MIB, param_bytes: int = 4 * MIB,
+                flops_per_layer: float = 2e11, sizes: list[int] | None = None) -> Trace:
+    """A forward/backward/optimizer iteration of an n-layer chain.
+
+    Args:
+        n_layers: number of layers.
+        act_bytes: size of every activation (ignored when `sizes` is given).
+        param_bytes: size of every layer's weight (and its gradient).
+        flops_per_layer: FLOPs of each forward op (backward ops do twice as much).
+        sizes: per-layer activation sizes, overriding `act_bytes`.
+    Returns:
+        The trace; storage names say what each one is ("x", "a3", "g3", "w3", "dw3").
+    """
+    sizes = sizes or [act_bytes] * n_layers
+    b = _Builder()
+    x = b.storage("x", sizes[0], "input", pre=True)
+    weights = [b.storage(f"w{i}", param_bytes, "param", pre=True, persistent=True) for i in range(n_layers)]
+    acts = [x]
+    for i in range(n_layers):
+        a = b.storage(f"a{i}", sizes[i], "activation")
+        b.op("aten.linear", "forward", f"layer{i}", reads=[acts[-1], weights[i]], writes=[a], flops=flops_per_layer)
+        acts.append(a)
+    grad = b.storage("loss_grad", sizes[-1], "temp")
+    b.op("aten.mse_loss_backward", "backward", "loss", reads=[acts[-1]], writes=[grad], flops=0)
+    grads = []
+    for i in reversed(range(n_layers)):
+        g_in = b.storage(f"g{i}", sizes[i - 1] if i else sizes[0], "temp")
+        dw = b.storage(f"dw{i}", param_bytes, "grad")
+        b.op("aten.linear_backward", "backward", f"layer{i}", reads=[grad, acts[i], weights[i]],
+             writes=[g_in, dw], flops=2 * flops_per_layer)
+        grad = g_in
+        grads.append(dw)
+    for i, dw in zip(reversed(range(n_layers)), grads):
+        b.op("aten.add_", "optimizer", "", reads=[weights[i], dw], writes=[weights[i]], flops=0)
+    return b.build(meta={"source": "synthetic", "model": f"chain{n_layers}"})
+
+
+class _Builder:
+    """Collects storages and ops, then derives lifetimes from first write and last access."""
+
+    def __init__(self):
+        self.specs: list[dict] = []
+        self.ops: list[dict] = []
+
+    def storage(self, name: str, nbytes: int, kind: str, pre: bool = False, persistent: bool = False) -> int:
+        self.specs.append(dict(name=name, nbytes=nbytes, kind=kind, pre=pre, persistent=persistent))
+        return len(self.specs) - 1
+
+    def op(self, name: str, phase: str, module: str, reads, writes, flops: float) -> None:
+        self.ops.append(dict(name=name, phase=phase, module=module, reads=tuple(reads), writes=tuple(writes),
+                             flops=float(flops)))
+
+    def build(self, meta: dict) -> Trace:
+        n = len(self.ops)
+        first, last = {}, {}
+        for i, op in enumerate(self.ops):
+            for sid in op["writes"] + op["reads"]:
+                first.setdefault(sid, i)
+                last[sid] = i
+        storages = []
+        for sid, spec in enumerate(self.specs):
+            alloc = 0 if spec["pre"] else first[sid]
+            free = n if spec["persistent"] or spec["kind"] == "grad" else last[sid] + 1
+            storages.append(Storage(id=sid, nbytes=spec["nbytes"], kind=spec["kind"], alloc_op=alloc,
+                                    free_op=free, persistent=spec["persistent"], dtype="float32",
+                                    name=spec["name"]))
+        sizes = [s.nbytes for s in storages]
+        ops = tuple(Op(index=i, bytes_accessed=sum(sizes[s] for s in set(op["reads"] + op["writes"])), **op)
+                    for i, op in enumerate(self.ops))
+        return Trace(storages=tuple(storages), ops=ops, meta=meta)

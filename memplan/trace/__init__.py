@@ -1,0 +1,1 @@
+"""Traces of one training iteration: data model, tracer, file formats, importers."""

@@ -1,0 +1,146 @@
+"""Traces as JSON lines: a header line, then one storage or op record per line.
+
+Loading checks the schema and every field, and names the file, line and field that is
+wrong; writing goes to a temporary file renamed into place, so no half-written trace is
+ever left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from ..errors import TraceFormatError
+from .model import SCHEMA, SCHEMA_VERSION, Op, Storage, Trace
+
+_REQUIRED = {
+    "storage": {"id": int, "nbytes": int, "kind": str, "alloc_op": int, "free_op": int},
+    "op": {"index": int, "name": str, "phase": str},
+}
+_OPTIONAL = {
+    "storage": {"persistent": bool, "dtype": (str, type(None)), "shape": (list, type(None)),
+                "name": (str, type(None))},
+    "op": {"module": str, "reads": list, "writes": list, "flops": (int, float),
+           "bytes_accessed": int, "duration_s": (int, float, type(None))},
+}
+
+
+def write_trace(trace: Trace, path: str | os.PathLike) -> None:
+    """Write `trace` to `path` as JSON lines, atomically."""
+    header = {"schema": SCHEMA, "version": SCHEMA_VERSION, "meta": trace.meta,
+              "num_steps_hint": trace.num_steps_hint}
+    lines = [json.dumps(header, default=str)]
+    lines += [json.dumps({"type": "storage", **_compact(asdict(s))}) for s in trace.storages]
+    lines += [json.dumps({"type": "op", **_compact(asdict(op))}) for op in trace.ops]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read a trace written by `write_trace`.
+
+    Raises:
+        TraceFormatError: naming the file, line and field that is wrong.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: cannot read trace: {exc}") from None
+    return parse_trace(text, str(path))
+
+
+def parse_trace(text: str, source: str = "<trace>") -> Trace:
+    """Parse the JSON-lines text of a trace; `source` names it in errors."""
+    lines = text.splitlines()
+    if not lines:
+        raise TraceFormatError(f"{source}: empty file, expected a memplan trace header")
+    header = _json_line(lines[0], source, 1)
+    if header.get("schema") != SCHEMA:
+        raise TraceFormatError(f"{source}:1: field 'schema': expected {SCHEMA!r}, got {header.get('schema')!r}")
+    if header.get("version") != SCHEMA_VERSION:
+        raise TraceFormatError(f"{source}:1: field 'version': expected {SCHEMA_VERSION}, got {header.get('version')!r}")
+    storages, ops = [], []
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        record = _json_line(line, source, lineno)
+        kind = record.pop("type", None)
+        if kind not in _REQUIRED:
+            raise TraceFormatError(f"{source}:{lineno}: field 'type': expected 'storage' or 'op', got {kind!r}")
+        _check_fields(record, kind, source, lineno)
+        try:
+            (storages if kind == "storage" else ops).append(_build(kind, record))
+        except ValueError as exc:
+            raise TraceFormatError(f"{source}:{lineno}: {exc}") from None
+    try:
+        return Trace(storages=tuple(storages), ops=tuple(ops), meta=header.get("meta") or {},
+                     num_steps_hint=int(header.get("num_steps_hint") or 0))
+    except ValueError as exc:
+        raise TraceFormatError(f"{source}: {exc}") from None
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _compact(record: dict) -> dict:
+    """Drop fields at their defaults to keep lines short."""
+    return {k: v for k, v in record.items() if v not in (None, (), False, "", 0.0) or k in ("id", "index", "alloc_op", "free_op", "nbytes")}
+
+
+def _json_line(line: str, source: str, lineno: int) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(f"{source}:{lineno}: not JSON ({exc.msg})") from None
+    if not isinstance(record, dict):
+        raise TraceFormatError(f"{source}:{lineno}: expected a JSON object")
+    return record
+
+
+def _check_fields(record: dict, kind: str, source: str, lineno: int) -> None:
+    for name, typ in _REQUIRED[kind].items():
+        if name not in record:
+            raise TraceFormatError(f"{source}:{lineno}: {kind} record is missing field {name!r}")
+        if not _is(record[name], typ):
+            raise TraceFormatError(f"{source}:{lineno}: field {name!r}: wrong type {type(record[name]).__name__}")
+    for name, value in record.items():
+        typ = _REQUIRED[kind].get(name) or _OPTIONAL[kind].get(name)
+        if typ is None:
+            raise TraceFormatError(f"{source}:{lineno}: unknown {kind} field {name!r}")
+        if not _is(value, typ):
+            raise TraceFormatError(f"{source}:{lineno}: field {name!r}: wrong type {type(value).__name__}")
+    for name in ("reads", "writes", "shape"):
+        if isinstance(record.get(name), list) and not all(_is(v, int) for v in record[name]):
+            raise TraceFormatError(f"{source}:{lineno}: field {name!r}: expected a list of integers")
+
+
+def _is(value, typ) -> bool:
+    """isinstance, except that bool is not accepted as an int."""
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def _build(kind: str, record: dict):
+    cls = Storage if kind == "storage" else Op
+    names = {f.name for f in fields(cls)}
+    args = {k: v for k, v in record.items() if k in names}
+    for key in ("reads", "writes", "shape"):
+        if isinstance(args.get(key), list):
+            args[key] = tuple(args[key])
+    return cls(**args)

@@ -1,0 +1,237 @@
+"""The trace of one training iteration: storages, ops and their lifetimes.
+
+Every planner, the simulator, the validator and the executor read this one model.
+Times are op indices; a lifetime is the half-open interval [alloc_op, free_op):
+the storage is resident while ops alloc_op .. free_op-1 run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+KINDS = ("param", "grad", "optimizer_state", "input", "activation", "temp", "workspace")
+PHASES = ("forward", "backward", "optimizer")
+SCHEMA = "memplan.trace"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Storage:
+    """One buffer in device memory; views and in-place results map to it."""
+
+    id: int  # dense index, 0..len(storages)-1
+    nbytes: int  # size of the buffer in bytes
+    kind: str  # one of KINDS
+    alloc_op: int  # first op during which it is resident (its first write, 0 if it pre-exists)
+    free_op: int  # first op during which it is gone again (last use + 1, or the framework's free)
+    persistent: bool = False  # alive across the iteration boundary (params, optimizer state)
+    dtype: str | None = None  # torch dtype name, e.g. "float32", where known
+    shape: tuple[int, ...] | None = None  # shape of the tensor that created it, where known
+    name: str | None = None  # a readable or imported id (param name, snapshot address, CSV id)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"storage {self.id}: kind {self.kind!r} is not one of {KINDS}")
+        if self.nbytes < 0 or self.free_op < self.alloc_op:
+            raise ValueError(f"storage {self.id}: bad size or lifetime")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Op:
+    """One operator call on the compute stream, in program order."""
+
+    index: int  # logical time: position in the trace
+    name: str  # aten op (e.g. "aten.convolution.default") or layer kind
+    phase: str  # one of PHASES
+    module: str = ""  # path of the owning leaf module, e.g. "layer1.0.conv1"; "" if none
+    reads: tuple[int, ...] = ()  # storage ids read
+    writes: tuple[int, ...] = ()  # storage ids written (new outputs and in-place targets)
+    flops: float = 0.0  # floating point operations (torch.utils.flop_counter)
+    bytes_accessed: int = 0  # bytes read plus bytes written
+    duration_s: float | None = None  # measured duration; None means "use the cost model"
+
+    def __post_init__(self):
+        if self.phase not in PHASES:
+            raise ValueError(f"op {self.index}: phase {self.phase!r} is not one of {PHASES}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """Ops of one leaf module in one phase: the layer view of vDNN and HOME."""
+
+    module: str  # leaf module path
+    phase: str  # "forward" or "backward"
+    ops: tuple[int, ...]  # op indices, ascending
+    inputs: tuple[int, ...]  # storages read but not written inside the layer (X, or dY)
+    outputs: tuple[int, ...]  # storages written inside the layer (Y, or dX)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trace:
+    """One training iteration.
+
+    A pool-only problem (a minimalloc CSV) has storages and no ops; its time axis is
+    0..num_steps-1.
+    """
+
+    storages: tuple[Storage, ...]  # indexed by Storage.id
+    ops: tuple[Op, ...]  # indexed by Op.index
+    meta: dict = field(default_factory=dict)  # source, model, batch, device, notes
+    num_steps_hint: int = 0  # time-axis length for traces without ops
+
+    def __post_init__(self):
+        for i, s in enumerate(self.storages):
+            if s.id != i:
+                raise ValueError(f"storage ids must be dense: position {i} holds id {s.id}")
+        for i, op in enumerate(self.ops):
+            if op.index != i:
+                raise ValueError(f"op indices must be dense: position {i} holds index {op.index}")
+
+    # --- sizes and the load curve -------------------------------------------------------
+
+    @property
+    def num_steps(self) -> int:
+        """Length of the time axis: number of ops, or the hint for pool-only traces."""
+        return len(self.ops) or self.num_steps_hint
+
+    @cached_property
+    def nbytes(self) -> np.ndarray:
+        """Storage sizes as an int64 array indexed by storage id."""
+        return np.array([s.nbytes for s in self.storages], dtype=np.int64)
+
+    @cached_property
+    def alloc_ops(self) -> np.ndarray:
+        """alloc_op per storage (int64 array)."""
+        return np.array([s.alloc_op for s in self.storages], dtype=np.int64)
+
+    @cached_property
+    def free_ops(self) -> np.ndarray:
+        """free_op per storage (int64 array)."""
+        return np.array([s.free_op for s in self.storages], dtype=np.int64)
+
+    @cached_property
+    def load(self) -> np.ndarray:
+        """Bytes resident while each op runs (int64 array of length num_steps)."""
+        delta = np.zeros(self.num_steps + 1, dtype=np.int64)
+        np.add.at(delta, self.alloc_ops, self.nbytes)
+        np.add.at(delta, self.free_ops, -self.nbytes)
+        return np.cumsum(delta)[: self.num_steps]
+
+    @property
+    def peak_load_bytes(self) -> int:
+        """Largest resident load over the iteration, without any plan."""
+        return int(self.load.max()) if self.num_steps else 0
+
+    @property
+    def peak_op(self) -> int:
+        """First op at which the peak load is reached."""
+        return int(self.load.argmax()) if self.num_steps else 0
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """Total bytes of all storages per kind (kinds with no storage are omitted)."""
+        out: dict[str, int] = {}
+        for s in self.storages:
+            out[s.kind] = out.get(s.kind, 0) + s.nbytes
+        return out
+
+    # --- accesses and lineage -------------------------------------------------------------
+
+    @cached_property
+    def accesses(self) -> tuple[tuple[int, ...], ...]:
+        """Per storage, the ascending op indices that read or write it."""
+        acc: list[list[int]] = [[] for _ in self.storages]
+        for op in self.ops:
+            for sid in set(op.reads) | set(op.writes):
+                acc[sid].append(op.index)
+        return tuple(tuple(a) for a in acc)
+
+    @cached_property
+    def writers(self) -> tuple[tuple[int, ...], ...]:
+        """Per storage, the ascending op indices that write it."""
+        out: list[list[int]] = [[] for _ in self.storages]
+        for op in self.ops:
+            for sid in set(op.writes):
+                out[sid].append(op.index)
+        return tuple(tuple(w) for w in out)
+
+    def producer(self, sid: int) -> int | None:
+        """The op that first wrote storage `sid` (None for pre-existing storages)."""
+        writers = self.writers[sid]
+        return writers[0] if writers else None
+
+    def lineage(self, sid: int, before_op: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """What must run again to rebuild `sid` as it was just before op `before_op`.
+
+        Returns:
+            (ops, inputs): the ops that wrote `sid` before `before_op` (its producer and
+            any in-place updates, in order) and the other storages those ops read, which
+            must be resident (or rebuilt first) when the recomputation runs.
+        """
+        ops = tuple(i for i in self.writers[sid] if i < before_op)
+        inputs = sorted({r for i in ops for r in self.ops[i].reads if r != sid})
+        return ops, tuple(inputs)
+
+    def recomputable(self, sid: int) -> bool:
+        """True when `sid` has a producer op inside the trace (so it can be rebuilt)."""
+        s = self.storages[sid]
+        return bool(self.writers[sid]) and not s.persistent and s.kind not in ("input", "param")
+
+    # --- layer view -------------------------------------------------------------------------
+
+    @cached_property
+    def layers(self) -> tuple[Layer, ...]:
+        """Consecutive ops of one leaf module in forward or backward, as layers."""
+        groups: list[list[Op]] = []
+        for op in self.ops:
+            if op.phase == "optimizer" or not op.module:
+                continue
+            last = groups[-1][-1] if groups else None
+            if last and last.module == op.module and last.phase == op.phase and last.index == op.index - 1:
+                groups[-1].append(op)
+            else:
+                groups.append([op])
+        return tuple(_layer_of(g) for g in groups)
+
+    # --- identity ---------------------------------------------------------------------------
+
+    @cached_property
+    def digest(self) -> str:
+        """A short hash of storages and op structure: a plan names the trace it was made for."""
+        h = hashlib.sha256()
+        for s in self.storages:
+            h.update(f"{s.nbytes},{s.kind},{s.alloc_op},{s.free_op},{int(s.persistent)};".encode())
+        for op in self.ops:
+            h.update(f"{op.name},{op.phase},{op.reads},{op.writes};".encode())
+        return h.hexdigest()[:16]
+
+    def summary(self) -> dict:
+        """The numbers `memplan info` prints."""
+        return {
+            "ops": len(self.ops),
+            "storages": len(self.storages),
+            "peak_load_bytes": self.peak_load_bytes,
+            "peak_op": self.peak_op,
+            "peak_op_name": self.ops[self.peak_op].name if self.ops else None,
+            "peak_phase": self.ops[self.peak_op].phase if self.ops else None,
+            "bytes_by_kind": self.bytes_by_kind(),
+            "ops_by_phase": {p: sum(op.phase == p for op in self.ops) for p in PHASES},
+            "total_flops": float(sum(op.flops for op in self.ops)),
+            "meta": json.loads(json.dumps(self.meta, default=str)),
+        }
+
+
+def _layer_of(ops: list[Op]) -> Layer:
+    written = {w for op in ops for w in op.writes}
+    read = {r for op in ops for r in op.reads}
+    return Layer(
+        module=ops[0].module,
+        phase=ops[0].phase,
+        ops=tuple(op.index for op in ops),
+        inputs=tuple(sorted(read - written)),
+        outputs=tuple(sorted(written)),
+    )

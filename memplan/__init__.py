@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "trace": "memplan.trace.tracer",
+    "trace_workload": "memplan.trace.tracer",
     "read_trace": "memplan.trace.io",
     "write_trace": "memplan.trace.io",
     "load_any": "memplan.trace.formats",

@@ -1,5 +1,108 @@
-"""Placeholder: filled in by its issue."""
+"""`memplan demo`: the main job on embedded defaults, no GPU needed.
+
+Traces a few zoo models with fake tensors, plans each with every registered planner at a
+budget below its unconstrained peak, simulates every plan on a GPU profile, prints a table
+and writes the memory-load plots.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..cli import add_json_flag, emit_json
+from ..errors import MemplanError
+
+log = logging.getLogger(__name__)
+
+DEMO_MODELS = (("resnet50", 64), ("vgg16-cifar", 100), ("hf:gpt2", 8))
+DEMO_BUDGET = "70%"
+DEMO_DEVICE = "h100"
+# Pool-only planners lay out offsets without moving tensors; the demo compares movers.
+POOL_ONLY = ("smartpool", "smartpool-bestfit", "smartpool-firstfit")
 
 
-def add_parser(sub):
-    """Nothing registered yet."""
+def add_parser(sub) -> None:
+    """Register `memplan demo`."""
+    p = sub.add_parser("demo", help="trace, plan and simulate a few zoo models (no GPU needed)")
+    p.add_argument("--out", default="out/demo", help="folder for the traces, plans and plots")
+    p.add_argument("--device", default=DEMO_DEVICE, help="GPU profile to simulate on")
+    p.add_argument("--budget", default=DEMO_BUDGET, help="memory budget, bytes or share of the peak")
+    p.add_argument("--models", default=",".join(f"{m}@{b}" for m, b in DEMO_MODELS),
+                   help="comma-separated MODEL@BATCH list")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Trace, plan and simulate every demo model; print and plot the results."""
+    from ..plan.base import known_planners
+
+    out = Path(args.out)
+    planners = [name for name in known_planners() if name not in POOL_ONLY and not name.endswith("+smartpool")]
+    rows = []
+    for model, batch in _parse_models(args.models):
+        rows += _demo_model(model, batch, planners, args, out)
+    if args.json:
+        emit_json({"device": args.device, "budget": args.budget, "rows": rows})
+    else:
+        _print_table(rows, args)
+    return 0
+
+
+def _parse_models(text: str) -> list[tuple[str, int]]:
+    models = []
+    for item in text.split(","):
+        name, _, batch = item.strip().partition("@")
+        if not batch.isdigit():
+            raise MemplanError(f"--models: expected MODEL@BATCH, got {item!r}")
+        models.append((name, int(batch)))
+    return models
+
+
+def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) -> list[dict]:
+    from ..cost.model import Cost
+    from ..errors import InfeasibleBudgetError
+    from ..plan.base import plan
+    from ..plots import plot_load_curves
+    from ..sim.simulate import simulate
+    from ..trace.io import write_trace
+    from ..trace.tracer import trace_workload
+
+    log.info("tracing %s at batch %d with fake tensors", model, batch)
+    trace = trace_workload(model, batch, fake=True)
+    stem = model.replace(":", "_")
+    write_trace(trace, out / f"{stem}.jsonl")
+    cost = Cost.for_trace(trace, args.device)
+    rows, results = [], {}
+    for name in planners:
+        row = {"model": model, "batch": batch, "planner": name, "peak_bytes": trace.peak_load_bytes}
+        try:
+            result_plan = plan(trace, args.budget, planner=name, cost=cost, simulate_result=False)
+        except InfeasibleBudgetError as exc:
+            rows.append({**row, "feasible": False, "min_feasible_bytes": exc.min_feasible_bytes})
+            continue
+        sim = simulate(trace, result_plan, cost=cost, budget=result_plan.budget_bytes, timeline=True)
+        results[name] = sim
+        rows.append({**row, "feasible": sim.feasible, "budget_bytes": result_plan.budget_bytes,
+                     "plan_peak_bytes": sim.peak_load_bytes, "overhead": sim.overhead if sim.feasible else None,
+                     "planning_s": result_plan.planning_s})
+    plot_load_curves(f"{model} batch {batch}: memory load under each plan ({args.device}, simulated)",
+                     trace, cost, results, out / f"{stem}_load.png")
+    return rows
+
+
+def _print_table(rows: list[dict], args) -> None:
+    from ..units import format_bytes
+
+    print(f"device {args.device}, budget {args.budget} of each model's unconstrained peak (simulated)")
+    print(f"{'model':<14}{'planner':<22}{'peak':>12}{'plan peak':>12}{'overhead':>10}{'plan s':>8}")
+    for r in rows:
+        if not r["feasible"]:
+            need = format_bytes(r["min_feasible_bytes"]) if "min_feasible_bytes" in r else "?"
+            print(f"{r['model']:<14}{r['planner']:<22}{format_bytes(r['peak_bytes']):>12}"
+                  f"{'infeasible (needs ' + need + ')':>30}")
+            continue
+        print(f"{r['model']:<14}{r['planner']:<22}{format_bytes(r['peak_bytes']):>12}"
+              f"{format_bytes(r['plan_peak_bytes']):>12}{r['overhead']:>9.1%}{r['planning_s']:>8.2f}")
+    print(f"plots and traces in {args.out}/")

@@ -1,5 +1,215 @@
-"""Placeholder: filled in by its issue."""
+"""`memplan plan` (plan a trace under a budget), `memplan planners` (list them) and
+`memplan calibrate` (measure this GPU into a device profile)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+
+from ..cli import add_json_flag, emit_json
+from ..errors import MemplanError
+from ..units import format_bytes
+
+log = logging.getLogger(__name__)
+
+INVALID_PLAN = 1  # exit code when a planner returns a plan that does not validate (a bug, not the user's)
+SHOWN_VIOLATIONS = 5  # violations listed when a plan is rejected
 
 
-def add_parser(sub):
-    """Nothing registered yet."""
+def add_parser(sub) -> None:
+    """Register `plan`, `planners` and `calibrate`."""
+    p = sub.add_parser("plan", help="plan where every storage of a trace lives under a memory budget")
+    p.add_argument("trace", help="trace file")
+    p.add_argument("--planner", default="none", help="registered planner name (see `memplan planners`)")
+    p.add_argument("--budget", required=True, help="bytes (8GiB, 512MB) or a share of the trace's peak (60%%)")
+    p.add_argument("--device", default="h100", help="device profile name or profile JSON (default h100)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for search planners (default 0)")
+    p.add_argument("--param", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="planner hyper-parameters (int, float, true/false, else string)")
+    p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
+    p.add_argument("-o", "--output", required=True, help="plan file to write (JSON)")
+    add_json_flag(p)
+    p.set_defaults(func=run_plan)
+
+    q = sub.add_parser("planners", help="list the registered planners")
+    add_json_flag(q)
+    q.set_defaults(func=run_planners)
+
+    c = sub.add_parser("calibrate", help="measure this CUDA GPU into a device profile (needs a GPU)")
+    c.add_argument("-o", "--output", default=None, help="profile JSON to write (usable as --device FILE)")
+    c.add_argument("--name", default=None, help="profile name (default: from the GPU's name)")
+    c.add_argument("--gpu", type=int, default=0, help="CUDA device index (default 0)")
+    add_json_flag(c)
+    c.set_defaults(func=run_calibrate)
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+
+def parse_params(items: list[str]) -> dict:
+    """`key=value` strings into planner keyword arguments (values typed as int, float, bool or str).
+
+    Raises:
+        MemplanError: an item without `=` or with an empty key.
+    """
+    from ..zoo.config import parse_value
+
+    params = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise MemplanError(f"--param: expected key=value, got {item!r}")
+        params[key.strip().replace("-", "_")] = parse_value(text.strip())
+    return params
+
+
+def simulator_available() -> bool:
+    """True once `memplan.sim.simulate` exists (the prediction is skipped until then)."""
+    try:
+        importlib.import_module("memplan.sim.simulate")
+    except ModuleNotFoundError as exc:
+        if exc.name != "memplan.sim.simulate":
+            raise
+        return False
+    return True
+
+
+def run_plan(args) -> int:
+    """Plan, validate, write the plan and print its predicted simulation."""
+    from ..plan.base import plan
+    from ..plan.model import write_plan
+    from ..sim.validate import validate
+    from ..trace.formats import load_any
+
+    trace = load_any(args.trace, args.format)
+    params = parse_params(args.param)
+    result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed,
+                  simulate_result=simulator_available(), **params)
+    violations = validate(trace, result, result.budget_bytes)
+    summary = plan_summary(result)
+    if violations:
+        return _reject(args, summary, violations)
+    write_plan(result, args.output)
+    summary["output"] = str(args.output)
+    if args.json:
+        emit_json(summary)
+    else:
+        _print_rows(_plan_rows(summary))
+    return 0
+
+
+def plan_summary(result) -> dict:
+    """The numbers `memplan plan` prints for a plan."""
+    actions = {}
+    for d in result.decisions:
+        actions[d.action] = actions.get(d.action, 0) + 1
+    return {
+        "planner": result.planner, "params": result.params, "seed": result.seed,
+        "budget_bytes": result.budget_bytes, "trace_digest": result.trace_digest,
+        "decisions": len(result.decisions), "swaps": actions.get("swap", 0),
+        "recomputes": actions.get("recompute", 0), "pool_bytes": result.pool_bytes,
+        "microbatches": len(result.microbatches), "planning_s": result.planning_s,
+        "predicted": result.predicted or None, "valid": True,
+    }
+
+
+def _reject(args, summary: dict, violations) -> int:
+    summary.update(valid=False, violations=[{"kind": v.kind, "storage": v.storage, "op": v.op,
+                                             "message": v.message} for v in violations])
+    if args.json:
+        emit_json(summary)
+    head = "; ".join(str(v) for v in violations[:SHOWN_VIOLATIONS])
+    print(f"memplan: error: planner {summary['planner']!r} produced an invalid plan "
+          f"({len(violations)} violations; not written): {head}", file=sys.stderr)
+    return INVALID_PLAN
+
+
+def _plan_rows(summary: dict) -> list[tuple[str, object]]:
+    rows = [("planner", summary["planner"]), ("budget", _bytes(summary["budget_bytes"])),
+            ("decisions", f"{summary['decisions']} ({summary['swaps']} swap, {summary['recomputes']} recompute)")]
+    if summary["pool_bytes"] is not None:
+        rows.append(("pool", _bytes(summary["pool_bytes"])))
+    if summary["microbatches"]:
+        rows.append(("micro-batched layers", summary["microbatches"]))
+    rows.append(("planning time", f"{summary['planning_s']:.3f} s"))
+    predicted = summary["predicted"]
+    if predicted:
+        rows += _prediction_rows(predicted)
+    else:
+        rows.append(("predicted", "n/a (simulator not available)"))
+    rows.append(("written", summary["output"]))
+    return rows
+
+
+def _prediction_rows(p: dict) -> list[tuple[str, object]]:
+    if not p.get("feasible", True):
+        return [("predicted", f"infeasible at op {p.get('infeasible_op')} "
+                              f"(short by {format_bytes(p.get('shortfall_bytes', 0))})")]
+    rows = [("predicted time", f"{p['time_s'] * 1e3:.2f} ms (baseline {p['baseline_time_s'] * 1e3:.2f} ms, "
+                               f"overhead {p['overhead']:+.1%})"),
+            ("predicted peak", _bytes(p["peak_load_bytes"])),
+            ("host memory", format_bytes(p.get("host_peak_bytes", 0))),
+            ("link traffic", format_bytes(p.get("link_bytes", 0)))]
+    rows += [(f"  {k}", f"{v * 1e3:.2f} ms") for k, v in p.get("breakdown", {}).items()]
+    return rows
+
+
+def _bytes(n: int | None) -> str:
+    return "-" if n is None else f"{format_bytes(n)} ({n} B)"
+
+
+def _print_rows(rows) -> None:
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+# --- planners ----------------------------------------------------------------------------------
+
+
+def run_planners(args) -> int:
+    """List registered planner names with their one-line summaries."""
+    from ..plan.base import known_planners
+
+    planners = [{"name": spec.name, "summary": spec.summary, "defaults": spec.defaults}
+                for spec in known_planners().values()]
+    if args.json:
+        emit_json({"planners": json.loads(json.dumps(planners, default=str))})
+    else:
+        _print_rows([(p["name"], p["summary"]) for p in planners])
+    return 0
+
+
+# --- calibrate ---------------------------------------------------------------------------------
+
+
+def run_calibrate(args) -> int:
+    """Measure the GPU, print the profile and write it (with -o)."""
+    from ..cost.calibrate import calibrate
+    from ..cost.profiles import profile_to_json
+    from ..trace.io import atomic_write_text
+
+    profile = calibrate(args.gpu, name=args.name)
+    data = profile_to_json(profile)
+    if args.output:
+        atomic_write_text(args.output, json.dumps(data, indent=1) + "\n")
+    if args.json:
+        emit_json({**data, "output": args.output})
+    else:
+        _print_rows(_profile_rows(data) + ([("written", args.output)] if args.output else []))
+    return 0
+
+
+def _profile_rows(data: dict) -> list[tuple[str, object]]:
+    tera, giga = 1e12, 1e9
+    return [("name", data["name"]), ("device", data["description"]),
+            ("FP32", f"{data['fp32_flops'] / tera:.1f} TFLOP/s"), ("TF32", f"{data['tf32_flops'] / tera:.1f} TFLOP/s"),
+            ("BF16", f"{data['bf16_flops'] / tera:.1f} TFLOP/s"),
+            ("memory bandwidth", f"{data['hbm_bytes_per_s'] / giga:.0f} GB/s"),
+            ("host->device", f"{data['h2d_bytes_per_s'] / giga:.1f} GB/s"),
+            ("device->host", f"{data['d2h_bytes_per_s'] / giga:.1f} GB/s"),
+            ("launch latency", f"{data['launch_s'] * 1e6:.1f} us"),
+            ("copy latency", f"{data['copy_latency_s'] * 1e6:.1f} us"),
+            ("memory", format_bytes(data["memory_bytes"]))]

@@ -1,5 +1,78 @@
-"""Placeholder: filled in by its issue."""
+"""`memplan sweep`: run planners over budgets; print load_min and overhead against memory."""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import MemplanError
+from ..units import format_bytes
+
+AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
 
 
 def add_parser(sub):
-    """Nothing registered yet."""
+    """Register `memplan sweep`."""
+    from ..cli import add_json_flag
+    from ..plan.sweep import DEFAULT_BUDGETS
+
+    p = sub.add_parser("sweep", help="run planners over budgets (overhead against memory)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("trace", help="trace file (memplan JSON lines or an importable format)")
+    p.add_argument("--planner", action="append", required=True,
+                   help="planner name; repeat to put several on one plot")
+    p.add_argument("--budgets", default=DEFAULT_BUDGETS,
+                   help=f"comma-separated sizes or shares of the peak (default {DEFAULT_BUDGETS})")
+    p.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
+    p.add_argument("--seed", type=int, default=0, help="seed for search planners")
+    p.add_argument("--allow-multi-swap", action="store_true",
+                   help="AutoSwap: below load_min, swap storages more than once")
+    p.add_argument("--trials", type=int, default=None, help="AutoSwap bo: Bayesian-optimisation evaluations")
+    p.add_argument("--objective", choices=("simulated", "measured"), default=None,
+                   help="AutoSwap bo: what the search minimises (measured needs a GPU)")
+    p.add_argument("--plot", metavar="PNG", help="write the overhead-against-memory plot here")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Run the sweep and print it."""
+    from ..cli import emit_json
+    from ..plan.sweep import parse_budgets, plot_pareto, sweep
+    from ..trace.formats import load_any
+
+    trace = load_any(args.trace)
+    budgets = parse_budgets(args.budgets, trace.peak_load_bytes)
+    params = {name: _autoswap_params(args) for name in args.planner if name.startswith(AUTOSWAP_PREFIX)}
+    result = sweep(trace, args.planner, budgets, args.device, seed=args.seed, params=params,
+                   progress=not args.json and sys.stderr.isatty())
+    if args.plot:
+        plot_pareto(result, args.plot, title=f"{trace.meta.get('model', args.trace)} on {args.device}")
+    if args.json:
+        emit_json(result.to_json())
+    else:
+        _print_table(result)
+    return 0
+
+
+def _autoswap_params(args) -> dict:
+    out = {}
+    if args.allow_multi_swap:
+        out["allow_multi_swap"] = True
+    if args.trials is not None:
+        if args.trials < 1:
+            raise MemplanError(f"--trials must be at least 1, not {args.trials}")
+        out["n_trials"] = args.trials
+    if args.objective:
+        out["objective"] = args.objective
+    return out
+
+
+def _print_table(result) -> None:
+    print(f"peak load {format_bytes(result.peak_load_bytes)}   load_min {format_bytes(result.load_min_bytes)}")
+    print(f"{'planner':<26} {'budget':>12} {'peak load':>12} {'footprint':>12} {'overhead':>9} {'plan s':>7}")
+    for p in result.points:
+        peak = format_bytes(p.peak_load_bytes) if p.peak_load_bytes is not None else "-"
+        foot = format_bytes(p.footprint_bytes) if p.footprint_bytes else "-"
+        over = f"{p.overhead * 100:.2f}%" if p.overhead is not None else "infeasible"
+        print(f"{p.planner:<26} {format_bytes(p.budget_bytes):>12} {peak:>12} {foot:>12} {over:>9} "
+              f"{p.planning_s:>7.2f}")

@@ -1,5 +1,157 @@
-"""Placeholder: filled in by its issue."""
+"""`memplan trace` (record one iteration of a model) and `memplan info` (describe a trace)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from ..cli import add_json_flag, emit_json
+from ..errors import MemplanError
+from ..units import format_bytes
+
+# Meta entries too long for a summary (per saved tensor lists); they stay in the file.
+_LONG_META = ("pack_order", "pack_ops")
+PHASE_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
+GIB = 2**30
+_FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 
 
-def add_parser(sub):
-    """Nothing registered yet."""
+def add_parser(sub) -> None:
+    """Register `trace` and `info`."""
+    p = sub.add_parser("trace", help="record one training iteration of a model as a trace")
+    p.add_argument("model", help="zoo model name (e.g. resnet50), hf:<name>, tv:<name>, or module:function")
+    p.add_argument("--batch", type=int, required=True, help="batch size")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--fake", dest="fake", action="store_true", default=True,
+                      help="fake tensors: nothing is allocated (default)")
+    mode.add_argument("--real", dest="fake", action="store_false", help="real tensors (op times on CUDA)")
+    p.add_argument("--input-size", type=int, default=None, help="image side in pixels (image models; default: the model's)")
+    p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="model options (int, float, true/false, else string)")
+    p.add_argument("--device", default="cpu", help="where model and inputs live (e.g. cuda with --real)")
+    p.add_argument("--warmup", type=int, default=1, help="untraced iterations first (default 1)")
+    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON lines)")
+    add_json_flag(p)
+    p.set_defaults(func=run_trace)
+
+    q = sub.add_parser("info", help="summarise a trace: ops, storages, peak load, bytes per kind")
+    q.add_argument("trace", help="trace file")
+    q.add_argument("--format", default=None, help="file format (detected when omitted)")
+    q.add_argument("--per-op", action="store_true", help="also give the memory load at every op")
+    q.add_argument("--plot", default=None, metavar="FILE.png", help="draw the load curve with phases shaded")
+    add_json_flag(q)
+    q.set_defaults(func=run_info)
+
+
+def run_trace(args) -> int:
+    """Trace the model and write the trace file."""
+    from ..trace.io import write_trace
+    from ..trace.tracer import trace_workload
+
+    if args.batch < 1:
+        raise MemplanError(f"--batch must be at least 1, got {args.batch}")
+    if args.warmup < 0:
+        raise MemplanError(f"--warmup must be 0 or more, got {args.warmup}")
+    from ..zoo import parse_config
+
+    config = parse_config(args.config)
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # module:function from the current folder, as `python -m` allows
+    if not args.verbose:
+        # A model that rejects its input fails inside a fake kernel; torch logs the traceback,
+        # and we report the error in one line instead.
+        logging.getLogger(_FAKE_TENSOR_LOGGER).setLevel(logging.CRITICAL)
+    with _spinner(f"tracing {args.model}") as bar:
+        trace = trace_workload(args.model, args.batch, fake=args.fake, input_size=args.input_size,
+                               warmup=args.warmup, progress=lambda n: bar.update(n - bar.n),
+                               **_device_option(args.device), **config)
+    write_trace(trace, args.output)
+    summary = {"output": str(args.output), **summarise(trace)}
+    if args.json:
+        emit_json(summary)
+    else:
+        _print_table(summary)
+    return 0
+
+
+def _device_option(device: str) -> dict:
+    # The zoo's default is the CPU; pass the device only when another one is asked for.
+    return {} if device == "cpu" else {"device": device}
+
+
+def run_info(args) -> int:
+    """Print the summary of a trace (and draw its load curve)."""
+    from ..trace.formats import load_any
+
+    trace = load_any(args.trace, args.format)
+    summary = summarise(trace)
+    if args.per_op:
+        summary["load_per_op"] = trace.load.tolist()
+    if args.plot:
+        plot_load(trace, args.plot)
+        summary["plot"] = str(args.plot)
+    if args.json:
+        emit_json(summary)
+    else:
+        _print_table(summary)
+    return 0
+
+
+def summarise(trace) -> dict:
+    """`Trace.summary()` without the per-saved-tensor lists in its meta."""
+    summary = trace.summary()
+    summary["meta"] = {k: v for k, v in summary["meta"].items() if k not in _LONG_META}
+    return summary
+
+
+def plot_load(trace, path) -> None:
+    """Draw the memory load over op index, each phase shaded, to a PNG file."""
+    from ..plots import new_figure, save_figure
+
+    fig, ax = new_figure()
+    steps = range(trace.num_steps)
+    ax.step(steps, trace.load / GIB, where="post", color="black", lw=1)
+    for phase, start, stop in _phase_runs(trace):
+        ax.axvspan(start, stop, color=PHASE_COLOURS[phase], alpha=0.15, lw=0)
+    for phase, colour in PHASE_COLOURS.items():
+        ax.fill_between([], [], color=colour, alpha=0.3, label=phase)
+    if trace.num_steps:
+        ax.axhline(trace.peak_load_bytes / GIB, color="red", ls="--", lw=0.8,
+                   label=f"peak {format_bytes(trace.peak_load_bytes)} at op {trace.peak_op}")
+    ax.set_xlabel("op index")
+    ax.set_ylabel("memory load (GiB)")
+    ax.set_title(f"{trace.meta.get('model', 'trace')}: memory load over one iteration")
+    ax.legend(fontsize=8, loc="upper left")
+    save_figure(fig, path)
+
+
+def _phase_runs(trace):
+    """(phase, first op, one past last op) for each maximal run of one phase."""
+    runs = []
+    for op in trace.ops:
+        if runs and runs[-1][0] == op.phase:
+            runs[-1][2] = op.index + 1
+        else:
+            runs.append([op.phase, op.index, op.index + 1])
+    return [tuple(r) for r in runs]
+
+
+def _print_table(summary: dict) -> None:
+    rows = [("ops", summary["ops"]), ("storages", summary["storages"]),
+            ("peak load", f"{format_bytes(summary['peak_load_bytes'])} ({summary['peak_load_bytes']} B)"),
+            ("peak at op", f"{summary['peak_op']} {summary['peak_op_name'] or ''} ({summary['peak_phase'] or '-'})"),
+            ("total FLOPs", f"{summary['total_flops']:.4g}")]
+    rows += [(f"ops in {phase}", n) for phase, n in summary["ops_by_phase"].items()]
+    rows += [(f"bytes {kind}", format_bytes(n)) for kind, n in summary["bytes_by_kind"].items()]
+    rows += [(key, summary[key]) for key in ("output", "plot") if key in summary]
+    rows += [(f"meta {k}", v) for k, v in summary["meta"].items() if v not in (None, {}, "")]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+def _spinner(desc: str):
+    """A tqdm counter of recorded ops on stderr (silent when stderr is not a terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(desc=desc, unit=" ops", file=sys.stderr, disable=None, leave=False)

@@ -1,1 +1,178 @@
-"""Placeholder: filled in by its issue."""
+"""AutoSwap (paper 000 §IV): priority-score swap planning, its Bayesian-optimised variant,
+and the combined SmartPool + AutoSwap mode (§V).
+
+Registered names: `autoswap:doa`, `autoswap:aoa`, `autoswap:wdoa`, `autoswap:swdoa`,
+`autoswap:bo`, and each of them with `+smartpool` (swap plan first, then the offline pool
+laid out over the resulting buffers).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost.model import Cost
+from ..errors import InfeasibleBudgetError, MemplanError
+from ..trace.model import Trace
+from ..units import format_bytes
+from . import _autoswap_schedule as sched
+from ._autoswap_bo import tune_weights
+from ._autoswap_scores import DEFAULT_MIN_BYTES, Candidates, all_scores, find_candidates, standardize
+from .base import register
+from .model import Plan
+
+log = logging.getLogger(__name__)
+
+SCORES = ("aoa", "doa", "wdoa", "swdoa")  # the order of the BO weights a, b, c, d (Eq. 3)
+VARIANTS = SCORES + ("bo",)
+DEFAULT_TRIALS = 35  # §VI-B2: BO converges within 30 to 40 evaluations
+OBJECTIVES = ("simulated", "measured")
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Problem:
+    """Everything one (trace, budget) needs, computed once and shared by all score variants."""
+
+    trace: Trace  # the iteration
+    cost: Cost  # its op and copy times
+    budget_bytes: int  # the memory load limit
+    cand: Candidates  # the swap candidates
+    scores: dict  # standardized priority score arrays by name (SCORES)
+
+
+def load_min_bytes(trace: Trace, min_bytes: int = DEFAULT_MIN_BYTES, multi_swap: bool = False) -> int:
+    """The lowest load reachable by swapping every candidate once (`load_min`, §VI-B1).
+
+    Args:
+        trace: the iteration.
+        min_bytes: the candidate size threshold.
+        multi_swap: include every gap of every large-enough storage (the floor of
+            `allow_multi_swap`).
+    Returns:
+        Bytes; the unconstrained peak when there are no candidates.
+    """
+    cand = find_candidates(trace, min_bytes, multi_swap)
+    return sched.load_min(trace.load, cand) if len(trace.ops) else 0
+
+
+def make_problem(trace: Trace, budget_bytes: int, cost: Cost, *, min_bytes: int = DEFAULT_MIN_BYTES,
+                 allow_multi_swap: bool = False, planner: str = "autoswap") -> Problem:
+    """Candidates and standardized scores for one budget, after checking it is reachable.
+
+    Raises:
+        InfeasibleBudgetError: the budget is below `load_min` (or below the multi-swap
+            floor with `allow_multi_swap`).
+    """
+    cand = find_candidates(trace, min_bytes, allow_multi_swap)
+    floor = sched.load_min(trace.load, cand)
+    if budget_bytes < floor:
+        raise _below_load_min(budget_bytes, floor, planner, allow_multi_swap)
+    raw = all_scores(cand, cost, trace.load) if len(cand) else {k: np.zeros(0) for k in SCORES}
+    return Problem(trace=trace, cost=cost, budget_bytes=budget_bytes, cand=cand,
+                   scores={k: standardize(v) for k, v in raw.items()})
+
+
+def _below_load_min(budget: int, floor: int, planner: str, multi: bool) -> InfeasibleBudgetError:
+    what = "with multi-swap (every gap of every storage)" if multi else "(every candidate swapped once)"
+    hint = "" if multi else "; allow_multi_swap=True (--allow-multi-swap) swaps storages more than once"
+    return InfeasibleBudgetError(
+        f"budget {format_bytes(budget)} is below load_min {format_bytes(floor)} ({floor} bytes) of planner "
+        f"{planner!r} {what}{hint}", budget_bytes=budget, min_feasible_bytes=floor)
+
+
+def plan_for_priority(problem: Problem, priority: np.ndarray) -> Plan:
+    """Select (§IV-D) and schedule (§IV-E) the swaps for one priority score array."""
+    cand, load = problem.cand, problem.trace.load
+    order = sched.priority_order(priority, cand.primary)
+    chosen, planned = sched.select(load, cand, order, problem.budget_bytes)
+    if not chosen:
+        return Plan()
+    picked = cand.subset(np.array(sorted(chosen)))
+    trigger = sched.just_in_time_triggers(picked, problem.cost)
+    trigger = sched.fit_triggers(planned, picked, trigger, problem.budget_bytes)
+    return Plan(decisions=sched.decisions(picked, trigger))
+
+
+def combined_priority(problem: Problem, weights) -> np.ndarray:
+    """Eq. 3: a*AOA + b*DOA + c*WDOA + d*SWDOA over the standardized scores."""
+    return sum(float(w) * problem.scores[k] for w, k in zip(weights, SCORES))
+
+
+def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, score: str = "bo",
+             smartpool: bool = False, min_bytes: int = DEFAULT_MIN_BYTES, allow_multi_swap: bool = False,
+             n_trials: int = DEFAULT_TRIALS, objective: str = "simulated", weights=None,
+             pool_time_limit_s: float | None = None) -> Plan:
+    """AutoSwap: swap the highest-priority candidates until the load fits the budget.
+
+    Args:
+        trace, budget_bytes, cost, seed: see `memplan.plan.base`.
+        score: "doa", "aoa", "wdoa", "swdoa" or "bo" (Bayesian-optimised weights, §IV-C).
+        smartpool: lay out the SmartPool pool over the swap plan's buffers afterwards.
+        min_bytes: candidate size threshold (§IV-A, default 1 MiB).
+        allow_multi_swap: below load_min, swap further gaps (storages more than once).
+        n_trials: BO evaluations (bo only).
+        objective: "simulated" overhead, or "measured" on a CUDA device (bo only).
+        weights: fixed (a, b, c, d) for the combined score; skips the BO search.
+        pool_time_limit_s: time limit for the pool search (smartpool only; default: the pool's).
+    Returns:
+        The plan: one swap decision per chosen gap, with just-in-time prefetch triggers.
+    Raises:
+        InfeasibleBudgetError: the budget is below load_min (names it).
+        MemplanError: a bad score, objective or weights.
+    """
+    _check_args(score, objective, weights)
+    name = f"autoswap:{score}" + ("+smartpool" if smartpool else "")
+    if budget_bytes >= trace.peak_load_bytes:
+        result = Plan()
+    else:
+        problem = make_problem(trace, budget_bytes, cost, min_bytes=min_bytes,
+                               allow_multi_swap=allow_multi_swap, planner=name)
+        result = _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective,
+                               weights=weights)
+    if smartpool:
+        result = attach_pool(trace, result, cost=cost, seed=seed, time_limit_s=pool_time_limit_s)
+    return result
+
+
+def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective: str, weights) -> Plan:
+    if score in SCORES:
+        return plan_for_priority(problem, problem.scores[score])
+    if weights is None:
+        weights = tune_weights(problem, plan_for_priority, combined_priority, seed=seed, n_trials=n_trials,
+                               objective=objective)
+    log.info("autoswap:bo weights a,b,c,d = %s", ", ".join(f"{w:+.3f}" for w in weights))
+    result = plan_for_priority(problem, combined_priority(problem, weights))
+    return result.with_meta(params={"weights": [float(w) for w in weights]})
+
+
+def _check_args(score: str, objective: str, weights) -> None:
+    if score not in VARIANTS:
+        raise MemplanError(f"autoswap score must be one of {', '.join(VARIANTS)}, not {score!r}")
+    if objective not in OBJECTIVES:
+        raise MemplanError(f"autoswap objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    if weights is not None and (len(weights) != len(SCORES) or any(abs(float(w)) > 1 for w in weights)):
+        raise MemplanError("autoswap weights must be four numbers (a, b, c, d) in [-1, 1]")
+
+
+def attach_pool(trace: Trace, plan: Plan, *, cost: Cost, seed: int = 0, time_limit_s: float | None = None) -> Plan:
+    """The plan with the SmartPool pool (§III) laid out over its buffers (§V: swap first, then pool).
+
+    Swap-outs release their memory when the simulated device-to-host copy completes, so
+    the pool is timed with the same `cost` as the plan.
+    """
+    from ..pool import with_pool
+
+    limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+    return with_pool(trace, plan, allocator="smartpool", seed=seed, cost=cost, **limit)
+
+
+for _variant in VARIANTS:
+    _summary = {"doa": "duration of absence", "aoa": "area of absence", "wdoa": "weighted duration of absence",
+                "swdoa": "submodular weighted duration of absence",
+                "bo": "Bayesian-optimised combination of the four scores"}[_variant]
+    register(f"autoswap:{_variant}", f"AutoSwap (paper 000 §IV), priority score: {_summary}",
+             score=_variant)(autoswap)
+    register(f"autoswap:{_variant}+smartpool", f"AutoSwap:{_variant} then the SmartPool pool (paper 000 §V)",
+             score=_variant, smartpool=True)(autoswap)

@@ -1,1 +1,177 @@
-"""Placeholder: filled in by its issue."""
+"""PyTorch-style baseline planners: what a PyTorch user already has.
+
+- `none`: keep everything (plain training).
+- `save-on-cpu`: `torch.autograd.graph.save_on_cpu`: every saved activation is copied to
+  the host synchronously after its last forward use and fetched on demand when backward
+  first needs it (no prefetch).
+- `checkpoint-all`: `torch.utils.checkpoint` around every top-level block (first
+  component of `Op.module`): inside a block every saved activation is dropped and
+  recomputed, the block's outputs are kept; the block is re-run once, right before its
+  first backward use.
+- `sqrt-n`: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost": the
+  forward layers split into about sqrt(n) segments, segment outputs kept, the inside
+  recomputed with the same mechanics.
+
+They ignore the budget for their decisions; each raises `infeasible(...)` when its static
+peak (swap-outs released right after the last use, fetches and recomputes allocated when
+issued) exceeds the budget, naming that peak as the smallest feasible load.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+
+from ..cost.model import Cost
+from ..trace.model import Trace
+from .base import infeasible, register
+from .model import Decision, Plan
+
+
+@register("none", "keep everything resident (plain PyTorch training)")
+def plan_none(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+    """Keep every storage; infeasible when the trace's own peak exceeds the budget."""
+    return _finish(trace, budget_bytes, (), "none")
+
+
+@register("save-on-cpu", "torch.autograd.graph.save_on_cpu: every saved activation to host, fetched on demand")
+def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+    """Swap every saved activation synchronously after its last forward access.
+
+    The fetch is issued when backward first needs it (trigger = back_before), as
+    save_on_cpu's unpack hook does. Where the trace records which storages autograd saved
+    (`meta["pack_order"]`), only those activations are moved.
+    """
+    saved = _saved_storages(trace)
+    decisions = []
+    for sid in _backward_activations(trace):
+        if saved is not None and sid not in saved:
+            continue
+        back = _first_backward_access(trace, sid)
+        out = _last_access_before(trace, sid, back)
+        decisions.append(Decision(storage=sid, action="swap", out_after=out, back_before=back, trigger=back,
+                                  sync=True))
+    return _finish(trace, budget_bytes, decisions, "save-on-cpu")
+
+
+@register("checkpoint-all", "torch.utils.checkpoint around every top-level block: recompute all but block outputs")
+def plan_checkpoint_all(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+    """Checkpoint every top-level module (the first component of `Op.module`).
+
+    Forward ops outside any module (functional code in the model's own forward, the
+    loss) are not checkpointed: what they produce is kept.
+    """
+    blocks = {op.index: op.module.split(".")[0] for op in trace.ops if op.phase == "forward" and op.module}
+    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "checkpoint-all")
+
+
+@register("sqrt-n", "Chen et al. 2016: ~sqrt(n) segments of forward layers, recompute inside segments")
+def plan_sqrt_n(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
+                segments: int | None = None) -> Plan:
+    """Checkpoint ~sqrt(n) consecutive segments of the n forward layers.
+
+    Args:
+        segments: number of segments; default round(sqrt(n)).
+    """
+    blocks = sqrt_n_segments(trace, segments)
+    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "sqrt-n")
+
+
+# --- shared mechanics ---------------------------------------------------------------------------
+
+
+def sqrt_n_segments(trace: Trace, segments: int | None = None) -> dict[int, int]:
+    """Map every forward op to its segment: forward layers (ops of one leaf module; single
+    ops when the trace names no modules) cut into `segments` runs of equal length.
+
+    Args:
+        trace: the trace.
+        segments: number of segments; None for round(sqrt(number of layers)).
+    Returns:
+        {forward op index: segment number}.
+    """
+    forward = [op.index for op in trace.ops if op.phase == "forward"]
+    starts = [layer.ops[0] for layer in trace.layers if layer.phase == "forward"] or forward
+    if not starts:
+        return {}
+    count = max(1, min(len(starts), segments or round(math.sqrt(len(starts)))))
+    per_segment = math.ceil(len(starts) / count)
+    # Ops before the first layer belong to the first; any other op to the layer it follows.
+    return {i: max(0, bisect.bisect_right(starts, i) - 1) // per_segment for i in forward}
+
+
+def checkpoint_decisions(trace: Trace, block_of: dict[int, object]) -> list[Decision]:
+    """Recompute decisions that checkpoint every block of forward ops.
+
+    A saved activation produced inside a block is recomputed unless a forward op of
+    another block (or outside every block) reads it (a block output). All of a block's
+    recomputed storages come back before the block's first backward access, so the block
+    runs again once.
+
+    Args:
+        trace: the trace.
+        block_of: {forward op index: block key}; forward ops missing from it are in no block.
+    Returns:
+        The recompute decisions.
+    """
+    members: dict[object, list[int]] = {}
+    for sid in _backward_activations(trace):
+        producer = trace.producer(sid)
+        block = block_of.get(producer)
+        if block is not None and trace.recomputable(sid) and not _read_outside(trace, sid, block, block_of):
+            members.setdefault(block, []).append(sid)
+    decisions = []
+    for sids in members.values():
+        back = min(_first_backward_access(trace, sid) for sid in sids)
+        for sid in sids:
+            out = _last_access_before(trace, sid, back)
+            if out + 1 < back:  # an empty gap would save nothing
+                decisions.append(Decision(storage=sid, action="recompute", out_after=out, back_before=back))
+    return decisions
+
+
+def _read_outside(trace: Trace, sid: int, block: object, block_of: dict[int, object]) -> bool:
+    """True when a forward op outside `block` reads `sid`: it is an output of the block."""
+    return any(trace.ops[i].phase == "forward" and block_of.get(i) != block for i in trace.accesses[sid])
+
+
+def _backward_activations(trace: Trace) -> list[int]:
+    """Activations with at least one backward access (those autograd saved), by id."""
+    return [s.id for s in trace.storages
+            if s.kind == "activation" and _first_backward_access(trace, s.id) is not None]
+
+
+def _saved_storages(trace: Trace) -> set[int] | None:
+    order = trace.meta.get("pack_order")
+    return None if order is None else set(order)
+
+
+def _first_backward_access(trace: Trace, sid: int) -> int | None:
+    return next((i for i in trace.accesses[sid] if trace.ops[i].phase == "backward"), None)
+
+
+def _last_access_before(trace: Trace, sid: int, op: int) -> int:
+    accesses = trace.accesses[sid]
+    return accesses[bisect.bisect_left(accesses, op) - 1]
+
+
+def static_peak(trace: Trace, decisions) -> int:
+    """Peak load when each decided storage is away from out_after+1 until it is fetched
+    (trigger) or recomputed (back_before); these baselines make no wrap-around gaps."""
+    n = trace.num_steps
+    delta = np.zeros(n + 1, dtype=np.int64)
+    for d in decisions:
+        lo, hi = d.out_after + 1, d.prefetch_at
+        if lo < hi:
+            delta[lo] -= trace.storages[d.storage].nbytes
+            delta[hi] += trace.storages[d.storage].nbytes
+    return int((trace.load + np.cumsum(delta)[:n]).max()) if n else 0
+
+
+def _finish(trace: Trace, budget_bytes: int, decisions, name: str) -> Plan:
+    peak = static_peak(trace, decisions)
+    if peak > budget_bytes:
+        raise infeasible(budget_bytes, peak, name)
+    return Plan(decisions=tuple(decisions))

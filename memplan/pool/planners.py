@@ -1,1 +1,33 @@
-"""Placeholder: filled in by its issue."""
+"""Pool planners: `smartpool`, `smartpool-bestfit`, `smartpool-firstfit`.
+
+They keep every storage resident (no swaps) and lay all buffers out in one offline-planned
+pool. To pool a swap plan, use `memplan.pool.with_pool(trace, plan)` (AutoSwap's
+`+smartpool` variants do).
+"""
+
+from __future__ import annotations
+
+from ..plan.base import infeasible, register
+from ..plan.model import Plan
+from .api import DEFAULT_TIME_LIMIT_S, layout
+
+
+def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAULT_TIME_LIMIT_S) -> Plan:
+    if budget_bytes < trace.peak_load_bytes:
+        raise infeasible(budget_bytes, trace.peak_load_bytes, allocator)
+    result = layout(trace, None, allocator=allocator, time_limit_s=time_limit_s, seed=seed, cost=cost)
+    return Plan(pool=result.slots, pool_bytes=result.footprint_bytes)
+
+
+@register("smartpool", "offline pool: orderings portfolio + exact search (beyond paper 000)", allocator="smartpool")
+def smartpool_planner(trace, budget_bytes, cost, *, seed=0, allocator="smartpool",
+                      time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Plan:
+    """Keep everything resident; lay buffers out with `smartpool` under `time_limit_s`."""
+    return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator, time_limit_s=time_limit_s)
+
+
+@register("smartpool-bestfit", "offline pool, paper 000: size-descending best-fit", allocator="smartpool-bestfit")
+@register("smartpool-firstfit", "offline pool, paper 000: size-descending first-fit", allocator="smartpool-firstfit")
+def paper_pool_planner(trace, budget_bytes, cost, *, seed=0, allocator="smartpool-bestfit") -> Plan:
+    """Keep everything resident; lay buffers out with the paper's greedy."""
+    return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator)

@@ -96,9 +96,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+_ALWAYS_WRITTEN = ("id", "index", "alloc_op", "free_op", "nbytes")
+
+
 def _compact(record: dict) -> dict:
-    """Drop fields at their defaults to keep lines short."""
-    return {k: v for k, v in record.items() if v not in (None, (), False, "", 0.0) or k in ("id", "index", "alloc_op", "free_op", "nbytes")}
+    """Drop fields at their defaults to keep lines short (a scalar's shape () is kept)."""
+    return {k: v for k, v in record.items()
+            if v not in (None, (), False, "", 0.0) or k in _ALWAYS_WRITTEN or (k == "shape" and v is not None)}
 
 
 def _json_line(line: str, source: str, lineno: int) -> dict:

@@ -1,0 +1,228 @@
+"""`memplan.optimize`: trace a training step, plan it under a budget, run it under the plan.
+
+    step = memplan.optimize(train_step, x, y, budget="60%", planner="sqrt-n", model=model)
+    for x, y in loader:
+        loss = step(x, y)                 # one iteration under the plan
+
+    with memplan.optimize(train_step, x, y, budget="60%", model=model) as run:
+        for x, y in loader:               # a loop the user owns: each call of the model's
+            loss = model(x) ...           # forward starts an iteration under the plan
+
+A saved plan is reused with `optimize(..., plan="plan.json", trace="trace.jsonl")`.
+Calls whose inputs differ in shape or dtype from the traced ones run unplanned, with a
+warning; a step whose saved tensors disagree with the trace stops swapping for the rest
+of that step. Either way training stays correct.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import warnings
+from typing import Callable
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from ..errors import MemplanError
+from ..plan.model import Plan, read_plan
+from ..trace.model import Trace
+from .runtime import PlanRuntime
+
+log = logging.getLogger(__name__)
+
+
+class OptimizedStep:
+    """A training step bound to a plan: call it, or use it as a context manager.
+
+    Attributes:
+        trace: the traced iteration.
+        plan: the plan it runs under.
+        runtime: the PlanRuntime (hooks, host slab, copy lanes).
+    """
+
+    def __init__(self, step_fn: Callable, trace: Trace, plan: Plan, runtime: PlanRuntime, signature: tuple):
+        self.step_fn = step_fn
+        self.trace = trace
+        self.plan = plan
+        self.runtime = runtime
+        self.signature = signature
+        self._ctx = None
+        self._warned = False
+
+    def __call__(self, *inputs):
+        """Run one iteration under the plan (unplanned, with a warning, if the inputs differ)."""
+        if input_signature(inputs) != self.signature:
+            if not self._warned:
+                warnings.warn("memplan: inputs differ from the traced ones (shape or dtype): "
+                              "running this step without the plan", RuntimeWarning, stacklevel=2)
+                self._warned = True
+            return self.step_fn(*inputs)
+        if self._ctx is not None:
+            self.runtime.begin_step()
+            return self.step_fn(*inputs)
+        with self.runtime.installed():
+            self.runtime.begin_step()
+            return self.step_fn(*inputs)
+
+    def __enter__(self) -> "OptimizedStep":
+        self._ctx = self.runtime.installed(auto_steps=True)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ctx, self._ctx = self._ctx, None
+        try:
+            ctx.__exit__(*exc)
+        finally:
+            self.close()
+
+    def stats(self) -> dict:
+        """The runtime's counters (see PlanRuntime.stats)."""
+        return self.runtime.stats()
+
+    def close(self) -> None:
+        """Release the host slab and the copy lanes."""
+        self.runtime.close()
+
+
+def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None, planner: str = "none",
+             device: str = "h100", model: torch.nn.Module | None = None,
+             optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
+             trace: Trace | str | os.PathLike | None = None, seed: int = 0, **planner_params) -> OptimizedStep:
+    """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
+
+    Args:
+        step_fn: one training iteration (forward, backward, optimizer step) of `model`.
+        *example_inputs: inputs of one call (their shapes are the planned ones).
+        budget: memory budget ("8GiB", "60%" of the unplanned peak, bytes); None: no limit.
+        planner: a registered planner name.
+        device: the cost-model device profile the planner plans for.
+        model: the root module (found on `step_fn.__self__` or in its closure if omitted);
+            needed for recompute regions and prefetch triggers.
+        optimizer: its optimizer (found likewise); its state is restored after tracing.
+        plan: a saved plan (a Plan or a JSON path) to use instead of planning.
+        trace: a saved trace (a Trace or a path) to use instead of tracing.
+        seed: planner seed.
+        **planner_params: the planner's hyper-parameters.
+    Returns:
+        The OptimizedStep.
+    Raises:
+        MemplanError: a plan that was made for another trace, an unknown planner, ...
+    """
+    model = model if model is not None else _find(step_fn, torch.nn.Module, "model")
+    optimizer = optimizer if optimizer is not None else _find(step_fn, torch.optim.Optimizer, "optimizer")
+    trace = _load_trace(trace) if trace is not None else trace_step(step_fn, example_inputs, model, optimizer)
+    if plan is None:
+        from ..plan.base import plan as make_plan
+
+        plan = make_plan(trace, budget, planner=planner, device=device, seed=seed,
+                         simulate_result=_have_simulator(), **planner_params)
+    elif not isinstance(plan, Plan):
+        plan = read_plan(plan)
+    runtime = PlanRuntime(trace, plan, model, device=_device_of(example_inputs, model))
+    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs))
+
+
+def trace_step(step_fn: Callable, inputs: tuple, model, optimizer) -> Trace:
+    """Trace one call of `step_fn`: with fake tensors if they are fake, else for real, undone.
+
+    A real trace runs the step once, unplanned; the model's parameters and gradients, the
+    optimizer's state and the RNG states are restored afterwards, so the next step is the
+    same as if tracing had not happened.
+    """
+    from ..trace.tracer import trace as run_tracer
+
+    if _is_fake(inputs, model):
+        return run_tracer(step_fn, *inputs, fake=True, model=model)
+    if optimizer is None:
+        log.warning("no optimizer found for the step: its state is not restored after tracing")
+    with restored(model, optimizer):
+        return run_tracer(step_fn, *inputs, fake=False, model=model)
+
+
+class restored:
+    """Context manager: put model parameters, gradients, optimizer state and RNG back on exit."""
+
+    def __init__(self, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None):
+        self.model = model
+        self.optimizer = optimizer
+
+    def __enter__(self):
+        m, o = self.model, self.optimizer
+        self.params = {k: v.detach().clone() for k, v in m.state_dict().items()} if m is not None else None
+        self.grads = [(p, None if p.grad is None else p.grad.clone()) for p in m.parameters()] if m is not None else []
+        self.opt_state = copy.deepcopy(o.state_dict()) if o is not None else None
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        return self
+
+    def __exit__(self, *exc):
+        with torch.no_grad():
+            if self.params is not None:
+                for k, v in self.model.state_dict().items():
+                    v.copy_(self.params[k])
+            for p, g in self.grads:
+                p.grad = g
+        if self.opt_state is not None:
+            self.optimizer.load_state_dict(self.opt_state)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+def input_signature(inputs: tuple) -> tuple:
+    """(shape, dtype, device type) of every tensor in `inputs`: what a plan depends on."""
+    return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
+
+
+def _find(step_fn: Callable, cls: type, attr: str):
+    owner = getattr(step_fn, "__self__", None)
+    if isinstance(getattr(owner, attr, None), cls):
+        return getattr(owner, attr)
+    cells = [c.cell_contents for c in (getattr(step_fn, "__closure__", None) or ()) if _filled(c)]
+    names = getattr(getattr(step_fn, "__code__", None), "co_names", ())
+    glob = getattr(step_fn, "__globals__", {})
+    found = [v for v in cells + [glob[n] for n in names if n in glob] if isinstance(v, cls)]
+    return found[0] if len({id(v) for v in found}) == 1 else None
+
+
+def _have_simulator() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("memplan.sim.simulate") is not None
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _load_trace(trace) -> Trace:
+    if isinstance(trace, Trace):
+        return trace
+    from ..trace.formats import load_any
+
+    return load_any(trace)
+
+
+def _is_fake(inputs: tuple, model) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    tensors += list(model.parameters()) if model is not None else []
+    return any(isinstance(t, FakeTensor) for t in tensors)
+
+
+def _device_of(inputs: tuple, model) -> torch.device:
+    for t in tree_leaves(inputs):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    if model is not None:
+        for p in model.parameters():
+            return p.device
+    raise MemplanError("cannot tell the device: no tensor among the inputs and no model")

@@ -1,0 +1,147 @@
+"""PlanRuntime: everything that applies one plan to one model, installed and removed as a unit.
+
+It owns the host slab (allocated once, sized from the plan), the copy engine, the swap
+executor (saved-tensor hooks), the prefetch triggers (a gradient hook on the outputs of
+each trigger module call: it fires when that call's backward starts) and the recompute
+executor (checkpointed regions). `installed()` adds every hook and patch and removes all
+of them on exit; `close()` releases the slab and the copy lanes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from dataclasses import asdict
+
+import torch
+from torch.autograd.graph import register_multi_grad_hook, saved_tensors_hooks
+from torch.utils._pytree import tree_leaves
+
+from ..plan.model import Plan
+from ..trace.model import Trace
+from .engine import CopyEngine, engine_for
+from .recompute import RecomputeExecutor
+from .schedule import build_schedule
+from .slab import HostSlab
+from .swap import SwapExecutor
+
+log = logging.getLogger(__name__)
+
+
+class PlanRuntime:
+    """Applies `plan` (made for `trace`) to `model`.
+
+    Args:
+        trace: the traced iteration, with its pack record.
+        plan: the plan.
+        model: the root module the trace's module paths refer to (needed for recompute and
+            for prefetch triggers; without it prefetches are issued at backward start).
+        device: where the model's activations live (picks the copy engine).
+        engine: a copy engine to use instead (tests pass a delayed one).
+    """
+
+    def __init__(self, trace: Trace, plan: Plan, model: torch.nn.Module | None = None, *,
+                 device: torch.device | str = "cpu", engine: CopyEngine | None = None):
+        self.model = model
+        self.modules = dict(model.named_modules()) if model is not None else {}
+        self.schedule = build_schedule(trace, plan, modules=set(self.modules) if model is not None else None)
+        for decision, reason in self.schedule.skipped:
+            log.info("decision kept instead (%s): %s", reason, decision)
+        self.device = torch.device(device)
+        self.engine = engine or engine_for(self.device)
+        self.slab = HostSlab(self.schedule.slab_bytes, pin=self.device.type == "cuda" and self.schedule.slab_bytes > 0,
+                             on_recycle=lambda: self.engine.fence("d2h", "h2d"))
+        self.swap = SwapExecutor(self.schedule, self.engine, self.slab) if self.schedule.swaps else None
+        rec = self.schedule.recompute
+        self.recompute = RecomputeExecutor(rec, model) if rec is not None and model is not None else None
+        self._backward_calls: Counter = Counter()
+        self._closed = False
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Mark the start of one training iteration."""
+        self._backward_calls.clear()
+        if self.swap is not None:
+            self.swap.begin_step()
+        if self.recompute is not None:
+            self.recompute.begin_step()
+
+    @contextlib.contextmanager
+    def installed(self, auto_steps: bool = False):
+        """Install every hook for the block; remove them all on exit.
+
+        Args:
+            auto_steps: start a new iteration at each call of the root model's forward
+                (for a training loop the user owns).
+        """
+        if self._closed:
+            raise RuntimeError("this PlanRuntime was closed")
+        handles = []
+        with contextlib.ExitStack() as stack:
+            stack.callback(lambda: [h.remove() for h in handles])
+            if auto_steps and self.model is not None:
+                handles.append(self.model.register_forward_pre_hook(lambda m, a: self.begin_step()))
+            if self.swap is not None:
+                handles += self._trigger_hooks()
+                stack.enter_context(saved_tensors_hooks(self.swap.pack, self.swap.unpack))
+            if self.recompute is not None:
+                stack.enter_context(self.recompute.installed())
+            yield self
+            if self.swap is not None:
+                self.swap.end_step()
+
+    def _trigger_hooks(self) -> list:
+        handles = []
+        if self.model is not None:
+            handles.append(self.model.register_forward_hook(self._on_forward("", start=True)))
+        for path in sorted(self.schedule.trigger_modules):
+            module = self.modules.get(path)
+            if module is None:
+                log.warning("trigger module %r not in the model: its prefetches are issued late", path)
+                continue
+            handles.append(module.register_forward_hook(self._on_forward(path)))
+        return handles
+
+    def _on_forward(self, path: str, start: bool = False):
+        def hook(module, args, output):
+            tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if tensors and torch.is_grad_enabled():
+                register_multi_grad_hook(tensors, lambda grad: self._on_backward(path, start), mode="any")
+
+        return hook
+
+    def _on_backward(self, path: str, start: bool) -> None:
+        if start:
+            self.swap.backward_started()
+            return
+        n = self._backward_calls[path]
+        self._backward_calls[path] += 1
+        self.swap.fire((path, n))
+
+    # --- results ----------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Counters: swaps, prefetches, host memory, recomputation, skipped decisions."""
+        out = {"slab_bytes": self.slab.nbytes, "slab_peak_bytes": self.slab.peak_bytes,
+               "overflow_host_bytes": self.slab.overflow_bytes,
+               "pinned_host_bytes": self.slab.nbytes if self.slab.pin else 0,
+               "swaps_planned": len(self.schedule.swaps),
+               "recompute_regions": list(self.schedule.recompute.regions) if self.schedule.recompute else [],
+               "recompute_storages": len(self.schedule.recompute.storages) if self.schedule.recompute else 0,
+               "skipped_decisions": len(self.schedule.skipped),
+               "skipped_reasons": dict(Counter(reason for _, reason in self.schedule.skipped))}
+        if self.swap is not None:
+            out.update(asdict(self.swap.stats))
+        if self.recompute is not None:
+            out["recomputed_ops"] = self.recompute.recomputed_ops
+        return out
+
+    def close(self) -> None:
+        """Wait for pending copies, then release the lanes and the host slab."""
+        if self._closed:
+            return
+        self._closed = True
+        self.engine.close()
+        self.slab.buffer = torch.empty(0, dtype=torch.uint8)

@@ -1,0 +1,130 @@
+"""Bayesian optimisation of the AutoSwap score weights (paper 000 §IV-C).
+
+Optuna's Gaussian-process sampler tunes (a, b, c, d) in [-1, 1] of
+`a*AOA + b*DOA + c*WDOA + d*SWDOA`; the objective is the overhead of the resulting plan
+at the budget, simulated (or measured on a GPU). The four pure scores are evaluated
+first, so the result is never worse than the best of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import MemplanError
+
+log = logging.getLogger(__name__)
+
+WEIGHT_NAMES = ("a", "b", "c", "d")  # weights of AOA, DOA, WDOA, SWDOA (Eq. 3)
+INFEASIBLE_OVERHEAD = 1e3  # objective value for a plan the simulator cannot run (GP needs a finite number)
+MIN_TRIALS = len(WEIGHT_NAMES)  # the four pure scores are always tried
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evaluation:
+    """One scored weight vector."""
+
+    overhead: float  # simulated (or measured) overhead of its plan
+    swapped_bytes: int  # bytes its plan swaps out per iteration (tie-break: less is better)
+    trial: int  # evaluation number (tie-break: earlier is better)
+    weights: tuple[float, ...]  # (a, b, c, d)
+
+
+def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int, n_trials: int,
+                 objective: str = "simulated") -> tuple[float, ...]:
+    """Search the weights with Optuna's GPSampler and return the best ones.
+
+    Args:
+        problem: the autoswap Problem (trace, cost, budget, candidates, scores).
+        plan_fn: `plan_fn(problem, priority) -> Plan`.
+        combine_fn: `combine_fn(problem, weights) -> priority array`.
+        seed: sampler seed; the same seed gives the same weights.
+        n_trials: evaluations (at least the four pure scores).
+        objective: "simulated" or "measured".
+    Returns:
+        The weights of the lowest overhead; ties go to the plan that swaps fewer bytes,
+        then to the earlier evaluation.
+    """
+    import optuna
+
+    score = _objective_fn(problem, objective)
+    cache: dict[tuple, tuple[float, int]] = {}
+    evaluations: list[Evaluation] = []
+
+    def run(trial) -> float:
+        weights = tuple(trial.suggest_float(k, -1.0, 1.0) for k in WEIGHT_NAMES)
+        plan = plan_fn(problem, combine_fn(problem, weights))
+        key = tuple((d.storage, d.out_after) for d in plan.decisions)
+        if key not in cache:
+            cache[key] = (score(plan), _swapped_bytes(problem, plan))
+        overhead, swapped = cache[key]
+        evaluations.append(Evaluation(overhead=overhead, swapped_bytes=swapped, trial=trial.number, weights=weights))
+        return overhead
+
+    with _quiet_optuna():
+        study = optuna.create_study(direction="minimize", sampler=_sampler(optuna, seed))
+        for one_hot in np.eye(len(WEIGHT_NAMES)):
+            study.enqueue_trial(dict(zip(WEIGHT_NAMES, map(float, one_hot))))
+        study.optimize(run, n_trials=max(n_trials, MIN_TRIALS))
+    best = min(evaluations, key=lambda e: (e.overhead, e.swapped_bytes, e.trial))
+    log.info("autoswap:bo: %d evaluations, %d distinct plans, best overhead %.4f", len(evaluations), len(cache),
+             best.overhead)
+    return best.weights
+
+
+def _sampler(optuna, seed: int):
+    """Optuna's GP sampler (a maintained Bayesian-optimisation implementation)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        # deterministic_objective is marked experimental; the simulator is deterministic.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
+
+
+def _objective_fn(problem, objective: str) -> Callable:
+    if objective == "measured":
+        return _measured_fn(problem)
+    from ..sim.simulate import Simulator
+
+    simulator = Simulator(problem.trace, problem.cost)
+
+    def simulated(plan) -> float:
+        result = simulator.run(plan, problem.budget_bytes)
+        return float(result.overhead) if result.feasible else INFEASIBLE_OVERHEAD
+
+    return simulated
+
+
+def _measured_fn(problem) -> Callable:
+    """Overhead measured by running the plan on the GPU (needs CUDA and the executor)."""
+    try:
+        import torch
+        from ..exec import measure_overhead
+    except ImportError:
+        raise MemplanError("objective 'measured' needs memplan.exec.measure_overhead (the executor)") from None
+    if not torch.cuda.is_available():
+        raise MemplanError("objective 'measured' needs a CUDA device; use objective 'simulated'")
+    return lambda plan: float(measure_overhead(problem.trace, plan, budget=problem.budget_bytes))
+
+
+def _swapped_bytes(problem, plan) -> int:
+    nbytes = problem.trace.nbytes
+    return int(sum(int(nbytes[d.storage]) for d in plan.decisions))
+
+
+@contextlib.contextmanager
+def _quiet_optuna():
+    """Optuna logs every trial at INFO; keep it to warnings while we search, then restore."""
+    import optuna
+
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(before)

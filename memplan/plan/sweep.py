@@ -1,0 +1,140 @@
+"""Run planners over a range of budgets: the overhead-against-memory curves of paper 000
+(Fig. 9 against the load limit, Fig. 11 against the footprint).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from ..cost.model import Cost
+from ..errors import InfeasibleBudgetError, MemplanError
+from ..trace.model import Trace
+from ..units import parse_budget
+from .autoswap import load_min_bytes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGETS = "100%,90%,80%,70%,60%,50%,40%"
+PERCENT = 100.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepPoint:
+    """One planner at one budget."""
+
+    planner: str  # registry name
+    budget_bytes: int  # the memory load limit asked for
+    peak_load_bytes: int | None  # simulated peak load (None when infeasible)
+    footprint_bytes: int | None  # pool size when the plan lays out a pool, else None
+    overhead: float | None  # simulated time / baseline - 1 (None when infeasible)
+    planning_s: float  # wall-clock seconds the planner took
+    error: str | None = None  # why there is no plan (e.g. below load_min)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepResult:
+    """All points of a sweep, and the trace's load_min."""
+
+    load_min_bytes: int  # lowest load reachable by swapping every AutoSwap candidate once
+    peak_load_bytes: int  # the unconstrained peak (the 100% budget)
+    points: tuple[SweepPoint, ...]  # in planner order, then budget order
+
+    def to_json(self) -> dict:
+        """The JSON object `memplan sweep --json` prints."""
+        return {"load_min_bytes": self.load_min_bytes, "peak_load_bytes": self.peak_load_bytes,
+                "points": [asdict(p) for p in self.points]}
+
+
+def parse_budgets(text: str, peak_bytes: int) -> list[int]:
+    """Budgets from a comma-separated list of sizes or percentages of the peak ("100%,8GiB")."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise MemplanError(f"no budgets in {text!r} (example: 100%,90%,80%)")
+    return [parse_budget(item, peak_bytes) for item in items]
+
+
+def sweep(trace: Trace, planners: list[str], budgets: list[int], device: str = "h100", *, seed: int = 0,
+          params: dict | None = None, progress: bool = False) -> SweepResult:
+    """Plan and simulate every planner at every budget.
+
+    Args:
+        trace: the iteration.
+        planners: registered planner names.
+        budgets: budgets in bytes.
+        device: cost-model profile.
+        seed: seed for every planner.
+        params: per planner name, extra keyword parameters.
+        progress: show a progress bar on stderr.
+    Returns:
+        The points; an infeasible budget gives a point with overhead None and the reason.
+    """
+    from tqdm import tqdm
+
+    from .base import get_planner
+
+    for name in planners:
+        get_planner(name)  # fail on an unknown name before any work
+    cost = Cost.for_trace(trace, device)
+    jobs = [(name, b) for name in planners for b in budgets]
+    points = [_point(trace, cost, name, b, seed, (params or {}).get(name, {}))
+              for name, b in tqdm(jobs, desc="sweep", disable=not progress)]
+    return SweepResult(load_min_bytes=load_min_bytes(trace), peak_load_bytes=trace.peak_load_bytes,
+                       points=tuple(points))
+
+
+def _point(trace: Trace, cost: Cost, planner: str, budget: int, seed: int, params: dict) -> SweepPoint:
+    from ..sim.simulate import simulate
+    from .base import plan
+
+    started = time.perf_counter()
+    try:
+        result = plan(trace, budget, planner=planner, seed=seed, cost=cost, simulate_result=False, **params)
+    except InfeasibleBudgetError as exc:
+        return SweepPoint(planner=planner, budget_bytes=budget, peak_load_bytes=None, footprint_bytes=None,
+                          overhead=None, planning_s=time.perf_counter() - started, error=str(exc))
+    sim = simulate(trace, result, cost=cost, budget=budget)
+    log.info("%s at %d bytes: overhead %s", planner, budget, sim.overhead)
+    return SweepPoint(planner=planner, budget_bytes=budget,
+                      peak_load_bytes=int(sim.peak_load_bytes) if sim.feasible else None,
+                      footprint_bytes=result.pool_bytes, overhead=float(sim.overhead) if sim.feasible else None,
+                      planning_s=result.planning_s,
+                      error=None if sim.feasible else f"infeasible in simulation at op {sim.infeasible_op}")
+
+
+def plot_pareto(result: SweepResult, path: str | os.PathLike, title: str = "") -> None:
+    """Overhead (%) against memory, one line per planner (paper 000 Fig. 9 / Fig. 11 style).
+
+    The left panel puts the peak load on the x-axis; when any plan lays out a pool, a
+    right panel puts the footprint (pool size) there.
+    """
+    from ..plots import save_figure
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with_pool = any(p.footprint_bytes for p in result.points)
+    fig, axes = plt.subplots(1, 2 if with_pool else 1, figsize=(12 if with_pool else 7, 4.5), squeeze=False)
+    _panel(axes[0][0], result, "peak_load_bytes", "peak memory load (MiB)")
+    axes[0][0].axvline(result.load_min_bytes / 2**20, color="grey", ls=":", lw=1, label="load_min")
+    axes[0][0].legend(fontsize=7)
+    if with_pool:
+        _panel(axes[0][1], result, "footprint_bytes", "footprint: pool size (MiB)")
+    fig.suptitle(title or "overhead against memory")
+    save_figure(fig, path)
+
+
+def _panel(ax, result: SweepResult, field: str, xlabel: str) -> None:
+    for name in dict.fromkeys(p.planner for p in result.points):
+        pts = sorted((getattr(p, field), p.overhead) for p in result.points
+                     if p.planner == name and p.overhead is not None and getattr(p, field))
+        if pts:
+            ax.plot([x / 2**20 for x, _ in pts], [y * PERCENT for _, y in pts], marker="o", ms=3, lw=1, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("overhead (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)

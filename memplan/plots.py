@@ -1,0 +1,61 @@
+"""Shared plotting helpers (matplotlib, Agg backend, files written atomically)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+GIB = 2**30
+
+
+def new_figure(width: float = 9.0, height: float = 4.5):
+    """A (figure, axes) pair on the non-interactive Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def save_figure(fig, path: str | os.PathLike) -> None:
+    """Save `fig` as PNG at `path` through a temporary file, then close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+        plt.close(fig)
+
+
+def plot_load_curves(title: str, trace, cost, results: dict, path: str | os.PathLike) -> None:
+    """Memory load over simulated time: the unconstrained run and each plan's timeline.
+
+    Args:
+        title: figure title.
+        trace: the Trace (its load curve is drawn against unconstrained op start times).
+        cost: the Cost whose durations place the unconstrained ops in time.
+        results: planner name -> SimResult simulated with timeline=True.
+        path: PNG file to write.
+    """
+    fig, ax = new_figure()
+    starts = np.concatenate([[0.0], np.cumsum(cost.durations)])[:-1]
+    ax.step(starts * 1e3, trace.load / GIB, where="post", color="black", lw=1.5, label="no plan")
+    for name, sim in results.items():
+        if sim.timeline_t is None or name == "none":
+            continue
+        ax.step(np.asarray(sim.timeline_t) * 1e3, np.asarray(sim.timeline_load) / GIB, where="post", lw=1, label=name)
+    ax.set_xlabel("simulated time (ms)")
+    ax.set_ylabel("memory load (GiB)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    save_figure(fig, path)

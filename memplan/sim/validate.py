@@ -1,0 +1,396 @@
+"""An independent check of a Plan against its Trace, without the simulator's code.
+
+`validate(trace, plan)` reads the trace and the plan alone (semantics in the docstring of
+`memplan.plan.model`) and returns every rule the plan breaks as a `Violation`; a valid
+plan gives `[]`. It is deliberately a second, separate implementation of the plan
+contract, so that the simulator and every planner are checked against it.
+
+Rules (one `Violation.kind` constant each):
+- structure: a decision names an existing storage (UNKNOWN_STORAGE); out_after and
+  back_before lie inside the storage's lifetime and out_after is at/after its first write
+  (OUT_OF_LIFETIME); a wrap-around gap (back_before <= out_after) only for a persistent
+  storage (BAD_WRAP); the plan was made for this trace (WRONG_TRACE);
+- READ_WHILE_ABSENT: no op reads or writes a storage strictly inside one of its gaps;
+- BAD_TRIGGER: a swap's prefetch trigger lies in (out_after, back_before] (circularly);
+- OVERLAPPING_GAPS: the gaps of one storage are disjoint;
+- NOT_RECOMPUTABLE: recompute only storages with a producer (`Trace.recomputable`);
+- RECOMPUTE_INPUT_ABSENT: the lineage inputs of a recompute are resident at back_before,
+  or can themselves be rebuilt there from resident storages;
+- pool (when the plan has one): every residency interval has a slot (POOL_MISSING_SLOT),
+  no slot names an interval that does not exist (POOL_STRAY_SLOT), slots lie inside
+  `pool_bytes` (POOL_OUT_OF_RANGE), and slots of intervals alive at once do not share
+  bytes (POOL_OVERLAP);
+- OVER_BUDGET: the static load (a swap-out released right after out_after, a prefetch
+  allocated at its trigger, a recompute allocated at back_before; a lower bound on the
+  simulated load) never exceeds the budget.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan.model import Decision, Plan
+from ..trace.model import Trace
+from ..units import format_bytes, parse_budget
+
+UNKNOWN_STORAGE = "unknown_storage"
+OUT_OF_LIFETIME = "out_of_lifetime"
+BAD_WRAP = "bad_wrap"
+WRONG_TRACE = "wrong_trace"
+READ_WHILE_ABSENT = "read_while_absent"
+BAD_TRIGGER = "bad_trigger"
+OVERLAPPING_GAPS = "overlapping_gaps"
+NOT_RECOMPUTABLE = "not_recomputable"
+RECOMPUTE_INPUT_ABSENT = "recompute_input_absent"
+POOL_MISSING_SLOT = "pool_missing_slot"
+POOL_STRAY_SLOT = "pool_stray_slot"
+POOL_OVERLAP = "pool_overlap"
+POOL_OUT_OF_RANGE = "pool_out_of_range"
+OVER_BUDGET = "over_budget"
+
+KINDS = (UNKNOWN_STORAGE, OUT_OF_LIFETIME, BAD_WRAP, WRONG_TRACE, READ_WHILE_ABSENT, BAD_TRIGGER,
+         OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, POOL_MISSING_SLOT, POOL_STRAY_SLOT,
+         POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Violation:
+    """One rule a plan breaks."""
+
+    kind: str  # one of KINDS
+    storage: int | None  # the storage concerned, where there is one
+    op: int | None  # the op where it happens, where there is one
+    message: str  # one readable line
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+
+def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[Violation]:
+    """Every rule `plan` breaks on `trace` (see the module docstring); [] when valid.
+
+    Args:
+        trace: the trace the plan is for.
+        plan: the plan to check.
+        budget: bytes or a budget string ("8GiB", "60%"); None uses `plan.budget_bytes`
+            (and skips the budget check when that is None too).
+    Returns:
+        The violations, structural ones first.
+    """
+    out: list[Violation] = []
+    if plan.trace_digest is not None and plan.trace_digest != trace.digest:
+        out.append(Violation(kind=WRONG_TRACE, storage=None, op=None,
+                             message=f"plan is for trace {plan.trace_digest}, not {trace.digest}"))
+    good = [d for d in plan.decisions if not _check_structure(trace, d, out)]
+    by_storage: dict[int, list[Decision]] = {}
+    for d in sorted(good, key=lambda d: (d.storage, d.out_after, d.back_before)):
+        by_storage.setdefault(d.storage, []).append(d)
+    for d in good:
+        _check_accesses(trace, d, out)
+        _check_trigger(trace, d, out)
+    for sid, decisions in by_storage.items():
+        _check_overlaps(trace, sid, decisions, out)
+    _check_recomputes(trace, good, by_storage, out)
+    if plan.pool or plan.pool_bytes is not None:
+        _check_pool(trace, plan, by_storage, out)
+    budget_bytes = plan.budget_bytes if budget is None else parse_budget(budget, trace.peak_load_bytes)
+    if budget_bytes is not None:
+        _check_budget(trace, good, budget_bytes, out)
+    return out
+
+
+# --- gaps -------------------------------------------------------------------------------------
+
+
+def _gap_ranges(d: Decision, n_ops: int, until: int | None = None) -> list[tuple[int, int]]:
+    """Half-open op ranges during which the storage is away, from out_after+1 up to `until`.
+
+    `until` defaults to back_before (data absent); pass the prefetch op for the span during
+    which the device bytes are released. A wrap-around gap is split at the iteration end.
+    """
+    end = d.back_before if until is None else until
+    start = d.out_after + 1
+    if d.wraps and not start <= end:
+        return [r for r in ((start, n_ops), (0, end)) if r[0] < r[1]]
+    return [(start, end)] if start < end else []
+
+
+def _absent_at(d: Decision, op: int, n_ops: int) -> bool:
+    return any(lo <= op < hi for lo, hi in _gap_ranges(d, n_ops))
+
+
+# --- structure --------------------------------------------------------------------------------
+
+
+def _check_structure(trace: Trace, d: Decision, out: list[Violation]) -> bool:
+    """Append structural violations of `d`; True when `d` is too broken to check further."""
+    if not 0 <= d.storage < len(trace.storages):
+        out.append(Violation(kind=UNKNOWN_STORAGE, storage=d.storage, op=None,
+                             message=f"decision names storage {d.storage}, the trace has {len(trace.storages)}"))
+        return True
+    s = trace.storages[d.storage]
+    first = _first_write(trace, d.storage)
+    broken = False
+    for name, op, lo in (("out_after", d.out_after, first), ("back_before", d.back_before, s.alloc_op)):
+        if not lo <= op < s.free_op:
+            out.append(Violation(kind=OUT_OF_LIFETIME, storage=d.storage, op=op,
+                                 message=f"storage {d.storage}: {name}={op} is outside [{lo}, {s.free_op})"))
+            broken = True
+    if d.wraps and not s.persistent:
+        out.append(Violation(kind=BAD_WRAP, storage=d.storage, op=d.out_after,
+                             message=f"storage {d.storage} is not persistent but its gap "
+                                     f"({d.out_after} -> {d.back_before}) wraps around the iteration"))
+        broken = True
+    return broken
+
+
+def _first_write(trace: Trace, sid: int) -> int:
+    """The op that gives `sid` its content: its first writer, or its alloc op when it pre-exists
+    (persistent, or read before it is first written)."""
+    s, writers, accesses = trace.storages[sid], trace.writers[sid], trace.accesses[sid]
+    if writers and not s.persistent and accesses[0] == writers[0]:
+        return max(s.alloc_op, writers[0])
+    return s.alloc_op
+
+
+def _check_accesses(trace: Trace, d: Decision, out: list[Violation]) -> None:
+    accesses = trace.accesses[d.storage]
+    for lo, hi in _gap_ranges(d, trace.num_steps):
+        i = bisect.bisect_left(accesses, lo)
+        if i < len(accesses) and accesses[i] < hi:
+            out.append(Violation(kind=READ_WHILE_ABSENT, storage=d.storage, op=accesses[i],
+                                 message=f"op {accesses[i]} accesses storage {d.storage} while it is away "
+                                         f"({d.action} after op {d.out_after}, back before op {d.back_before})"))
+            return
+
+
+def _check_trigger(trace: Trace, d: Decision, out: list[Violation]) -> None:
+    if d.action != "swap" or d.trigger is None:
+        return
+    n, t = trace.num_steps, d.trigger
+    if d.wraps:
+        ok = 0 <= t < n and (t > d.out_after or t <= d.back_before)
+    else:
+        ok = d.out_after < t <= d.back_before
+    if not ok:
+        out.append(Violation(kind=BAD_TRIGGER, storage=d.storage, op=t,
+                             message=f"storage {d.storage}: trigger {t} is not in "
+                                     f"({d.out_after}, {d.back_before}]"))
+
+
+def _check_overlaps(trace: Trace, sid: int, decisions: list[Decision], out: list[Violation]) -> None:
+    """Two gaps overlap when one's away ops meet the other's, or one's endpoint is inside the other."""
+    n = trace.num_steps
+    for i, a in enumerate(decisions):
+        for b in decisions[i + 1:]:
+            clash = a.out_after == b.out_after or _absent_at(a, b.out_after, n) or _absent_at(a, b.back_before, n) \
+                or _absent_at(b, a.out_after, n) or _absent_at(b, a.back_before, n) \
+                or _ranges_meet(_gap_ranges(a, n), _gap_ranges(b, n))
+            if clash:
+                out.append(Violation(kind=OVERLAPPING_GAPS, storage=sid, op=b.out_after,
+                                     message=f"storage {sid}: gaps ({a.out_after} -> {a.back_before}) and "
+                                             f"({b.out_after} -> {b.back_before}) overlap"))
+                return
+
+
+def _ranges_meet(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> bool:
+    return any(max(a0, b0) < min(a1, b1) for a0, a1 in xs for b0, b1 in ys)
+
+
+# --- recompute --------------------------------------------------------------------------------
+
+
+def _check_recomputes(trace: Trace, good: list[Decision], by_storage: dict[int, list[Decision]],
+                      out: list[Violation]) -> None:
+    rebuild = _Rebuilder(trace, by_storage)
+    for d in good:
+        if d.action != "recompute":
+            continue
+        if not trace.recomputable(d.storage):
+            out.append(Violation(kind=NOT_RECOMPUTABLE, storage=d.storage, op=d.out_after,
+                                 message=f"storage {d.storage} ({trace.storages[d.storage].kind}) has no "
+                                         f"producer in the trace and cannot be recomputed"))
+            continue
+        missing = rebuild.missing_inputs(d.storage, d.back_before)
+        if missing is not None:
+            out.append(Violation(kind=RECOMPUTE_INPUT_ABSENT, storage=d.storage, op=d.back_before,
+                                 message=f"recomputing storage {d.storage} before op {d.back_before} needs "
+                                         f"storage {missing}, which is neither resident nor rebuildable there"))
+
+
+class _Rebuilder:
+    """Answers "can storage s be rebuilt before op t from what is resident then?"."""
+
+    def __init__(self, trace: Trace, by_storage: dict[int, list[Decision]]):
+        self.trace = trace
+        self.by_storage = by_storage
+        self.memo: dict[tuple[int, int], int | None] = {}
+
+    def resident(self, sid: int, t: int) -> bool:
+        """In its lifetime at op t, and not inside one of its own gaps (it is back at back_before)."""
+        s = self.trace.storages[sid]
+        if not s.alloc_op <= t < s.free_op:
+            return False
+        return not any(_absent_at(d, t, self.trace.num_steps) for d in self.by_storage.get(sid, ()))
+
+    def missing_inputs(self, sid: int, t: int) -> int | None:
+        """The first lineage input of `sid` at `t` that can be neither found nor rebuilt; None if all can.
+
+        Iterative depth-first search (lineages can be long); a storage on the current path
+        counts as missing, so an in-place cycle cannot loop.
+        """
+        stack, on_path = [(sid, iter(self.trace.lineage(sid, t)[1]))], {sid}
+        while stack:
+            node, inputs = stack[-1]
+            child = next(inputs, None)
+            if child is None:
+                stack.pop()
+                on_path.discard(node)
+                self.memo[(node, t)] = None
+                continue
+            verdict = self._quick(child, t, on_path)
+            if verdict == "ok":
+                continue
+            if verdict == "bad":
+                self._fail_path(stack, t, child)
+                return child
+            stack.append((child, iter(self.trace.lineage(child, t)[1])))
+            on_path.add(child)
+        return None
+
+    def _quick(self, r: int, t: int, on_path: set[int]) -> str:
+        if self.resident(r, t) or (r, t) in self.memo and self.memo[(r, t)] is None:
+            return "ok"
+        if r in on_path or (r, t) in self.memo or not self.trace.recomputable(r) or not self._rebuild_allowed(r, t):
+            return "bad"
+        return "descend"
+
+    def _rebuild_allowed(self, r: int, t: int) -> bool:
+        """A storage swapped out at t holds data on the host only: it is not rebuilt, it is late."""
+        return not any(d.action == "swap" and _absent_at(d, t, self.trace.num_steps)
+                       for d in self.by_storage.get(r, ()))
+
+    def _fail_path(self, stack: list, t: int, culprit: int) -> None:
+        for node, _ in stack:
+            self.memo[(node, t)] = culprit
+
+
+# --- pool -------------------------------------------------------------------------------------
+
+
+def residency_intervals(trace: Trace, sid: int, decisions: list[Decision]) -> list[tuple[int, int]]:
+    """Half-open op ranges [start, end) during which storage `sid` occupies device memory.
+
+    With decisions sorted by out_after: [alloc_op, d1.out_after+1), [d1.prefetch_at,
+    d2.out_after+1), ..., [dk.prefetch_at, free_op); a wrap-around gap makes the span from
+    its prefetch to the first release one interval, split at the iteration boundary.
+
+    Args:
+        trace: the trace.
+        sid: the storage id.
+        decisions: its decisions, valid and sorted by out_after.
+    Returns:
+        The non-empty intervals, in op order of their start.
+    """
+    s, n = trace.storages[sid], trace.num_steps
+    wrap = next((d for d in decisions if d.wraps), None)
+    plain = [d for d in decisions if not d.wraps]
+    starts = [s.alloc_op] + [d.prefetch_at for d in plain]
+    ends = [d.out_after + 1 for d in plain] + [s.free_op]
+    if wrap is not None:
+        starts[0], ends[-1] = wrap.prefetch_at, wrap.out_after + 1
+        if wrap.prefetch_at > wrap.out_after:  # prefetched before the boundary: split there
+            starts[0] = 0
+            starts.append(wrap.prefetch_at)
+            ends.append(n)
+    return sorted((a, b) for a, b in zip(starts, ends) if a < b)
+
+
+def _check_pool(trace: Trace, plan: Plan, by_storage: dict[int, list[Decision]], out: list[Violation]) -> None:
+    slots = {(p.storage, p.start): p.offset for p in plan.pool}
+    spans: list[tuple[int, int, int, int, int]] = []  # (start, end, offset, nbytes, storage)
+    for s in trace.storages:
+        if s.nbytes == 0:
+            continue
+        for start, end in residency_intervals(trace, s.id, by_storage.get(s.id, [])):
+            offset = slots.pop((s.id, start), None)
+            if offset is None:
+                out.append(Violation(kind=POOL_MISSING_SLOT, storage=s.id, op=start,
+                                     message=f"storage {s.id} resident from op {start} has no pool slot"))
+                continue
+            spans.append((start, end, offset, s.nbytes, s.id))
+            _check_range(plan.pool_bytes, s.id, start, offset, s.nbytes, out)
+    for (sid, start), _ in sorted(slots.items()):
+        out.append(Violation(kind=POOL_STRAY_SLOT, storage=sid, op=start,
+                             message=f"pool slot for storage {sid} at op {start} matches no residency interval"))
+    _check_slot_overlaps(spans, out)
+
+
+def _check_range(pool_bytes: int | None, sid: int, start: int, offset: int, nbytes: int,
+                 out: list[Violation]) -> None:
+    if offset < 0 or (pool_bytes is not None and offset + nbytes > pool_bytes):
+        out.append(Violation(kind=POOL_OUT_OF_RANGE, storage=sid, op=start,
+                             message=f"storage {sid} at op {start}: slot [{offset}, {offset + nbytes}) is "
+                                     f"outside the pool of {pool_bytes} bytes"))
+
+
+def _check_slot_overlaps(spans: list[tuple[int, int, int, int, int]], out: list[Violation]) -> None:
+    """At every interval start, sort the live slots by offset: any overlap shows between neighbours."""
+    if not spans:
+        return
+    arr = np.array(spans, dtype=np.int64)
+    seen: set[tuple[int, int]] = set()
+    for t in np.unique(arr[:, 0]):
+        live = arr[(arr[:, 0] <= t) & (t < arr[:, 1])]
+        live = live[np.lexsort((live[:, 2] + live[:, 3], live[:, 2]))]
+        clash = np.nonzero(live[:-1, 2] + live[:-1, 3] > live[1:, 2])[0]
+        for i in clash:
+            a, b = live[i], live[i + 1]
+            pair = (int(min(a[4], b[4])), int(max(a[4], b[4])))
+            if pair in seen:
+                continue
+            seen.add(pair)
+            out.append(Violation(kind=POOL_OVERLAP, storage=int(b[4]), op=int(t),
+                                 message=f"at op {int(t)} storages {int(a[4])} [{a[2]}, {a[2] + a[3]}) and "
+                                         f"{int(b[4])} [{b[2]}, {b[2] + b[3]}) share pool bytes"))
+
+
+# --- budget -----------------------------------------------------------------------------------
+
+
+def static_load(trace: Trace, decisions: list[Decision]) -> np.ndarray:
+    """Bytes resident while each op runs under `decisions`, copies and recomputes taking no time.
+
+    A storage is released right after out_after and allocated again at its prefetch op
+    (swap) or back_before (recompute): a lower bound on the load any schedule reaches.
+
+    Args:
+        trace: the trace.
+        decisions: structurally valid decisions.
+    Returns:
+        An int64 array of length `trace.num_steps`.
+    """
+    n = trace.num_steps
+    delta = np.zeros(n + 1, dtype=np.int64)
+    for d in decisions:
+        nbytes = int(trace.storages[d.storage].nbytes)
+        for lo, hi in _gap_ranges(d, n, until=d.prefetch_at):
+            delta[lo] -= nbytes
+            delta[hi] += nbytes
+    return trace.load + np.cumsum(delta)[:n]
+
+
+def _check_budget(trace: Trace, good: list[Decision], budget_bytes: int, out: list[Violation]) -> None:
+    if not trace.num_steps:
+        return
+    load = static_load(trace, good)
+    over = np.nonzero(load > budget_bytes)[0]
+    if over.size:
+        op = int(over[0])
+        out.append(Violation(kind=OVER_BUDGET, storage=None, op=op,
+                             message=f"static load at op {op} is {format_bytes(int(load[op]))} "
+                                     f"({int(load[op])} bytes), over the budget of {format_bytes(budget_bytes)} "
+                                     f"({budget_bytes} bytes); peak static load {int(load.max())} bytes"))

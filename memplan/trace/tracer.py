@@ -1,0 +1,333 @@
+"""Record one training iteration of any PyTorch step function as a `Trace`.
+
+A `TorchDispatchMode` sees every aten op of the step (forward, backward and optimizer
+step) and records the storages each op reads and writes. Storages are identified by
+their StorageImpl, so views and in-place results map to the buffer they alias; a
+storage is born at the op that first writes it (op 0 if it pre-exists) and dies at the
+first op after the framework freed it (weak references swept between ops), or at the
+end. Phase and owning module come from `context.ProgramContext`, kinds from `classify`.
+
+Steady state: the step runs `warmup` times (default once) before the traced run, so an
+optimizer that creates its state lazily (Adam, SGD with momentum) has it already: the
+traced iteration is a steady-state one, and its optimizer state is persistent.
+
+With fake tensors (`FakeTensorMode`) nothing is allocated: a 40 GB iteration traces on a
+laptop. With real CUDA tensors each op's duration is measured with CUDA events.
+
+Besides the trace, `meta["pack_order"]` lists the storage id of every tensor the
+autograd saved-tensor pack hook saw, in pack order, and `meta["pack_ops"]` the number of
+ops recorded before each pack (the pack happened between op k-1 and op k): the executor
+maps saved tensors at run time to trace storages with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..errors import MemplanError
+from .classify import kind_of, to_storage
+from .context import ProgramContext
+from .model import Op, Trace
+from .opinfo import bytes_accessed, flops_of, is_recorded, moves_no_data, split_tensors
+from .storages import StorageTable
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY = 512  # ops between two progress callbacks
+DEFAULT_WARMUP = 1  # untraced iterations first, so lazily created optimizer state exists
+_MS = 1e-3
+
+
+def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn.Module | None = None,
+          optimizer: torch.optim.Optimizer | None = None, warmup: int = DEFAULT_WARMUP,
+          progress: Callable[[int], None] | None = None, meta: dict | None = None) -> Trace:
+    """Trace one training iteration `step_fn(*example_inputs)`.
+
+    Args:
+        step_fn: runs forward, backward and the optimizer step (a zoo Workload's `.step`).
+        example_inputs: its arguments.
+        fake: True when the model and inputs were built under a `FakeTensorMode` (nothing
+            is allocated); False for real CPU or CUDA tensors.
+        model: the model, to name modules and parameters (found on `step_fn.__self__.model`
+            when omitted).
+        optimizer: its optimizer, to find optimizer state (likewise).
+        warmup: untraced iterations run first (steady state; lazily created state exists).
+        progress: called with the number of ops recorded so far, now and then.
+        meta: extra entries for `trace.meta` (model name, batch, ...).
+    Returns:
+        The trace of the last iteration.
+    Raises:
+        MemplanError: `fake` disagrees with the tensors given.
+    """
+    model, optimizer = _owners(step_fn, model, optimizer)
+    mode = _fake_mode_for(fake, example_inputs, model)
+    with mode if mode is not None else contextlib.nullcontext():
+        for _ in range(warmup):
+            step_fn(*example_inputs)
+        recorder = _Recorder(ProgramContext(model), timed=not fake and _on_cuda(example_inputs, model),
+                             progress=progress)
+        _register_preexisting(recorder.table, model, optimizer, example_inputs)
+        start = time.perf_counter()
+        recorder.run(step_fn, example_inputs)
+        _hint_after_step(recorder.table, model, optimizer)
+        seconds = time.perf_counter() - start
+    log.info("traced %d ops, %d storages in %.2f s", len(recorder.ops), len(recorder.table.entries), seconds)
+    info = {"source": "tracer", "fake": fake, "warmup": warmup, "torch": torch.__version__,
+            "device": _device_of(example_inputs, model), "trace_seconds": round(seconds, 3), **(meta or {})}
+    return recorder.build(info)
+
+
+def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = True, *,
+                   input_size: int | None = None, warmup: int = DEFAULT_WARMUP,
+                   progress: Callable[[int], None] | None = None, **config) -> Trace:
+    """Build a workload (inside a FakeTensorMode when `fake`) and trace one iteration.
+
+    Args:
+        name_or_factory: a zoo model name, "module:function", or a callable
+            `factory(batch, input_size=..., **config)` returning an object with `.step`,
+            `.inputs` and optionally `.model` and `.optimizer`.
+        batch: batch size.
+        fake: build and trace with fake tensors (nothing allocated).
+        input_size: image side in pixels, for image models (None: the model default).
+        warmup, progress: as for `trace`.
+        config: model options passed to the factory.
+    Returns:
+        The trace, with model, batch and config in its meta.
+    Raises:
+        MemplanError: unknown model or a factory that cannot be imported.
+    """
+    factory = resolve_factory(name_or_factory)
+    sizes = {} if input_size is None else {"input_size": input_size}
+    name = name_or_factory if isinstance(name_or_factory, str) else getattr(name_or_factory, "__name__", "custom")
+    with _new_fake_mode() if fake else contextlib.nullcontext():
+        try:
+            workload = factory(batch, **sizes, **config)
+        except TypeError as exc:  # an option the model does not take
+            raise MemplanError(f"cannot build model {name!r} with {sizes | config}: {exc}") from None
+    if not (callable(getattr(workload, "step", None)) and hasattr(workload, "inputs")):
+        raise MemplanError(f"model {name!r}: the factory must return an object with .step and .inputs")
+    meta = {"model": name, "batch": batch, "input_size": getattr(workload, "input_size", input_size),
+            "config": dict(getattr(workload, "config", None) or config)}
+    try:
+        return trace(workload.step, *workload.inputs, fake=fake, model=getattr(workload, "model", None),
+                     optimizer=getattr(workload, "optimizer", None), warmup=warmup, progress=progress, meta=meta)
+    except RuntimeError as exc:  # the model rejects this batch or input size (shape errors)
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MemplanError(f"model {name!r} failed at batch {batch}: {first_line}") from exc
+
+
+def resolve_factory(name_or_factory: str | Callable) -> Callable:
+    """A workload factory `f(batch, **kw)`: the callable itself, or the zoo for a name.
+
+    Names are whatever `memplan.zoo.get_workload` takes: zoo names, hf:<name>, tv:<name>
+    and "module:function". Errors (unknown name, module that does not import) surface as
+    MemplanError when the factory is called.
+    """
+    if callable(name_or_factory):
+        return name_or_factory
+    from .. import zoo
+
+    def zoo_factory(batch, **kw):
+        return zoo.get_workload(name_or_factory, batch, **kw)
+
+    return zoo_factory
+
+
+class _Recorder(TorchDispatchMode):
+    """The dispatch mode that records ops, storages and saved-tensor packs."""
+
+    def __init__(self, context: ProgramContext, *, timed: bool, progress):
+        super().__init__()
+        self.table = StorageTable()
+        self.context = context
+        self.ops: list[Op] = []
+        self.pack_order: list[int] = []
+        self.pack_ops: list[int] = []
+        self.alive_at_end: set[int] = set()
+        self._timer = _CudaTimer() if timed else None
+        self._progress = progress
+
+    def run(self, step_fn: Callable, inputs: tuple) -> None:
+        """Run the step once under the mode, the hooks and the saved-tensor hooks."""
+        with self.context.installed(), torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack), self:
+            step_fn(*inputs)
+        self.alive_at_end = {e.sid for e in self.table.alive()}
+        self.table.sweep(len(self.ops))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not is_recorded(func):
+            return func(*args, **kwargs)
+        index = len(self.ops)
+        self.table.sweep(index)
+        phase = self.context.phase()
+        module = self.context.module(phase)
+        start = self._timer.start() if self._timer else None
+        out = func(*args, **kwargs)
+        if self._timer:
+            self._timer.stop(index, start)
+        self._record(func, args, kwargs, out, index, phase, module)
+        return out
+
+    def _record(self, func, args, kwargs, out, index: int, phase: str, module: str) -> None:
+        tensors = split_tensors(func, args, kwargs, out)
+        if not (tensors.reads or tensors.written or tensors.fresh or tensors.is_view):
+            return  # no tensor involved: a pure query
+        reads = [self.table.get_or_add(t, 0, None).sid for t in tensors.reads]
+        writes = [self.table.get_or_add(t, 0, None).sid for t in tensors.written]
+        writes += [self.table.get_or_add(t, index, phase).sid for t in tensors.fresh]
+        touched = () if tensors.is_view or moves_no_data(func) else tensors.reads + tensors.written + tensors.fresh
+        self.ops.append(Op(index=index, name=str(func), phase=phase, module=module,
+                           reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
+                           flops=flops_of(func, args, kwargs, out), bytes_accessed=bytes_accessed(touched)))
+        if self._progress and (index + 1) % PROGRESS_EVERY == 0:
+            self._progress(index + 1)
+
+    def _pack(self, t: torch.Tensor):
+        self.pack_order.append(self.table.get_or_add(t, 0, None).sid)
+        self.pack_ops.append(len(self.ops))
+        return t
+
+    def build(self, meta: dict) -> Trace:
+        """The Trace of the recorded iteration."""
+        n = len(self.ops)
+        first_bwd = next((op.index for op in self.ops if op.phase == "backward"), None)
+        touched: dict[int, set[str]] = {}
+        for op in self.ops:
+            for sid in op.reads + op.writes:
+                touched.setdefault(sid, set()).add(op.phase)
+        storages = tuple(to_storage(e, kind_of(e, alive_at_end=e.sid in self.alive_at_end, first_backward=first_bwd,
+                                               touched_in=frozenset(touched.get(e.sid, ()))), n)
+                         for e in self.table.entries)
+        ops = tuple(self.ops)
+        if self._timer:
+            durations = self._timer.durations(n)
+            ops = tuple(_with_duration(op, d) for op, d in zip(ops, durations))
+        meta = {**meta, "pack_order": self.pack_order, "pack_ops": self.pack_ops}
+        return Trace(storages=storages, ops=ops, meta=meta)
+
+
+def _unpack(t):
+    return t
+
+
+class _CudaTimer:
+    """Per-op CUDA event pairs, resolved once after the step (one synchronize)."""
+
+    def __init__(self):
+        self._events: dict[int, tuple] = {}
+
+    def start(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, index: int, start) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._events[index] = (start, end)
+
+    def durations(self, n: int) -> list[float | None]:
+        """Seconds per op (None for ops without events)."""
+        torch.cuda.synchronize()
+        pairs = [self._events.get(i) for i in range(n)]
+        return [p[0].elapsed_time(p[1]) * _MS if p else None for p in pairs]
+
+
+def _with_duration(op: Op, duration: float | None) -> Op:
+    fields = {k: getattr(op, k) for k in op.__dataclass_fields__}
+    return Op(**{**fields, "duration_s": duration})
+
+
+def _owners(step_fn, model, optimizer):
+    """Model and optimizer, taken from a bound Workload method when not given."""
+    owner = getattr(step_fn, "__self__", None)
+    model = model if model is not None else getattr(owner, "model", None)
+    optimizer = optimizer if optimizer is not None else getattr(owner, "optimizer", None)
+    return model if isinstance(model, torch.nn.Module) else None, optimizer
+
+
+def _tensors_of(inputs: tuple, model) -> list[torch.Tensor]:
+    tensors = [t for t in torch.utils._pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    if model is not None:
+        tensors += list(model.parameters()) + list(model.buffers())
+    return tensors
+
+
+def _fake_mode_for(fake: bool, inputs: tuple, model):
+    """The FakeTensorMode to run under (None for real tensors), checked against `fake`."""
+    tensors = _tensors_of(inputs, model)
+    mode = detect_fake_mode(tensors)
+    if fake and mode is None and tensors:
+        raise MemplanError("fake=True, but the model and inputs are real tensors: build them under a "
+                           "FakeTensorMode (trace_workload does), or pass fake=False")
+    if not fake and mode is not None:
+        raise MemplanError("fake=False, but the model and inputs are fake tensors: pass fake=True")
+    if fake and mode is None:
+        mode = _new_fake_mode()
+    return mode
+
+
+def _new_fake_mode() -> FakeTensorMode:
+    # Real constants a model keeps outside its parameters are converted, not refused.
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _on_cuda(inputs: tuple, model) -> bool:
+    return any(t.is_cuda for t in _tensors_of(inputs, model))
+
+
+def _device_of(inputs: tuple, model) -> str:
+    tensors = _tensors_of(inputs, model)
+    return str(tensors[0].device) if tensors else "cpu"
+
+
+def _register_preexisting(table: StorageTable, model, optimizer, inputs: tuple) -> None:
+    """Params, buffers, optimizer state and inputs exist before op 0 (even if never touched)."""
+    names = _param_names(model)
+    if model is not None:
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if table.lookup(t) is None:
+                table.add(t, 0, None, pinned=True, hint="param", name=name)
+    for name, t in _optimizer_state(optimizer, names):
+        if table.lookup(t) is None:
+            table.add(t, 0, None, pinned=True, hint="optimizer_state", name=name)
+    for i, t in enumerate(torch.utils._pytree.tree_leaves(inputs)):
+        if isinstance(t, torch.Tensor) and table.lookup(t) is None:
+            table.add(t, 0, None, pinned=True, hint="input", name=f"input{i}")
+
+
+def _hint_after_step(table: StorageTable, model, optimizer) -> None:
+    """Name gradients and (lazily created) optimizer state found after the step."""
+    names = _param_names(model)
+    params = list(model.parameters()) if model is not None else []
+    for p in params + [p for g in getattr(optimizer, "param_groups", ()) for p in g["params"]]:
+        entry = table.lookup(p.grad) if p.grad is not None else None
+        if entry is not None and entry.hint is None:
+            entry.hint, entry.name = "grad", f"{names.get(id(p), 'param')}.grad"
+    for name, t in _optimizer_state(optimizer, names):
+        entry = table.lookup(t)
+        if entry is not None and entry.hint is None:
+            entry.hint, entry.name = "optimizer_state", name
+
+
+def _param_names(model) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()} if model is not None else {}
+
+
+def _optimizer_state(optimizer, names: dict[int, str]):
+    """(name, tensor) for every tensor in the optimizer's state."""
+    if optimizer is None:
+        return
+    for i, (param, state) in enumerate(optimizer.state.items()):
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                yield f"{names.get(id(param), f'param{i}')}.{key}", value

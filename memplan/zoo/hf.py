@@ -1,0 +1,161 @@
+"""Hugging Face `transformers` models, ``hf:<name>``, built from config classes with random init.
+
+Nothing is ever downloaded: models are built as ``ModelClass(ConfigClass(**fields))`` (never
+``from_pretrained``), and ``HF_HUB_OFFLINE=1`` is set before transformers is imported. Attention
+is the eager implementation, which traces under fake tensors. Config keys override fields of the
+transformers config (``n_layer=2``), plus ``seq_len`` for text models; images use ``input_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import MemplanError, unknown_name
+from .config import coerce
+from .workload import ADAM_LR, ModelSpec
+
+PREFIX = "hf:"
+DEFAULT_SEQ_LEN = 128
+IMAGENET_SIZE = 224
+IMAGENET_CLASSES = 1000
+ATTENTION = "eager"
+# Config keys that belong to the workload, not to the transformers config.
+WORKLOAD_KEYS = ("seq_len", "lr", "optimizer")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HFPreset:
+    """One named transformers model: its config and model classes, field overrides, task."""
+
+    config_class: str                 # transformers config class name
+    model_class: str                  # transformers model class name
+    task: str                         # "mlm", "clm" or "image"
+    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # config field overrides
+    summary: str = ""                 # one line for listings
+
+
+_IMAGE_FIELDS = {"num_labels": IMAGENET_CLASSES}
+PRESETS = {
+    "bert-base": HFPreset(config_class="BertConfig", model_class="BertForMaskedLM", task="mlm",
+                          summary="BERT-base (110M) masked LM"),
+    "bert-large": HFPreset(config_class="BertConfig", model_class="BertForMaskedLM", task="mlm",
+                           fields={"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                                   "intermediate_size": 4096}, summary="BERT-large (335M) masked LM"),
+    "gpt2": HFPreset(config_class="GPT2Config", model_class="GPT2LMHeadModel", task="clm",
+                     summary="GPT-2 small (124M) causal LM"),
+    "gpt2-medium": HFPreset(config_class="GPT2Config", model_class="GPT2LMHeadModel", task="clm",
+                            fields={"n_embd": 1024, "n_layer": 24, "n_head": 16},
+                            summary="GPT-2 medium (355M) causal LM"),
+    "gpt2-large": HFPreset(config_class="GPT2Config", model_class="GPT2LMHeadModel", task="clm",
+                           fields={"n_embd": 1280, "n_layer": 36, "n_head": 20},
+                           summary="GPT-2 large (774M) causal LM"),
+    "vit-base": HFPreset(config_class="ViTConfig", model_class="ViTForImageClassification", task="image",
+                         fields=_IMAGE_FIELDS, summary="ViT-B/16 (86M), 224x224, 1000 classes"),
+    "convnext-tiny": HFPreset(config_class="ConvNextConfig", model_class="ConvNextForImageClassification",
+                              task="image", fields=_IMAGE_FIELDS, summary="ConvNeXt-T (28.6M), 224x224"),
+    "resnet-50": HFPreset(config_class="ResNetConfig", model_class="ResNetForImageClassification",
+                          task="image", fields=_IMAGE_FIELDS, summary="HF ResNet-50 (25.6M), 224x224"),
+}
+
+
+def known() -> list[str]:
+    """The ``hf:`` names."""
+    return [PREFIX + name for name in PRESETS]
+
+
+def _transformers():
+    # Defensive: even a stray hub lookup must fail fast instead of downloading.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        import transformers
+    except ImportError as exc:
+        raise MemplanError(f"hf: models need the transformers package (pip install 'memplan[hf]'): {exc}")
+    return transformers
+
+
+def spec(name: str, overrides: Mapping[str, Any]) -> ModelSpec:
+    """The ModelSpec of ``hf:<name>``, its defaults holding every config field it will set.
+
+    Args:
+        name: the full name, ``hf:<preset>``.
+        overrides: caller config: transformers config fields, ``seq_len``, ``lr``, ``optimizer``.
+
+    Returns:
+        A ModelSpec; its defaults are the preset's and the caller's fields, the vocabulary size
+        (text) or label count (images), and ``seq_len`` for text.
+
+    Raises:
+        UnknownNameError: an unknown preset; MemplanError: a key the config class does not have.
+    """
+    preset = PRESETS.get(name[len(PREFIX):])
+    if preset is None:
+        raise unknown_name("model", name, known())
+    transformers = _transformers()
+    config_class = getattr(transformers, preset.config_class)
+    base = config_class(**preset.fields)
+    fields = {k: v for k, v in overrides.items() if k not in WORKLOAD_KEYS}
+    unknown = sorted(k for k in fields if not hasattr(base, k))
+    if preset.task == "image" and "seq_len" in overrides:
+        unknown.append("seq_len")
+    if unknown:
+        raise MemplanError(f"model {name}: unknown config key(s) {', '.join(unknown)} "
+                           f"(not fields of transformers.{preset.config_class})")
+    fields = {**preset.fields, **{k: coerce(name, k, v, getattr(base, k)) for k, v in fields.items()}}
+    try:
+        probe = config_class(**fields)
+    except (TypeError, ValueError) as exc:  # transformers validates fields (strict dataclasses)
+        raise MemplanError(f"model {name}: bad config: {str(exc).splitlines()[0]}") from exc
+    if preset.task == "image":
+        defaults = {**fields, "num_labels": probe.num_labels}
+    else:
+        defaults = {**fields, "vocab_size": probe.vocab_size, "seq_len": DEFAULT_SEQ_LEN}
+    return ModelSpec(name=name, summary=preset.summary, build=_builder(transformers, preset),
+                     make_inputs=_inputs(preset.task), loss=_loss(preset.task), defaults=defaults,
+                     input_size=IMAGENET_SIZE if preset.task == "image" else None, optimizer="adam", lr=ADAM_LR)
+
+
+def _builder(transformers, preset: HFPreset):
+    config_class = getattr(transformers, preset.config_class)
+    model_class = getattr(transformers, preset.model_class)
+
+    def build(config: dict, input_size: int | None) -> nn.Module:
+        hf_config = config_class(**{k: v for k, v in config.items() if k != "seq_len"})
+        hf_config._attn_implementation = ATTENTION
+        if preset.task == "image":
+            hf_config.problem_type = "single_label_classification"  # no data-dependent guess at step 1
+            if hasattr(hf_config, "image_size"):
+                hf_config.image_size = input_size
+        model = model_class(hf_config)
+        model.config.use_cache = False  # training: no key/value cache
+        return model
+
+    return build
+
+
+def _inputs(task: str):
+    def make(batch: int, config: dict, input_size: int | None) -> tuple:
+        if task == "image":
+            return (torch.randn(batch, 3, input_size, input_size),
+                    torch.randint(0, config["num_labels"], (batch,)))
+        ids = torch.randint(0, config["vocab_size"], (batch, config["seq_len"]))
+        if task == "clm":
+            return ids, ids.clone()  # the model shifts labels itself
+        return ids, torch.randint(0, config["vocab_size"], ids.shape)
+
+    return make
+
+
+def _loss(task: str):
+    key = "pixel_values" if task == "image" else "input_ids"
+
+    def loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return model(**{key: x, "labels": labels}).loss
+
+    return loss

@@ -15,7 +15,7 @@ from memplan.exec.engine import ThreadCopyEngine
 from memplan.exec.runtime import PlanRuntime
 from memplan.exec.slab import HostSlab
 
-from _exec_helpers import batches, recompute_plan, swap_all_plan, workload
+from test_exec_helpers import batches, recompute_plan, swap_all_plan, workload
 
 MODELS = (pytest.param("vgg11-cifar", marks=pytest.mark.slow),
           pytest.param("resnet18-cifar", marks=pytest.mark.slow), "hf:gpt2")

@@ -1,5 +1,95 @@
-"""Placeholder: filled in by its issue."""
+"""`memplan pool`: lay out a trace (optionally under a plan) or a minimalloc CSV in one pool."""
+
+from __future__ import annotations
+
+from ..errors import MemplanError
 
 
 def add_parser(sub):
-    """Nothing registered yet."""
+    """Register `memplan pool`."""
+    from ..cli import add_json_flag
+
+    p = sub.add_parser("pool", help="plan a memory pool (SmartPool) or simulate an allocator",
+                       description="Lay out every buffer of INPUT (a trace, a trace plus --plan, or a minimalloc "
+                                   "CSV) in one pool and report footprint / peak load.")
+    p.add_argument("input", help="trace file or minimalloc CSV (id,lower,upper,size)")
+    p.add_argument("--allocator", default="smartpool",
+                   help="smartpool (default), smartpool-bestfit, smartpool-firstfit, exact, cnmem, caching, "
+                        "caching-expandable, vdnnpp-highend")
+    p.add_argument("--plan", help="a plan file: swapped-out buffers free memory while on the host")
+    p.add_argument("--time-limit", type=float, default=10.0, help="seconds for smartpool's search (default 10)")
+    p.add_argument("--order", choices=("prefetch-first", "derivative-first"), default=None,
+                   help="vdnnpp-highend: allocation order at one step (paper 001)")
+    p.add_argument("--device", default="h100", help="cost profile used to time swap-out completion")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--offsets-out", help="write id,offset CSV (minimalloc ids for CSV input)")
+    p.add_argument("--plot", help="write a PNG of the layout (time x address)")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def load_problem(path: str, plan_path: str | None, device: str):
+    """The PoolProblem for INPUT (and --plan)."""
+    from ..pool.problem import from_storages, is_minimalloc_csv, read_minimalloc_csv
+
+    if is_minimalloc_csv(path):
+        if plan_path:
+            raise MemplanError("--plan applies to traces, not to a minimalloc CSV")
+        return read_minimalloc_csv(path)
+    from ..trace.formats import load_any
+
+    trace = load_any(path)
+    if not plan_path:
+        return from_storages(trace)
+    from ..cost.model import Cost
+    from ..plan.model import read_plan
+    from ..pool.intervals import residency_problem
+
+    return residency_problem(trace, read_plan(plan_path), Cost.for_trace(trace, device))
+
+
+def run(args) -> int:
+    """Solve, validate (inside `solve`), write outputs, print."""
+    from ..pool.api import solve
+
+    problem = load_problem(args.input, args.plan, args.device)
+    options = {"order": args.order} if args.order else {}
+    if options and args.allocator != "vdnnpp-highend":
+        raise MemplanError("--order applies to --allocator vdnnpp-highend only")
+    result = solve(problem, args.allocator, time_limit_s=args.time_limit, seed=args.seed, **options)
+    if (args.offsets_out or args.plot) and result.offsets is None:
+        raise MemplanError(f"allocator {args.allocator!r} has no single address space: no offsets to write or plot")
+    if args.offsets_out:
+        _write_offsets(args.offsets_out, result)
+    if args.plot:
+        from ..pool.plot import plot_layout
+
+        plot_layout(result, args.plot)
+    _print(args, result)
+    return 0
+
+
+def _write_offsets(path: str, result) -> None:
+    from ..trace.io import atomic_write_text
+
+    rows = ["id,offset"] + [f"{name},{int(o)}" for name, o in zip(result.problem.names, result.offsets)]
+    atomic_write_text(path, "\n".join(rows) + "\n")
+
+
+def _print(args, result) -> None:
+    from ..cli import emit_json
+    from ..units import format_bytes
+
+    summary = result.summary()
+    if args.json:
+        emit_json(summary)
+        return
+    print(f"allocator      {result.allocator}")
+    print(f"buffers        {result.buffers}")
+    print(f"peak load      {format_bytes(result.peak_load_bytes)} ({result.peak_load_bytes} B)")
+    print(f"footprint      {format_bytes(result.footprint_bytes)} ({result.footprint_bytes} B)")
+    print(f"ratio          {result.ratio:.4f}")
+    print(f"device calls   {result.alloc_calls}")
+    print(f"seconds        {result.seconds:.3f}")
+    for key, value in result.details.items():
+        print(f"{key:<14} {value}")

@@ -22,7 +22,7 @@ from ..plan.model import Plan
 from ..trace.model import Trace
 from .engine import CopyEngine, engine_for
 from .recompute import RecomputeExecutor
-from .schedule import build_schedule
+from .schedule import build_schedule, region_modules
 from .slab import HostSlab
 from .swap import SwapExecutor
 
@@ -45,7 +45,7 @@ class PlanRuntime:
                  device: torch.device | str = "cpu", engine: CopyEngine | None = None):
         self.model = model
         self.modules = dict(model.named_modules()) if model is not None else {}
-        self.schedule = build_schedule(trace, plan, modules=set(self.modules) if model is not None else None)
+        self.schedule = build_schedule(trace, plan, modules=region_modules(model) if model is not None else None)
         for decision, reason in self.schedule.skipped:
             log.info("decision kept instead (%s): %s", reason, decision)
         self.device = torch.device(device)
@@ -136,6 +136,8 @@ class PlanRuntime:
             out.update(asdict(self.swap.stats))
         if self.recompute is not None:
             out["recomputed_ops"] = self.recompute.recomputed_ops
+            out["policy_corrections"] = self.recompute.corrected
+            out["policy_conflicts"] = self.recompute.conflicts
         return out
 
     def close(self) -> None:

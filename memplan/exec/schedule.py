@@ -80,8 +80,9 @@ def build_schedule(trace: Trace, plan: Plan, modules=None) -> ExecSchedule:
     Args:
         trace: the traced iteration (with meta "pack_order" and "pack_ops").
         plan: a plan made for it.
-        modules: module paths that can be wrapped as checkpoint regions (None: none can,
-            so recompute decisions are skipped).
+        modules: paths of the modules that can be wrapped as checkpoint regions (those
+            with a forward of their own; see `region_modules`); None: none can, so recompute
+            decisions are skipped.
 
     Raises:
         MemplanError: the plan has decisions but the trace has no pack record.
@@ -198,8 +199,8 @@ def _recompute_spec(trace: Trace, plan: Plan, packed: set, skipped: list, module
         if d.action != "recompute":
             continue
         reason, region = _recompute_problem(trace, d)
-        if not reason and (modules is None or region not in modules):
-            reason = f"no module {region!r} to checkpoint (pass the model)"
+        if not reason:
+            reason, region = _region(region, modules)
         if reason:
             skipped.append((d, reason))
             continue
@@ -208,13 +209,96 @@ def _recompute_spec(trace: Trace, plan: Plan, packed: set, skipped: list, module
     if not chosen:
         return None
     regions = {r for r in regions if not any(_inside(r, [a]) and a != r for a in regions)}
-    recomputed = _close_over_mutations(trace, set(chosen))
+    recomputed, answers = classify_ops(trace, set(chosen), packed)
     keys = op_keys(trace)
-    rec_keys = {keys[i] for s in recomputed for i in trace.writers[s] if i in keys}
-    save_keys = {keys[i] for s in packed - recomputed for i in trace.writers[s] if i in keys} - rec_keys
+    rec_keys = {keys[i] for i, again in answers.items() if again and i in keys}
+    save_keys = {keys[i] for i, again in answers.items() if not again and i in keys}
     return RecomputeSpec(regions=tuple(sorted(regions)), recompute_keys=frozenset(rec_keys),
                          save_keys=frozenset(save_keys), known_keys=frozenset(keys.values()),
-                         storages=tuple(sorted(recomputed)))
+                         storages=tuple(sorted(s for s in recomputed
+                                               if _inside(trace.ops[trace.producer(s)].module, regions))))
+
+
+def region_modules(model) -> set:
+    """Paths of `model`'s submodules that can be checkpoint regions: called through a forward.
+
+    The root is excluded (see `_region`), and so are containers without a forward
+    (ModuleList, ModuleDict), which their parents index instead of calling.
+    """
+    import torch
+
+    unimplemented = torch.nn.Module.forward
+    return {name for name, m in model.named_modules() if name and type(m).forward is not unimplemented}
+
+
+def _region(path: str, modules) -> tuple[str, str]:
+    """(reason it cannot run, "") or ("", the checkpoint region for common module `path`).
+
+    A region is a module whose forward is called (a ModuleList is not: climb to its
+    parent), never the root: the root's own ops carry module "" in the trace, like the
+    code outside the model (the loss), so their keys would be ambiguous, and one region
+    around the whole model recomputes everything at once and saves nothing.
+    """
+    if modules is None:
+        return "no model to checkpoint (pass the model)", ""
+    while path and path not in modules:
+        path = path.rpartition(".")[0]
+    if not path:
+        return "spans top-level modules: no module below the root holds it (kept)", ""
+    return "", path
+
+
+def classify_ops(trace: Trace, chosen: set, packed: set) -> tuple[set, dict]:
+    """Which forward ops run again in recomputation, consistently for in-place updates.
+
+    An op is recomputed when it writes a recomputed storage, cached (MUST_SAVE) when it
+    writes a storage autograd saves and the plan keeps, and recomputed otherwise (its
+    outputs are not needed by backward). Random ops are always cached. Then, to a fixed point:
+
+    - every forward writer of one storage gets the same answer: selective checkpointing
+      replays a cached in-place op by returning its cached result, without mutating the
+      recomputed tensor that later recomputed readers take (e.g. conv -> bn -> relu_ with
+      bn recomputed for its saved statistics and relu_ cached: the conv after it would read
+      the un-rectified batch-norm output). A storage whose writers disagree is recomputed.
+    - a kept storage updated in place holds only its final value in the cache; if a
+      recomputed op reads it between its first and last forward writers, it is recomputed.
+
+    Args:
+        trace: the trace.
+        chosen: storages the plan recomputes.
+        packed: storages autograd saved (the pack record).
+    Returns:
+        (recomputed storages, {forward op index: True to recompute, False to cache}).
+    """
+    fwd = [op for op in trace.ops if op.phase == "forward"]
+    random_ops = {op.index for op in fwd if is_random_op(op.name)}
+    pinned = {s for op in fwd if op.index in random_ops for s in op.writes}
+    multi = {sid: w for sid in {s for op in fwd for s in op.writes}
+             if len(w := [i for i in trace.writers[sid] if trace.ops[i].phase == "forward"]) > 1}
+    recomputed = set(chosen) - pinned
+    while True:
+        answers = {op.index: _runs_again(op, recomputed, packed, pinned, random_ops) for op in fwd}
+        grow = {sid for sid, w in multi.items() if sid not in recomputed and sid not in pinned
+                and _inconsistent(trace, sid, w, answers)}
+        if not grow:
+            return recomputed, answers
+        recomputed |= grow
+
+
+def _runs_again(op, recomputed: set, packed: set, pinned: set, random_ops: set) -> bool:
+    writes = set(op.writes)
+    if op.index in random_ops or writes & pinned:
+        return False
+    return bool(writes & recomputed) or not writes & packed
+
+
+def _inconsistent(trace: Trace, sid: int, writers: list, answers: dict) -> bool:
+    if len({answers[i] for i in writers}) > 1:
+        return True
+    if answers[writers[0]]:
+        return False
+    between = (i for i in trace.accesses[sid] if writers[0] < i < writers[-1] and i not in writers)
+    return any(answers.get(i, False) for i in between)
 
 
 def _recompute_problem(trace: Trace, d: Decision) -> tuple[str, str]:
@@ -258,24 +342,3 @@ def common_module(paths) -> str:
 
 def _inside(module: str, regions) -> bool:
     return any(r == "" or module == r or module.startswith(r + ".") for r in regions)
-
-
-def _close_over_mutations(trace: Trace, recomputed: set) -> set:
-    """Add mutated storages whose intermediate values a recomputed op reads.
-
-    A storage written in place and kept (cached by the selective policy) only has its final
-    value at recompute time; a recomputed op that read an earlier value would see the wrong
-    one, so such a storage is recomputed too (all its writers replay in order).
-    """
-    changed = True
-    while changed:
-        changed = False
-        for sid, writers in enumerate(trace.writers):
-            fwd = [i for i in writers if trace.ops[i].phase == "forward"]
-            if sid in recomputed or len(fwd) < 2:
-                continue
-            between = [i for i in trace.accesses[sid] if fwd[0] < i < fwd[-1] and i not in fwd]
-            if any(set(trace.ops[i].writes) & recomputed for i in between):
-                recomputed.add(sid)
-                changed = True
-    return recomputed

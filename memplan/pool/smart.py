@@ -38,8 +38,9 @@ def firstfit(problem: PoolProblem, *, time_limit_s: float = 0.0, seed: int = 0) 
     return AllocatorOutcome(footprint_bytes=footprint, offsets=offsets)
 
 
-def portfolio(problem: PoolProblem, graph=None) -> tuple[np.ndarray, int, str]:
-    """Best greedy layout over all orderings x {best-fit, first-fit}.
+def portfolio(problem: PoolProblem, graph=None, deadline: float = float("inf")) -> tuple[np.ndarray, int, str]:
+    """Best greedy layout over all orderings x {best-fit, first-fit}, stopping at `deadline`
+    (a perf_counter time) once the paper's size-descending best-fit has run.
 
     Returns:
         (offsets, footprint, label of the winning ordering and fit).
@@ -51,6 +52,8 @@ def portfolio(problem: PoolProblem, graph=None) -> tuple[np.ndarray, int, str]:
             offsets, footprint = greedy_place(problem, order, best_fit, graph)
             if best is None or footprint < best[1]:
                 best = (offsets, footprint, f"{name}/{'best' if best_fit else 'first'}-fit")
+            if time.perf_counter() > deadline:
+                return best
     return best
 
 
@@ -61,7 +64,7 @@ def smartpool(problem: PoolProblem, *, time_limit_s: float = 10.0, seed: int = 0
     if problem.n == 0:
         return AllocatorOutcome(footprint_bytes=0, offsets=np.zeros(0, np.int64))
     graph = conflict_graph(problem)
-    offsets, footprint, label = portfolio(problem, graph)
+    offsets, footprint, label = portfolio(problem, graph, started + time_limit_s)
     details = {"portfolio": label, "portfolio_footprint": footprint, "optimal": footprint == problem.peak_load_bytes}
     if not details["optimal"]:
         from .search import improve

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import MemplanError, unknown_name
 from .config import coerce
-from .workload import ADAM_LR, ModelSpec
+from .workload import ADAM_LR, SGD_LR, ModelSpec
 
 PREFIX = "hf:"
 DEFAULT_SEQ_LEN = 128
@@ -38,6 +38,7 @@ class HFPreset:
     task: str                         # "mlm", "clm" or "image"
     fields: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # config field overrides
     summary: str = ""                 # one line for listings
+    optimizer: str = "adam"           # Adam for transformers (and ConvNeXt, as its paper); SGD for ResNet
 
 
 _IMAGE_FIELDS = {"num_labels": IMAGENET_CLASSES}
@@ -60,7 +61,8 @@ PRESETS = {
     "convnext-tiny": HFPreset(config_class="ConvNextConfig", model_class="ConvNextForImageClassification",
                               task="image", fields=_IMAGE_FIELDS, summary="ConvNeXt-T (28.6M), 224x224"),
     "resnet-50": HFPreset(config_class="ResNetConfig", model_class="ResNetForImageClassification",
-                          task="image", fields=_IMAGE_FIELDS, summary="HF ResNet-50 (25.6M), 224x224"),
+                          task="image", fields=_IMAGE_FIELDS, summary="HF ResNet-50 (25.6M), 224x224",
+                          optimizer="sgd"),
 }
 
 
@@ -118,7 +120,8 @@ def spec(name: str, overrides: Mapping[str, Any]) -> ModelSpec:
         defaults = {**fields, "vocab_size": probe.vocab_size, "seq_len": DEFAULT_SEQ_LEN}
     return ModelSpec(name=name, summary=preset.summary, build=_builder(transformers, preset),
                      make_inputs=_inputs(preset.task), loss=_loss(preset.task), defaults=defaults,
-                     input_size=IMAGENET_SIZE if preset.task == "image" else None, optimizer="adam", lr=ADAM_LR)
+                     input_size=IMAGENET_SIZE if preset.task == "image" else None, optimizer=preset.optimizer,
+                     lr=ADAM_LR if preset.optimizer == "adam" else SGD_LR)
 
 
 def _builder(transformers, preset: HFPreset):

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 
+from memplan.exec.baselines import BASELINES
 from memplan.exec.measure import run_workload
 from memplan.trace.io import atomic_write_text
 
@@ -27,14 +28,15 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
     rows = []
+    cells = [(p, None) for p in PLANNERS] + [(None, b) for b in BASELINES]
     for name, batch, config in MODELS:
-        for planner in PLANNERS:
+        for planner, baseline in cells:
             for budget in BUDGETS if planner != "none" else (None,):
                 try:
-                    rows.append(run_workload(name, batch, planner=planner, budget=budget, steps=args.steps,
-                                             device=args.device, config=config))
+                    rows.append(run_workload(name, batch, planner=planner or "none", budget=budget, steps=args.steps,
+                                             device=args.device, config=config, baseline=baseline, check=True))
                 except Exception as exc:  # one failing cell must not lose the others
-                    rows.append({"model": name, "planner": planner, "budget": budget, "error": str(exc)})
+                    rows.append({"model": name, "planner": planner or baseline, "budget": budget, "error": str(exc)})
     atomic_write_text(args.out, json.dumps({"rows": rows}, indent=1, default=str) + "\n")
 
 

@@ -38,7 +38,7 @@ def train_plain(w, inputs) -> list[torch.Tensor]:
 
 
 class TinyBlock(nn.Module):
-    """conv-bn-relu_(-dropout)-conv-bn plus identity, relu_: in-place ops, BN buffers, RNG."""
+    """conv-bn-relu_-conv-bn plus identity, relu_, dropout: in-place ops, BN buffers, RNG."""
 
     def __init__(self, channels: int, dropout: float):
         super().__init__()
@@ -48,8 +48,8 @@ class TinyBlock(nn.Module):
         self.conv2, self.bn2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels)
 
     def forward(self, x):
-        out = self.drop(self.relu(self.bn1(self.conv1(x))))
-        return self.relu(self.bn2(self.conv2(out)) + x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.drop(self.relu(self.bn2(self.conv2(out)) + x))
 
 
 class TinyNet(nn.Module):

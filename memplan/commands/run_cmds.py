@@ -1,13 +1,46 @@
-"""`memplan run`: train a zoo model under a plan and measure it."""
+"""`memplan run`: train a zoo model under a plan and measure it; `memplan maxbatch`."""
 
 from __future__ import annotations
 
 from ..cli import add_json_flag, emit_json
-from ..units import format_bytes
+from ..units import format_bytes, parse_bytes
 
 
 def add_parser(sub):
-    """Register `run`."""
+    """Register `run` and `maxbatch`."""
+    _add_run(sub)
+    _add_maxbatch(sub)
+
+
+def _add_maxbatch(sub):
+    p = sub.add_parser("maxbatch", help="largest batch that fits a memory cap under a planner")
+    p.add_argument("model", help="zoo model name")
+    p.add_argument("--memory", required=True, help="memory cap, e.g. 11GiB")
+    p.add_argument("--planner", default="none")
+    p.add_argument("--device", default="cpu", help="cuda: measured under the cap; cpu: planned/simulated")
+    p.add_argument("--profile", default="h100", help="cost-model profile the planner plans for")
+    p.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried")
+    add_json_flag(p)
+    p.set_defaults(func=run_maxbatch)
+
+
+def run_maxbatch(args) -> int:
+    """Search the batch and print it."""
+    from ..exec.maxbatch import max_batch
+
+    out = max_batch(args.model, parse_bytes(args.memory), planner=args.planner, device=args.device,
+                    profile=args.profile, limit=args.limit)
+    if args.json:
+        emit_json(out)
+        return 0
+    print(f"{out['model']} under {format_bytes(out['memory_bytes'])} with {out['planner']}: "
+          f"max batch {out['max_batch']} ({out['source']})")
+    for probe in out["probes"]:
+        print(f"  batch {probe['batch']:<6} {'fits' if probe['fits'] else 'does not fit'}")
+    return 0
+
+
+def _add_run(sub):
     p = sub.add_parser("run", help="train K steps under a plan and measure time and memory")
     p.add_argument("model", help="zoo model name (e.g. resnet18-cifar, hf:gpt2)")
     p.add_argument("--batch", type=int, required=True)
@@ -30,7 +63,8 @@ def run(args) -> int:
     if args.baseline:
         check_baseline(args.baseline)
     out = run_workload(args.model, args.batch, planner=args.planner, budget=args.budget, steps=args.steps,
-                       device=args.device, profile=args.profile, check=args.check, seed=args.seed)
+                       device=args.device, profile=args.profile, check=args.check, seed=args.seed,
+                       baseline=args.baseline)
     if args.json:
         emit_json(out)
         return 0
@@ -42,12 +76,21 @@ def run(args) -> int:
             ("host slab", format_bytes(ex["slab_bytes"])), ("swapped tensors", ex.get("offloaded", 0)),
             ("recompute regions", ", ".join(r or "<root>" for r in ex["recompute_regions"]) or "-"),
             ("skipped decisions", ex["skipped_decisions"]),
-            ("predicted time (s)", out["predicted"].get("time_s", "-") if out["predicted"] else "-")]
+            ("predicted (simulated)", _predicted(out["predicted"]))]
     if "max_param_diff" in out:
-        rows.append(("max_param_diff", f"{out['max_param_diff']:.3g}"))
+        rows += [("max_param_diff", f"{out['max_param_diff']:.3g}"),
+                 ("max_buffer_diff", f"{out['max_buffer_diff']:.3g}")]
     for key, value in rows:
         print(f"{key:<20} {value}")
     return 0
+
+
+def _predicted(summary: dict) -> str:
+    if not summary:
+        return "-"
+    parts = [f"{k} {format_bytes(v) if k.endswith('bytes') else v:}" for k, v in summary.items()
+             if isinstance(v, (int, float)) and (k.endswith("bytes") or k.endswith("_s"))]
+    return ", ".join(parts[:4]) or "-"
 
 
 def _b(n) -> str:

@@ -6,58 +6,83 @@ torch.cuda.max_memory_allocated/reserved; on CPU they are reported as None.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import torch
 
-from ..errors import MemplanError
+from ..plan.base import resolve_budget
 from .api import optimize
+from .baselines import BASELINES, baseline_installed, check_baseline
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("torch-checkpoint", "save-on-cpu", "compile-budget")
+__all__ = ["BASELINES", "check_baseline", "run_workload", "state_differences"]
 
 
 def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
-                 profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None) -> dict:
-    """Train `steps` steps of zoo workload `name` under a plan and report measurements.
+                 profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
+                 baseline: str | None = None) -> dict:
+    """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
+    Args:
+        name, batch, config: the zoo workload.
+        planner, budget, profile: how to plan ("none" when a baseline runs).
+        steps: training steps timed.
+        device: where to train.
+        check: also train plainly from the same seed and report the largest differences.
+        seed: workload, planner and training seed.
+        baseline: one of `baselines.BASELINES` instead of a plan.
     Returns:
         A JSON-ready dict: measured step times and memory, the executor's counters, the
-        simulator's prediction (when available) and, with `check`, `max_param_diff`
-        against plain training from the same seed.
+        simulator's prediction (`predicted`, empty until memplan.sim.simulate exists) and,
+        with `check`, `max_param_diff` and `max_buffer_diff` against plain training.
     """
     from ..zoo.registry import get_workload
 
     config = config or {}
+    if baseline:
+        check_baseline(baseline)
     w = get_workload(name, batch, device=device, seed=seed, **config)
     inputs = [w.make_inputs(batch, seed=seed + 1 + i) for i in range(steps)]
-    step = optimize(w.step, *w.inputs, budget=budget, planner=planner, device=profile, model=w.model,
-                    optimizer=w.optimizer, seed=seed)
-    times, peak = _timed(step, inputs, w.model)
-    out = {"model": name, "batch": batch, "planner": planner, "budget_bytes": step.plan.budget_bytes,
-           "steps": steps, "device": str(device), "step_time_s": times, **peak,
-           "trace_peak_bytes": step.trace.peak_load_bytes, "predicted": step.plan.predicted,
+    step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
+                    device=profile, model=w.model, optimizer=w.optimizer, seed=seed)
+    budget_bytes = resolve_budget(step.trace, budget)
+    fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
+    with baseline_installed(baseline, w.model, fraction, torch.device(device)) if baseline \
+            else contextlib.nullcontext():
+        times, peak = _timed(step if not baseline else w.step, inputs, w.model, seed)
+    out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
+           "budget_bytes": budget_bytes, "steps": steps, "device": str(device), "step_time_s": times,
+           **peak, "trace_peak_bytes": step.trace.peak_load_bytes,
+           "predicted": {} if baseline else step.plan.predicted or {},
            "executor": step.stats()}
     out["pinned_host_bytes"] = out["executor"]["pinned_host_bytes"] or out["executor"]["slab_bytes"]
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)
-        torch.manual_seed(seed)
-        for x in inputs:
-            ref.step(*x)
-        out["max_param_diff"] = max(float((a.detach() - b.detach()).abs().max())
-                                    for a, b in zip(w.model.parameters(), ref.model.parameters()))
+        _timed(ref.step, inputs, ref.model, seed)
+        out.update(state_differences(w.model, ref.model))
     return out
 
 
-def _timed(step, inputs, model) -> tuple[list, dict]:
+def state_differences(model: torch.nn.Module, reference: torch.nn.Module) -> dict:
+    """{"max_param_diff": .., "max_buffer_diff": ..}: largest absolute differences."""
+    def worst(pairs) -> float:
+        return max((float((a.detach().double() - b.detach().double()).abs().max()) for a, b in pairs
+                    if a.numel()), default=0.0)
+
+    return {"max_param_diff": worst(zip(model.parameters(), reference.parameters())),
+            "max_buffer_diff": worst(zip(model.buffers(), reference.buffers()))}
+
+
+def _timed(step, inputs, model, seed: int) -> tuple[list, dict]:
     cuda = next(model.parameters()).is_cuda
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     times = []
     for x in inputs:
         started = time.perf_counter()
@@ -70,8 +95,36 @@ def _timed(step, inputs, model) -> tuple[list, dict]:
     return times, peak
 
 
-def check_baseline(name: str) -> None:
-    """Raise for a baseline name this build cannot run."""
-    if name not in BASELINES:
-        raise MemplanError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
-    raise MemplanError(f"--baseline {name} is not implemented yet")
+OVERHEAD_STEPS = 3  # timed steps per side in measure_overhead (after one warm-up step)
+
+
+def measure_overhead(trace, plan, budget=None, *, steps: int = OVERHEAD_STEPS) -> float:
+    """Measured overhead of `plan` for a zoo trace: median step time under it / unplanned - 1.
+
+    The workload is rebuilt from `trace.meta` (model, batch, config), on CUDA when present.
+    Used by AutoSwap's `objective="measured"`.
+
+    Raises:
+        MemplanError: the trace does not name a zoo model.
+    """
+    import statistics
+
+    from ..errors import MemplanError
+    from ..zoo.registry import get_workload
+
+    meta = trace.meta
+    if not meta.get("model") or not meta.get("batch"):
+        raise MemplanError("measure_overhead needs a trace of a zoo model (meta 'model' and 'batch')")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def median_step(planned) -> float:
+        w = get_workload(meta["model"], int(meta["batch"]), device=device, **(meta.get("config") or {}))
+        inputs = [w.make_inputs(w.batch, seed=1 + i) for i in range(steps + 1)]
+        step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, trace=trace, plan=planned) \
+            if planned is not None else w.step
+        times = _timed(step, inputs, w.model, 0)[0][1:]
+        if planned is not None:
+            step.close()
+        return statistics.median(times)
+
+    return median_step(plan) / median_step(None) - 1.0

@@ -1,0 +1,120 @@
+"""The largest batch that fits a memory cap under a planner (HOME's Table 2).
+
+On a GPU the cap is real: `torch.cuda.set_per_process_memory_fraction(cap / total)` and a
+batch fits when a few training steps under the plan run without running out of memory.
+Elsewhere the answer comes from tracing with fake tensors (nothing allocated) and
+planning under the cap; with the simulator (memplan.sim.simulate) the plan must also
+simulate within the cap ("source": "simulated"), without it the planner's own
+feasibility decides ("source": "planned").
+Batches are probed by doubling from 1, then binary search between the last fit and the
+first failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Callable
+
+from ..errors import InfeasibleBudgetError, MemplanError
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 1 << 16  # probing stops here
+GPU_STEPS = 2  # steps run per probed batch on a GPU
+
+
+def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu", profile: str = "h100",
+              config: dict | None = None, limit: int = MAX_BATCH) -> dict:
+    """Find the largest batch of zoo workload `name` that fits `memory_bytes` under `planner`.
+
+    Args:
+        name: zoo model name.
+        memory_bytes: the memory cap.
+        planner: planner name.
+        device: "cuda" measures on the GPU; anything else answers by planning (and simulating).
+        profile: cost-model profile for planning.
+        config: model options.
+        limit: largest batch tried.
+    Returns:
+        {"model", "planner", "memory_bytes", "max_batch" (0: not even batch 1), "source",
+        "probes": [{"batch", "fits", ...}]}.
+    """
+    config = config or {}
+    if device.startswith("cuda"):
+        fits, source = _gpu_probe(name, memory_bytes, planner, device, profile, config), "measured"
+    else:
+        simulated = importlib.util.find_spec("memplan.sim.simulate") is not None
+        fits, source = _planned_probe(name, memory_bytes, planner, profile, config, simulated), \
+            "simulated" if simulated else "planned"
+    probes: list[dict] = []
+    try:
+        best = search(lambda b: _record(probes, b, fits(b)), limit)
+    finally:
+        if source == "measured":
+            import torch
+
+            torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
+    return {"model": name, "planner": planner, "memory_bytes": int(memory_bytes), "max_batch": best,
+            "source": source, "probes": probes}
+
+
+def search(fits: Callable[[int], bool], limit: int = MAX_BATCH) -> int:
+    """Largest b in [1, limit] with fits(b), assuming fits is monotone (0 if none)."""
+    lo, hi = 0, 1
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def _record(probes: list, batch: int, result: tuple[bool, dict]) -> bool:
+    fits, info = result
+    probes.append({"batch": batch, "fits": fits, **info})
+    log.info("batch %d: %s", batch, "fits" if fits else "does not fit")
+    return fits
+
+
+def _planned_probe(name, memory_bytes, planner, profile, config, simulated: bool):
+    from ..plan.base import plan as make_plan
+    from ..trace.tracer import trace_workload
+
+    def fits(batch: int) -> tuple[bool, dict]:
+        trace = trace_workload(name, batch, fake=True, **config)
+        try:
+            p = make_plan(trace, int(memory_bytes), planner=planner, device=profile, simulate_result=simulated)
+        except InfeasibleBudgetError as exc:
+            return False, {"reason": str(exc)}
+        predicted = p.predicted or {}
+        peak = predicted.get("peak_bytes", predicted.get("peak_load_bytes"))
+        ok = not predicted.get("infeasible", False) and (peak is None or peak <= memory_bytes)
+        return ok, {"trace_peak_bytes": trace.peak_load_bytes, **({"predicted_peak_bytes": peak} if peak else {})}
+
+    return fits
+
+
+def _gpu_probe(name, memory_bytes, planner, device, profile, config):
+    import torch
+
+    from .measure import run_workload
+
+    dev = torch.device(device)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    if memory_bytes > total:
+        raise MemplanError(f"--memory {memory_bytes} bytes is more than the GPU's {total}")
+    torch.cuda.set_per_process_memory_fraction(memory_bytes / total, dev)
+
+    def fits(batch: int) -> tuple[bool, dict]:
+        try:
+            out = run_workload(name, batch, planner=planner, budget=int(memory_bytes), steps=GPU_STEPS,
+                               device=device, profile=profile, config=config)
+        except (torch.cuda.OutOfMemoryError, InfeasibleBudgetError) as exc:
+            return False, {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+        finally:
+            torch.cuda.empty_cache()
+        return True, {"peak_reserved_bytes": out["peak_reserved_bytes"], "step_time_s": out["step_time_s"][-1]}
+
+    return fits

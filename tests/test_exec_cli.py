@@ -1,0 +1,87 @@
+"""`memplan run --baseline`, `memplan maxbatch`, and PyTorch's own tools as baselines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memplan.cli import main
+from memplan.exec.baselines import baseline_installed, top_level_blocks
+from memplan.exec.maxbatch import search
+from memplan.trace.tracer import trace_workload
+
+from test_exec_helpers import state_diffs, tiny_workload
+
+STEPS = 2
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 2, 5, 37, 64, 100])
+def test_search_finds_the_largest_fitting_batch(threshold):
+    calls = []
+
+    def fits(b):
+        calls.append(b)
+        return b <= threshold
+
+    assert search(fits, limit=100) == threshold
+    assert max(calls) <= 100
+
+
+def _train(baseline=None, fraction=1.0):
+    w = tiny_workload()
+    torch.manual_seed(3)
+    with baseline_installed(baseline, w.model, fraction, torch.device("cpu")) if baseline else _null():
+        for i in range(STEPS):
+            w.step(*w.make_inputs(w.batch, seed=100 + i))
+    return w.model
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("baseline", ["save-on-cpu", "torch-checkpoint"])
+def test_pytorch_baselines_train_like_plain_training(baseline):
+    ref, got = _train(), _train(baseline)
+    diffs = state_diffs(got, ref)
+    params = {n for n, _ in ref.named_parameters()}
+    assert max(diffs[n] for n in params) <= 1e-6
+    assert all("forward" not in m.__dict__ for m in got.modules())  # patches undone
+
+
+def test_torch_checkpoint_wraps_blocks_not_the_root():
+    names = [n for n, _ in top_level_blocks(tiny_workload().model)]
+    assert names == ["stem", "blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_compile_budget_is_wired_and_undone():
+    import torch._functorch.config as functorch_config
+
+    model = tiny_workload().model
+    before = functorch_config.activation_memory_budget
+    with baseline_installed("compile-budget", model, 0.4, torch.device("cpu")):
+        assert functorch_config.activation_memory_budget == pytest.approx(0.4)
+        assert "forward" in model.__dict__
+    assert functorch_config.activation_memory_budget == before and "forward" not in model.__dict__
+
+
+def test_unknown_baseline_is_one_clear_error(capsys):
+    assert main(["run", "vgg11-cifar", "--batch", "1", "--baseline", "magic"]) == 2
+    assert "unknown baseline 'magic'" in capsys.readouterr().err
+
+
+def test_maxbatch_answers_from_planning_on_cpu(capsys):
+    peak2 = trace_workload("vgg11-cifar", 2, fake=True).peak_load_bytes
+    peak3 = trace_workload("vgg11-cifar", 3, fake=True).peak_load_bytes
+    memory = (peak2 + peak3) // 2  # batch 2 fits unplanned, batch 3 does not
+    assert main(["maxbatch", "vgg11-cifar", "--memory", str(memory), "--planner", "none", "--limit", "8",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_batch"] == 2 and out["source"] in ("planned", "simulated")
+    assert {p["batch"]: p["fits"] for p in out["probes"]}[3] is False

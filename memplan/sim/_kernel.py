@@ -1,0 +1,205 @@
+"""The simulator's inner event loop over flat arrays (numba-compiled when numba imports).
+
+Everything here is plain numpy arrays and scalars so that numba can compile it; the
+semantics are documented in `memplan.sim.simulate`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    from numba import njit
+except ImportError:  # numba is a dependency, but keep the simulator usable without it
+    def njit(*args, **kwargs):
+        return (lambda fn: fn) if not args or not callable(args[0]) else args[0]
+
+SWAP, RECOMPUTE = 0, 1
+NO_WRAP, HEAD_WRAP, TAIL_WRAP = 0, 1, 2
+# Indices into the float result vector.
+R_TIME, R_COMPUTE, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE, R_SYNC_STALL, R_COPY_BUSY = range(7)
+N_FLOAT_RESULTS = 7
+# Indices into the int result vector.
+I_FEASIBLE, I_BAD_OP, I_SHORTFALL, I_PEAK, I_LINK, I_N_LOAD_EVENTS, I_N_HOST_EVENTS = range(7)
+N_INT_RESULTS = 7
+
+
+@njit(cache=True)
+def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
+               d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s, d_chain_s, d_temp_bytes,
+               issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
+               absent_at_start, budget, record):
+    """Simulate one iteration; see `memplan.sim.simulate` for the contract.
+
+    Returns:
+        (floats, ints, load_t, load_v, host_t, host_v, op_start) — the result vectors
+        indexed by the R_* and I_* constants, the load timeline, host-memory events and op
+        start times (the last three only filled when `record`).
+    """
+    n_ops = durations.shape[0]
+    n_dec = d_kind.shape[0]
+    floats = np.zeros(N_FLOAT_RESULTS)
+    ints = np.zeros(N_INT_RESULTS, dtype=np.int64)
+    resident = np.zeros(nbytes.shape[0], dtype=np.bool_)
+    land = np.zeros(n_dec)
+    # Pending swap-out releases, FIFO (the D2H engine completes in issue order).
+    pend_t = np.zeros(n_dec + 1)
+    pend_b = np.zeros(n_dec + 1, dtype=np.int64)
+    pend_head, pend_tail = 0, 0
+    cap = 4 * (birth_ids.shape[0] + death_ids.shape[0] + 4 * n_dec + n_ops) + 8 if record else 1
+    load_t = np.zeros(cap)
+    load_v = np.zeros(cap, dtype=np.int64)
+    host_t = np.zeros(2 * n_dec + 1 if record else 1)
+    host_v = np.zeros(2 * n_dec + 1 if record else 1, dtype=np.int64)
+    op_start = np.zeros(n_ops if record else 1)
+    n_load, n_host = 0, 0
+    t = 0.0
+    load = 0
+    peak = 0
+    d2h_free, h2d_free = 0.0, 0.0
+    link = 0
+    ints[I_FEASIBLE] = 1
+    for i in range(n_ops):
+        # (1) prefetches issued at this op
+        for k in range(issue_ptr[i], issue_ptr[i + 1]):
+            d = issue_ids[k]
+            need = nbytes[d_sid[d]]
+            while load + need > budget and pend_head < pend_tail:
+                if pend_t[pend_head] > t:
+                    floats[R_MEM_STALL] += pend_t[pend_head] - t
+                    t = pend_t[pend_head]
+                load -= pend_b[pend_head]
+                pend_head += 1
+                if record:
+                    load_t[n_load] = t
+                    load_v[n_load] = load
+                    n_load += 1
+            if load + need > budget:
+                ints[I_FEASIBLE] = 0
+                ints[I_BAD_OP] = i
+                ints[I_SHORTFALL] = load + need - budget
+                ints[I_PEAK] = peak
+                return floats, ints, load_t, load_v, host_t, host_v, op_start
+            load += need
+            peak = max(peak, load)
+            start = max(t, h2d_free)
+            h2d_free = start + d_h2d_s[d]
+            land[d] = h2d_free
+            floats[R_COPY_BUSY] += d_h2d_s[d]
+            link += d_link_bytes[d]
+            if d_wrap[d] != TAIL_WRAP:
+                resident[d_sid[d]] = True
+            if record:
+                load_t[n_load] = t
+                load_v[n_load] = load
+                n_load += 1
+                host_t[n_host] = h2d_free
+                host_v[n_host] = -d_link_bytes[d]
+                n_host += 1
+        # (2) recomputes and prefetch waits needed by this op, (3) births
+        need = 0
+        for k in range(need_ptr[i], need_ptr[i + 1]):
+            d = need_ids[k]
+            if d_kind[d] == RECOMPUTE:
+                need += nbytes[d_sid[d]] + d_temp_bytes[d]
+        for k in range(birth_ptr[i], birth_ptr[i + 1]):
+            s = birth_ids[k]
+            if not (i == 0 and absent_at_start[s]):
+                need += nbytes[s]
+        while load + need > budget and pend_head < pend_tail:
+            if pend_t[pend_head] > t:
+                floats[R_MEM_STALL] += pend_t[pend_head] - t
+                t = pend_t[pend_head]
+            load -= pend_b[pend_head]
+            pend_head += 1
+            if record:
+                load_t[n_load] = t
+                load_v[n_load] = load
+                n_load += 1
+        if load + need > budget:
+            ints[I_FEASIBLE] = 0
+            ints[I_BAD_OP] = i
+            ints[I_SHORTFALL] = load + need - budget
+            ints[I_PEAK] = peak
+            return floats, ints, load_t, load_v, host_t, host_v, op_start
+        load += need
+        peak = max(peak, load)
+        if record:
+            load_t[n_load] = t
+            load_v[n_load] = load
+            n_load += 1
+        for k in range(birth_ptr[i], birth_ptr[i + 1]):
+            s = birth_ids[k]
+            if not (i == 0 and absent_at_start[s]):
+                resident[s] = True
+        for k in range(need_ptr[i], need_ptr[i + 1]):
+            d = need_ids[k]
+            if d_kind[d] == RECOMPUTE:
+                t += d_chain_s[d]
+                floats[R_RECOMPUTE] += d_chain_s[d]
+                resident[d_sid[d]] = True
+                if d_temp_bytes[d] > 0:
+                    load -= d_temp_bytes[d]
+                    if record:
+                        load_t[n_load] = t
+                        load_v[n_load] = load
+                        n_load += 1
+            else:
+                if land[d] > t:
+                    floats[R_PREFETCH_STALL] += land[d] - t
+                    t = land[d]
+                t += d_comp_s[d]
+                floats[R_RECOMPUTE] += d_comp_s[d]
+        # (5) the op itself
+        if record:
+            op_start[i] = t
+        t += durations[i]
+        floats[R_COMPUTE] += durations[i]
+        # (6) releases at the end of the op, then swap-outs
+        released = 0
+        for k in range(death_ptr[i], death_ptr[i + 1]):
+            s = death_ids[k]
+            if resident[s]:
+                resident[s] = False
+                released += nbytes[s]
+        for k in range(out_ptr[i], out_ptr[i + 1]):
+            d = out_ids[k]
+            s = d_sid[d]
+            if not resident[s]:
+                continue
+            resident[s] = False
+            if d_kind[d] == RECOMPUTE:
+                released += nbytes[s]
+                continue
+            t += d_comp_s[d]
+            floats[R_RECOMPUTE] += d_comp_s[d]
+            start = max(t, d2h_free)
+            d2h_free = start + d_d2h_s[d]
+            floats[R_COPY_BUSY] += d_d2h_s[d]
+            link += d_link_bytes[d]
+            if record:
+                host_t[n_host] = start
+                host_v[n_host] = d_link_bytes[d]
+                n_host += 1
+            if d_sync[d]:
+                if d2h_free > t:
+                    floats[R_SYNC_STALL] += d2h_free - t
+                    t = d2h_free
+                released += nbytes[s]
+            else:
+                pend_t[pend_tail] = d2h_free
+                pend_b[pend_tail] = nbytes[s]
+                pend_tail += 1
+        if released:
+            load -= released
+            if record:
+                load_t[n_load] = t
+                load_v[n_load] = load
+                n_load += 1
+    # Copies still in flight at the end belong to this iteration's time too.
+    floats[R_TIME] = t
+    ints[I_PEAK] = peak
+    ints[I_LINK] = link
+    ints[I_N_LOAD_EVENTS] = n_load
+    ints[I_N_HOST_EVENTS] = n_host
+    return floats, ints, load_t, load_v, host_t, host_v, op_start

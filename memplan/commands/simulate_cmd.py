@@ -1,5 +1,92 @@
-"""Placeholder: filled in by its issue."""
+"""`memplan simulate`: score a plan (or no plan) on a trace with the simulator."""
+
+from __future__ import annotations
+
+from ..cli import add_json_flag, emit_json
+from ..errors import MemplanError
+
+LANE_COLORS = {"compute": "tab:blue", "d2h": "tab:orange", "h2d": "tab:green"}
 
 
-def add_parser(sub):
-    """Nothing registered yet."""
+def add_parser(sub) -> None:
+    """Register `memplan simulate`."""
+    p = sub.add_parser("simulate", help="simulate one iteration of a trace under a plan and budget")
+    p.add_argument("trace", help="trace file (memplan JSON lines or an importable format)")
+    p.add_argument("--format", help="trace format, when detection is not wanted")
+    p.add_argument("--plan", help="plan JSON written by `memplan plan` (default: keep everything)")
+    p.add_argument("--device", default="h100", help="GPU profile name or profile file (default h100)")
+    p.add_argument("--budget", help="memory cap: bytes (8GiB) or share of the unconstrained peak (60%%)")
+    p.add_argument("--plot", help="write the memory-load timeline and stream lanes to this PNG")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Simulate and print the result."""
+    from ..cost.model import Cost
+    from ..plan.model import read_plan
+    from ..sim.simulate import Simulator
+    from ..trace.formats import load_any
+    from ..units import parse_budget
+
+    trace = load_any(args.trace, args.format)
+    if not trace.ops:
+        raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")
+    plan = read_plan(args.plan) if args.plan else None
+    if plan is not None and plan.trace_digest and plan.trace_digest != trace.digest:
+        raise MemplanError(f"{args.plan}: was made for another trace (digest {plan.trace_digest}, "
+                           f"this trace is {trace.digest})")
+    budget = None if args.budget is None else parse_budget(args.budget, trace.peak_load_bytes)
+    sim = Simulator(trace, Cost.for_trace(trace, args.device))
+    result = sim.run(plan, budget, timeline=bool(args.plot))
+    if args.plot and result.feasible:
+        _plot(trace, sim, result, budget, args)
+    summary = {"trace": args.trace, "device": args.device, "budget_bytes": budget, **result.summary()}
+    if args.json:
+        emit_json(summary)
+    else:
+        _print(summary)
+    return 0
+
+
+def _print(summary: dict) -> None:
+    from ..units import format_bytes
+
+    if not summary["feasible"]:
+        print(f"infeasible: op {summary['infeasible_op']} cannot allocate, "
+              f"short by {format_bytes(summary['shortfall_bytes'])}")
+        return
+    print(f"time        {summary['time_s'] * 1e3:10.2f} ms   (baseline {summary['baseline_time_s'] * 1e3:.2f} ms, "
+          f"overhead {summary['overhead']:.1%})")
+    print(f"peak load   {format_bytes(summary['peak_load_bytes']):>13}")
+    print(f"host peak   {format_bytes(summary['host_peak_bytes']):>13}   link {format_bytes(summary['link_bytes'])}")
+    for key, value in summary["breakdown"].items():
+        print(f"  {key:<18}{value * 1e3:10.2f} ms")
+
+
+def _plot(trace, sim, result, budget, args) -> None:
+    """Memory load with and without the plan above, the compute lane below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from ..plots import GIB, save_figure
+
+    fig, (top, lanes) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    base_starts = sim.baseline_op_start_s * 1e3
+    top.step(base_starts, trace.load / GIB, where="post", color="black", lw=1, label="no plan")
+    top.step(result.timeline_t * 1e3, result.timeline_load / GIB, where="post", color="tab:red", lw=1,
+             label="under the plan")
+    if budget is not None:
+        top.axhline(budget / GIB, color="grey", ls="--", lw=0.8, label="budget")
+    top.set_ylabel("memory load (GiB)")
+    top.legend(fontsize=8)
+    top.set_title(f"{args.trace} on {args.device} (simulated)")
+    for row, (lane, spans) in enumerate(result.lanes.items()):
+        spans = np.asarray(spans) * 1e3
+        lanes.broken_barh([(s, e - s) for s, e in spans], (row, 0.8), color=LANE_COLORS.get(lane, "grey"))
+    lanes.set_yticks([r + 0.4 for r in range(len(result.lanes))], list(result.lanes))
+    lanes.set_xlabel("simulated time (ms)")
+    save_figure(fig, args.plot)

@@ -32,9 +32,9 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     """Simulate one iteration; see `memplan.sim.simulate` for the contract.
 
     Returns:
-        (floats, ints, load_t, load_v, host_t, host_v, op_start) — the result vectors
-        indexed by the R_* and I_* constants, the load timeline, host-memory events and op
-        start times (the last three only filled when `record`).
+        (floats, ints, load_t, load_v, host_t, host_v, op_start, copies) — the result
+        vectors indexed by the R_* and I_* constants, the load timeline, host-memory events,
+        op start times and copy intervals (timeline, op starts and copies only when `record`).
     """
     n_ops = durations.shape[0]
     n_dec = d_kind.shape[0]
@@ -42,6 +42,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     ints = np.zeros(N_INT_RESULTS, dtype=np.int64)
     resident = np.zeros(nbytes.shape[0], dtype=np.bool_)
     land = np.zeros(n_dec)
+    on_host_at = np.zeros(nbytes.shape[0])  # when each storage's latest swap-out reached the host
     # Pending swap-out releases, FIFO (the D2H engine completes in issue order).
     pend_t = np.zeros(n_dec + 1)
     pend_b = np.zeros(n_dec + 1, dtype=np.int64)
@@ -49,9 +50,11 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     cap = 4 * (birth_ids.shape[0] + death_ids.shape[0] + 4 * n_dec + n_ops) + 8 if record else 1
     load_t = np.zeros(cap)
     load_v = np.zeros(cap, dtype=np.int64)
-    host_t = np.zeros(2 * n_dec + 1 if record else 1)
-    host_v = np.zeros(2 * n_dec + 1 if record else 1, dtype=np.int64)
+    host_t = np.zeros(2 * n_dec + 1)
+    host_v = np.zeros(2 * n_dec + 1, dtype=np.int64)
     op_start = np.zeros(n_ops if record else 1)
+    copies = np.zeros((2 * n_dec + 1 if record else 1, 3))  # (start, end, 0 = d2h / 1 = h2d)
+    n_copies = 0
     n_load, n_host = 0, 0
     t = 0.0
     load = 0
@@ -60,6 +63,14 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     link = 0
     ints[I_FEASIBLE] = 1
     for i in range(n_ops):
+        # swap-outs that completed by now have released their memory
+        while pend_head < pend_tail and pend_t[pend_head] <= t:
+            load -= pend_b[pend_head]
+            pend_head += 1
+            if record:
+                load_t[n_load] = pend_t[pend_head - 1]
+                load_v[n_load] = load
+                n_load += 1
         # (1) prefetches issued at this op
         for k in range(issue_ptr[i], issue_ptr[i + 1]):
             d = issue_ids[k]
@@ -79,23 +90,28 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 ints[I_BAD_OP] = i
                 ints[I_SHORTFALL] = load + need - budget
                 ints[I_PEAK] = peak
-                return floats, ints, load_t, load_v, host_t, host_v, op_start
+                return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
             load += need
             peak = max(peak, load)
-            start = max(t, h2d_free)
+            start = max(t, h2d_free, on_host_at[d_sid[d]])
             h2d_free = start + d_h2d_s[d]
             land[d] = h2d_free
             floats[R_COPY_BUSY] += d_h2d_s[d]
             link += d_link_bytes[d]
             if d_wrap[d] != TAIL_WRAP:
                 resident[d_sid[d]] = True
+            host_t[n_host] = h2d_free
+            host_v[n_host] = -d_link_bytes[d]
+            n_host += 1
+            if record:
+                copies[n_copies, 0] = start
+                copies[n_copies, 1] = h2d_free
+                copies[n_copies, 2] = 1
+                n_copies += 1
             if record:
                 load_t[n_load] = t
                 load_v[n_load] = load
                 n_load += 1
-                host_t[n_host] = h2d_free
-                host_v[n_host] = -d_link_bytes[d]
-                n_host += 1
         # (2) recomputes and prefetch waits needed by this op, (3) births
         need = 0
         for k in range(need_ptr[i], need_ptr[i + 1]):
@@ -121,7 +137,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             ints[I_BAD_OP] = i
             ints[I_SHORTFALL] = load + need - budget
             ints[I_PEAK] = peak
-            return floats, ints, load_t, load_v, host_t, host_v, op_start
+            return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
         load += need
         peak = max(peak, load)
         if record:
@@ -175,12 +191,16 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             floats[R_RECOMPUTE] += d_comp_s[d]
             start = max(t, d2h_free)
             d2h_free = start + d_d2h_s[d]
+            on_host_at[s] = d2h_free
             floats[R_COPY_BUSY] += d_d2h_s[d]
             link += d_link_bytes[d]
+            host_t[n_host] = start
+            host_v[n_host] = d_link_bytes[d]
+            n_host += 1
             if record:
-                host_t[n_host] = start
-                host_v[n_host] = d_link_bytes[d]
-                n_host += 1
+                copies[n_copies, 0] = start
+                copies[n_copies, 1] = d2h_free
+                n_copies += 1
             if d_sync[d]:
                 if d2h_free > t:
                     floats[R_SYNC_STALL] += d2h_free - t
@@ -192,7 +212,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 pend_tail += 1
         if released:
             load -= released
-            if record:
+            if record and i < n_ops - 1:  # the end-of-iteration release is not part of the curve
                 load_t[n_load] = t
                 load_v[n_load] = load
                 n_load += 1
@@ -202,4 +222,4 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     ints[I_LINK] = link
     ints[I_N_LOAD_EVENTS] = n_load
     ints[I_N_HOST_EVENTS] = n_host
-    return floats, ints, load_t, load_v, host_t, host_v, op_start
+    return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]

@@ -4,7 +4,8 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
 
 - One compute stream runs the ops in trace order for `cost.durations`. Two copy engines,
   device-to-host and host-to-device, are each FIFO: a copy starts at max(its issue time,
-  the end of the engine's previous copy) and takes `cost.d2h_s` / `cost.h2d_s` of its bytes.
+  the end of the engine's previous copy) and takes `cost.d2h_s` / `cost.h2d_s` of its bytes;
+  a prefetch never starts before its own swap-out has reached the host.
 - Memory load = resident storages plus buffers being copied. A storage is resident for ops
   [alloc_op, free_op): allocated when op alloc_op starts, released when op free_op-1 ends.
   The budget caps the load: an allocation waits (memory_stall_s) for swap-outs in flight to
@@ -82,55 +83,66 @@ class Simulator:
         # Sequential sum, exactly as the kernel accumulates time: no plan gives time == baseline.
         self.baseline_time_s = float(self._prefix[-1])
 
+    @property
+    def baseline_op_start_s(self) -> np.ndarray:
+        """Start time of every op in the unconstrained run."""
+        return self._prefix[:-1]
+
     def run(self, plan: Plan | None = None, budget_bytes: int | None = None, timeline: bool = False) -> SimResult:
         """Simulate under `plan` with a cap of `budget_bytes` (None: no cap)."""
         arrays = self._plan_arrays(plan.decisions if plan else ())
         budget = UNLIMITED if budget_bytes is None else int(budget_bytes)
-        floats, ints, load_t, load_v, host_t, host_v, op_start = K.run_kernel(
+        floats, ints, *recorded = K.run_kernel(
             self._durations, self.trace.nbytes, self._birth_ptr, self._birth_ids, self._death_ptr,
             self._death_ids, *arrays, budget, timeline)
-        return self._result(plan, arrays, floats, ints, (load_t, load_v, host_t, host_v, op_start), timeline)
+        return self._result(arrays, floats, ints, recorded, timeline)
 
     # --- per-plan preparation ----------------------------------------------------------------
 
     def _plan_arrays(self, decisions) -> tuple:
+        """Flat per-decision arrays and per-op event lists for the kernel (vectorised)."""
         trace, cost, n = self.trace, self.cost, len(self.trace.ops)
-        count = len(decisions)
-        kind = np.zeros(count, dtype=np.int64)
-        sid = np.zeros(count, dtype=np.int64)
-        sync = np.zeros(count, dtype=np.bool_)
-        wrap = np.zeros(count, dtype=np.int64)
-        link_bytes = np.zeros(count, dtype=np.int64)
-        d2h = np.zeros(count)
-        h2d = np.zeros(count)
-        comp = np.zeros(count)
-        chain = np.zeros(count)
-        temp = np.zeros(count, dtype=np.int64)
+        fields = np.array([(d.storage, d.action == "recompute", d.out_after, d.back_before, d.prefetch_at,
+                            d.sync, d.compress_ratio or 0.0) for d in decisions], dtype=np.float64).reshape(-1, 7)
+        sid, is_rec, out_after, back, trigger = (fields[:, j].astype(np.int64) for j in range(5))
+        sync, ratio = fields[:, 5].astype(np.bool_), fields[:, 6]
+        kind = np.where(is_rec == 1, K.RECOMPUTE, K.SWAP).astype(np.int64)
+        swap = kind == K.SWAP
+        nbytes = trace.nbytes[sid]
+        link_bytes = np.where(swap, np.where(ratio > 0, np.round(nbytes * ratio), nbytes), 0).astype(np.int64)
+        # Cost's copy and kernel times are affine in bytes, so they take arrays.
+        d2h = np.where(swap, cost.d2h_s(link_bytes), 0.0)
+        h2d = np.where(swap, cost.h2d_s(link_bytes), 0.0)
+        comp = np.where(swap & (ratio > 0), cost.memory_pass_s(nbytes), 0.0)
+        wraps = swap & (back <= out_after)
+        wrap = np.where(wraps, np.where(trigger > out_after, K.TAIL_WRAP, K.HEAD_WRAP), K.NO_WRAP).astype(np.int64)
         absent = np.zeros(len(trace.storages), dtype=np.bool_)
-        issue, need, out = [], [], []
-        away = _recompute_gaps(decisions)
-        for k, d in enumerate(decisions):
-            sid[k] = d.storage
-            out.append((d.out_after, 0, k))
-            if d.action == "recompute":
-                kind[k] = K.RECOMPUTE
-                chain[k], temp[k] = self._chain(d.storage, d.back_before, away)
-                need.append((d.back_before, _producer_rank(trace, d.storage), k))
-                continue
-            nbytes = int(trace.nbytes[d.storage])
-            link_bytes[k] = int(round(nbytes * d.compress_ratio)) if d.compress_ratio else nbytes
-            d2h[k], h2d[k] = cost.d2h_s(link_bytes[k]), cost.h2d_s(link_bytes[k])
-            comp[k] = cost.memory_pass_s(nbytes) if d.compress_ratio else 0.0
-            sync[k] = d.sync
-            trigger = d.prefetch_at
-            if d.wraps:
-                wrap[k] = K.TAIL_WRAP if trigger > d.out_after else K.HEAD_WRAP
-                absent[d.storage] |= wrap[k] == K.HEAD_WRAP
-            issue.append((trigger, 0, k))
-            if wrap[k] != K.TAIL_WRAP:
-                need.append((d.back_before, -1, k))
+        absent[sid[wrap == K.HEAD_WRAP]] = True
+        chain, temp = self._chains_for(decisions, kind)
+        ids = np.arange(len(sid))
+        rank = np.where(swap, -1, [self._producer_rank(s) for s in sid] if len(sid) else [])
+        needs = (wrap != K.TAIL_WRAP)
         return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, temp,
-                *_event_csr(issue, n), *_event_csr(need, n), *_event_csr(out, n), absent)
+                *_event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
+                *_event_csr(back[needs], rank[needs], ids[needs], n),
+                *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent)
+
+    def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray]:
+        """Chain seconds and temporary bytes of every recompute decision."""
+        chain = np.zeros(len(kind))
+        temp = np.zeros(len(kind), dtype=np.int64)
+        recomputes = np.flatnonzero(kind == K.RECOMPUTE)
+        if recomputes.size:
+            away = _recompute_gaps(decisions)
+            for k in recomputes:
+                d = decisions[k]
+                chain[k], temp[k] = self._chain(d.storage, d.back_before, away)
+        return chain, temp
+
+    def _producer_rank(self, sid: int) -> int:
+        """Recomputes at one op run in producer order, so a chain finds its inputs rebuilt."""
+        producer = self.trace.producer(int(sid))
+        return -1 if producer is None else producer
 
     def _chain(self, sid: int, before: int, away: dict, depth: int = 0) -> tuple[float, int]:
         """Time of the producer chain rebuilding `sid` before op `before`, and temporary bytes
@@ -151,7 +163,7 @@ class Simulator:
 
     # --- results ---------------------------------------------------------------------------------
 
-    def _result(self, plan, arrays, floats, ints, recorded, timeline: bool) -> SimResult:
+    def _result(self, arrays, floats, ints, recorded, timeline: bool) -> SimResult:
         feasible = bool(ints[K.I_FEASIBLE])
         stalls = floats[K.R_MEM_STALL] + floats[K.R_PREFETCH_STALL] + floats[K.R_SYNC_STALL]
         breakdown = {
@@ -164,10 +176,11 @@ class Simulator:
         }
         extra = {}
         if timeline and feasible:
-            load_t, load_v, host_t, host_v, op_start = recorded
+            load_t, load_v, _, _, op_start, copies = recorded
             n_load = int(ints[K.I_N_LOAD_EVENTS])
-            extra = dict(timeline_t=load_t[:n_load].copy(), timeline_load=load_v[:n_load].copy(),
-                         op_start_s=op_start.copy(), lanes=self._lanes(arrays, op_start))
+            order = np.argsort(load_t[:n_load], kind="stable")  # lazily applied releases may lag
+            extra = dict(timeline_t=load_t[:n_load][order], timeline_load=load_v[:n_load][order],
+                         op_start_s=op_start.copy(), lanes=self._lanes(op_start, copies))
         return SimResult(
             feasible=feasible,
             time_s=float(floats[K.R_TIME]) if feasible else float("inf"),
@@ -180,10 +193,13 @@ class Simulator:
             shortfall_bytes=0 if feasible else int(ints[K.I_SHORTFALL]),
             **extra)
 
-    def _lanes(self, arrays, op_start) -> dict:
-        """Busy intervals of the compute stream (copy lanes are drawn from host events)."""
+    def _lanes(self, op_start, copies) -> dict:
+        """Busy intervals (start, end) of the compute stream and the two copy engines."""
         ends = op_start + self._durations
-        return {"compute": [(float(s), float(e)) for s, e in zip(op_start, ends) if e > s]}
+        lanes = {"compute": [(float(s), float(e)) for s, e in zip(op_start, ends) if e > s]}
+        for name, direction in (("d2h", 0), ("h2d", 1)):
+            lanes[name] = [(float(s), float(e)) for s, e, k in copies if k == direction]
+        return lanes
 
 
 def _host_peak(arrays, recorded, ints) -> int:
@@ -207,12 +223,6 @@ def _recompute_gaps(decisions) -> dict[int, list[tuple[int, int]]]:
     return away
 
 
-def _producer_rank(trace: Trace, sid: int) -> int:
-    """Recomputes at one op run in producer order, so a chain finds its inputs rebuilt."""
-    producer = trace.producer(sid)
-    return -1 if producer is None else producer
-
-
 def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Group `values` by integer `keys` in [0, n) as (ptr, ids)."""
     order = np.argsort(keys, kind="stable")
@@ -221,9 +231,9 @@ def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.n
     return np.cumsum(ptr), np.ascontiguousarray(values[order], dtype=np.int64)
 
 
-def _event_csr(events: list[tuple[int, int, int]], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(op, rank, decision) triples as a CSR over ops, ordered by rank then decision."""
-    if not events:
-        return np.zeros(n + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    arr = np.array(sorted(events), dtype=np.int64)
-    return _csr(arr[:, 0], arr[:, 2], n)
+def _event_csr(ops: np.ndarray, rank: np.ndarray, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decision `ids` grouped by op as a CSR, ordered by (op, rank, id) within the list."""
+    order = np.lexsort((ids, rank, ops))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(ptr, ops + 1, 1)
+    return np.cumsum(ptr), np.ascontiguousarray(ids[order], dtype=np.int64)

@@ -37,7 +37,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser with every sub-command registered."""
-    parser = _Parser(prog="memplan", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="memplan", description="Plan and run PyTorch training beyond GPU memory: "
+                     "trace an iteration, plan swaps/recomputes/pool, simulate, train under the plan.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMAND_MODULES:

@@ -25,6 +25,34 @@ N_INT_RESULTS = 7
 
 
 @njit(cache=True)
+def _make_room(need, budget, t, load, pend_t, pend_b, head, tail, load_t, load_v, n_load, record):
+    """Release the swap-outs completed by time `t`, then wait for more until `need` fits.
+
+    Returns:
+        (t, load, head, n_load): the time after any wait, the load, the new head of the
+        pending-release queue and the timeline length.
+    """
+    while head < tail and (pend_t[head] <= t or load + need > budget):
+        t = max(t, pend_t[head])
+        load -= pend_b[head]
+        if record:
+            load_t[n_load] = pend_t[head]
+            load_v[n_load] = load
+            n_load += 1
+        head += 1
+    return t, load, head, n_load
+
+
+@njit(cache=True)
+def _fail(ints, op, shortfall, peak):
+    """Mark the result infeasible at `op`."""
+    ints[I_FEASIBLE] = 0
+    ints[I_BAD_OP] = op
+    ints[I_SHORTFALL] = shortfall
+    ints[I_PEAK] = peak
+
+
+@njit(cache=True)
 def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s, d_chain_s, d_temp_bytes,
                issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
@@ -63,33 +91,18 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     link = 0
     ints[I_FEASIBLE] = 1
     for i in range(n_ops):
-        # swap-outs that completed by now have released their memory
-        while pend_head < pend_tail and pend_t[pend_head] <= t:
-            load -= pend_b[pend_head]
-            pend_head += 1
-            if record:
-                load_t[n_load] = pend_t[pend_head - 1]
-                load_v[n_load] = load
-                n_load += 1
+        t, load, pend_head, n_load = _make_room(0, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
+                                                load_t, load_v, n_load, record)
         # (1) prefetches issued at this op
         for k in range(issue_ptr[i], issue_ptr[i + 1]):
             d = issue_ids[k]
             need = nbytes[d_sid[d]]
-            while load + need > budget and pend_head < pend_tail:
-                if pend_t[pend_head] > t:
-                    floats[R_MEM_STALL] += pend_t[pend_head] - t
-                    t = pend_t[pend_head]
-                load -= pend_b[pend_head]
-                pend_head += 1
-                if record:
-                    load_t[n_load] = t
-                    load_v[n_load] = load
-                    n_load += 1
+            before = t
+            t, load, pend_head, n_load = _make_room(need, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
+                                                    load_t, load_v, n_load, record)
+            floats[R_MEM_STALL] += t - before
             if load + need > budget:
-                ints[I_FEASIBLE] = 0
-                ints[I_BAD_OP] = i
-                ints[I_SHORTFALL] = load + need - budget
-                ints[I_PEAK] = peak
+                _fail(ints, i, load + need - budget, peak)
                 return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
             load += need
             peak = max(peak, load)
@@ -108,7 +121,6 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 copies[n_copies, 1] = h2d_free
                 copies[n_copies, 2] = 1
                 n_copies += 1
-            if record:
                 load_t[n_load] = t
                 load_v[n_load] = load
                 n_load += 1
@@ -122,21 +134,12 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             s = birth_ids[k]
             if not (i == 0 and absent_at_start[s]):
                 need += nbytes[s]
-        while load + need > budget and pend_head < pend_tail:
-            if pend_t[pend_head] > t:
-                floats[R_MEM_STALL] += pend_t[pend_head] - t
-                t = pend_t[pend_head]
-            load -= pend_b[pend_head]
-            pend_head += 1
-            if record:
-                load_t[n_load] = t
-                load_v[n_load] = load
-                n_load += 1
+        before = t
+        t, load, pend_head, n_load = _make_room(need, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
+                                                load_t, load_v, n_load, record)
+        floats[R_MEM_STALL] += t - before
         if load + need > budget:
-            ints[I_FEASIBLE] = 0
-            ints[I_BAD_OP] = i
-            ints[I_SHORTFALL] = load + need - budget
-            ints[I_PEAK] = peak
+            _fail(ints, i, load + need - budget, peak)
             return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
         load += need
         peak = max(peak, load)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import MemplanError, TraceFormatError
+from ..iteration import Record
 from ..model import Op, Storage, Trace
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,24 @@ def snapshot_to_trace(snap: dict, *, device: int | None = None, free_on: str = "
     if b.skipped_frees:
         log.info("%s: skipped %d frees of blocks allocated before the recorded window", source, b.skipped_frees)
     return _trace_of(b, snap, device, preexisting, source)
+
+
+def snapshot_records(snap: dict, *, device: int | None = None, free_on: str = "completed") -> list[Record]:
+    """The alloc/free events of one device as records for `memplan.trace.iteration.cut_iteration`.
+
+    A snapshot recorded over several training steps holds several iterations; cutting one
+    out gives a steady-state iteration instead of the whole window.
+
+    Returns:
+        One malloc record per alloc and one free record per `free_<free_on>` event.
+    """
+    if free_on not in FREE_ON:
+        raise MemplanError(f"free_on must be one of {FREE_ON}, got {free_on!r}")
+    _check_snapshot(snap, "<snapshot>")
+    device = _pick_device(snap["device_traces"], device, "<snapshot>")
+    kinds = {"alloc": "malloc", f"free_{free_on}": "free"}
+    return [Record(kind=kinds[e["action"]], block=e.get("addr"), size=e.get("size"))
+            for e in snap["device_traces"][device] if isinstance(e, dict) and e.get("action") in kinds]
 
 
 def _pick_device(traces: list, device: int | None, source: str) -> int:

@@ -44,12 +44,15 @@ def read_trace(path: str | os.PathLike) -> Trace:
     Raises:
         TraceFormatError: naming the file, line and field that is wrong.
     """
-    path = Path(path)
+    return parse_trace(read_text(path, "trace"), str(path))
+
+
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """The text of `path`, or a TraceFormatError naming the file and what it should be."""
     try:
-        text = path.read_text()
+        return Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: cannot read trace: {exc}") from None
-    return parse_trace(text, str(path))
+        raise TraceFormatError(f"{path}: cannot read {what}: {exc}") from None
 
 
 def parse_trace(text: str, source: str = "<trace>") -> Trace:

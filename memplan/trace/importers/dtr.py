@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ...errors import TraceFormatError
+from ..io import read_text
 from ..model import Op, Storage, Trace
 
 NS_PER_S = 1e9
@@ -80,12 +80,7 @@ def read_dtr_log(path: str | os.PathLike) -> Trace:
     Raises:
         TraceFormatError: naming the file and line that is wrong.
     """
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: cannot read: {exc}") from None
-    return parse_dtr_log(text, str(path))
+    return parse_dtr_log(read_text(path, "DTR log"), str(path))
 
 
 def parse_dtr_log(text: str, source: str = "<dtr log>") -> Trace:

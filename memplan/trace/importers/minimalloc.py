@@ -13,10 +13,9 @@ import csv
 import io
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 from ...errors import MemplanError, TraceFormatError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, read_text
 from ..model import Storage, Trace
 
 COLUMNS = ("id", "lower", "upper", "size")  # further columns (a solution's offset) are ignored
@@ -33,12 +32,7 @@ def read_minimalloc(path: str | os.PathLike) -> Trace:
     Raises:
         TraceFormatError: naming the file, line and field that is wrong.
     """
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: cannot read: {exc}") from None
-    return parse_minimalloc(text, str(path))
+    return parse_minimalloc(read_text(path, "minimalloc CSV"), str(path))
 
 
 def parse_minimalloc(text: str, source: str = "<csv>") -> Trace:

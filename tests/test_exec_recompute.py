@@ -6,7 +6,6 @@ buffers (batch-norm running statistics, counters) must match.
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch

@@ -34,7 +34,7 @@ def one_iteration(layers, *, workspace=16, loss_carry=False):
 
 def live_after(records):
     """Oracle: bytes alive after each record, by replaying the stream with a dict."""
-    live, sizes, out = {}, {}, []
+    live, out = {}, []
     for kind, block, *size in records:
         if kind == "malloc":
             live[block] = size[0]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 
 import memplan.pool as mp
 from memplan.pool.online import CachingAllocator

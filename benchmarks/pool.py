@@ -20,7 +20,7 @@ import memplan.pool as mp
 from memplan.pool.problem import from_storages, make_problem
 from memplan.trace.io import atomic_write_text
 
-DATA = Path("/work/shared/data/minimalloc-challenging")
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
 RESULTS = Path(__file__).parent / "results"
 ALLOCATORS = ("smartpool", "smartpool-bestfit", "smartpool-firstfit", "cnmem", "caching", "caching-expandable",
               "vdnnpp-highend")

@@ -140,3 +140,56 @@ def test_minimalloc_csv_bad_line(tmp_path):
     path.write_text("id,lower,upper,size\n0,0,5,10\n1,4,2,8\n")
     with pytest.raises(TraceFormatError, match=":3:"):
         mp.read_minimalloc_csv(path)
+
+
+def tiled_problem(rng, tiles=6, per_tile=30, spanning=4):
+    """Whole-horizon buffers plus `tiles` independent time ranges of random buffers."""
+    starts, ends, sizes = [], [], []
+    horizon = 20 * tiles
+    for _ in range(spanning):
+        starts.append(0), ends.append(horizon), sizes.append(rng.randrange(1, 50))
+    for k in range(tiles):
+        for _ in range(per_tile):
+            s = rng.randrange(20 * k, 20 * k + 19)
+            starts.append(s), ends.append(rng.randrange(s + 1, 20 * k + 20)), sizes.append(rng.randrange(1, 100))
+    return mp.make_problem(starts, ends, sizes)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_large_problems_are_decomposed_validly(monkeypatch, seed):
+    from memplan.pool import smart
+
+    problem = tiled_problem(random.Random(seed))
+    monkeypatch.setattr(smart, "DECOMPOSE_ABOVE", 10)
+    result = mp.solve(problem, "smartpool", time_limit_s=1.0)
+    assert result.details.get("decomposed") and result.details["time_ranges"] >= 6  # a tile may split further
+    assert_no_overlap(problem.starts, problem.ends, problem.sizes, result.offsets)
+    assert result.footprint_bytes >= peak_by_brute_force(problem.starts, problem.ends, problem.sizes)
+    assert result.footprint_bytes <= mp.solve(problem, "smartpool-bestfit").footprint_bytes
+
+
+def _overlaps_by_brute_force(problem, offsets):
+    try:
+        assert_no_overlap(problem.starts, problem.ends, problem.sizes, offsets)
+    except AssertionError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_layout_checker_agrees_with_brute_force(seed):
+    from memplan.pool.check import LayoutError, check_layout
+
+    rng = random.Random(seed)
+    problem = random_problem(rng, n=rng.randrange(2, 25), horizon=12)
+    offsets = np.array([rng.randrange(0, 3 * 4096) for _ in range(problem.n)])
+    if seed % 2:  # half the cases start from a valid layout, one buffer nudged or not
+        offsets = mp.solve(problem, "smartpool-bestfit").offsets.copy()
+        offsets[rng.randrange(problem.n)] += rng.randrange(2) * rng.randrange(1, 300)
+    expected = _overlaps_by_brute_force(problem, offsets)
+    try:
+        check_layout(problem, offsets)
+        found = False
+    except LayoutError:
+        found = True
+    assert found == expected

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
-from .greedy import conflict_graph
 from .problem import PoolProblem
 
 
@@ -35,11 +35,48 @@ def check_layout(problem: PoolProblem, offsets: np.ndarray, footprint: int | Non
     need = int(tops.max())
     if footprint is not None and need > footprint:
         raise LayoutError(f"buffer {int(tops.argmax())} ends at {need}, past the footprint {footprint}")
-    indptr, indices = conflict_graph(problem)
-    i = np.repeat(np.arange(problem.n), np.diff(indptr))
-    j = indices.astype(np.int64)
-    clash = (offsets[i] < tops[j]) & (offsets[j] < tops[i])
-    if clash.any():
-        a, b = int(i[clash][0]), int(j[clash][0])
+    n = problem.n
+    # Events: the n frees (kind 0) sort before the n allocations (kind 1) at equal times.
+    order = np.lexsort((np.repeat([0, 1], n), np.concatenate((problem.ends, problem.starts))))
+    a, b = _first_clash(order, offsets, tops)
+    if a >= 0:
         raise LayoutError(f"buffers {problem.names[a]} and {problem.names[b]} overlap in time and address")
     return need
+
+
+@numba.njit(cache=True)
+def _first_clash(order, offsets, tops):
+    """Sweep over time keeping the live buffers sorted by offset: a new buffer clashes with some
+    live one iff it clashes with its neighbour below or above (live buffers are disjoint).
+
+    Args:
+        order: event order; event e < n frees buffer e, event e >= n allocates buffer e - n.
+        offsets, tops: start and end address of every buffer.
+    Returns:
+        (a, b), two buffers alive together at overlapping addresses, or (-1, -1).
+    """
+    n = len(offsets)
+    live_off = np.empty(n, np.int64)
+    live_idx = np.empty(n, np.int64)
+    m = 0
+    for e in order:
+        i = e % n
+        pos = np.searchsorted(live_off[:m], offsets[i])
+        if e < n:  # a free
+            while pos < m and live_idx[pos] != i:
+                pos += 1
+            if pos < m:
+                live_off[pos:m - 1] = live_off[pos + 1:m].copy()
+                live_idx[pos:m - 1] = live_idx[pos + 1:m].copy()
+                m -= 1
+            continue
+        if pos > 0 and tops[live_idx[pos - 1]] > offsets[i]:
+            return live_idx[pos - 1], i
+        if pos < m and live_off[pos] < tops[i]:
+            return live_idx[pos], i
+        live_off[pos + 1:m + 1] = live_off[pos:m].copy()
+        live_idx[pos + 1:m + 1] = live_idx[pos:m].copy()
+        live_off[pos] = offsets[i]
+        live_idx[pos] = i
+        m += 1
+    return -1, -1

@@ -16,6 +16,7 @@ except ImportError:  # numba is a dependency, but keep the simulator usable with
 
 SWAP, RECOMPUTE = 0, 1
 NO_WRAP, HEAD_WRAP, TAIL_WRAP = 0, 1, 2
+D2H_COPY, H2D_COPY, EXTRA_WORK = 0, 1, 2  # kinds of recorded intervals (third column of `copies`)
 # Indices into the float result vector.
 R_TIME, R_COMPUTE, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE, R_SYNC_STALL, R_COPY_BUSY = range(7)
 N_FLOAT_RESULTS = 7
@@ -44,6 +45,51 @@ def _make_room(need, budget, t, load, pend_t, pend_b, head, tail, load_t, load_v
 
 
 @njit(cache=True)
+def _point(load_t, load_v, n_load, t, load, record):
+    """Append (t, load) to the load timeline when recording; returns its new length."""
+    if record:
+        load_t[n_load] = t
+        load_v[n_load] = load
+        n_load += 1
+    return n_load
+
+
+@njit(cache=True)
+def _boundary_stall(d_kind, d_wrap, d_sid, d_back, land, h2d_start, on_host_at, op_start, h2d_free, t_end):
+    """How long the next iteration must wait for this one's wrap-around copies (steady state).
+
+    The next iteration is assumed to repeat this one shifted by `t_end`. A tail prefetch
+    must land before its op starts there; a head prefetch there can start only once this
+    iteration's swap-out reached the host and the host-to-device engine drained, which
+    delays its landing beyond the slack it had before its op. The largest lateness is
+    charged once at the boundary (a first-order correction: one wait there resolves all).
+    """
+    late = 0.0
+    for d in range(d_kind.shape[0]):
+        if d_kind[d] != SWAP or d_wrap[d] == NO_WRAP:
+            continue
+        need_at = t_end + op_start[d_back[d]]
+        if d_wrap[d] == TAIL_WRAP:
+            late = max(late, land[d] - need_at)
+        else:
+            ready = max(on_host_at[d_sid[d]], h2d_free)
+            shift = ready - (t_end + h2d_start[d])
+            late = max(late, shift - (op_start[d_back[d]] - land[d]))
+    return late
+
+
+@njit(cache=True)
+def _extra_work(copies, n_copies, t, seconds, record):
+    """Note `seconds` of recompute or (de)compression on the compute lane; returns the count."""
+    if record and seconds > 0.0:
+        copies[n_copies, 0] = t
+        copies[n_copies, 1] = t + seconds
+        copies[n_copies, 2] = EXTRA_WORK
+        n_copies += 1
+    return n_copies
+
+
+@njit(cache=True)
 def _fail(ints, op, shortfall, peak):
     """Mark the result infeasible at `op`."""
     ints[I_FEASIBLE] = 0
@@ -56,7 +102,7 @@ def _fail(ints, op, shortfall, peak):
 def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s, d_chain_s, d_temp_bytes,
                issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
-               absent_at_start, budget, record):
+               absent_at_start, d_back, budget, record):
     """Simulate one iteration; see `memplan.sim.simulate` for the contract.
 
     Returns:
@@ -70,6 +116,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     ints = np.zeros(N_INT_RESULTS, dtype=np.int64)
     resident = np.zeros(nbytes.shape[0], dtype=np.bool_)
     land = np.zeros(n_dec)
+    h2d_start = np.zeros(n_dec)
     on_host_at = np.zeros(nbytes.shape[0])  # when each storage's latest swap-out reached the host
     # Pending swap-out releases, FIFO (the D2H engine completes in issue order).
     pend_t = np.zeros(n_dec + 1)
@@ -80,8 +127,8 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     load_v = np.zeros(cap, dtype=np.int64)
     host_t = np.zeros(2 * n_dec + 1)
     host_v = np.zeros(2 * n_dec + 1, dtype=np.int64)
-    op_start = np.zeros(n_ops if record else 1)
-    copies = np.zeros((2 * n_dec + 1 if record else 1, 3))  # (start, end, 0 = d2h / 1 = h2d)
+    op_start = np.zeros(n_ops)  # always: the boundary correction needs it
+    copies = np.zeros((4 * n_dec + 1 if record else 1, 3))  # (start, end, D2H_COPY / H2D_COPY / EXTRA_WORK)
     n_copies = 0
     n_load, n_host = 0, 0
     t = 0.0
@@ -108,6 +155,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             peak = max(peak, load)
             start = max(t, h2d_free, on_host_at[d_sid[d]])
             h2d_free = start + d_h2d_s[d]
+            h2d_start[d] = start
             land[d] = h2d_free
             floats[R_COPY_BUSY] += d_h2d_s[d]
             link += d_link_bytes[d]
@@ -121,15 +169,33 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 copies[n_copies, 1] = h2d_free
                 copies[n_copies, 2] = 1
                 n_copies += 1
-                load_t[n_load] = t
-                load_v[n_load] = load
-                n_load += 1
-        # (2) recomputes and prefetch waits needed by this op, (3) births
-        need = 0
+            n_load = _point(load_t, load_v, n_load, t, load, record)
+        # (2) recomputes needed by this op, in producer order: allocate, run the chain,
+        # drop the temporarily rebuilt inputs
         for k in range(need_ptr[i], need_ptr[i + 1]):
             d = need_ids[k]
-            if d_kind[d] == RECOMPUTE:
-                need += nbytes[d_sid[d]] + d_temp_bytes[d]
+            if d_kind[d] != RECOMPUTE:
+                continue
+            need = nbytes[d_sid[d]] + d_temp_bytes[d]
+            before = t
+            t, load, pend_head, n_load = _make_room(need, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
+                                                    load_t, load_v, n_load, record)
+            floats[R_MEM_STALL] += t - before
+            if load + need > budget:
+                _fail(ints, i, load + need - budget, peak)
+                return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
+            load += need
+            peak = max(peak, load)
+            n_load = _point(load_t, load_v, n_load, t, load, record)
+            n_copies = _extra_work(copies, n_copies, t, d_chain_s[d], record)
+            t += d_chain_s[d]
+            floats[R_RECOMPUTE] += d_chain_s[d]
+            resident[d_sid[d]] = True
+            if d_temp_bytes[d] > 0:
+                load -= d_temp_bytes[d]
+                n_load = _point(load_t, load_v, n_load, t, load, record)
+        # (3) the op's new outputs
+        need = 0
         for k in range(birth_ptr[i], birth_ptr[i + 1]):
             s = birth_ids[k]
             if not (i == 0 and absent_at_start[s]):
@@ -143,35 +209,25 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
         load += need
         peak = max(peak, load)
-        if record:
-            load_t[n_load] = t
-            load_v[n_load] = load
-            n_load += 1
+        n_load = _point(load_t, load_v, n_load, t, load, record)
         for k in range(birth_ptr[i], birth_ptr[i + 1]):
             s = birth_ids[k]
             if not (i == 0 and absent_at_start[s]):
                 resident[s] = True
+        # (4) the op's prefetches must have landed (a tail-wrap one landed in the previous
+        # iteration), then compressed ones are decompressed
         for k in range(need_ptr[i], need_ptr[i + 1]):
             d = need_ids[k]
-            if d_kind[d] == RECOMPUTE:
-                t += d_chain_s[d]
-                floats[R_RECOMPUTE] += d_chain_s[d]
-                resident[d_sid[d]] = True
-                if d_temp_bytes[d] > 0:
-                    load -= d_temp_bytes[d]
-                    if record:
-                        load_t[n_load] = t
-                        load_v[n_load] = load
-                        n_load += 1
-            else:
-                if land[d] > t:
-                    floats[R_PREFETCH_STALL] += land[d] - t
-                    t = land[d]
-                t += d_comp_s[d]
-                floats[R_RECOMPUTE] += d_comp_s[d]
+            if d_kind[d] != SWAP:
+                continue
+            if d_wrap[d] != TAIL_WRAP and land[d] > t:
+                floats[R_PREFETCH_STALL] += land[d] - t
+                t = land[d]
+            n_copies = _extra_work(copies, n_copies, t, d_comp_s[d], record)
+            t += d_comp_s[d]
+            floats[R_RECOMPUTE] += d_comp_s[d]
         # (5) the op itself
-        if record:
-            op_start[i] = t
+        op_start[i] = t
         t += durations[i]
         floats[R_COMPUTE] += durations[i]
         # (6) releases at the end of the op, then swap-outs
@@ -181,6 +237,11 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             if resident[s]:
                 resident[s] = False
                 released += nbytes[s]
+        if released:
+            load -= released
+            if i < n_ops - 1:  # the end-of-iteration release is not part of the curve
+                n_load = _point(load_t, load_v, n_load, t, load, record)
+        released = 0
         for k in range(out_ptr[i], out_ptr[i + 1]):
             d = out_ids[k]
             s = d_sid[d]
@@ -190,6 +251,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             if d_kind[d] == RECOMPUTE:
                 released += nbytes[s]
                 continue
+            n_copies = _extra_work(copies, n_copies, t, d_comp_s[d], record)
             t += d_comp_s[d]
             floats[R_RECOMPUTE] += d_comp_s[d]
             start = max(t, d2h_free)
@@ -215,11 +277,13 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 pend_tail += 1
         if released:
             load -= released
-            if record and i < n_ops - 1:  # the end-of-iteration release is not part of the curve
-                load_t[n_load] = t
-                load_v[n_load] = load
-                n_load += 1
-    # Copies still in flight at the end belong to this iteration's time too.
+            if i < n_ops - 1:
+                n_load = _point(load_t, load_v, n_load, t, load, record)
+    # Steady state: wrap-around copies that the next iteration would wait for cost time here.
+    late = _boundary_stall(d_kind, d_wrap, d_sid, d_back, land, h2d_start, on_host_at, op_start, h2d_free, t)
+    if late > 0.0:
+        floats[R_PREFETCH_STALL] += late
+        t += late
     floats[R_TIME] = t
     ints[I_PEAK] = peak
     ints[I_LINK] = link

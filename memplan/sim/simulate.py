@@ -24,8 +24,12 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
   head [0, back_before] the storage starts the iteration on the host; with the trigger in
   the tail it starts resident and the tail prefetch (for the next iteration) holds its
   bytes until the end.
-- The iteration ends when the compute stream finishes; overlap_s is the copy time hidden
-  behind compute (copy busy time minus the stalls, at least 0).
+- The iteration ends when the compute stream finishes, plus, in steady state, the wait the
+  next iteration (taken to repeat this one) would have for wrap-around copies: a tail
+  prefetch landing after its op's start there, or a head prefetch there delayed by this
+  iteration's swap-out or host-to-device queue beyond its slack. The largest such lateness is
+  charged once, as prefetch_stall_s. overlap_s is the copy time hidden behind compute (copy
+  busy time minus the stalls, at least 0).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from .result import SimResult
 
 UNLIMITED = np.iinfo(np.int64).max // 4
 MAX_CHAIN_DEPTH = 64
+NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
 
 
 def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile = "h100",
@@ -79,6 +84,9 @@ class Simulator:
         self._death_ptr, self._death_ids = _csr(trace.free_ops[alive] - 1, ids[alive], n)
         self._durations = np.ascontiguousarray(cost.durations, dtype=np.float64)
         self._prefix = np.concatenate([[0.0], np.cumsum(self._durations)])
+        # Recomputes at one op run in producer order, so a chain finds its inputs rebuilt.
+        self._producers = np.array([-1 if trace.producer(s) is None else trace.producer(s)
+                                    for s in range(len(trace.storages))], dtype=np.int64)
         self._chains: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
         # Sequential sum, exactly as the kernel accumulates time: no plan gives time == baseline.
         self.baseline_time_s = float(self._prefix[-1])
@@ -102,10 +110,12 @@ class Simulator:
     def _plan_arrays(self, decisions) -> tuple:
         """Flat per-decision arrays and per-op event lists for the kernel (vectorised)."""
         trace, cost, n = self.trace, self.cost, len(self.trace.ops)
-        fields = np.array([(d.storage, d.action == "recompute", d.out_after, d.back_before, d.prefetch_at,
-                            d.sync, d.compress_ratio or 0.0) for d in decisions], dtype=np.float64).reshape(-1, 7)
+        fields = np.array([(d.storage, d.action == "recompute", d.out_after, d.back_before,
+                            NO_TRIGGER if d.trigger is None else d.trigger, d.sync, d.compress_ratio or 0.0)
+                           for d in decisions], dtype=np.float64).reshape(-1, 7)
         sid, is_rec, out_after, back, trigger = (fields[:, j].astype(np.int64) for j in range(5))
         sync, ratio = fields[:, 5].astype(np.bool_), fields[:, 6]
+        trigger = np.where((trigger == NO_TRIGGER) | (is_rec == 1), back, trigger)  # = Decision.prefetch_at
         kind = np.where(is_rec == 1, K.RECOMPUTE, K.SWAP).astype(np.int64)
         swap = kind == K.SWAP
         nbytes = trace.nbytes[sid]
@@ -120,12 +130,11 @@ class Simulator:
         absent[sid[wrap == K.HEAD_WRAP]] = True
         chain, temp = self._chains_for(decisions, kind)
         ids = np.arange(len(sid))
-        rank = np.where(swap, -1, [self._producer_rank(s) for s in sid] if len(sid) else [])
-        needs = (wrap != K.TAIL_WRAP)
+        rank = np.where(swap, -1, self._producers[sid])
         return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, temp,
                 *_event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
-                *_event_csr(back[needs], rank[needs], ids[needs], n),
-                *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent)
+                *_event_csr(back, rank, ids, n),
+                *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back)
 
     def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray]:
         """Chain seconds and temporary bytes of every recompute decision."""
@@ -133,16 +142,11 @@ class Simulator:
         temp = np.zeros(len(kind), dtype=np.int64)
         recomputes = np.flatnonzero(kind == K.RECOMPUTE)
         if recomputes.size:
-            away = _recompute_gaps(decisions)
+            away = _recompute_gaps([decisions[k] for k in recomputes])
             for k in recomputes:
                 d = decisions[k]
                 chain[k], temp[k] = self._chain(d.storage, d.back_before, away)
         return chain, temp
-
-    def _producer_rank(self, sid: int) -> int:
-        """Recomputes at one op run in producer order, so a chain finds its inputs rebuilt."""
-        producer = self.trace.producer(int(sid))
-        return -1 if producer is None else producer
 
     def _chain(self, sid: int, before: int, away: dict, depth: int = 0) -> tuple[float, int]:
         """Time of the producer chain rebuilding `sid` before op `before`, and temporary bytes
@@ -153,9 +157,10 @@ class Simulator:
             self._chains[key] = (float(self._durations[list(ops)].sum()) if ops else 0.0, inputs)
         seconds, inputs = self._chains[key]
         temp = 0
-        if depth < MAX_CHAIN_DEPTH:
+        if depth < MAX_CHAIN_DEPTH and not away.keys().isdisjoint(inputs):  # usually disjoint: skip the loop
             for r in inputs:
-                if any(lo < before < hi for lo, hi in away.get(r, ())):
+                gaps = away.get(r)  # most inputs are not recomputed: skip the gap test for them
+                if gaps and any(lo < before < hi for lo, hi in gaps):
                     sub_s, sub_temp = self._chain(r, before, away, depth + 1)
                     seconds += sub_s
                     temp += int(self.trace.nbytes[r]) + sub_temp
@@ -196,9 +201,11 @@ class Simulator:
     def _lanes(self, op_start, copies) -> dict:
         """Busy intervals (start, end) of the compute stream and the two copy engines."""
         ends = op_start + self._durations
-        lanes = {"compute": [(float(s), float(e)) for s, e in zip(op_start, ends) if e > s]}
-        for name, direction in (("d2h", 0), ("h2d", 1)):
-            lanes[name] = [(float(s), float(e)) for s, e, k in copies if k == direction]
+        compute = [(float(s), float(e)) for s, e in zip(op_start, ends) if e > s]
+        compute += [(float(s), float(e)) for s, e, k in copies if k == K.EXTRA_WORK]
+        lanes = {"compute": sorted(compute)}
+        for name, kind in (("d2h", K.D2H_COPY), ("h2d", K.H2D_COPY)):
+            lanes[name] = [(float(s), float(e)) for s, e, k in copies if k == kind]
         return lanes
 
 
@@ -210,7 +217,9 @@ def _host_peak(arrays, recorded, ints) -> int:
     start = int(link_bytes[wrap == K.HEAD_WRAP].sum())
     if n_host == 0:
         return start if link_bytes.size else 0
-    order = np.argsort(host_t[:n_host], kind="stable")
+    # At equal times releases go first: a prefetch that lands frees its host copy for a
+    # swap-out starting at that instant.
+    order = np.lexsort((host_v[:n_host], host_t[:n_host]))
     return int(max(start, start + np.cumsum(host_v[:n_host][order]).max()))
 
 

@@ -10,7 +10,7 @@ from ..errors import MemplanError
 from ..units import format_bytes
 
 # Meta entries too long for a summary (per saved tensor lists); they stay in the file.
-_LONG_META = ("pack_order", "pack_ops")
+_LONG_META = ("pack_order", "pack_ops", "hook_events", "owners")
 PHASE_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
 GIB = 2**30
 _FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"

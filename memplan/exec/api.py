@@ -58,6 +58,7 @@ class OptimizedStep:
                 warnings.warn("memplan: inputs differ from the traced ones (shape or dtype): "
                               "running this step without the plan", RuntimeWarning, stacklevel=2)
                 self._warned = True
+            self.runtime.restore()
             return self.step_fn(*inputs)
         if self._ctx is not None:
             self.runtime.begin_step()
@@ -82,8 +83,16 @@ class OptimizedStep:
         """The runtime's counters (see PlanRuntime.stats)."""
         return self.runtime.stats()
 
+    def restore(self) -> None:
+        """Bring back parameters and optimizer state that the plan keeps on the host between steps.
+
+        Calling the model, the optimizer's step, or `state_dict()`/`load_state_dict()` of
+        either does it by itself; call this before touching them otherwise.
+        """
+        self.runtime.restore()
+
     def close(self) -> None:
-        """Release the host slab and the copy lanes."""
+        """Bring everything back to the device; release the host slabs and the copy lanes."""
         self.runtime.close()
 
 
@@ -121,7 +130,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
                          simulate_result=_have_simulator(), **planner_params)
     elif not isinstance(plan, Plan):
         plan = read_plan(plan)
-    runtime = PlanRuntime(trace, plan, model, device=_device_of(example_inputs, model))
+    runtime = PlanRuntime(trace, plan, model, device=_device_of(example_inputs, model), optimizer=optimizer)
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs))
 
 

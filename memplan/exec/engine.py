@@ -22,7 +22,16 @@ NOTE stream safety -- the whole argument, in one place:
  6. A host region is rewritten only after every copy reading it finished: the slab
     recycles space only once all its entries were released (each after its consumer
     waited, rule 5), and then `fence("d2h", "h2d")` orders later swap-outs after every
-    prefetch queued so far.
+    prefetch queued so far. A storage swap's fixed region (storage_swap.py) is rewritten
+    by its next swap-out only, which is submitted after the compute stream waited for
+    the previous prefetch out of it (rule 5), and the lane waits for the compute stream
+    (rule 1).
+ 7. Device memory a swap-out reads is freed through `release` (storage swaps resize the
+    storage to zero bytes): CUDA calls it right after `record_stream` (rule 2), so the
+    caching allocator hands the block out again only once the lane has passed the copy;
+    the CPU worker calls it after the job, and `released(ticket)` blocks the host until
+    then, so a prefetch never re-allocates the storage while the worker still reads or
+    frees it.
 """
 
 from __future__ import annotations
@@ -41,7 +50,8 @@ LANES = ("d2h", "h2d")
 class CopyEngine:
     """Runs copy jobs on side lanes and orders them against the compute stream."""
 
-    def submit(self, lane: str, fn: Callable[[], Any], *, keep: tuple = (), after: Any = None) -> Any:
+    def submit(self, lane: str, fn: Callable[[], Any], *, keep: tuple = (), after: Any = None,
+               release: Callable[[], None] | None = None) -> Any:
         """Queue `fn` on `lane` after the compute stream (and after ticket `after`).
 
         Args:
@@ -49,9 +59,15 @@ class CopyEngine:
             fn: the job; it runs with the lane current (CUDA) or on the worker (CPU).
             keep: tensors the job reads or writes; protected until it completes.
             after: a ticket the job must wait for first.
+            release: frees device memory the job reads, called as soon as that is safe
+                (rule 7).
         Returns:
             A ticket for the job's completion.
         """
+        raise NotImplementedError
+
+    def released(self, ticket: Any) -> None:
+        """Block the host until the `release` of the job behind `ticket` has run (rule 7)."""
         raise NotImplementedError
 
     def wait(self, ticket: Any) -> None:
@@ -86,7 +102,7 @@ class ThreadCopyEngine(CopyEngine):
         self._last: dict[str, Future | None] = {lane: None for lane in LANES}
         self._barrier: dict[str, Future | None] = {lane: None for lane in LANES}
 
-    def submit(self, lane, fn, *, keep=(), after=None):
+    def submit(self, lane, fn, *, keep=(), after=None, release=None):
         held = [keep]  # the worker owns these references until the job has run (rule 2)
         waits = [f for f in (after, self._barrier[lane]) if f is not None]
 
@@ -97,15 +113,22 @@ class ThreadCopyEngine(CopyEngine):
                 if self.before_job is not None:
                     self.before_job(lane)
                 with torch.no_grad():
-                    return fn()
+                    result = fn()
             finally:
                 held.clear()
+            if release is not None:
+                release()  # rule 7: the copy has read everything (never after a failed copy)
+            return result
 
         fut = self._pools[lane].submit(job)
         self._last[lane] = fut
         return fut
 
     def wait(self, ticket):
+        if ticket is not None:
+            ticket.result()
+
+    def released(self, ticket):
         if ticket is not None:
             ticket.result()
 
@@ -132,7 +155,7 @@ class CudaCopyEngine(CopyEngine):
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         self._streams = {lane: torch.cuda.Stream(self.device) for lane in LANES}
 
-    def submit(self, lane, fn, *, keep=(), after=None):
+    def submit(self, lane, fn, *, keep=(), after=None, release=None):
         stream = self._streams[lane]
         stream.wait_stream(torch.cuda.current_stream(self.device))  # rules 1 and 3
         if after is not None:
@@ -141,6 +164,8 @@ class CudaCopyEngine(CopyEngine):
             fn()
         for t in keep:
             t.record_stream(stream)  # rule 2
+        if release is not None:
+            release()  # rule 7: the allocator now reuses the block only after the lane's copy
         event = torch.cuda.Event()
         event.record(stream)
         return event
@@ -148,6 +173,9 @@ class CudaCopyEngine(CopyEngine):
     def wait(self, ticket):
         if ticket is not None:
             torch.cuda.current_stream(self.device).wait_event(ticket)  # rule 5
+
+    def released(self, ticket):
+        pass  # release ran on the host inside submit
 
     def fence(self, waiter, on):
         self._streams[waiter].wait_stream(self._streams[on])  # rule 6

@@ -58,7 +58,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
            **peak, "trace_peak_bytes": step.trace.peak_load_bytes,
            "predicted": {} if baseline else step.plan.predicted or {},
            "executor": step.stats()}
-    out["pinned_host_bytes"] = out["executor"]["pinned_host_bytes"] or out["executor"]["slab_bytes"]
+    ex = out["executor"]
+    out["pinned_host_bytes"] = ex["pinned_host_bytes"] or ex["slab_bytes"] + ex["storage_slab_bytes"]
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)

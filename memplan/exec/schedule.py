@@ -15,6 +15,9 @@ saved-tensor packs, module calls and aten ops. This module does the translation 
 - Recompute decisions become checkpoint regions (the smallest module containing the
   storage's producer and its forward readers) and a selective-checkpoint policy keyed by
   (module, aten op, occurrence).
+- Swaps of storages an owner keeps referencing (parameters, buffers, gradients, optimizer
+  state), including gaps that wrap around the iteration boundary and later gaps of one
+  storage, run at the storage level at hook points (storage_schedule.py).
 Anything a decision asks that these mechanisms cannot do is listed in `skipped` with the
 reason and kept resident instead (never run wrongly).
 """
@@ -29,6 +32,7 @@ from ..errors import MemplanError
 from ..plan.model import Decision, Plan
 from ..trace.model import Trace
 from .slab import ALIGN, align_up
+from .storage_schedule import StorageSchedule, build_storage_schedule, is_storage_level
 
 OpKey = tuple  # (module path, aten op name, occurrence among forward ops with that module and name)
 TriggerKey = tuple  # (leaf module path, backward occurrence); BACKWARD_START = at the first backward event
@@ -67,6 +71,7 @@ class ExecSchedule:
     recompute: RecomputeSpec | None  # None when the plan recomputes nothing executable
     skipped: tuple  # (Decision, reason) pairs executed as "keep"
     slab_bytes: int  # host slab size
+    storage: StorageSchedule | None = None  # storage-level swaps (parameters, state, gradients)
 
     @property
     def trigger_modules(self) -> frozenset:
@@ -89,7 +94,9 @@ def build_schedule(trace: Trace, plan: Plan, modules=None) -> ExecSchedule:
     """
     if plan.trace_digest and plan.trace_digest != trace.digest:
         raise MemplanError(f"plan was made for trace {plan.trace_digest}, not this one ({trace.digest})")
-    needs_packs = any(d.action == "swap" for d in plan.decisions)
+    by_storage = [d for d in plan.decisions if d.action == "swap" and _valid(trace, d.storage)
+                  and is_storage_level(trace, d.storage)]
+    needs_packs = any(d.action == "swap" for d in plan.decisions if d not in by_storage)
     if needs_packs and "pack_order" not in trace.meta:
         raise MemplanError("the trace has no saved-tensor pack record (meta 'pack_order'); re-trace it with memplan")
     pack_order = tuple(int(s) for s in trace.meta.get("pack_order", ()))
@@ -102,9 +109,14 @@ def build_schedule(trace: Trace, plan: Plan, modules=None) -> ExecSchedule:
         if trace.ops else list(range(len(pack_order)))
     pack_sids = tuple(pack_order[k] for k in seen)
     swaps = _swap_specs(trace, plan, pack_sids, [pack_ops[k] for k in seen], skipped)
+    storage = build_storage_schedule(trace, by_storage, skipped, regions) if by_storage else None
     slab = sum(s.reserve_bytes for s in swaps.values())
     return ExecSchedule(pack_sids=pack_sids, swaps=swaps, recompute=recompute, skipped=tuple(skipped),
-                        slab_bytes=slab)
+                        slab_bytes=slab, storage=storage if storage is not None and storage.swaps else None)
+
+
+def _valid(trace: Trace, sid: int) -> bool:
+    return 0 <= sid < len(trace.storages)
 
 
 # --- swaps ------------------------------------------------------------------------------------
@@ -117,8 +129,8 @@ def _swap_specs(trace: Trace, plan: Plan, pack_sids, pack_ops, skipped: list) ->
     leaves = _leaf_modules(trace)
     specs: dict[int, SwapSpec] = {}
     for d in sorted(plan.decisions, key=lambda d: (d.storage, d.out_after)):
-        if d.action != "swap":
-            continue
+        if d.action != "swap" or (_valid(trace, d.storage) and is_storage_level(trace, d.storage)):
+            continue  # storage-level swaps are translated by storage_schedule
         reason = _swap_problem(trace, d, first_pack, specs)
         if reason:
             skipped.append((d, reason))
@@ -132,17 +144,14 @@ def _swap_specs(trace: Trace, plan: Plan, pack_sids, pack_ops, skipped: list) ->
 
 def _swap_problem(trace: Trace, d: Decision, first_pack: dict, specs: dict) -> str:
     """Why decision `d` cannot run through the saved-tensor hooks ("" when it can)."""
-    storage = trace.storages[d.storage] if 0 <= d.storage < len(trace.storages) else None
-    if storage is None:
+    if not _valid(trace, d.storage):
         return "no such storage"
-    if storage.kind == "param" or storage.persistent:
-        return "parameters and persistent storages stay referenced by their owners"
+    if d.wraps:
+        return "cross-iteration gap of a storage that does not outlive the iteration"
     if d.storage not in first_pack:
         return "not saved for backward (no pack), or packed inside a recompute region"
-    if d.wraps:
-        return "cross-iteration gaps are not executable through saved-tensor hooks"
     if d.storage in specs:
-        return "only the first forward-to-backward gap of a storage is executed"
+        return "later gap of an activation: the saved-tensor hooks send it away once per step"
     if trace.ops and trace.ops[min(d.back_before, len(trace.ops) - 1)].phase != "backward":
         return "gap does not end in the backward pass"
     return ""

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from memplan.plan.model import Decision, Plan
 from memplan.trace.model import Trace
@@ -145,3 +147,19 @@ def recompute_plan(trace: Trace, every: int = 1) -> Plan:
             out, back = gap(trace, sid)
             decisions.append(Decision(storage=sid, action="recompute", out_after=out, back_before=back))
     return Plan(decisions=tuple(decisions), planner="test-recompute", trace_digest=trace.digest)
+
+
+class ReadsOnlyPresentStorages(TorchDispatchMode):
+    """Oracle: fails the step if any op touches a tensor whose storage is smaller than the tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for t in tree_leaves((args, kwargs or {})):
+            if isinstance(t, torch.Tensor) and t.numel() and t.device.type != "meta":
+                extent = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+                assert t.untyped_storage().nbytes() >= extent * t.element_size(), f"{func} reads an absent storage"
+        self.ops += 1
+        return func(*args, **(kwargs or {}))

@@ -144,11 +144,11 @@ def trace_step(step_fn: Callable, inputs: tuple, model, optimizer) -> Trace:
     from ..trace.tracer import trace as run_tracer
 
     if _is_fake(inputs, model):
-        return run_tracer(step_fn, *inputs, fake=True, model=model)
+        return run_tracer(step_fn, *inputs, fake=True, model=model, optimizer=optimizer)
     if optimizer is None:
         log.warning("no optimizer found for the step: its state is not restored after tracing")
     with restored(model, optimizer):
-        return run_tracer(step_fn, *inputs, fake=False, model=model)
+        return run_tracer(step_fn, *inputs, fake=False, model=model, optimizer=optimizer)
 
 
 class restored:

@@ -26,10 +26,16 @@ SEED = 5
 SHARE = 0.1  # budget = load_min + SHARE x (peak - load_min): low enough that AutoSwap swaps weights and state
 BO_TRIALS = 8  # fewer Bayesian-optimisation evaluations than the default: the plan's quality is not tested here
 STORAGE_KINDS = ("param", "optimizer_state", "grad")
+LAG_S = {"d2h": 0.005, "h2d": 0.03}  # delays of the deliberately slow copy engine, per job
 CASES = [pytest.param((m, o, p), id=f"{m}-{o}-{p}", marks=[pytest.mark.slow] if m != "hf:gpt2" else [])
          for m, o, p in (("vgg11-cifar", "sgd", "autoswap:doa"), ("vgg11-cifar", "adam", "autoswap:bo"),
                          ("resnet18-cifar", "sgd", "autoswap:bo"), ("resnet18-cifar", "adam", "autoswap:doa"),
                          ("hf:gpt2", "adam", "autoswap:doa"), ("hf:gpt2", "sgd", "autoswap:aoa"))]
+
+
+def _lagging(lane: str) -> None:
+    """The copy lanes lag far behind compute: a consumer that does not wait reads unlanded data."""
+    time.sleep(LAG_S[lane])
 
 
 def _workload(name: str, optimizer: str):
@@ -78,7 +84,7 @@ def test_autoswap_plans_swap_weights_and_state_across_iterations(planned):
 def test_training_under_storage_swaps_is_bit_identical(planned, delayed):
     name, opt, tr, plan, ref = planned
     w = _workload(name, opt)
-    engine = ThreadCopyEngine(before_job=lambda lane: time.sleep(0.002)) if delayed else None
+    engine = ThreadCopyEngine(before_job=_lagging) if delayed else None
     runtime = PlanRuntime(tr, plan, w.model, optimizer=w.optimizer, engine=engine)
     oracle = ReadsOnlyPresentStorages()
     torch.manual_seed(SEED)

@@ -3,16 +3,26 @@ translation, and the tracer's hook-point and owner record."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from dataclasses import replace
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from memplan.exec.api import optimize, trace_step
+from memplan.exec.engine import ThreadCopyEngine
 from memplan.exec.events import HookPoint, hook_points, select_points
 from memplan.exec.runtime import PlanRuntime
 from memplan.plan.model import Decision, Plan
 
 from test_exec_helpers import STEPS, ReadsOnlyPresentStorages
+
+LAG_S = {"d2h": 0.002, "h2d": 0.01}  # the deliberately slow copy engine's delay per job
+
+
+def _lagging(lane: str) -> None:
+    time.sleep(LAG_S[lane])
 
 
 def _tiny(optimizer: str = "adam"):
@@ -74,6 +84,7 @@ def test_swapped_storages_leave_during_their_gap_and_are_back_before_use():
     seen = []
 
     def probe(module, args):  # layer 0's forward: layer 2's weight and layer 0's state are still away
+        run.runtime.engine.drain()  # swap-outs free the storage when their copy is done
         seen.append((model[2].weight.untyped_storage().nbytes(), opt.state[model[0].weight]["exp_avg"].untyped_storage().nbytes()))
 
     handle = model[0].register_forward_pre_hook(probe)
@@ -81,6 +92,7 @@ def test_swapped_storages_leave_during_their_gap_and_are_back_before_use():
     for i in range(STEPS):
         with oracle:
             run(torch.randn(8, 16, generator=torch.Generator().manual_seed(i)))
+        run.runtime.engine.drain()
         away = model[2].weight.untyped_storage().nbytes(), opt.state[model[0].weight]["exp_avg"].untyped_storage().nbytes()
         assert away == (0, 0)  # between steps: out after their last use, back only in the next step
     handle.remove()
@@ -103,10 +115,12 @@ def test_model_use_between_steps_brings_storages_back():
     tr = trace_step(step, (x,), model, opt)
     run = optimize(step, x, model=model, optimizer=opt, trace=tr, plan=_tiny_plan(tr))
     run(x)
+    run.runtime.engine.drain()  # swap-outs free the storage when their copy is done
     assert model[2].weight.untyped_storage().nbytes() == 0
     state = model.state_dict()  # a state_dict pre-hook brings everything back first
     assert model[2].weight.untyped_storage().nbytes() > 0 and torch.equal(state["2.weight"], model[2].weight)
     run(x)
+    run.runtime.engine.drain()
     assert model[2].weight.untyped_storage().nbytes() == 0
     with torch.no_grad():
         model(x)  # a forward outside the plan, likewise
@@ -135,6 +149,7 @@ def test_hooks_removed_and_host_memory_released_after_context():
         for _ in range(STEPS):
             step(x)
         assert run.runtime.storage_slab.nbytes > 0 and run.stats()["storage_swapped_out"] > 0
+        run.runtime.engine.drain()
         assert model[2].weight.untyped_storage().nbytes() == 0  # away across the boundary
         assert hooks() != before
     assert hooks() == before
@@ -244,3 +259,55 @@ def test_fake_and_real_traces_record_the_same_hook_points():
     fake = trace(fstep, fx, fake=True, model=fmodel, optimizer=fopt)
     assert fake.meta["hook_events"] == real.meta["hook_events"]
     assert fake.meta["owners"] == real.meta["owners"]
+
+
+class _LowestSize(TorchDispatchMode):
+    """Records the smallest size the watched storages had while any op of the step ran."""
+
+    def __init__(self, tensors: list):
+        super().__init__()
+        self.tensors = tensors
+        self.lowest = [t.untyped_storage().nbytes() for t in tensors]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.lowest = [min(low, t.untyped_storage().nbytes()) for low, t in zip(self.lowest, self.tensors)]
+        return func(*args, **(kwargs or {}))
+
+
+def test_activation_later_gaps_run_at_the_storage_level():
+    x = torch.randn(8, 16)
+    model, opt, step = _warm(*_tiny(), x)
+    tr = trace_step(step, (x,), model, opt)
+    tanh_out = sorted({sid for sid in tr.meta["pack_order"] if tr.storages[sid].kind == "activation"
+                       and tr.ops[tr.producer(sid)].name.startswith("aten.tanh")})
+    # sync: the swap-out (and so the free) is done when the compute stream goes on, so the watch sees it
+    decisions = [replace(_swap(tr, sid, g, lead=2), sync=True) for sid in tanh_out for g in _gaps(tr, sid)[:-1]]
+    assert len(tanh_out) == 2 and len(decisions) >= 2 * len(tanh_out)  # a forward gap, forward-to-backward, backward
+    plan = Plan(decisions=tuple(decisions), planner="test-activations", trace_digest=tr.digest)
+    runtime = PlanRuntime(tr, plan, model, optimizer=opt, engine=ThreadCopyEngine(before_job=_lagging))
+    storage = runtime.schedule.storage
+    assert {s.owner.kind for s in storage.swaps} == {"activation"} and len(storage.swaps) >= 2 * len(tanh_out)
+    assert all(d.out_after < tr.meta["pack_ops"][tr.meta["pack_order"].index(d.storage)]
+               for d, _ in runtime.schedule.skipped)  # only gaps before autograd saved the tensor stay
+    outputs = []
+    handles = [model[i].register_forward_hook(lambda m, a, out: outputs.append(out)) for i in (1, 3)]
+    oracle = ReadsOnlyPresentStorages()
+    for i in range(STEPS):
+        outputs.clear()
+        with runtime.installed(), oracle:
+            runtime.begin_step()
+            opt.zero_grad(set_to_none=True)
+            loss = model(x).square().mean()
+            with _LowestSize(outputs) as watch:  # from the end of forward through backward
+                loss.backward()
+            opt.step()
+        assert watch.lowest == [0, 0]  # each tanh output left the device inside backward
+    for handle in handles:
+        handle.remove()
+    stats = runtime.stats()
+    runtime.close()
+    assert stats["storage_late_prefetches"] == 0 and stats["storage_dropped"] == 0
+    ref_model, ref_opt, ref_step = _warm(*_tiny(), x)
+    for _ in range(STEPS):
+        ref_step(x)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref_model.parameters()))

@@ -64,10 +64,13 @@ class PlanRuntime:
         self.engine = engine or engine_for(self.device)
         self.slab = HostSlab(self.schedule.slab_bytes, pin=self.device.type == "cuda" and self.schedule.slab_bytes > 0,
                              on_recycle=lambda: self.engine.fence("d2h", "h2d"))
-        self.swap = SwapExecutor(self.schedule, self.engine, self.slab) if self.schedule.swaps else None
+        self._storage_executor(trace)
+        # Activations swapped at the storage level are found through their saved-tensor pack.
+        watch = self.storage_swap.note_pack if self.schedule.storage and self.schedule.storage.watched else None
+        self.swap = SwapExecutor(self.schedule, self.engine, self.slab, observer=watch) \
+            if self.schedule.swaps or watch else None
         rec = self.schedule.recompute
         self.recompute = RecomputeExecutor(rec, model) if rec is not None and model is not None else None
-        self._storage_executor(trace)
         self._backward_calls: Counter = Counter()
         self._idle_guards: list = []
         self._closed = False

@@ -16,8 +16,9 @@ saved-tensor packs, module calls and aten ops. This module does the translation 
   storage's producer and its forward readers) and a selective-checkpoint policy keyed by
   (module, aten op, occurrence).
 - Swaps of storages an owner keeps referencing (parameters, buffers, gradients, optimizer
-  state), including gaps that wrap around the iteration boundary and later gaps of one
-  storage, run at the storage level at hook points (storage_schedule.py).
+  state), gaps that wrap around the iteration boundary, later gaps of one storage and
+  activation gaps that do not run from forward into backward run at the storage level,
+  at hook points (storage_schedule.py).
 Anything a decision asks that these mechanisms cannot do is listed in `skipped` with the
 reason and kept resident instead (never run wrongly).
 """
@@ -94,10 +95,9 @@ def build_schedule(trace: Trace, plan: Plan, modules=None) -> ExecSchedule:
     """
     if plan.trace_digest and plan.trace_digest != trace.digest:
         raise MemplanError(f"plan was made for trace {plan.trace_digest}, not this one ({trace.digest})")
-    by_storage = [d for d in plan.decisions if d.action == "swap" and _valid(trace, d.storage)
-                  and is_storage_level(trace, d.storage)]
-    needs_packs = any(d.action == "swap" for d in plan.decisions if d not in by_storage)
-    if needs_packs and "pack_order" not in trace.meta:
+    owned = [d for d in plan.decisions if d.action == "swap" and _valid(trace, d.storage)
+             and is_storage_level(trace, d.storage)]
+    if len(owned) < sum(d.action == "swap" for d in plan.decisions) and "pack_order" not in trace.meta:
         raise MemplanError("the trace has no saved-tensor pack record (meta 'pack_order'); re-trace it with memplan")
     pack_order = tuple(int(s) for s in trace.meta.get("pack_order", ()))
     pack_ops = tuple(int(o) for o in trace.meta.get("pack_ops", range(len(pack_order))))
@@ -108,8 +108,12 @@ def build_schedule(trace: Trace, plan: Plan, modules=None) -> ExecSchedule:
     seen = [k for k, op in enumerate(pack_ops) if not _inside(trace.ops[max(op - 1, 0)].module, regions)] \
         if trace.ops else list(range(len(pack_order)))
     pack_sids = tuple(pack_order[k] for k in seen)
-    swaps = _swap_specs(trace, plan, pack_sids, [pack_ops[k] for k in seen], skipped)
-    storage = build_storage_schedule(trace, by_storage, skipped, regions) if by_storage else None
+    first_pack: dict[int, int] = {}
+    for k in seen:
+        first_pack.setdefault(pack_order[k], pack_ops[k])
+    by_hooks, by_storage = _route(trace, plan, first_pack, skipped)
+    swaps = _swap_specs(trace, by_hooks)
+    storage = build_storage_schedule(trace, by_storage, skipped, regions, first_pack) if by_storage else None
     slab = sum(s.reserve_bytes for s in swaps.values())
     return ExecSchedule(pack_sids=pack_sids, swaps=swaps, recompute=recompute, skipped=tuple(skipped),
                         slab_bytes=slab, storage=storage if storage is not None and storage.swaps else None)
@@ -122,19 +126,33 @@ def _valid(trace: Trace, sid: int) -> bool:
 # --- swaps ------------------------------------------------------------------------------------
 
 
-def _swap_specs(trace: Trace, plan: Plan, pack_sids, pack_ops, skipped: list) -> dict:
-    first_pack = {}
-    for sid, op in zip(pack_sids, pack_ops):
-        first_pack.setdefault(sid, op)
+def _route(trace: Trace, plan: Plan, first_pack: dict, skipped: list) -> tuple[list, list]:
+    """Swap decisions by executor: (saved-tensor hooks, storage level); bad ids go to `skipped`.
+
+    An activation with one gap that starts in forward and ends in backward is sent away at
+    its pack and fetched for its unpack. Every other swap runs at the storage level:
+    storages an owner holds (parameters, state, gradients), and activations with several
+    gaps or a gap the hooks cannot see (all gaps of one storage go the same way).
+    """
+    groups: dict[int, list[Decision]] = {}
+    for d in sorted(plan.decisions, key=lambda d: (d.storage, d.out_after)):
+        if d.action == "swap":
+            groups.setdefault(d.storage, []).append(d)
+    by_hooks, by_storage = [], []
+    for sid, ds in groups.items():
+        if not _valid(trace, sid):
+            skipped += [(d, "no such storage") for d in ds]
+        elif is_storage_level(trace, sid) or len(ds) > 1 or _swap_problem(trace, ds[0], first_pack):
+            by_storage += ds
+        else:
+            by_hooks += ds
+    return by_hooks, by_storage
+
+
+def _swap_specs(trace: Trace, decisions: list) -> dict:
     leaves = _leaf_modules(trace)
     specs: dict[int, SwapSpec] = {}
-    for d in sorted(plan.decisions, key=lambda d: (d.storage, d.out_after)):
-        if d.action != "swap" or (_valid(trace, d.storage) and is_storage_level(trace, d.storage)):
-            continue  # storage-level swaps are translated by storage_schedule
-        reason = _swap_problem(trace, d, first_pack, specs)
-        if reason:
-            skipped.append((d, reason))
-            continue
+    for d in decisions:
         nbytes = trace.storages[d.storage].nbytes
         specs[d.storage] = SwapSpec(storage=d.storage, nbytes=nbytes, sync=d.sync, compress_ratio=d.compress_ratio,
                                     reserve_bytes=reserve_bytes(nbytes, d.compress_ratio),
@@ -142,16 +160,12 @@ def _swap_specs(trace: Trace, plan: Plan, pack_sids, pack_ops, skipped: list) ->
     return specs
 
 
-def _swap_problem(trace: Trace, d: Decision, first_pack: dict, specs: dict) -> str:
+def _swap_problem(trace: Trace, d: Decision, first_pack: dict) -> str:
     """Why decision `d` cannot run through the saved-tensor hooks ("" when it can)."""
-    if not _valid(trace, d.storage):
-        return "no such storage"
     if d.wraps:
-        return "cross-iteration gap of a storage that does not outlive the iteration"
+        return "cross-iteration gap"
     if d.storage not in first_pack:
         return "not saved for backward (no pack), or packed inside a recompute region"
-    if d.storage in specs:
-        return "later gap of an activation: the saved-tensor hooks send it away once per step"
     if trace.ops and trace.ops[min(d.back_before, len(trace.ops) - 1)].phase != "backward":
         return "gap does not end in the backward pass"
     return ""

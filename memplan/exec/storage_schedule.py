@@ -1,12 +1,15 @@
-"""Swap decisions on storages whose owners keep referencing them: translation to hook points.
+"""Swap decisions run at the storage level: translation to hook points.
 
 Parameters, buffers, gradients and optimizer state cannot be swapped through saved-tensor
 hooks (the module, `.grad` or `optimizer.state` keeps its reference), and their gaps may
-wrap around the iteration boundary or be the second gap of a storage. These decisions
-run at the storage level instead (see storage_swap.py): the storage is emptied after its
-last access and refilled before its next one, at hook points (events.py) chosen for each
-gap. This module decides which decisions can run that way and where; the others are
-listed in `skipped` with the reason and kept resident.
+wrap around the iteration boundary or be the second gap of a storage; an activation's
+later gaps (between two backward consumers, or in forward after autograd saved it) are
+not seen by those hooks either. These decisions run at the storage level instead (see
+storage_swap.py): the storage is emptied after its last access and refilled before its
+next one, at hook points (events.py) chosen for each gap. The live storage is found
+through its owner, or for an activation through the tensor autograd saved (so only after
+its first pack in the step). This module decides which decisions can run that way and
+where; the others are listed in `skipped` with the reason and kept resident.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from .events import HookPoint, hook_points, select_points
 from .slab import align_up
 
 STORAGE_KINDS = frozenset({"param", "optimizer_state", "grad"})  # kinds with an owner holding them
-OWNER_KINDS = ("param", "buffer", "grad", "state")
+OWNER_KINDS = ("param", "buffer", "grad", "state", "activation")  # activation: found through its pack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +31,7 @@ class Owner:
 
     kind: str  # one of OWNER_KINDS
     name: str = ""  # parameter or buffer name (param, buffer, grad)
+    storage: int = -1  # trace storage id (activation: the one whose pack is watched)
     group: int = -1  # optimizer param group (state)
     index: int = -1  # parameter's index in that group (state)
     key: str = ""  # state entry, e.g. "exp_avg" (state)
@@ -67,6 +71,11 @@ class StorageSchedule:
         """Every hook point key an action is attached to."""
         return frozenset(k for s in self.swaps for k in (s.out_at, s.fetch_at, s.wait_at))
 
+    @property
+    def watched(self) -> frozenset:
+        """Activations found through their pack: the executor must see the packs."""
+        return frozenset(s.storage for s in self.swaps if s.owner.kind == "activation")
+
 
 def is_storage_level(trace: Trace, sid: int) -> bool:
     """True for storages an owner keeps referencing (parameters, state, gradients, persistent)."""
@@ -74,39 +83,48 @@ def is_storage_level(trace: Trace, sid: int) -> bool:
     return s.persistent or s.kind in STORAGE_KINDS
 
 
-def build_storage_schedule(trace: Trace, decisions, skipped: list, regions=()) -> StorageSchedule:
+def build_storage_schedule(trace: Trace, decisions, skipped: list, regions=(),
+                           first_pack: dict | None = None) -> StorageSchedule:
     """The executable storage-level swaps among `decisions`; the rest go to `skipped`.
 
     Args:
         trace: the trace (with meta "hook_events" and "owners").
-        decisions: swap decisions on storage-level storages (see `is_storage_level`).
+        decisions: swap decisions to run at the storage level.
         skipped: receives (decision, reason) for each decision kept resident instead.
         regions: module paths of the checkpoint regions the recompute executor runs.
+        first_pack: storage id -> ops recorded before its first pack that the executor
+            sees (packs inside checkpoint regions are not seen); activations need one.
     """
     points = hook_points(trace)
     owners = {int(r["sid"]): Owner.from_record(r) for r in trace.meta.get("owners", ())}
+    packed = first_pack or {}
     specs: list[StorageSwapSpec] = []
     taken: dict[int, list[Decision]] = {}
     for d in sorted(decisions, key=lambda d: (d.storage, d.out_after)):
-        reason, keys = _problem(trace, d, points, owners.get(d.storage), taken.get(d.storage, ()), regions)
+        owner = owners.get(d.storage)
+        if owner is None and d.storage in packed:
+            owner = Owner(kind="activation", storage=d.storage)
+        reason, keys = _problem(trace, d, points, owner, taken.get(d.storage, ()), regions, packed.get(d.storage))
         if reason:
             skipped.append((d, reason))
             continue
         taken.setdefault(d.storage, []).append(d)
         specs.append(StorageSwapSpec(storage=d.storage, nbytes=trace.storages[d.storage].nbytes,
-                                     owner=owners[d.storage], sync=d.sync, out_at=keys[0], fetch_at=keys[1],
+                                     owner=owner, sync=d.sync, out_at=keys[0], fetch_at=keys[1],
                                      wait_at=keys[2], wraps=d.wraps))
     slab = sum(align_up(trace.storages[sid].nbytes) for sid in taken)
     state = tuple(o for o in owners.values() if o.kind == "state")
     return StorageSchedule(swaps=tuple(specs), points=points, slab_bytes=slab, state=state)
 
 
-def _problem(trace: Trace, d: Decision, points, owner: Owner | None, taken, regions) -> tuple[str, tuple]:
+def _problem(trace: Trace, d: Decision, points, owner: Owner | None, taken, regions,
+             pack_pos: int | None) -> tuple[str, tuple]:
     """(why decision `d` cannot run at the storage level, ()) or ("", its three point keys)."""
     if not points:
         return "the trace has no hook-point record (re-trace it with this version of memplan)", ()
-    if owner is None or owner.kind not in OWNER_KINDS:
-        return "no run-time owner recorded for it (not a parameter, buffer, gradient or optimizer state)", ()
+    if owner is None:
+        return ("no run-time reference to it: not a parameter, buffer, gradient or optimizer state, and not "
+                "saved for backward (or saved inside a recompute region)"), ()
     if trace.storages[d.storage].nbytes == 0:
         return "empty storage", ()
     if _accessed_inside(trace, d):
@@ -116,13 +134,26 @@ def _problem(trace: Trace, d: Decision, points, owner: Owner | None, taken, regi
     region = _recomputed_in(trace, d, regions)
     if region is not None:
         return f"read again by the recomputation of checkpoint region {region!r} during its gap", ()
-    out_ok = None
-    if owner.kind == "grad":  # `.grad` holds it only once accumulation is done
-        out_ok = lambda p: p.key[0] == "acc" and p.key[1] == owner.name  # noqa: E731
+    out_ok = _reachable(owner, pack_pos)
     keys = select_points(points, trace.num_steps, d.out_after, d.back_before, d.prefetch_at, out_ok)
-    if keys is None:
-        return "no hook point between its last access and its next one to leave and come back at", ()
-    return "", keys
+    if keys is not None:
+        return "", keys
+    if out_ok is not None and select_points(points, trace.num_steps, d.out_after, d.back_before, d.prefetch_at):
+        return UNREACHABLE[owner.kind], ()
+    return "no hook point between its last access and its next one to leave and come back at", ()
+
+
+UNREACHABLE = {"grad": "its gradient is in .grad only once accumulated, and no hook point follows that inside the gap",
+               "activation": "autograd saves it only after this gap: there is no reference to it yet"}
+
+
+def _reachable(owner: Owner, pack_pos: int | None):
+    """Which swap-out points find the live storage (None: all of them)."""
+    if owner.kind == "grad":  # `.grad` holds it only once accumulation is done
+        return lambda p: p.key[0] == "acc" and p.key[1] == owner.name
+    if owner.kind == "activation":  # after its first pack, strictly (a point at the same count may precede it)
+        return lambda p: p.pos > pack_pos
+    return None
 
 
 def _gap_ops(n: int, d: Decision) -> range | list:

@@ -1,5 +1,6 @@
-"""The storage swap executor: parameters, buffers, gradients and optimizer state go to host
-and come back at hook points, across the iteration boundary where the plan says so.
+"""The storage swap executor: parameters, buffers, gradients and optimizer state (and the
+later gaps of activations) go to host and come back at hook points, across the iteration
+boundary where the plan says so.
 
 At a gap's swap-out point the storage's bytes are copied on the d2h lane into the
 storage's fixed region of a second host slab (allocated once, one region per swapped
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torch.multiprocessing.reductions import StorageWeakRef
+
 from .engine import CopyEngine
 from .slab import HostSlab, Region
 from .storage_schedule import Owner, StorageSchedule, StorageSwapSpec
@@ -64,6 +67,7 @@ class StorageSwapStats:
     unresolved: int = 0  # swap-outs not done: owner gone or storage not as traced
     diverged_steps: int = 0  # steps that left the traced order (everything came back)
     restored: int = 0  # storages brought back outside the plan (close, restore, divergence)
+    dropped: int = 0  # activations still away when their step ended (their gaps never closed)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -109,6 +113,8 @@ class StorageSwapExecutor:
             for key, action in ((spec.out_at, self._out), (spec.fetch_at, self._fetch), (spec.wait_at, self._wait)):
                 self._actions.setdefault(key, []).append((action, entry, spec))
         self._away: dict[int, _Stored] = {}  # StorageImpl address -> entry, while not resident
+        self._watched = schedule.watched
+        self._packed: dict[int, StorageWeakRef] = {}  # activation -> its storage, from this step's pack
         self._off = False
 
     @property
@@ -124,8 +130,19 @@ class StorageSwapExecutor:
     # --- steps and points -------------------------------------------------------------------
 
     def begin_step(self) -> None:
-        """A new iteration: act on its points again (after a diverged one)."""
+        """A new iteration: act on its points again (after a diverged one), watch new packs."""
         self._off = False
+        self._packed.clear()
+        for entry in [e for e in self._away.values() if e.owner.kind == "activation"]:
+            self.stats.dropped += 1  # its step is over: refilling it would only revive dead memory
+            self.engine.released(entry.d2h)
+            self._away.pop(entry.storage._cdata, None)
+            entry.state, entry.storage = RESIDENT, None
+
+    def note_pack(self, sid: int, t: torch.Tensor) -> None:
+        """Autograd saved `t`, the trace's storage `sid`: remember its storage (weakly) for this step."""
+        if sid in self._watched and sid not in self._packed:
+            self._packed[sid] = StorageWeakRef(t.untyped_storage())
 
     def fire(self, key: tuple) -> None:
         """A hook point was reached: run its actions."""
@@ -236,17 +253,24 @@ class StorageSwapExecutor:
 
     def _storage_of(self, entry: _Stored) -> torch.UntypedStorage | None:
         """The live storage the trace's storage is now, if it still looks as traced."""
-        t = self._resolve(entry.owner)
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        storage = self._live_storage(entry.owner)
+        if storage is None or storage.device.type == "meta":
             return None
-        storage = t.untyped_storage()
         if storage.nbytes() != entry.nbytes or not storage.resizable():
-            log.debug("storage %d: live tensor has %d bytes (traced %d) or is not resizable: kept",
+            log.debug("storage %d: live storage has %d bytes (traced %d) or is not resizable: kept",
                       entry.sid, storage.nbytes(), entry.nbytes)
             return None
         return storage
 
+    def _live_storage(self, owner: Owner) -> torch.UntypedStorage | None:
+        if owner.kind == "activation":
+            ref = self._packed.get(owner.storage)
+            return None if ref is None or ref.expired() else torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+        t = self._resolve(owner)
+        return t.untyped_storage() if isinstance(t, torch.Tensor) else None
+
     def _resolve(self, owner: Owner):
+        """The tensor an owner holds now (None if gone)."""
         try:
             if owner.kind == "state":
                 param = self.optimizer.param_groups[owner.group]["params"][owner.index]

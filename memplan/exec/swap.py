@@ -80,10 +80,13 @@ class SwapExecutor:
         schedule: the run-time schedule.
         engine: the copy engine (lanes for copies).
         slab: the host slab.
+        observer: called as `observer(storage id, tensor)` at every pack that matches the
+            trace (the storage swap executor finds activations that way).
     """
 
-    def __init__(self, schedule: ExecSchedule, engine: CopyEngine, slab: HostSlab):
+    def __init__(self, schedule: ExecSchedule, engine: CopyEngine, slab: HostSlab, observer=None):
         self.schedule = schedule
+        self.observer = observer
         self.engine = engine
         self.slab = slab
         self.stats = SwapStats()
@@ -124,7 +127,10 @@ class SwapExecutor:
             return t
         if k >= len(self.schedule.pack_sids):
             return self._diverge(f"more packs than the trace's {len(self.schedule.pack_sids)}", t)
-        spec = self.schedule.swaps.get(self.schedule.pack_sids[k])
+        sid = self.schedule.pack_sids[k]
+        if self.observer is not None:
+            self.observer(sid, t)
+        spec = self.schedule.swaps.get(sid)
         if spec is None:
             return t
         if isinstance(t, torch.nn.Parameter) or t.untyped_storage().nbytes() != spec.nbytes:

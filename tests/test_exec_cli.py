@@ -85,3 +85,16 @@ def test_maxbatch_answers_from_planning_on_cpu(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["max_batch"] == 2 and out["source"] in ("planned", "simulated")
     assert {p["batch"]: p["fits"] for p in out["probes"]}[3] is False
+
+
+@pytest.mark.slow
+def test_run_reports_storage_swaps_and_trains_like_plain_training(capsys):
+    assert main(["run", "vgg11-cifar", "--batch", "2", "--planner", "autoswap:doa", "--budget", "70%",
+                 "--steps", "3", "--check", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ex = out["executor"]
+    assert out["max_param_diff"] == 0.0 and out["max_buffer_diff"] == 0.0
+    assert ex["storage_swaps_planned"] > 0 and ex["skipped_decisions"] == 0
+    assert ex["storage_swapped_out"] > ex["storage_swaps_planned"] and ex["storage_swapped_out_bytes"] > 0
+    assert ex["storage_late_prefetches"] == ex["storage_diverged_steps"] == 0
+    assert out["pinned_host_bytes"] >= ex["storage_slab_bytes"] > 0

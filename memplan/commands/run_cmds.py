@@ -73,7 +73,9 @@ def run(args) -> int:
             ("budget", format_bytes(out["budget_bytes"] or 0)),
             ("step time (s)", ", ".join(f"{t:.3f}" for t in out["step_time_s"])),
             ("peak allocated", _b(out["peak_allocated_bytes"])), ("peak reserved", _b(out["peak_reserved_bytes"])),
-            ("host slab", format_bytes(ex["slab_bytes"])), ("swapped tensors", ex.get("offloaded", 0)),
+            ("host slab", format_bytes(ex["slab_bytes"] + ex["storage_slab_bytes"])),
+            ("swapped tensors", ex.get("offloaded", 0)),
+            ("swapped storages", ex.get("storage_swapped_out", 0)),
             ("recompute regions", ", ".join(r or "<root>" for r in ex["recompute_regions"]) or "-"),
             ("skipped decisions", ex["skipped_decisions"]),
             ("predicted (simulated)", _predicted(out["predicted"]))]

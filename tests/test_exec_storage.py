@@ -311,3 +311,18 @@ def test_activation_later_gaps_run_at_the_storage_level():
     for _ in range(STEPS):
         ref_step(x)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref_model.parameters()))
+
+
+def test_hook_points_and_owners_survive_the_trace_file(tmp_path):
+    from memplan.trace.io import read_trace, write_trace
+
+    x = torch.randn(8, 16)
+    model, opt, step = _warm(*_tiny(), x)
+    tr = trace_step(step, (x,), model, opt)
+    write_trace(tr, tmp_path / "t.jsonl")
+    loaded = read_trace(tmp_path / "t.jsonl")
+    plan = _tiny_plan(tr)
+    a, b = (PlanRuntime(t, plan, model, optimizer=opt) for t in (tr, loaded))
+    assert a.schedule.storage == b.schedule.storage and a.schedule.storage.swaps
+    a.close()
+    b.close()

@@ -80,9 +80,8 @@ def test_autoswap_plans_swap_weights_and_state_across_iterations(planned):
     assert kinds[("param", True)] and kinds[("optimizer_state", True)], kinds
 
 
-@pytest.mark.parametrize("delayed", [False, True], ids=["engine", "delayed-engine"])
-def test_training_under_storage_swaps_is_bit_identical(planned, delayed):
-    name, opt, tr, plan, ref = planned
+def _train_under(name: str, opt: str, tr, plan: Plan, delayed: bool):
+    """Train STEPS steps under `plan` (the oracle watching every op); the workload and counters."""
     w = _workload(name, opt)
     engine = ThreadCopyEngine(before_job=_lagging) if delayed else None
     runtime = PlanRuntime(tr, plan, w.model, optimizer=w.optimizer, engine=engine)
@@ -94,14 +93,24 @@ def test_training_under_storage_swaps_is_bit_identical(planned, delayed):
             w.step(*x)
     stats = runtime.stats()
     runtime.close()
-    assert _same_state(w, ref)
-    reasons = " ".join(stats["skipped_reasons"])
-    assert not any(tr.storages[d.storage].kind in STORAGE_KINDS for d, _ in runtime.schedule.skipped), reasons
-    assert "persistent" not in reasons and "cross-iteration" not in reasons
-    assert stats["storage_swaps_planned"] == sum(tr.storages[d.storage].kind in STORAGE_KINDS for d in plan.decisions)
-    assert stats["storage_swapped_out"] >= stats["storage_swaps_planned"] * (STEPS - 1)  # step 1 creates the state
-    assert stats["storage_late_prefetches"] == stats["storage_rescued"] == stats["storage_diverged_steps"] == 0
-    assert stats["storage_slab_bytes"] > 0 and oracle.ops > 0
+    assert oracle.ops > 0
+    return w, stats, runtime.schedule
+
+
+def test_training_under_storage_swaps_is_bit_identical(planned):
+    name, opt, tr, plan, ref = planned
+    # The delayed engine is the harder case; the plain one once per optimizer suffices.
+    for delayed in (False, True) if name == "hf:gpt2" else (True,):
+        w, stats, schedule = _train_under(name, opt, tr, plan, delayed)
+        assert _same_state(w, ref)
+        reasons = " ".join(stats["skipped_reasons"])
+        assert not any(tr.storages[d.storage].kind in STORAGE_KINDS for d, _ in schedule.skipped), reasons
+        assert "persistent" not in reasons and "cross-iteration" not in reasons
+        planned_here = sum(tr.storages[d.storage].kind in STORAGE_KINDS for d in plan.decisions)
+        assert stats["storage_swaps_planned"] == planned_here
+        assert stats["storage_swapped_out"] >= planned_here * (STEPS - 1)  # step 1 creates the optimizer state
+        assert stats["storage_late_prefetches"] == stats["storage_rescued"] == stats["storage_diverged_steps"] == 0
+        assert stats["storage_slab_bytes"] > 0
 
 
 @pytest.mark.slow

@@ -28,9 +28,9 @@ from torch.utils._pytree import tree_leaves
 from ..plan.model import Plan
 from ..trace.model import Trace
 from .engine import CopyEngine, engine_for
+from .events import EventHooks
 from .recompute import RecomputeExecutor
 from .schedule import build_schedule, region_modules
-from .events import EventHooks
 from .slab import HostSlab
 from .storage_swap import StorageSwapExecutor
 from .swap import SwapExecutor

@@ -19,8 +19,9 @@ optimizer's references, tied weights, views of a weight that autograd saved for 
 would leave every other alias holding the device memory (no saving) or, after an
 in-place update, stale data. The copies go through separate byte views, whose version
 counters are their own: autograd's saved-tensor version checks never see a swap. The
-cost is that a read during the gap would read an empty storage; that cannot happen when
-the run follows the trace, which is checked: points must come in traced order,
+cost: an op reading the storage during its gap would read an empty storage, which some
+kernels reject and others do not check at all (undefined behaviour, not a clean error).
+That cannot happen when the run follows the trace, and that is checked: points must come in traced order,
 optimizer-step ops must match the trace by name, every op of an optimizer step first
 brings back any storage of its arguments that is away (`before_op`), and on any
 divergence everything comes back and the step finishes unswapped. Between steps (a
@@ -43,7 +44,6 @@ import logging
 from dataclasses import dataclass
 
 import torch
-
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .engine import CopyEngine
@@ -74,9 +74,9 @@ class StorageSwapStats:
 class _Stored:
     """One swapped storage: its host region and where it is now."""
 
-    sid: int
-    nbytes: int
-    owner: Owner
+    sid: int  # trace storage id
+    nbytes: int  # its size
+    owner: Owner  # where the live storage is found
     region: Region  # fixed host region, reused by every gap
     state: str = RESIDENT
     storage: torch.UntypedStorage | None = None  # held while away or coming back
@@ -169,7 +169,8 @@ class StorageSwapExecutor:
             log.info("storage swaps stop for the rest of this step: %s", why)
         else:
             self.stats.diverged_steps += 1
-            log.warning("step diverged from the traced hook points (%s): storage swaps stop for the rest of it", why)
+            (log.warning if self.stats.diverged_steps == 1 else log.info)(
+                "step diverged from the traced hook points (%s): storage swaps stop for the rest of it", why)
         self.restore()
 
     def _creates_state(self) -> bool:
@@ -195,9 +196,10 @@ class StorageSwapExecutor:
     def close(self) -> None:
         """Forget the host regions (call after `restore`; the counters stay readable)."""
         if self._away:
-            raise RuntimeError("close() with storages still away: restore() first")
+            log.error("closing with %d storages still away: their data is lost", len(self._away))
         self._stored.clear()
         self._actions.clear()
+        self._away.clear()
 
     # --- actions ------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from memplan.trace.formats import FORMATS, detect_format, load_any
 from memplan.trace.importers.minimalloc import read_minimalloc, write_minimalloc_csv
 from memplan.trace.io import write_trace
 
-CHALLENGING = Path("/work/shared/data/minimalloc-challenging")
+CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
 # Peak loads stated in SOURCE.md there.
 PEAKS = {"A": 1048576, "B": 1048576, "C": 1039360, "D": 986112, "E": 1048576, "F": 1048576,
          "G": 1048576, "H": 1048576, "I": 1048576, "J": 989184, "K": 1048576}

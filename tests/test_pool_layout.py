@@ -15,7 +15,7 @@ from memplan.plan.model import Decision, Plan
 from memplan.pool.intervals import residency_problem
 from memplan.testing.synthetic import chain_trace
 
-CHALLENGING = Path("/work/shared/data/minimalloc-challenging")
+CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
 OFFLINE = ("smartpool", "smartpool-bestfit", "smartpool-firstfit")
 
 

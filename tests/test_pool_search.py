@@ -1,0 +1,101 @@
+"""The exact pool search (minimalloc-style) against an independent CP-SAT oracle."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ortools.sat.python import cp_model
+
+import memplan.pool as mp
+from memplan.pool.greedy import conflict_graph
+from memplan.pool.search import FOUND, NOT_FOUND, PREORDERS, _Searcher, improve
+
+CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
+FAR_FUTURE_NS = 2**62
+
+
+def optimum_by_cp_sat(problem) -> int:
+    """Smallest footprint, from a CP-SAT model written here (no-overlap in time x address)."""
+    model = cp_model.CpModel()
+    horizon = int(problem.sizes.sum())
+    top = model.NewIntVar(0, horizon, "top")
+    times, spaces = [], []
+    for s, e, z in zip(problem.starts.tolist(), problem.ends.tolist(), problem.sizes.tolist()):
+        y = model.NewIntVar(0, horizon - z, "")
+        times.append(model.NewFixedSizeIntervalVar(s, e - s, ""))
+        spaces.append(model.NewFixedSizeIntervalVar(y, z, ""))
+        model.Add(top >= y + z)
+    model.AddNoOverlap2D(times, spaces)
+    model.Minimize(top)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    assert solver.Solve(model) == cp_model.OPTIMAL
+    return int(solver.ObjectiveValue())
+
+
+def small_problem(rng):
+    n = rng.randrange(4, 12)
+    starts = [rng.randrange(10) for _ in range(n)]
+    ends = [s + rng.randrange(1, 8) for s in starts]
+    return mp.make_problem(starts, ends, [rng.randrange(1, 9) for _ in range(n)])
+
+
+def layout_is_valid(problem, offsets, cap) -> bool:
+    for i in range(problem.n):
+        if offsets[i] < 0 or offsets[i] + problem.sizes[i] > cap:
+            return False
+        for j in range(i):
+            live = problem.starts[i] < problem.ends[j] and problem.starts[j] < problem.ends[i]
+            apart = offsets[i] + problem.sizes[i] <= offsets[j] or offsets[j] + problem.sizes[j] <= offsets[i]
+            if live and not apart:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_preorder_finds_the_optimum_and_refutes_one_less(seed):
+    # Soundness and completeness of the pruning rules: at the optimum a layout exists and
+    # the search must find it; one byte less none exists and the search must prove it.
+    rng = random.Random(seed)
+    for _ in range(15):
+        problem = small_problem(rng)
+        best = optimum_by_cp_sat(problem)
+        searcher = _Searcher(problem, conflict_graph(problem))
+        for k in range(len(PREORDERS)):
+            status, offsets = searcher.run(best, searcher.ranks[k], 10**7, FAR_FUTURE_NS)
+            assert status == FOUND and layout_is_valid(problem, offsets, best)
+            assert searcher.run(best - 1, searcher.ranks[k], 10**7, FAR_FUTURE_NS)[0] == NOT_FOUND
+
+
+def test_improve_reaches_the_optimum_and_proves_it():
+    rng = random.Random(7)
+    for _ in range(10):
+        problem = small_problem(rng)
+        best = optimum_by_cp_sat(problem)
+        worst = np.cumsum(problem.sizes) - problem.sizes  # every buffer stacked: valid, far from optimal
+        offsets, footprint, facts = improve(problem, conflict_graph(problem), worst, int(problem.sizes.sum()),
+                                            time.perf_counter() + 60)
+        assert footprint == best and layout_is_valid(problem, offsets, best)
+        assert facts["optimal"] and facts["lower_bound"] == best
+
+
+def test_attempt_is_deterministic_across_threads():
+    problem = mp.read_minimalloc_csv(CHALLENGING / "K.1048576.csv")
+    searcher = _Searcher(problem, conflict_graph(problem))
+    runs = [searcher.attempt(problem.peak_load_bytes, FAR_FUTURE_NS) for _ in range(3)]
+    assert all(status == FOUND for status, _ in runs)
+    assert all(np.array_equal(runs[0][1], off) for _, off in runs[1:])
+
+
+@pytest.mark.parametrize("name", ["F", "G", "H", "K"])
+def test_challenging_files_reach_peak_load(name):
+    # These are solved within a fraction of a second; the default limit leaves a wide margin.
+    problem = mp.read_minimalloc_csv(CHALLENGING / f"{name}.1048576.csv")
+    result = mp.solve(problem, "smartpool")
+    assert result.footprint_bytes == problem.peak_load_bytes == 1048576
+    assert result.details["optimal"]
+    assert layout_is_valid(problem, result.offsets, 1048576)

@@ -45,6 +45,24 @@ def _make_room(need, budget, t, load, pend_t, pend_b, head, tail, load_t, load_v
 
 
 @njit(cache=True)
+def _allocate(need, budget, t, load, peak, pend_t, pend_b, head, tail, load_t, load_v, n_load, record):
+    """Wait for swap-outs until `need` more bytes fit under the budget, then take them.
+
+    Returns:
+        (t, load, peak, head, n_load, stall, shortfall): as `_make_room`, plus the new peak,
+        the seconds waited and, when nothing pending can free enough, the bytes missing
+        (then nothing was taken; 0 on success).
+    """
+    before = t
+    t, load, head, n_load = _make_room(need, budget, t, load, pend_t, pend_b, head, tail, load_t, load_v, n_load, record)
+    if load + need > budget:
+        return t, load, peak, head, n_load, t - before, load + need - budget
+    load += need
+    n_load = _point(load_t, load_v, n_load, t, load, record)
+    return t, load, max(peak, load), head, n_load, t - before, 0
+
+
+@njit(cache=True)
 def _point(load_t, load_v, n_load, t, load, record):
     """Append (t, load) to the load timeline when recording; returns its new length."""
     if record:
@@ -143,16 +161,12 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
         # (1) prefetches issued at this op
         for k in range(issue_ptr[i], issue_ptr[i + 1]):
             d = issue_ids[k]
-            need = nbytes[d_sid[d]]
-            before = t
-            t, load, pend_head, n_load = _make_room(need, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
-                                                    load_t, load_v, n_load, record)
-            floats[R_MEM_STALL] += t - before
-            if load + need > budget:
-                _fail(ints, i, load + need - budget, peak)
+            t, load, peak, pend_head, n_load, stall, short = _allocate(
+                nbytes[d_sid[d]], budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail, load_t, load_v, n_load, record)
+            floats[R_MEM_STALL] += stall
+            if short:
+                _fail(ints, i, short, peak)
                 return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
-            load += need
-            peak = max(peak, load)
             start = max(t, h2d_free, on_host_at[d_sid[d]])
             h2d_free = start + d_h2d_s[d]
             h2d_start[d] = start
@@ -169,24 +183,19 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 copies[n_copies, 1] = h2d_free
                 copies[n_copies, 2] = 1
                 n_copies += 1
-            n_load = _point(load_t, load_v, n_load, t, load, record)
         # (2) recomputes needed by this op, in producer order: allocate, run the chain,
         # drop the temporarily rebuilt inputs
         for k in range(need_ptr[i], need_ptr[i + 1]):
             d = need_ids[k]
             if d_kind[d] != RECOMPUTE:
                 continue
-            need = nbytes[d_sid[d]] + d_temp_bytes[d]
-            before = t
-            t, load, pend_head, n_load = _make_room(need, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
-                                                    load_t, load_v, n_load, record)
-            floats[R_MEM_STALL] += t - before
-            if load + need > budget:
-                _fail(ints, i, load + need - budget, peak)
+            t, load, peak, pend_head, n_load, stall, short = _allocate(
+                nbytes[d_sid[d]] + d_temp_bytes[d], budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail,
+                load_t, load_v, n_load, record)
+            floats[R_MEM_STALL] += stall
+            if short:
+                _fail(ints, i, short, peak)
                 return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
-            load += need
-            peak = max(peak, load)
-            n_load = _point(load_t, load_v, n_load, t, load, record)
             n_copies = _extra_work(copies, n_copies, t, d_chain_s[d], record)
             t += d_chain_s[d]
             floats[R_RECOMPUTE] += d_chain_s[d]
@@ -200,16 +209,12 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             s = birth_ids[k]
             if not (i == 0 and absent_at_start[s]):
                 need += nbytes[s]
-        before = t
-        t, load, pend_head, n_load = _make_room(need, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
-                                                load_t, load_v, n_load, record)
-        floats[R_MEM_STALL] += t - before
-        if load + need > budget:
-            _fail(ints, i, load + need - budget, peak)
+        t, load, peak, pend_head, n_load, stall, short = _allocate(
+            need, budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail, load_t, load_v, n_load, record)
+        floats[R_MEM_STALL] += stall
+        if short:
+            _fail(ints, i, short, peak)
             return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
-        load += need
-        peak = max(peak, load)
-        n_load = _point(load_t, load_v, n_load, t, load, record)
         for k in range(birth_ptr[i], birth_ptr[i + 1]):
             s = birth_ids[k]
             if not (i == 0 and absent_at_start[s]):

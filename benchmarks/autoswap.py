@@ -142,7 +142,9 @@ def fig10(models: list[str], n_trials: int) -> dict:
     CnMem without AutoSwap) and `caching` replaying the same swap plan.
     """
     from memplan import pool
+    from memplan.pool.search import compile_kernel
 
+    compile_kernel()  # once per process, so the first plan's pool search gets its whole time limit
     rows = {}
     for model in models:
         trace = get_trace(f"{model}-cifar", BATCH)

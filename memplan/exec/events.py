@@ -22,17 +22,16 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.autograd.graph import register_multi_grad_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..trace.model import Trace
+from ..trace.calls import CallNumbering, on_backward
 from ..trace.tracer import counts_as_op
 
 log = logging.getLogger(__name__)
@@ -135,8 +134,7 @@ class EventHooks:
 
     def begin_step(self) -> None:
         """Count occurrences from zero again."""
-        self._counts: Counter = Counter()
-        self._open: dict[str, list[int]] = {}
+        self._calls = CallNumbering()
         self._last_pos = -1
         self._off = False
 
@@ -151,11 +149,6 @@ class EventHooks:
             return
         self._last_pos = pos
         self.fire_cb(key)
-
-    def _next(self, kind: str, name: str) -> int:
-        n = self._counts[(kind, name)]
-        self._counts[(kind, name)] += 1
-        return n
 
     # --- installation -------------------------------------------------------------------------
 
@@ -196,8 +189,7 @@ class EventHooks:
 
     def _on_pre(self, path: str):
         def hook(module, args):
-            n = self._next("fwd_pre", path)
-            self._open.setdefault(path, []).append(n)
+            n = self._calls.enter(path)
             if ("fwd_pre", path) in self._kinds:
                 self.fire(("fwd_pre", path, n))
 
@@ -205,26 +197,23 @@ class EventHooks:
 
     def _on_post(self, path: str):
         def hook(module, args, output):
-            if not self._open.get(path):
+            n = self._calls.leave(path)
+            if n is None:
                 return
-            n = self._open[path].pop()
             if ("fwd_post", path) in self._kinds:
                 self.fire(("fwd_post", path, n))
-            if ("bwd", path) not in self._kinds or not torch.is_grad_enabled():
-                return
-            tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if tensors:
-                register_multi_grad_hook(tensors, lambda grad: self.fire(("bwd", path, n)), mode="any")
+            if ("bwd", path) in self._kinds:
+                on_backward(output, lambda: self.fire(("bwd", path, n)))
 
         return hook
 
     def _on_acc(self, name: str):
-        return lambda param: self.fire(("acc", name, self._next("acc", name)))
+        return lambda param: self.fire(("acc", name, self._calls.next("acc", name)))
 
     # --- optimizer steps ------------------------------------------------------------------------
 
     def _on_step_pre(self, optimizer, args, kwargs) -> None:
-        n = self._next("opt_pre", "")
+        n = self._calls.next("opt_pre", "")
         self.fire(("opt_pre", "", n))
         if n < len(self._steps) and not self._off and self._mode is None:
             self._mode = _StepOps(self, *self._steps[n])
@@ -232,7 +221,7 @@ class EventHooks:
 
     def _on_step_post(self, optimizer, args, kwargs) -> None:
         self._leave_step()
-        self.fire(("opt_post", "", self._next("opt_post", "")))
+        self.fire(("opt_post", "", self._calls.next("opt_post", "")))
 
     def _leave_step(self) -> None:
         mode, self._mode = self._mode, None

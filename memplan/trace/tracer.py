@@ -35,19 +35,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import torch
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ..errors import MemplanError
+from .calls import CallNumbering, on_backward
 from .classify import kind_of, to_storage
 from .context import ProgramContext
 from .model import Op, Trace
@@ -262,24 +260,21 @@ class _EventRecorder:
         self._ops_so_far = ops_so_far
         self._paths = {id(m): name for name, m in model.named_modules()} if model is not None else {}
         self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if model is not None else []
-        self._counts: Counter = Counter()
-        self._open: dict[str, list[int]] = {}  # module path -> occurrences of its calls still running
+        self._calls = CallNumbering()
 
     def record(self, kind: str, name: str, occurrence: int) -> None:
         """Append one event at the current op count."""
         self.records.append([kind, name, occurrence, self._ops_so_far()])
 
-    def _next(self, kind: str, name: str) -> int:
-        n = self._counts[(kind, name)]
-        self._counts[(kind, name)] += 1
-        return n
+    def _record_next(self, kind: str, name: str = "") -> None:
+        self.record(kind, name, self._calls.next(kind, name))
 
     @contextlib.contextmanager
     def installed(self):
         """Global module and optimizer hooks plus per-parameter accumulation hooks for the block."""
         handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
-                   register_optimizer_step_pre_hook(lambda *a: self.record("opt_pre", "", self._next("opt_pre", ""))),
-                   register_optimizer_step_post_hook(lambda *a: self.record("opt_post", "", self._next("opt_post", "")))]
+                   register_optimizer_step_pre_hook(lambda *a: self._record_next("opt_pre")),
+                   register_optimizer_step_post_hook(lambda *a: self._record_next("opt_post"))]
         handles += [p.register_post_accumulate_grad_hook(self._on_acc(name)) for name, p in self._params]
         try:
             yield self
@@ -290,22 +285,18 @@ class _EventRecorder:
     def _pre(self, module, args) -> None:
         path = self._paths.get(id(module))
         if path is not None:
-            n = self._next("fwd_pre", path)
-            self._open.setdefault(path, []).append(n)
-            self.record("fwd_pre", path, n)
+            self.record("fwd_pre", path, self._calls.enter(path))
 
     def _post(self, module, args, output) -> None:
         path = self._paths.get(id(module))
-        if path is None or not self._open.get(path):
+        n = None if path is None else self._calls.leave(path)
+        if n is None:
             return
-        n = self._open[path].pop()
         self.record("fwd_post", path, n)
-        tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-        if tensors and torch.is_grad_enabled():
-            register_multi_grad_hook(tensors, lambda grad: self.record("bwd", path, n), mode="any")
+        on_backward(output, lambda: self.record("bwd", path, n))
 
     def _on_acc(self, name: str):
-        return lambda param: self.record("acc", name, self._next("acc", name))
+        return lambda param: self._record_next("acc", name)
 
 
 def owner_records(table: StorageTable, model, optimizer) -> list[dict]:

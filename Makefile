@@ -10,6 +10,7 @@ demo: $(STAMP)
 	$(PY) -m memplan demo --out out/demo
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 setup: $(STAMP)

@@ -25,12 +25,13 @@ import numpy as np
 
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
-from memplan.plan.autoswap import load_min_bytes
-from memplan.plan.base import plan
-from memplan.plan.sweep import SweepResult, plot_pareto, sweep
+from memplan.planners.autoswap import load_min_bytes
+from memplan.planners.base import plan
+from memplan.workflows.sweep import SweepResult, plot_pareto, sweep
 from memplan.sim.simulate import simulate
-from memplan.trace.io import atomic_write_text, read_trace, write_trace
-from memplan.trace.tracer import trace_workload
+from memplan.fileio import atomic_write_text
+from memplan.tracing.io import read_trace, write_trace
+from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = Path("/tmp/memplan-bench-traces")  # traced iterations, reused between runs (not committed)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
-from memplan.plan.base import plan
-from memplan.trace.io import atomic_write_text
-from memplan.trace.tracer import trace_workload
+from memplan.planners.base import plan
+from memplan.fileio import atomic_write_text
+from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
 BASELINES = ("sqrt-n", "checkpoint-all", "save-on-cpu")

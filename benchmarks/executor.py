@@ -10,9 +10,9 @@ import argparse
 import json
 import logging
 
-from memplan.exec.baselines import BASELINES
-from memplan.exec.measure import run_workload
-from memplan.trace.io import atomic_write_text
+from memplan.workflows.torch_tools import BASELINES
+from memplan.workflows.run import run_workload
+from memplan.fileio import atomic_write_text
 
 MODELS = (("resnet50", 64, {}), ("hf:gpt2", 8, {}))
 BUDGETS = ("75%", "50%")

@@ -18,7 +18,7 @@ import numpy as np
 
 import memplan.pool as mp
 from memplan.pool.problem import from_storages, make_problem
-from memplan.trace.io import atomic_write_text
+from memplan.fileio import atomic_write_text
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
 RESULTS = Path(__file__).parent / "results"
@@ -57,7 +57,7 @@ def challenging(time_limit: float) -> list[dict]:
 
 def models(time_limit: float) -> list[dict]:
     """Allocator ratios on fake-traced model iterations (paper 000 Table I)."""
-    from memplan.trace.tracer import trace_workload
+    from memplan.workflows.workloads import trace_workload
 
     rows = []
     for name, batch, side in MODELS:
@@ -85,7 +85,7 @@ def tiled(problem, copies: int):
 
 def large(time_limit: float) -> dict:
     """smartpool and best-fit on a 60,000-buffer problem tiled from a resnet50 trace."""
-    from memplan.trace.tracer import trace_workload
+    from memplan.workflows.workloads import trace_workload
 
     base = from_storages(trace_workload("resnet50", 32, fake=True, input_size=224))
     persistent = int(((base.starts == 0) & (base.ends == base.horizon)).sum())

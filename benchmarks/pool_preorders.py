@@ -24,7 +24,7 @@ import numpy as np
 import memplan.pool as mp
 from memplan.pool.greedy import _range_max, conflict_graph
 from memplan.pool.search import FOUND, NS_PER_S, PREORDERS, _Searcher, compile_kernel
-from memplan.trace.io import atomic_write_text
+from memplan.fileio import atomic_write_text
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
 RESULTS = Path(__file__).parent / "results"

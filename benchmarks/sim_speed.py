@@ -19,7 +19,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from memplan.cost.model import Cost  # noqa: E402
-from memplan.plan.model import Decision, Plan  # noqa: E402
+from memplan.model import Decision, Plan  # noqa: E402
 from memplan.sim.simulate import Simulator  # noqa: E402
 
 ROUNDS = 5  # the median of several rounds: this host's speed varies from run to run
@@ -61,11 +61,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.trace:
-        from memplan.trace.formats import load_any
+        from memplan.tracing.formats import load_any
 
         trace, name = load_any(args.trace), args.trace
     else:
-        from memplan.trace.tracer import trace_workload
+        from memplan.workflows.workloads import trace_workload
 
         trace, name = trace_workload("resnet50", 256, fake=True), "resnet50 batch 256 (fake)"
     sim = Simulator(trace, Cost.for_trace(trace, "h100"))

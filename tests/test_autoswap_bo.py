@@ -3,8 +3,8 @@
 import pytest
 
 from memplan.cost.model import Cost
-from memplan.plan import _autoswap_bo
-from memplan.plan.base import plan
+from memplan.planners import _autoswap_bo
+from memplan.planners.base import plan
 from memplan.testing.synthetic import MIB, chain_trace
 
 DEVICE = "gtx1080ti"

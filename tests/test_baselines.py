@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 
 from memplan.errors import InfeasibleBudgetError
-from memplan.plan.base import plan
+from memplan.planners.base import plan
 from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import MIB, chain_trace
-from memplan.trace.model import Trace
+from memplan.model import Trace
 
 BASELINES = ("none", "save-on-cpu", "checkpoint-all", "sqrt-n")
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from memplan.errors import MemplanError, TraceFormatError
-from memplan.plan.model import Decision, Plan, read_plan, write_plan
+from memplan.model import Decision, Plan, read_plan, write_plan
 from memplan.testing.synthetic import chain_trace
-from memplan.trace.io import read_trace, write_trace
+from memplan.tracing.io import read_trace, write_trace
 from memplan.units import parse_budget, parse_bytes
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from memplan.exec.api import optimize, trace_step
+from memplan.workflows.optimize import optimize, trace_step
 from memplan.exec.compress import compress, decompress
 from memplan.exec.engine import ThreadCopyEngine
 from memplan.exec.runtime import PlanRuntime

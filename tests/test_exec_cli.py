@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from memplan.cli import main
-from memplan.exec.baselines import baseline_installed, top_level_blocks
-from memplan.exec.maxbatch import search
-from memplan.trace.tracer import trace_workload
+from memplan.workflows.torch_tools import baseline_installed, top_level_blocks
+from memplan.workflows.maxbatch import search
+from memplan.workflows.workloads import trace_workload
 
 from test_exec_helpers import state_diffs, tiny_workload
 

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from memplan.plan.model import Decision, Plan
-from memplan.trace.model import Trace
+from memplan.model import Decision, Plan
+from memplan.model import Trace
 
 STEPS = 3
 SMALL = {"vgg11-cifar": {}, "resnet18-cifar": {}, "hf:gpt2": {"n_layer": 2, "n_embd": 64, "n_head": 2}}

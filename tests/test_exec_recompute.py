@@ -12,10 +12,10 @@ import torch
 
 from memplan.errors import InfeasibleBudgetError
 from memplan.exec import schedule as schedule_mod
-from memplan.exec.api import optimize, trace_step
-from memplan.plan.base import known_planners
-from memplan.plan.base import plan as make_plan
-from memplan.plan.model import Decision, Plan
+from memplan.workflows.optimize import optimize, trace_step
+from memplan.planners.base import known_planners
+from memplan.planners.base import plan as make_plan
+from memplan.model import Decision, Plan
 
 from test_exec_helpers import gap, state_diffs, tiny_workload
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memplan.exec.api import optimize, trace_step
+from memplan.workflows.optimize import optimize, trace_step
 from memplan.exec.engine import ThreadCopyEngine
 from memplan.exec.events import HookPoint, hook_points, select_points
 from memplan.exec.runtime import PlanRuntime
-from memplan.plan.model import Decision, Plan
+from memplan.model import Decision, Plan
 
 from test_exec_helpers import STEPS, ReadsOnlyPresentStorages
 
@@ -246,7 +246,7 @@ def test_trace_records_hook_points_and_owners():
 
 
 def test_fake_and_real_traces_record_the_same_hook_points():
-    from memplan.trace.tracer import trace
+    from memplan.tracing.tracer import trace
 
     model, opt, step = _tiny()
     x = torch.randn(8, 16)
@@ -314,7 +314,7 @@ def test_activation_later_gaps_run_at_the_storage_level():
 
 
 def test_hook_points_and_owners_survive_the_trace_file(tmp_path):
-    from memplan.trace.io import read_trace, write_trace
+    from memplan.tracing.io import read_trace, write_trace
 
     x = torch.randn(8, 16)
     model, opt, step = _warm(*_tiny(), x)

@@ -12,12 +12,12 @@ from collections import Counter
 import pytest
 import torch
 
-from memplan.exec.api import trace_step
+from memplan.workflows.optimize import trace_step
 from memplan.exec.engine import ThreadCopyEngine
 from memplan.exec.runtime import PlanRuntime
-from memplan.plan.autoswap import load_min_bytes
-from memplan.plan.base import plan as make_plan
-from memplan.plan.model import Plan
+from memplan.planners.autoswap import load_min_bytes
+from memplan.planners.base import plan as make_plan
+from memplan.model import Plan
 from memplan.zoo.registry import get_workload
 
 from test_exec_helpers import SMALL, STEPS, ReadsOnlyPresentStorages, batches

@@ -6,8 +6,8 @@ import pytest
 
 from memplan.errors import TraceFormatError
 from memplan.sim.simulate import simulate
-from memplan.trace.formats import load_any
-from memplan.trace.importers.dtr import parse_dtr_log
+from memplan.tracing.formats import load_any
+from memplan.tracing.importers.dtr import parse_dtr_log
 
 
 def line(instr, **fields):

@@ -10,9 +10,9 @@ import pytest
 from memplan.errors import MemplanError, TraceFormatError, UnknownNameError
 from memplan.pool.problem import from_storages, read_minimalloc_csv
 from memplan.testing.synthetic import chain_trace
-from memplan.trace.formats import FORMATS, detect_format, load_any
-from memplan.trace.importers.minimalloc import read_minimalloc, write_minimalloc_csv
-from memplan.trace.io import write_trace
+from memplan.tracing.formats import FORMATS, detect_format, load_any
+from memplan.tracing.importers.minimalloc import read_minimalloc, write_minimalloc_csv
+from memplan.tracing.io import write_trace
 
 CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
 # Peak loads stated in SOURCE.md there.

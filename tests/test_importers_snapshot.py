@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from memplan.errors import MemplanError, TraceFormatError
-from memplan.trace.formats import load_any
-from memplan.trace.importers.snapshot import read_snapshot, snapshot_to_trace
+from memplan.tracing.formats import load_any
+from memplan.tracing.importers.snapshot import read_snapshot, snapshot_to_trace
 
 BWD = [{"filename": "/x/torch/autograd/graph.py", "line": 1, "name": "_engine_run_backward"}]
 OPT = [{"filename": "/x/torch/optim/adam.py", "line": 3, "name": "step"}]
@@ -156,8 +156,8 @@ def test_real_snapshot_peak_matches_allocator(tmp_path):
 
 
 def test_multi_iteration_snapshot_cut_to_one_iteration():
-    from memplan.trace.importers.snapshot import snapshot_records
-    from memplan.trace.iteration import cut_iteration
+    from memplan.tracing.importers.snapshot import snapshot_records
+    from memplan.tracing.iteration import cut_iteration
 
     def step(extra=()):
         # Activations at fresh addresses each step (the caching allocator need not reuse them).

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from memplan.errors import MemplanError
-from memplan.trace.iteration import Record, as_records, cut_iteration, detect_period, signatures
+from memplan.tracing.iteration import Record, as_records, cut_iteration, detect_period, signatures
 
 PARAMS = [("malloc", f"w{i}", 100 + i) for i in range(3)]
 

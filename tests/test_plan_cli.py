@@ -5,10 +5,10 @@ import json
 import pytest
 
 from memplan.cli import main
-from memplan.plan import base
-from memplan.plan.model import Decision, Plan, read_plan
+from memplan.planners import base
+from memplan.model import Decision, Plan, read_plan
 from memplan.testing.synthetic import chain_trace
-from memplan.trace.io import write_trace
+from memplan.tracing.io import write_trace
 
 
 @pytest.fixture()

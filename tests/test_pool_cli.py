@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from memplan.cli import main
-from memplan.trace.io import write_trace
+from memplan.tracing.io import write_trace
 from memplan.testing.synthetic import chain_trace
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import memplan.pool as mp
-from memplan.plan.base import plan as make_plan
-from memplan.plan.model import Decision, Plan
+from memplan.planners.base import plan as make_plan
+from memplan.model import Decision, Plan
 from memplan.pool.intervals import residency_problem
 from memplan.testing.synthetic import chain_trace
 

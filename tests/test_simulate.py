@@ -12,10 +12,10 @@ import pytest
 
 from memplan.cost.model import Cost
 from memplan.cost.profiles import BUILTIN
-from memplan.plan.model import Decision, Plan
+from memplan.model import Decision, Plan
 from memplan.sim.simulate import Simulator, simulate
 from memplan.testing.synthetic import chain_trace
-from memplan.trace.model import Op, Storage, Trace
+from memplan.model import Op, Storage, Trace
 
 GB = 10**9
 PROFILE = dataclasses.replace(BUILTIN["h100"], h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, link_efficiency=1.0,

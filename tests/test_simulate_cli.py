@@ -3,9 +3,9 @@
 import json
 
 from memplan.cli import main
-from memplan.plan.model import Decision, Plan, write_plan
+from memplan.model import Decision, Plan, write_plan
 from memplan.testing.synthetic import chain_trace
-from memplan.trace.io import write_trace
+from memplan.tracing.io import write_trace
 
 
 def _trace_file(tmp_path):

@@ -12,10 +12,10 @@ import random
 import pytest
 
 from memplan.cost.model import Cost
-from memplan.plan.model import Decision, Plan
+from memplan.model import Decision, Plan
 from memplan.sim.simulate import Simulator
 from memplan.testing.synthetic import chain_trace
-from memplan.trace.model import Op, Storage, Trace
+from memplan.model import Op, Storage, Trace
 
 MIB = 2**20
 

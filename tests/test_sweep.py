@@ -1,4 +1,4 @@
-"""`memplan sweep` and memplan.plan.sweep."""
+"""`memplan sweep` and memplan.workflows.sweep."""
 
 import json
 
@@ -6,9 +6,9 @@ import pytest
 
 from memplan.cli import main
 from memplan.errors import MemplanError
-from memplan.plan.sweep import parse_budgets
+from memplan.workflows.sweep import parse_budgets
 from memplan.testing.synthetic import MIB, chain_trace
-from memplan.trace.io import write_trace
+from memplan.tracing.io import write_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -12,8 +12,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from memplan.errors import MemplanError
-from memplan.trace.io import read_trace, write_trace
-from memplan.trace.tracer import trace, trace_workload
+from memplan.tracing.io import read_trace, write_trace
+from memplan.tracing.tracer import trace
+from memplan.workflows.workloads import trace_workload
 from memplan.zoo import Workload
 
 GIB = 2**30

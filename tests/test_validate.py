@@ -7,7 +7,7 @@ a change to the synthetic trace cannot silently make these plans mean something 
 
 import pytest
 
-from memplan.plan.model import Decision, Plan, PoolSlot
+from memplan.model import Decision, Plan, PoolSlot
 from memplan.sim import validate as v
 from memplan.testing.synthetic import chain_trace
 

@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Trace, plan and simulate every demo model; print and plot the results."""
-    from ..plan.base import known_planners
+    from ..planners.base import known_planners
 
     out = Path(args.out)
     planners = [name for name in known_planners() if name not in POOL_ONLY and not name.endswith("+smartpool")]
@@ -63,11 +63,11 @@ def _parse_models(text: str) -> list[tuple[str, int]]:
 def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) -> list[dict]:
     from ..cost.model import Cost
     from ..errors import InfeasibleBudgetError
-    from ..plan.base import plan
+    from ..planners.base import plan
     from ..plots import plot_load_curves
     from ..sim.simulate import simulate
-    from ..trace.io import write_trace
-    from ..trace.tracer import trace_workload
+    from ..tracing.io import write_trace
+    from ..workflows.workloads import trace_workload
 
     log.info("tracing %s at batch %d with fake tensors", model, batch)
     trace = trace_workload(model, batch, fake=True)

@@ -78,13 +78,17 @@ def simulator_available() -> bool:
 
 def run_plan(args) -> int:
     """Plan, validate, write the plan and print its predicted simulation."""
-    from ..plan.base import plan
-    from ..plan.model import write_plan
+    from ..planners.base import plan
+    from ..model import write_plan
     from ..sim.validate import validate
-    from ..trace.formats import load_any
+    from ..tracing.formats import load_any
 
     trace = load_any(args.trace, args.format)
     params = parse_params(args.param)
+    if params.get("objective") == "measured":
+        from ..workflows.run import measured_objective
+
+        params["objective"] = measured_objective(trace)
     result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed,
                   simulate_result=simulator_available(), **params)
     violations = validate(trace, result, result.budget_bytes)
@@ -171,7 +175,7 @@ def _print_rows(rows) -> None:
 
 def run_planners(args) -> int:
     """List registered planner names with their one-line summaries."""
-    from ..plan.base import known_planners
+    from ..planners.base import known_planners
 
     planners = [{"name": spec.name, "summary": spec.summary, "defaults": spec.defaults}
                 for spec in known_planners().values()]
@@ -189,7 +193,7 @@ def run_calibrate(args) -> int:
     """Measure the GPU, print the profile and write it (with -o)."""
     from ..cost.calibrate import calibrate
     from ..cost.profiles import profile_to_json
-    from ..trace.io import atomic_write_text
+    from ..fileio import atomic_write_text
 
     profile = calibrate(args.gpu, name=args.name)
     data = profile_to_json(profile)

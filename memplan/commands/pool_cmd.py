@@ -36,13 +36,13 @@ def load_problem(path: str, plan_path: str | None, device: str):
         if plan_path:
             raise MemplanError("--plan applies to traces, not to a minimalloc CSV")
         return read_minimalloc_csv(path)
-    from ..trace.formats import load_any
+    from ..tracing.formats import load_any
 
     trace = load_any(path)
     if not plan_path:
         return from_storages(trace)
     from ..cost.model import Cost
-    from ..plan.model import read_plan
+    from ..model import read_plan
     from ..pool.intervals import residency_problem
 
     return residency_problem(trace, read_plan(plan_path), Cost.for_trace(trace, device))
@@ -70,7 +70,7 @@ def run(args) -> int:
 
 
 def _write_offsets(path: str, result) -> None:
-    from ..trace.io import atomic_write_text
+    from ..fileio import atomic_write_text
 
     rows = ["id,offset"] + [f"{name},{int(o)}" for name, o in zip(result.problem.names, result.offsets)]
     atomic_write_text(path, "\n".join(rows) + "\n")

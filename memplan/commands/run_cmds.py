@@ -26,7 +26,7 @@ def _add_maxbatch(sub):
 
 def run_maxbatch(args) -> int:
     """Search the batch and print it."""
-    from ..exec.maxbatch import max_batch
+    from ..workflows.maxbatch import max_batch
 
     out = max_batch(args.model, parse_bytes(args.memory), planner=args.planner, device=args.device,
                     profile=args.profile, limit=args.limit)
@@ -58,7 +58,7 @@ def _add_run(sub):
 
 def run(args) -> int:
     """Run the measurement and print it."""
-    from ..exec.measure import check_baseline, run_workload
+    from ..workflows.run import check_baseline, run_workload
 
     if args.baseline:
         check_baseline(args.baseline)

@@ -24,9 +24,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Simulate and print the result."""
     from ..cost.model import Cost
-    from ..plan.model import read_plan
+    from ..model import read_plan
     from ..sim.simulate import Simulator
-    from ..trace.formats import load_any
+    from ..tracing.formats import load_any
     from ..units import parse_budget
 
     trace = load_any(args.trace, args.format)

@@ -13,7 +13,7 @@ AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
 def add_parser(sub):
     """Register `memplan sweep`."""
     from ..cli import add_json_flag
-    from ..plan.sweep import DEFAULT_BUDGETS
+    from ..workflows.sweep import DEFAULT_BUDGETS
 
     p = sub.add_parser("sweep", help="run planners over budgets (overhead against memory)",
                        description=__doc__.splitlines()[0])
@@ -37,8 +37,8 @@ def add_parser(sub):
 def run(args) -> int:
     """Run the sweep and print it."""
     from ..cli import emit_json
-    from ..plan.sweep import parse_budgets, plot_pareto, sweep
-    from ..trace.formats import load_any
+    from ..workflows.sweep import parse_budgets, plot_pareto, sweep
+    from ..tracing.formats import load_any
 
     trace = load_any(args.trace)
     budgets = parse_budgets(args.budgets, trace.peak_load_bytes)

@@ -45,8 +45,8 @@ def add_parser(sub) -> None:
 
 def run_trace(args) -> int:
     """Trace the model and write the trace file."""
-    from ..trace.io import write_trace
-    from ..trace.tracer import trace_workload
+    from ..tracing.io import write_trace
+    from ..workflows.workloads import trace_workload
 
     if args.batch < 1:
         raise MemplanError(f"--batch must be at least 1, got {args.batch}")
@@ -81,7 +81,7 @@ def _device_option(device: str) -> dict:
 
 def run_info(args) -> int:
     """Print the summary of a trace (and draw its load curve)."""
-    from ..trace.formats import load_any
+    from ..tracing.formats import load_any
 
     trace = load_any(args.trace, args.format)
     summary = summarise(trace)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..trace.model import Trace
+from ..model import Trace
 from .profiles import DeviceProfile, get_profile
 
 

@@ -30,9 +30,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..trace.model import Trace
-from ..trace.calls import CallNumbering, on_backward
-from ..trace.tracer import counts_as_op
+from ..model import Trace
+from ..tracing.calls import CallNumbering, on_backward
+from ..tracing.tracer import counts_as_op
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,7 @@ import torch
 from torch.autograd.graph import register_multi_grad_hook, saved_tensors_hooks
 from torch.utils._pytree import tree_leaves
 
-from ..plan.model import Plan
-from ..trace.model import Trace
+from ..model import Plan, Trace
 from .engine import CopyEngine, engine_for
 from .events import EventHooks
 from .recompute import RecomputeExecutor

@@ -30,8 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..errors import MemplanError
-from ..plan.model import Decision, Plan
-from ..trace.model import Trace
+from ..model import Decision, Plan, Trace
 from .slab import ALIGN, align_up
 from .storage_schedule import StorageSchedule, build_storage_schedule, is_storage_level
 

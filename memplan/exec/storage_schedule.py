@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan.model import Decision
-from ..trace.model import Trace
+from ..model import Decision, Trace
 from .events import HookPoint, hook_points, select_points
 from .slab import align_up
 

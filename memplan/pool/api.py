@@ -15,8 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import unknown_name
-from ..plan.model import Plan, PoolSlot
-from ..trace.model import Trace
+from ..model import Plan, PoolSlot, Trace
 from .check import check_layout
 from .problem import PoolProblem
 

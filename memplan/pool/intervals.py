@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plan.model import Decision, Plan
-from ..trace.model import Trace
+from ..model import Decision, Plan, Trace
 from .problem import ROLE_OFFLOAD, ROLE_PLAIN, ROLE_PREFETCH, PoolProblem, make_problem
 
 

@@ -38,8 +38,7 @@ import numpy as np
 
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
-from ..plan.model import Plan
-from ..trace.model import Trace
+from ..model import Plan, Trace
 from ..units import parse_budget
 from . import _kernel as K
 from .result import SimResult

@@ -1,7 +1,7 @@
 """An independent check of a Plan against its Trace, without the simulator's code.
 
 `validate(trace, plan)` reads the trace and the plan alone (semantics in the docstring of
-`memplan.plan.model`) and returns every rule the plan breaks as a `Violation`; a valid
+`memplan.model`) and returns every rule the plan breaks as a `Violation`; a valid
 plan gives `[]`. It is deliberately a second, separate implementation of the plan
 contract, so that the simulator and every planner are checked against it.
 
@@ -32,8 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.model import Decision, Plan
-from ..trace.model import Trace
+from ..model import Decision, Plan, Trace
 from ..units import format_bytes, parse_budget
 
 UNKNOWN_STORAGE = "unknown_storage"

@@ -8,7 +8,7 @@ least `planner`; pytest collects it and runs every test below for that planner::
 
     class TestMyPlanner(PlannerConformance):
         planner = "myplanner:variant"          # a registered name
-        params = {"iterations": 20}            # hyper-parameters passed to memplan.plan.plan
+        params = {"iterations": 20}            # hyper-parameters passed to memplan.planners.plan
         budgets = ["100%", "70%", "50%"]       # budgets tried on every trace
         traces = [lambda: chain_trace(6)]      # zero-arg trace factories (default: two chains)
 
@@ -34,11 +34,10 @@ import pytest
 
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError
-from ..plan.base import plan as make_plan
-from ..plan.base import resolve_budget
-from ..plan.model import Plan
+from ..planners.base import plan as make_plan
+from ..planners.base import resolve_budget
+from ..model import Plan, Trace
 from ..sim.validate import validate
-from ..trace.model import Trace
 from .synthetic import MIB, chain_trace
 
 
@@ -54,7 +53,7 @@ class PlannerConformance:
     """Shared tests for one planner; set the class attributes in a `Test*` subclass."""
 
     planner: ClassVar[str] = "none"  # registered planner name
-    params: ClassVar[dict] = {}  # hyper-parameters for memplan.plan.plan
+    params: ClassVar[dict] = {}  # hyper-parameters for memplan.planners.plan
     traces: ClassVar[list[Callable[[], Trace]]] = [_uniform_chain, _uneven_chain]  # trace factories
     budgets: ClassVar[list] = ["100%", "80%", "60%", "40%"]  # budgets tried on every trace
     must_fit: ClassVar[tuple] = ("100%",)  # budgets at which the planner must not raise

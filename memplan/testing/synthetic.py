@@ -8,7 +8,7 @@ before (and independently of) the tracer.
 
 from __future__ import annotations
 
-from ..trace.model import Op, Storage, Trace
+from ..model import Op, Storage, Trace
 
 MIB = 2**20
 

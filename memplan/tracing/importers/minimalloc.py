@@ -15,8 +15,8 @@ import os
 from collections.abc import Iterable
 
 from ...errors import MemplanError, TraceFormatError
-from ..io import atomic_write_text, read_text
-from ..model import Storage, Trace
+from ...fileio import atomic_write_text, read_text
+from ...model import Storage, Trace
 
 COLUMNS = ("id", "lower", "upper", "size")  # further columns (a solution's offset) are ignored
 

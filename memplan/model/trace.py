@@ -16,7 +16,7 @@ import numpy as np
 
 KINDS = ("param", "grad", "optimizer_state", "input", "activation", "temp", "workspace")
 PHASES = ("forward", "backward", "optimizer")
-SCHEMA = "memplan.trace"
+SCHEMA = "memplan.tracing"
 SCHEMA_VERSION = 1
 
 

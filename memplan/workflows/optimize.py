@@ -26,9 +26,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import MemplanError
-from ..plan.model import Plan, read_plan
-from ..trace.model import Trace
-from .runtime import PlanRuntime
+from ..model import Plan, Trace, read_plan
+from ..exec.runtime import PlanRuntime
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +123,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     optimizer = optimizer if optimizer is not None else _find(step_fn, torch.optim.Optimizer, "optimizer")
     trace = _load_trace(trace) if trace is not None else trace_step(step_fn, example_inputs, model, optimizer)
     if plan is None:
-        from ..plan.base import plan as make_plan
+        from ..planners.base import plan as make_plan
 
         plan = make_plan(trace, budget, planner=planner, device=device, seed=seed,
                          simulate_result=_have_simulator(), **planner_params)
@@ -141,7 +140,7 @@ def trace_step(step_fn: Callable, inputs: tuple, model, optimizer) -> Trace:
     optimizer's state and the RNG states are restored afterwards, so the next step is the
     same as if tracing had not happened.
     """
-    from ..trace.tracer import trace as run_tracer
+    from ..tracing.tracer import trace as run_tracer
 
     if _is_fake(inputs, model):
         return run_tracer(step_fn, *inputs, fake=True, model=model, optimizer=optimizer)
@@ -214,7 +213,7 @@ def _filled(cell) -> bool:
 def _load_trace(trace) -> Trace:
     if isinstance(trace, Trace):
         return trace
-    from ..trace.formats import load_any
+    from ..tracing.formats import load_any
 
     return load_any(trace)
 

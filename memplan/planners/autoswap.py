@@ -15,20 +15,19 @@ import numpy as np
 
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
-from ..trace.model import Trace
+from ..model import Plan, Trace
 from ..units import format_bytes
 from . import _autoswap_schedule as sched
 from ._autoswap_bo import tune_weights
 from ._autoswap_scores import DEFAULT_MIN_BYTES, Candidates, all_scores, find_candidates, standardize
 from .base import register
-from .model import Plan
 
 log = logging.getLogger(__name__)
 
 SCORES = ("aoa", "doa", "wdoa", "swdoa")  # the order of the BO weights a, b, c, d (Eq. 3)
 VARIANTS = SCORES + ("bo",)
 DEFAULT_TRIALS = 35  # §VI-B2: BO converges within 30 to 40 evaluations
-OBJECTIVES = ("simulated", "measured")
+OBJECTIVES = ("simulated",)  # or a callable plan -> overhead (a measured one comes from the workflows layer)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -102,18 +101,19 @@ def combined_priority(problem: Problem, weights) -> np.ndarray:
 
 def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, score: str = "bo",
              smartpool: bool = False, min_bytes: int = DEFAULT_MIN_BYTES, allow_multi_swap: bool = False,
-             n_trials: int = DEFAULT_TRIALS, objective: str = "simulated", weights=None,
+             n_trials: int = DEFAULT_TRIALS, objective="simulated", weights=None,
              pool_time_limit_s: float | None = None) -> Plan:
     """AutoSwap: swap the highest-priority candidates until the load fits the budget.
 
     Args:
-        trace, budget_bytes, cost, seed: see `memplan.plan.base`.
+        trace, budget_bytes, cost, seed: see `memplan.planners.base`.
         score: "doa", "aoa", "wdoa", "swdoa" or "bo" (Bayesian-optimised weights, §IV-C).
         smartpool: lay out the SmartPool pool over the swap plan's buffers afterwards.
         min_bytes: candidate size threshold (§IV-A, default 1 MiB).
         allow_multi_swap: below load_min, swap further gaps (storages more than once).
         n_trials: BO evaluations (bo only).
-        objective: "simulated" overhead, or "measured" on a CUDA device (bo only).
+        objective: "simulated" overhead, or a function plan -> overhead (bo only); the CLI's
+            "measured" is `memplan.workflows.run.measured_objective`.
         weights: fixed (a, b, c, d) for the combined score; skips the BO search.
         pool_time_limit_s: time limit for the pool search (smartpool only; default: the pool's).
     Returns:
@@ -136,7 +136,7 @@ def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, scor
     return result
 
 
-def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective: str, weights) -> Plan:
+def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective, weights) -> Plan:
     if score in SCORES:
         return plan_for_priority(problem, problem.scores[score])
     if weights is None:
@@ -147,11 +147,15 @@ def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, obj
     return result.with_meta(params={"weights": [float(w) for w in weights]})
 
 
-def _check_args(score: str, objective: str, weights) -> None:
+def _check_args(score: str, objective, weights) -> None:
     if score not in VARIANTS:
         raise MemplanError(f"autoswap score must be one of {', '.join(VARIANTS)}, not {score!r}")
-    if objective not in OBJECTIVES:
-        raise MemplanError(f"autoswap objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    if objective == "measured":
+        raise MemplanError("autoswap objective 'measured' trains the model: use `memplan plan --param "
+                           "objective=measured`, or pass memplan.workflows.run.measured_objective(trace)")
+    if not callable(objective) and objective not in OBJECTIVES:
+        raise MemplanError(f"autoswap objective must be one of {', '.join(OBJECTIVES)} or 'measured', "
+                           f"not {objective!r}")
     if weights is not None and (len(weights) != len(SCORES) or any(abs(float(w)) > 1 for w in weights)):
         raise MemplanError("autoswap weights must be four numbers (a, b, c, d) in [-1, 1]")
 

@@ -48,7 +48,7 @@ from ..errors import MemplanError
 from .calls import CallNumbering, on_backward
 from .classify import kind_of, to_storage
 from .context import ProgramContext
-from .model import Op, Trace
+from ..model import Op, Trace
 from .opinfo import bytes_accessed, flops_of, is_recorded, moves_no_data, split_tensors
 from .storages import StorageTable
 
@@ -97,62 +97,6 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
     info = {"source": "tracer", "fake": fake, "warmup": warmup, "torch": torch.__version__,
             "device": _device_of(example_inputs, model), "trace_seconds": round(seconds, 3), **(meta or {})}
     return recorder.build(info)
-
-
-def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = True, *,
-                   input_size: int | None = None, warmup: int = DEFAULT_WARMUP,
-                   progress: Callable[[int], None] | None = None, **config) -> Trace:
-    """Build a workload (inside a FakeTensorMode when `fake`) and trace one iteration.
-
-    Args:
-        name_or_factory: a zoo model name, "module:function", or a callable
-            `factory(batch, input_size=..., **config)` returning an object with `.step`,
-            `.inputs` and optionally `.model` and `.optimizer`.
-        batch: batch size.
-        fake: build and trace with fake tensors (nothing allocated).
-        input_size: image side in pixels, for image models (None: the model default).
-        warmup, progress: as for `trace`.
-        config: model options passed to the factory.
-    Returns:
-        The trace, with model, batch and config in its meta.
-    Raises:
-        MemplanError: unknown model or a factory that cannot be imported.
-    """
-    factory = resolve_factory(name_or_factory)
-    sizes = {} if input_size is None else {"input_size": input_size}
-    name = name_or_factory if isinstance(name_or_factory, str) else getattr(name_or_factory, "__name__", "custom")
-    with _new_fake_mode() if fake else contextlib.nullcontext():
-        try:
-            workload = factory(batch, **sizes, **config)
-        except TypeError as exc:  # an option the model does not take
-            raise MemplanError(f"cannot build model {name!r} with {sizes | config}: {exc}") from None
-    if not (callable(getattr(workload, "step", None)) and hasattr(workload, "inputs")):
-        raise MemplanError(f"model {name!r}: the factory must return an object with .step and .inputs")
-    meta = {"model": name, "batch": batch, "input_size": getattr(workload, "input_size", input_size),
-            "config": dict(getattr(workload, "config", None) or config)}
-    try:
-        return trace(workload.step, *workload.inputs, fake=fake, model=getattr(workload, "model", None),
-                     optimizer=getattr(workload, "optimizer", None), warmup=warmup, progress=progress, meta=meta)
-    except RuntimeError as exc:  # the model rejects this batch or input size (shape errors)
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MemplanError(f"model {name!r} failed at batch {batch}: {first_line}") from exc
-
-
-def resolve_factory(name_or_factory: str | Callable) -> Callable:
-    """A workload factory `f(batch, **kw)`: the callable itself, or the zoo for a name.
-
-    Names are whatever `memplan.zoo.get_workload` takes: zoo names, hf:<name>, tv:<name>
-    and "module:function". Errors (unknown name, module that does not import) surface as
-    MemplanError when the factory is called.
-    """
-    if callable(name_or_factory):
-        return name_or_factory
-    from .. import zoo
-
-    def zoo_factory(batch, **kw):
-        return zoo.get_workload(name_or_factory, batch, **kw)
-
-    return zoo_factory
 
 
 class _Recorder(TorchDispatchMode):
@@ -378,11 +322,11 @@ def _fake_mode_for(fake: bool, inputs: tuple, model):
     if not fake and mode is not None:
         raise MemplanError("fake=False, but the model and inputs are fake tensors: pass fake=True")
     if fake and mode is None:
-        mode = _new_fake_mode()
+        mode = new_fake_mode()
     return mode
 
 
-def _new_fake_mode() -> FakeTensorMode:
+def new_fake_mode() -> FakeTensorMode:
     # Real constants a model keeps outside its parameters are converted, not refused.
     return FakeTensorMode(allow_non_fake_inputs=True)
 

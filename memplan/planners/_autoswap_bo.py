@@ -15,7 +15,6 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import MemplanError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ class Evaluation:
 
 
 def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int, n_trials: int,
-                 objective: str = "simulated") -> tuple[float, ...]:
+                 objective: str | Callable = "simulated") -> tuple[float, ...]:
     """Search the weights with Optuna's GPSampler and return the best ones.
 
     Args:
@@ -44,7 +43,8 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
         combine_fn: `combine_fn(problem, weights) -> priority array`.
         seed: sampler seed; the same seed gives the same weights.
         n_trials: evaluations (at least the four pure scores).
-        objective: "simulated" or "measured".
+        objective: "simulated", or `objective(plan) -> overhead` (the workflows layer
+            passes a measured one, `memplan.workflows.run.measured_objective`).
     Returns:
         The weights of the lowest overhead; ties go to the plan that swaps fewer bytes,
         then to the earlier evaluation.
@@ -86,9 +86,10 @@ def _sampler(optuna, seed: int):
         return optuna.samplers.GPSampler(seed=seed, deterministic_objective=True)
 
 
-def _objective_fn(problem, objective: str) -> Callable:
-    if objective == "measured":
-        return _measured_fn(problem)
+def _objective_fn(problem, objective: str | Callable) -> Callable:
+    """The overhead of a plan: simulated, or a caller's function (e.g. measured on a GPU)."""
+    if callable(objective):
+        return objective
     from ..sim.simulate import Simulator
 
     simulator = Simulator(problem.trace, problem.cost)
@@ -98,18 +99,6 @@ def _objective_fn(problem, objective: str) -> Callable:
         return float(result.overhead) if result.feasible else INFEASIBLE_OVERHEAD
 
     return simulated
-
-
-def _measured_fn(problem) -> Callable:
-    """Overhead measured by running the plan on the GPU (needs CUDA and the executor)."""
-    try:
-        import torch
-        from ..exec import measure_overhead
-    except ImportError:
-        raise MemplanError("objective 'measured' needs memplan.exec.measure_overhead (the executor)") from None
-    if not torch.cuda.is_available():
-        raise MemplanError("objective 'measured' needs a CUDA device; use objective 'simulated'")
-    return lambda plan: float(measure_overhead(problem.trace, plan, budget=problem.budget_bytes))
 
 
 def _swapped_bytes(problem, plan) -> int:

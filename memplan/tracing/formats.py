@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import MemplanError, TraceFormatError, unknown_name
 from .io import read_trace
-from .model import SCHEMA, Trace
+from ..model import SCHEMA, Trace
 
 FORMATS = ("memplan", "snapshot", "dtr", "minimalloc")
 SNIFF_BYTES = 1 << 16  # enough of the start of a file to tell the formats apart

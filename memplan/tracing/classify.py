@@ -13,7 +13,7 @@ Params and optimizer state are persistent: lifetime [0, n_ops).
 
 from __future__ import annotations
 
-from .model import Storage
+from ..model import Storage
 from .storages import StorageEntry
 
 PERSISTENT_KINDS = frozenset({"param", "optimizer_state"})

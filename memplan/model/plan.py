@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import TraceFormatError
 
 ACTIONS = ("swap", "recompute")
-PLAN_SCHEMA = "memplan.plan"
+PLAN_SCHEMA = "memplan.planners"
 PLAN_VERSION = 1
 
 
@@ -136,7 +136,7 @@ class Plan:
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write a plan as JSON, atomically."""
-    from ..trace.io import atomic_write_text
+    from ..fileio import atomic_write_text
 
     atomic_write_text(path, json.dumps(plan.to_json(), indent=1) + "\n")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cost.model import Cost
-from .model import Decision
+from ..model import Decision
 from ._autoswap_scores import Candidates, absent_mask, op_starts
 
 

@@ -25,9 +25,8 @@ import math
 import numpy as np
 
 from ..cost.model import Cost
-from ..trace.model import Trace
+from ..model import Decision, Plan, Trace
 from .base import infeasible, register
-from .model import Decision, Plan
 
 
 @register("none", "keep everything resident (plain PyTorch training)")

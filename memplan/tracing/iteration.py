@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MemplanError
-from .model import Op, Storage, Trace
+from ..model import Op, Storage, Trace
 
 RECORD_KINDS = ("malloc", "free", "read", "write")
 DEFAULT_MIN_PERIOD = 2  # a 1-record "iteration" is never a training step

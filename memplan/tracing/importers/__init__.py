@@ -1,7 +1,7 @@
 """Importers: other tools' memory traces as memplan Traces.
 
 - `read_snapshot` / `snapshot_to_trace`: PyTorch CUDA memory snapshots (pickle or JSON);
-  `snapshot_records` feeds a multi-iteration snapshot to `memplan.trace.iteration.cut_iteration`.
+  `snapshot_records` feeds a multi-iteration snapshot to `memplan.tracing.iteration.cut_iteration`.
 - `read_dtr_log` / `parse_dtr_log`: DTR (simrd) operator logs.
 - `read_minimalloc` / `write_minimalloc_csv`: minimalloc CSV pool problems.
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, fields
-from pathlib import Path
 
 from ..errors import TraceFormatError
-from .model import SCHEMA, SCHEMA_VERSION, Op, Storage, Trace
+from ..fileio import atomic_write_text, read_text
+from ..model import SCHEMA, SCHEMA_VERSION, Op, Storage, Trace
 
 _REQUIRED = {
     "storage": {"id": int, "nbytes": int, "kind": str, "alloc_op": int, "free_op": int},
@@ -47,14 +46,6 @@ def read_trace(path: str | os.PathLike) -> Trace:
     return parse_trace(read_text(path, "trace"), str(path))
 
 
-def read_text(path: str | os.PathLike, what: str) -> str:
-    """The text of `path`, or a TraceFormatError naming the file and what it should be."""
-    try:
-        return Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: cannot read {what}: {exc}") from None
-
-
 def parse_trace(text: str, source: str = "<trace>") -> Trace:
     """Parse the JSON-lines text of a trace; `source` names it in errors."""
     lines = text.splitlines()
@@ -83,20 +74,6 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
                      num_steps_hint=int(header.get("num_steps_hint") or 0))
     except ValueError as exc:
         raise TraceFormatError(f"{source}: {exc}") from None
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 _ALWAYS_WRITTEN = ("id", "index", "alloc_op", "free_op", "nbytes")

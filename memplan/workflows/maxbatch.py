@@ -79,8 +79,8 @@ def _record(probes: list, batch: int, result: tuple[bool, dict]) -> bool:
 
 
 def _planned_probe(name, memory_bytes, planner, profile, config, simulated: bool):
-    from ..plan.base import plan as make_plan
-    from ..trace.tracer import trace_workload
+    from ..planners.base import plan as make_plan
+    from .workloads import trace_workload
 
     def fits(batch: int) -> tuple[bool, dict]:
         trace = trace_workload(name, batch, fake=True, **config)
@@ -99,7 +99,7 @@ def _planned_probe(name, memory_bytes, planner, profile, config, simulated: bool
 def _gpu_probe(name, memory_bytes, planner, device, profile, config):
     import torch
 
-    from .measure import run_workload
+    from .run import run_workload
 
     dev = torch.device(device)
     total = torch.cuda.get_device_properties(dev).total_memory

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cost.model import Cost
-from ..trace.model import Trace
+from ..model import Trace
 
 MIB = 2**20
 DEFAULT_MIN_BYTES = MIB  # §IV-A: tiny variables (bias vectors) are not worth the link latency

@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from ..plan.base import resolve_budget
-from .api import optimize
-from .baselines import BASELINES, baseline_installed, check_baseline
+from ..planners.base import resolve_budget
+from .optimize import optimize
+from .torch_tools import BASELINES, baseline_installed, check_baseline
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,19 @@ def _timed(step, inputs, model, seed: int) -> tuple[list, dict]:
 
 
 OVERHEAD_STEPS = 3  # timed steps per side in measure_overhead (after one warm-up step)
+
+
+def measured_objective(trace, budget=None):
+    """AutoSwap's "measured" objective: `plan -> overhead` measured by training on a GPU.
+
+    Raises:
+        MemplanError: no CUDA device here.
+    """
+    from ..errors import MemplanError
+
+    if not torch.cuda.is_available():
+        raise MemplanError("objective 'measured' needs a CUDA device; use objective 'simulated'")
+    return lambda plan: float(measure_overhead(trace, plan, budget))
 
 
 def measure_overhead(trace, plan, budget=None, *, steps: int = OVERHEAD_STEPS) -> float:

@@ -7,9 +7,9 @@ pool. To pool a swap plan, use `memplan.pool.with_pool(trace, plan)` (AutoSwap's
 
 from __future__ import annotations
 
-from ..plan.base import infeasible, register
-from ..plan.model import Plan
-from .api import DEFAULT_TIME_LIMIT_S, layout
+from .base import infeasible, register
+from ..model import Plan
+from ..pool.api import DEFAULT_TIME_LIMIT_S, layout
 
 
 def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAULT_TIME_LIMIT_S) -> Plan:

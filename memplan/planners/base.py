@@ -17,17 +17,16 @@ from typing import Callable
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
 from ..errors import InfeasibleBudgetError, MemplanError, unknown_name
-from ..trace.model import Trace
+from ..model import Plan, Trace
 from ..units import format_bytes, parse_budget
-from .model import Plan
 
 PlannerFn = Callable[..., Plan]
 
 # Modules that register planners when imported; a family's module is listed here once.
 PLANNER_MODULES = (
-    "memplan.plan.baselines",   # none, save-on-cpu, checkpoint-all, sqrt-n
-    "memplan.pool.planners",    # smartpool, smartpool-bestfit, smartpool-firstfit
-    "memplan.plan.autoswap",    # autoswap:doa/aoa/wdoa/swdoa/bo (+smartpool)
+    "memplan.planners.baselines",   # none, save-on-cpu, checkpoint-all, sqrt-n
+    "memplan.planners.smartpool",    # smartpool, smartpool-bestfit, smartpool-firstfit
+    "memplan.planners.autoswap",    # autoswap:doa/aoa/wdoa/swdoa/bo (+smartpool)
 )
 
 

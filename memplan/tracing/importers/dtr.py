@@ -26,8 +26,8 @@ import os
 from dataclasses import dataclass, field
 
 from ...errors import TraceFormatError
-from ..io import read_text
-from ..model import Op, Storage, Trace
+from ...fileio import read_text
+from ...model import Op, Storage, Trace
 
 NS_PER_S = 1e9
 INSTRUCTIONS = ("CONSTANT", "MEMORY", "ALIAS", "CALL", "MUTATE", "COPY", "COPY_FROM", "RELEASE", "ANNOTATE")

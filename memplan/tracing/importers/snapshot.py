@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...errors import MemplanError, TraceFormatError
 from ..iteration import Record
-from ..model import Op, Storage, Trace
+from ...model import Op, Storage, Trace
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def snapshot_to_trace(snap: dict, *, device: int | None = None, free_on: str = "
 
 
 def snapshot_records(snap: dict, *, device: int | None = None, free_on: str = "completed") -> list[Record]:
-    """The alloc/free events of one device as records for `memplan.trace.iteration.cut_iteration`.
+    """The alloc/free events of one device as records for `memplan.tracing.iteration.cut_iteration`.
 
     A snapshot recorded over several training steps holds several iterations; cutting one
     out gives a steady-state iteration instead of the whole window.

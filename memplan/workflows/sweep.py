@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
-from ..trace.model import Trace
+from ..model import Trace
 from ..units import parse_budget
-from .autoswap import load_min_bytes
+from ..planners.autoswap import load_min_bytes
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def sweep(trace: Trace, planners: list[str], budgets: list[int], device: str = "
     """
     from tqdm import tqdm
 
-    from .base import get_planner
+    from ..planners.base import get_planner
 
     for name in planners:
         get_planner(name)  # fail on an unknown name before any work
@@ -87,7 +87,7 @@ def sweep(trace: Trace, planners: list[str], budgets: list[int], device: str = "
 
 def _point(trace: Trace, cost: Cost, planner: str, budget: int, seed: int, params: dict) -> SweepPoint:
     from ..sim.simulate import simulate
-    from .base import plan
+    from ..planners.base import plan
 
     started = time.perf_counter()
     try:

@@ -1,0 +1,10 @@
+"""The data model every layer shares: the trace of one iteration and the plan made for it.
+
+Plain frozen dataclasses, JSON on disk (see DESIGN.md, "Data model").
+"""
+
+from .plan import ACTIONS, PLAN_SCHEMA, PLAN_VERSION, Decision, MicroBatch, Plan, PoolSlot, read_plan, write_plan
+from .trace import KINDS, PHASES, SCHEMA, SCHEMA_VERSION, Layer, Op, Storage, Trace
+
+__all__ = ["ACTIONS", "KINDS", "PHASES", "PLAN_SCHEMA", "PLAN_VERSION", "SCHEMA", "SCHEMA_VERSION", "Decision",
+           "Layer", "MicroBatch", "Op", "Plan", "PoolSlot", "Storage", "Trace", "read_plan", "write_plan"]

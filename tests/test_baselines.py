@@ -74,13 +74,6 @@ def test_save_on_cpu_swaps_every_saved_activation_synchronously():
     assert _oracle_peak(trace, p) == max(162 - 60, 155 - 30)
 
 
-def test_save_on_cpu_moves_only_packed_storages_when_known():
-    base = chain_trace(4, sizes=[10, 20, 30, 40], param_bytes=3)
-    a1, = _ids(base, "a1")
-    trace = Trace(storages=base.storages, ops=base.ops, meta={**base.meta, "pack_order": [a1]})
-    assert _gaps(_plan(trace, "save-on-cpu")) == [(a1, 2, 6)]
-
-
 def test_checkpoint_all_recomputes_inside_top_level_blocks():
     trace = grouped_chain(9, 3)
     a0, a1, a3, a4, a6 = _ids(trace, "a0", "a1", "a3", "a4", "a6")

@@ -87,7 +87,7 @@ def test_trace_user_errors_exit_2_without_output(capsys, tmp_path, argv, needle)
 @pytest.mark.parametrize("content, extra, needle", [
     (None, [], "no such file"),
     ("not json at all\n", [], "not JSON"),
-    ('{"schema": "memplan.tracing", "version": 1}\n{"type": "op", "index": 0}\n', [], "name"),
+    ('{"schema": "memplan.trace", "version": 2}\n{"type": "op", "index": 0}\n', [], "name"),
     ("", ["--format", "bogus"], "bogus"),
 ])
 def test_info_user_errors_exit_2(capsys, tmp_path, content, extra, needle):

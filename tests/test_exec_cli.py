@@ -88,13 +88,22 @@ def test_maxbatch_answers_from_planning_on_cpu(capsys):
 
 
 @pytest.mark.slow
-def test_run_reports_storage_swaps_and_trains_like_plain_training(capsys):
+def test_run_reports_measured_against_simulated_peaks_and_trains_like_plain_training(capsys):
     assert main(["run", "vgg11-cifar", "--batch", "2", "--planner", "autoswap:doa", "--budget", "70%",
                  "--steps", "3", "--check", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     ex = out["executor"]
     assert out["max_param_diff"] == 0.0 and out["max_buffer_diff"] == 0.0
-    assert ex["storage_swaps_planned"] > 0 and ex["skipped_decisions"] == 0
-    assert ex["storage_swapped_out"] > ex["storage_swaps_planned"] and ex["storage_swapped_out_bytes"] > 0
-    assert ex["storage_late_prefetches"] == ex["storage_diverged_steps"] == 0
-    assert out["pinned_host_bytes"] >= ex["storage_slab_bytes"] > 0
+    assert ex["released"] > 0 and ex["diverged_steps"] == ex["unresolved"] == 0
+    assert out["within_budget"] and len(out["steps"]) == 3
+    assert all(s["measured_peak_bytes"] <= out["budget_bytes"] for s in out["steps"])
+    assert out["simulated_peak_bytes"] == out["predicted"]["peak_load_bytes"]
+
+
+def test_run_check_fails_in_one_line_when_the_run_exceeds_its_budget(capsys, monkeypatch):
+    import memplan.workflows.run as run
+
+    monkeypatch.setattr(run, "BUDGET_TOLERANCE", -0.5)  # pretend the run overshot
+    assert main(["run", "vgg11-cifar", "--batch", "1", "--planner", "none", "--steps", "1", "--check"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "check failed" in err[0]

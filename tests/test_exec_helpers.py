@@ -111,14 +111,12 @@ def state_diffs(a: nn.Module, b: nn.Module) -> dict[str, float]:
 
 
 def saved_activations(trace: Trace) -> list[int]:
-    """Storages autograd saved that live from the forward into the backward pass."""
-    packed = dict.fromkeys(trace.meta["pack_order"])
+    """Activations made in forward that backward reads (what autograd saved)."""
     out = []
-    for sid in packed:
-        s = trace.storages[sid]
-        phases = {trace.ops[i].phase for i in trace.accesses[sid]}
-        if s.kind in ("activation", "temp") and not s.persistent and {"forward", "backward"} <= phases:
-            out.append(sid)
+    for s in trace.storages:
+        phases = {trace.ops[i].phase for i in trace.accesses[s.id]}
+        if s.kind == "activation" and {"forward", "backward"} <= phases:
+            out.append(s.id)
     return out
 
 
@@ -134,8 +132,9 @@ def swap_all_plan(trace: Trace, lead: int = 4, compress: float | None = None, sy
     decisions = []
     for sid in saved_activations(trace):
         out, back = gap(trace, sid)
-        decisions.append(Decision(storage=sid, action="swap", out_after=out, back_before=back,
-                                  trigger=max(out + 1, back - lead), sync=sync, compress_ratio=compress))
+        if back - out > 1:
+            decisions.append(Decision(storage=sid, action="swap", out_after=out, back_before=back,
+                                      trigger=max(out + 1, back - lead), sync=sync, compress_ratio=compress))
     return Plan(decisions=tuple(decisions), planner="test-swap", trace_digest=trace.digest)
 
 
@@ -143,8 +142,8 @@ def recompute_plan(trace: Trace, every: int = 1) -> Plan:
     """Recompute every `every`-th saved activation that has a producer in the forward pass."""
     decisions = []
     for sid in saved_activations(trace)[::every]:
-        if trace.recomputable(sid):
-            out, back = gap(trace, sid)
+        out, back = gap(trace, sid)
+        if trace.recomputable(sid) and back - out > 1:
             decisions.append(Decision(storage=sid, action="recompute", out_after=out, back_before=back))
     return Plan(decisions=tuple(decisions), planner="test-recompute", trace_digest=trace.digest)
 

@@ -2,9 +2,9 @@
 
 The reference re-states the contract of `memplan.sim.simulate` as directly as possible
 (dicts of resident storages, a list of swap-outs in flight, loads recomputed by summing)
-for plans without wrap-around gaps or recursive recomputes, and random plans on chain
-traces must give the same times, stalls, peaks, link and host bytes, and the same
-infeasible op and shortfall.
+for plans without wrap-around gaps or recomputes that must rebuild an input first, and
+random plans on chain traces must give the same times, stalls, peaks, link and host bytes,
+and the same infeasible op and shortfall.
 """
 
 import random
@@ -79,7 +79,12 @@ class Reference:
                 self.link += link
         rebuilt = sorted((trace.producer(d.storage), k) for k, d in enumerate(self.decisions)
                          if d.action == "recompute" and d.back_before == i)
-        for _, k in rebuilt:  # (2) recomputes
+        read = {r for _, k in rebuilt for r in trace.lineage(self.decisions[k].storage, i)[1]}
+        first = [k for k, d in enumerate(self.decisions) if d.action == "swap" and d.back_before == i
+                 and d.storage in read]
+        for k in first:  # (2) prefetches a recomputation reads land first
+            self._land(k)
+        for _, k in rebuilt:  # then the recomputes
             d = self.decisions[k]
             self.alloc(d.storage, int(nbytes[d.storage]), i)
             chain = sum(cost.durations[o] for o in trace.lineage(d.storage, i)[0])
@@ -91,11 +96,9 @@ class Reference:
             del self.resident[-1 - i]
             for s in born:
                 self.resident[s.id] = s.nbytes
-        for k, d in enumerate(self.decisions):  # (4) wait for prefetches, decompress
-            if d.action == "swap" and d.back_before == i:
-                self.stall["prefetch"] += max(0.0, self.land[k] - self.t)
-                self.t = max(self.t, self.land[k])
-                self._kernel(d)
+        for k, d in enumerate(self.decisions):  # (4) wait for the other prefetches, decompress
+            if d.action == "swap" and d.back_before == i and k not in first:
+                self._land(k)
         self.t += cost.durations[i]  # (5)
         for s in trace.storages:  # (6) frees, swap-outs, recompute drops
             if s.free_op == i + 1:
@@ -117,6 +120,11 @@ class Reference:
                 self.t = max(self.t, self.d2h_free)
             else:
                 self.in_flight.append((self.d2h_free, size))
+
+    def _land(self, k):
+        self.stall["prefetch"] += max(0.0, self.land[k] - self.t)
+        self.t = max(self.t, self.land[k])
+        self._kernel(self.decisions[k])
 
     def _link(self, d):
         size = int(self.trace.nbytes[d.storage])
@@ -160,13 +168,15 @@ def _random_plan(trace, rng):
 
 
 def _no_recursive_chains(trace, decisions):
-    """Drop recomputes whose chain input is recomputed away at that op (the reference omits it)."""
+    """Drop recomputes whose chain input is recomputed away or freed at that op (the reference
+    does not rebuild inputs)."""
     away = [(d.storage, d.out_after, d.back_before) for d in decisions if d.action == "recompute"]
     kept = []
     for d in decisions:
         if d.action == "recompute":
             inputs = trace.lineage(d.storage, d.back_before)[1]
-            if any(s in inputs and lo < d.back_before < hi for s, lo, hi in away):
+            if any(s in inputs and lo < d.back_before < hi for s, lo, hi in away) \
+                    or any(trace.storages[s].free_op <= d.back_before for s in inputs):
                 continue
         kept.append(d)
     return kept

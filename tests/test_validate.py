@@ -242,3 +242,19 @@ def test_pool_stray_slot(trace):
 def test_every_kind_is_a_distinct_string():
     assert len(set(v.KINDS)) == len(v.KINDS)
     assert all(isinstance(k, str) for k in v.KINDS)
+
+
+def test_a_recompute_whose_input_is_written_again_before_it_runs_is_rejected():
+    # op 0: b = f(a); op 1: a += 1 (in place); op 2: reads b. Recomputing b before op 2 would
+    # replay op 0 on the new value of a.
+    from memplan.model import Op, Storage, Trace
+
+    storages = (Storage(id=0, nbytes=8, kind="input", alloc_op=0, free_op=3),
+                Storage(id=1, nbytes=8, kind="activation", alloc_op=0, free_op=3))
+    ops = (Op(index=0, name="f", phase="forward", reads=(0,), writes=(1,)),
+           Op(index=1, name="add_", phase="forward", reads=(0,), writes=(0,)),
+           Op(index=2, name="g", phase="backward", reads=(1,)))
+    trace = Trace(storages=storages, ops=ops)
+    assert kinds(trace, Plan(decisions=(recompute(1, 0, 2),))) == [v.RECOMPUTE_INPUT_OVERWRITTEN]
+    assert v.validate(Trace(storages=storages, ops=(ops[0], Op(index=1, name="h", phase="forward", reads=(0,)),
+                                                   ops[2])), Plan(decisions=(recompute(1, 0, 2),))) == []

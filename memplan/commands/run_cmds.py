@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from ..cli import add_json_flag, emit_json
 from ..units import format_bytes, parse_bytes
 
@@ -49,7 +51,9 @@ def _add_run(sub):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--device", default="cpu", help="where to train (cpu, cuda)")
     p.add_argument("--profile", default="h100", help="cost-model profile the planner plans for")
-    p.add_argument("--check", action="store_true", help="also train without a plan and report max_param_diff")
+    p.add_argument("--check", action="store_true",
+                   help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
+                        "peak exceeds the budget by more than 2%%")
     p.add_argument("--baseline", default=None, help="torch-checkpoint | save-on-cpu | compile-budget")
     p.add_argument("--seed", type=int, default=0)
     add_json_flag(p)
@@ -57,8 +61,8 @@ def _add_run(sub):
 
 
 def run(args) -> int:
-    """Run the measurement and print it."""
-    from ..workflows.run import check_baseline, run_workload
+    """Run the measurement and print it; with --check, exit 1 when the run exceeded its budget."""
+    from ..workflows.run import BUDGET_TOLERANCE, check_baseline, run_workload
 
     if args.baseline:
         check_baseline(args.baseline)
@@ -67,24 +71,33 @@ def run(args) -> int:
                        baseline=args.baseline)
     if args.json:
         emit_json(out)
-        return 0
+    else:
+        _print_run(out)
+    if args.check and not out["within_budget"]:
+        print(f"memplan: check failed: measured peak {out['measured_peak_bytes']} bytes is more than the budget of "
+              f"{out['budget_bytes']} bytes + {BUDGET_TOLERANCE:.0%}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_run(out: dict) -> None:
     ex = out["executor"]
     rows = [("model", f"{out['model']} batch {out['batch']}"), ("planner", out["planner"]),
             ("budget", format_bytes(out["budget_bytes"] or 0)),
             ("step time (s)", ", ".join(f"{t:.3f}" for t in out["step_time_s"])),
-            ("peak allocated", _b(out["peak_allocated_bytes"])), ("peak reserved", _b(out["peak_reserved_bytes"])),
-            ("host slab", format_bytes(ex["slab_bytes"] + ex["storage_slab_bytes"])),
-            ("swapped tensors", ex.get("offloaded", 0)),
-            ("swapped storages", ex.get("storage_swapped_out", 0)),
-            ("recompute regions", ", ".join(r or "<root>" for r in ex["recompute_regions"]) or "-"),
-            ("skipped decisions", ex["skipped_decisions"]),
+            ("measured peak", ", ".join(format_bytes(r["measured_peak_bytes"]) for r in out["steps"])),
+            ("simulated peak", _b(out["simulated_peak_bytes"])),
+            ("within budget", "yes" if out["within_budget"] else "NO"),
+            ("host slab", format_bytes(ex["slab_bytes"])),
+            ("swapped out", f"{ex['swapped_out']} ({format_bytes(ex['swapped_out_bytes'])})"),
+            ("recomputed", f"{ex['recomputed']} storages, {ex['replayed_ops']} ops replayed"),
+            ("diverged steps", ex["diverged_steps"]),
             ("predicted (simulated)", _predicted(out["predicted"]))]
     if "max_param_diff" in out:
         rows += [("max_param_diff", f"{out['max_param_diff']:.3g}"),
                  ("max_buffer_diff", f"{out['max_buffer_diff']:.3g}")]
     for key, value in rows:
-        print(f"{key:<20} {value}")
-    return 0
+        print(f"{key:<22} {value}")
 
 
 def _predicted(summary: dict) -> str:
@@ -96,4 +109,4 @@ def _predicted(summary: dict) -> str:
 
 
 def _b(n) -> str:
-    return "n/a (CPU)" if n is None else format_bytes(n)
+    return "-" if n is None else format_bytes(n)

@@ -1,106 +1,98 @@
-"""PlanRuntime: everything that applies one plan to one model, installed and removed as a unit.
+"""PlanRuntime: everything that runs one step program on one model, installed and removed as a unit.
 
-It owns the host slab (allocated once, sized from the plan), the copy engine, the swap
-executor (saved-tensor hooks), the prefetch triggers (a gradient hook on the outputs of
-each trigger module call: it fires when that call's backward starts), the storage swap
-executor (parameters, gradients and optimizer state, at hook points, with a second host
-slab of one fixed region per storage) and the recompute executor (checkpointed regions).
-`installed()` adds every hook and patch and removes all of them on exit; `close()` brings
-every swapped storage back and releases the slabs and the copy lanes.
+It owns the copy lanes, the host slab (laid out offline from the program), the step runner
+(a dispatch mode that runs the program's actions at every op) and the memory meter that
+measures every step. `installed()` enters the meter and the runner (in that order: the
+meter sees what the runner does) and any hooks; leaving it removes all of them.
 
-Storages whose gap wraps around the iteration boundary stay on the host between two
-steps. While they are away outside a step, calling the model, the optimizer's step,
-`state_dict()` or `load_state_dict()` of either brings them back first; anything else
-should call `restore()` before touching them.
+Storages whose gap crosses the iteration boundary stay on the host between two steps.
+While they are away outside a step, calling the model, the optimizer's step,
+`state_dict()` or `load_state_dict()` of either brings them back first, and so does any
+op that touches them while the runner is installed; otherwise call `restore()` before
+touching them. `close()` brings everything back and releases the slab and the lanes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections import Counter
 from dataclasses import asdict
 
 import torch
-from torch.autograd.graph import register_multi_grad_hook, saved_tensors_hooks
-from torch.utils._pytree import tree_leaves
 
-from ..model import Plan, Trace
+from ..model import Trace
+from ..model.program import StepProgram
 from .engine import CopyEngine, engine_for
-from .events import EventHooks
-from .recompute import RecomputeExecutor
-from .schedule import build_schedule, region_modules
-from .slab import HostSlab
-from .storage_swap import StorageSwapExecutor
-from .swap import SwapExecutor
+from .meter import MemoryMeter
+from .runner import StepRunner
+from .slab import HostSlab, host_layout
 
 log = logging.getLogger(__name__)
 
 
 class PlanRuntime:
-    """Applies `plan` (made for `trace`) to `model`.
+    """Runs `program` (compiled for `trace`) on `model`.
 
     Args:
-        trace: the traced iteration, with its pack record.
-        plan: the plan.
-        model: the root module the trace's module paths refer to (needed for recompute and
-            for prefetch triggers; without it prefetches are issued at backward start).
-        device: where the model's activations live (picks the copy engine).
+        trace: the traced iteration.
+        program: the step program.
+        model: the root module (owned storages are found through it).
+        device: where the model's tensors live (picks the copy engine and the meter).
         engine: a copy engine to use instead (tests pass a delayed one).
-        optimizer: the model's optimizer (needed to swap optimizer state).
+        optimizer: the model's optimizer (its state is found through it).
+        measure: measure each step's peak memory (see `meter.py`).
     """
 
-    def __init__(self, trace: Trace, plan: Plan, model: torch.nn.Module | None = None, *,
+    def __init__(self, trace: Trace, program: StepProgram, model: torch.nn.Module | None = None, *,
                  device: torch.device | str = "cpu", engine: CopyEngine | None = None,
-                 optimizer: torch.optim.Optimizer | None = None):
+                 optimizer: torch.optim.Optimizer | None = None, measure: bool = True):
+        self.trace = trace
+        self.program = program
         self.model = model
         self.optimizer = optimizer
-        self.modules = dict(model.named_modules()) if model is not None else {}
-        self.schedule = build_schedule(trace, plan, modules=region_modules(model) if model is not None else None)
-        for decision, reason in self.schedule.skipped:
-            log.info("decision kept instead (%s): %s", reason, decision)
         self.device = torch.device(device)
         self.engine = engine or engine_for(self.device)
-        self.slab = HostSlab(self.schedule.slab_bytes, pin=self.device.type == "cuda" and self.schedule.slab_bytes > 0,
-                             on_recycle=lambda: self.engine.fence("d2h", "h2d"))
-        self._storage_executor(trace)
-        # Activations swapped at the storage level are found through their saved-tensor pack.
-        watch = self.storage_swap.note_pack if self.schedule.storage and self.schedule.storage.watched else None
-        self.swap = SwapExecutor(self.schedule, self.engine, self.slab, observer=watch) \
-            if self.schedule.swaps or watch else None
-        rec = self.schedule.recompute
-        self.recompute = RecomputeExecutor(rec, model) if rec is not None and model is not None else None
-        self._backward_calls: Counter = Counter()
+        layout = host_layout(trace, program)
+        self.slab = HostSlab(layout, pin=self.device.type == "cuda" and layout.nbytes > 0)
+        self.runner = StepRunner(trace, program, self.engine, self.slab, model, optimizer)
+        self.meter = MemoryMeter(self.device) if measure else None
+        if self.meter is not None:
+            self.meter.exclude(self.host_buffers())
+        self.steps: list[dict] = []  # one record per step run
         self._idle_guards: list = []
+        self._in_step = False
         self._closed = False
 
-    def _storage_executor(self, trace: Trace) -> None:
-        plan = self.schedule.storage
-        pin = self.device.type == "cuda" and plan is not None and plan.slab_bytes > 0
-        self.storage_slab = HostSlab(plan.slab_bytes if plan is not None else 0, pin=pin)
-        self.storage_swap = self.events = None
-        if plan is None:
-            return
-        self.storage_swap = StorageSwapExecutor(plan, self.engine, self.storage_slab, self.model, self.optimizer)
-        self.events = EventHooks(self.model, plan.points, self.storage_swap.keys, self.storage_swap.fire,
-                                 self.storage_swap.diverged, trace, before_op=self.storage_swap.before_op)
+    def host_buffers(self) -> tuple:
+        """Host memory beside the device role (a meter must not count it)."""
+        return (self.slab.buffer,)
 
     # --- steps ----------------------------------------------------------------------------
 
-    def begin_step(self) -> None:
-        """Mark the start of one training iteration."""
-        self._backward_calls.clear()
-        if self.storage_swap is not None:
-            self.events.begin_step()
-            self.storage_swap.begin_step()
-        if self.swap is not None:
-            self.swap.begin_step()
-        if self.recompute is not None:
-            self.recompute.begin_step()
+    def begin_step(self, inputs=()) -> None:
+        """Start one training iteration (ends the previous one if it is still open)."""
+        self.end_step()
+        self.runner.begin_step()
+        if self.meter is not None:
+            self.meter.track((self._persistent(), inputs))
+            self.meter.reset_peak()
+        self._in_step = True
+
+    def end_step(self) -> None:
+        """Close the current iteration and record what it measured."""
+        if not self._in_step:
+            return
+        self._in_step = False
+        diverged = self.runner.stats.diverged_steps
+        self.runner.end_step()
+        record = {"step": len(self.steps), "diverged": self.runner.stats.diverged_steps > diverged}
+        if self.meter is not None:
+            record.update(self.meter.peak())
+        self.steps.append(record)
 
     @contextlib.contextmanager
     def installed(self, auto_steps: bool = False):
-        """Install every hook for the block; remove them all on exit.
+        """Install the meter, the runner and any hooks for the block; remove them all on exit.
 
         Args:
             auto_steps: start a new iteration at each call of the root model's forward
@@ -108,62 +100,38 @@ class PlanRuntime:
         """
         if self._closed:
             raise RuntimeError("this PlanRuntime was closed")
-        handles = []
         self._drop_idle_guards()
         with contextlib.ExitStack() as stack:
-            stack.callback(lambda: [h.remove() for h in handles])
             stack.callback(self._guard_idle)
+            stack.callback(self.end_step)
+            if self.meter is not None:
+                stack.enter_context(self.meter)
+            stack.enter_context(self.runner)
             if auto_steps and self.model is not None:
-                handles.append(self.model.register_forward_pre_hook(lambda m, a: self.begin_step()))
-            if self.storage_swap is not None:
-                stack.enter_context(self.events.installed())
-            if self.swap is not None:
-                handles += self._trigger_hooks()
-                stack.enter_context(saved_tensors_hooks(self.swap.pack, self.swap.unpack))
-            if self.recompute is not None:
-                stack.enter_context(self.recompute.installed())
+                handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a))
+                stack.callback(handle.remove)
             yield self
-            if self.swap is not None:
-                self.swap.end_step()
 
-    def _trigger_hooks(self) -> list:
-        handles = []
+    def _persistent(self) -> list:
+        """Tensors alive across steps: parameters, buffers, gradients and optimizer state."""
+        out = []
         if self.model is not None:
-            handles.append(self.model.register_forward_hook(self._on_forward("", start=True)))
-        for path in sorted(self.schedule.trigger_modules):
-            module = self.modules.get(path)
-            if module is None:
-                log.warning("trigger module %r not in the model: its prefetches are issued late", path)
-                continue
-            handles.append(module.register_forward_hook(self._on_forward(path)))
-        return handles
-
-    def _on_forward(self, path: str, start: bool = False):
-        def hook(module, args, output):
-            tensors = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if tensors and torch.is_grad_enabled():
-                register_multi_grad_hook(tensors, lambda grad: self._on_backward(path, start), mode="any")
-
-        return hook
-
-    def _on_backward(self, path: str, start: bool) -> None:
-        if start:
-            self.swap.backward_started()
-            return
-        n = self._backward_calls[path]
-        self._backward_calls[path] += 1
-        self.swap.fire((path, n))
+            out += list(self.model.parameters()) + list(self.model.buffers())
+            out += [p.grad for p in self.model.parameters() if p.grad is not None]
+        if self.optimizer is not None:
+            out += [v for state in self.optimizer.state.values() for v in state.values()
+                    if isinstance(v, torch.Tensor)]
+        return out
 
     # --- storages away between steps ---------------------------------------------------------
 
     def restore(self) -> None:
-        """Bring back every parameter, gradient and optimizer state the plan keeps on the host."""
-        if self.storage_swap is not None:
-            self.storage_swap.restore()
+        """Bring back every storage the program left on the host."""
+        self.runner.restore()
 
     def _guard_idle(self) -> None:
         """Outside a step, using the model or optimizer first brings everything back."""
-        if self.storage_swap is None or not self.storage_swap.away or self._idle_guards:
+        if not self.runner.away or self._idle_guards:
             return
 
         def bring_back(*args, **kwargs):
@@ -182,39 +150,27 @@ class PlanRuntime:
     # --- results ----------------------------------------------------------------------------
 
     def stats(self) -> dict:
-        """Counters: swaps, prefetches, host memory, recomputation, skipped decisions."""
-        out = {"slab_bytes": self.slab.nbytes, "slab_peak_bytes": self.slab.peak_bytes,
-               "overflow_host_bytes": self.slab.overflow_bytes,
-               "pinned_host_bytes": sum(s.nbytes for s in (self.slab, self.storage_slab) if s.pin),
-               "swaps_planned": len(self.schedule.swaps),
-               "recompute_regions": list(self.schedule.recompute.regions) if self.schedule.recompute else [],
-               "recompute_storages": len(self.schedule.recompute.storages) if self.schedule.recompute else 0,
-               "skipped_decisions": len(self.schedule.skipped),
-               "skipped_reasons": dict(Counter(reason for _, reason in self.schedule.skipped))}
-        if self.swap is not None:
-            out.update(asdict(self.swap.stats))
-        storage = self.schedule.storage
-        out["storage_swaps_planned"] = len(storage.swaps) if storage is not None else 0
-        out["storage_slab_bytes"] = self.storage_slab.nbytes
-        if self.storage_swap is not None:
-            out.update({f"storage_{k}": v for k, v in asdict(self.storage_swap.stats).items()})
-        if self.recompute is not None:
-            out["recomputed_ops"] = self.recompute.recomputed_ops
-            out["policy_corrections"] = self.recompute.corrected
-            out["policy_conflicts"] = self.recompute.conflicts
-        return out
+        """Counters, host memory, and the measured against the simulated peak per step."""
+        measured = [s["measured_peak_bytes"] for s in self.steps if s.get("measured_peak_bytes") is not None]
+        return {**asdict(self.runner.stats), "replayed_ops": self.runner.replayer.replayed_ops,
+                "decisions": len(self.program.decisions), "slab_bytes": self.slab.nbytes,
+                "pinned_host_bytes": self.slab.nbytes if self.slab.pin else 0,
+                "budget_bytes": self.program.budget_bytes,
+                "simulated_peak_bytes": self.program.predicted.get("peak_load_bytes"),
+                "measured_peak_bytes": max(measured) if measured else None,
+                "steps_measured": list(self.steps)}
 
     def close(self) -> None:
-        """Bring swapped storages back, wait for pending copies, then release the lanes and slabs."""
+        """Bring storages back, wait for pending copies, then release the lanes and the slab."""
         if self._closed:
             return
         self._closed = True
         try:
+            self.end_step()
             self.restore()
         finally:
             self._drop_idle_guards()
             self.engine.close()
-            self.slab.buffer = torch.empty(0, dtype=torch.uint8)
-            self.storage_slab.buffer = torch.empty(0, dtype=torch.uint8)
-            if self.storage_swap is not None:
-                self.storage_swap.close()  # its fixed regions are views of the slab
+            self.slab.release()
+            if self.meter is not None:
+                self.meter.close()

@@ -1,21 +1,23 @@
-"""The host slab: one (pinned, on a GPU) byte buffer allocated once, sized from the plan.
+"""The host slab: one (pinned, on a GPU) byte buffer allocated once, laid out offline.
 
-Swap-outs take regions from it with a bump pointer; the pointer goes back to zero when
-every region has been given back (at the end of each backward pass). A region that does
-not fit (the plan under-estimated, e.g. a compression ratio) gets its own buffer, counted
-as overflow, so a bad estimate costs memory, never correctness.
+Every swap decision of the step program gets a fixed region. Regions of gaps that never
+hold data at the same time share bytes: a region is busy from its swap-out (after op
+`out_after`) until its prefetch has landed (before op `back_before`), and the regions are
+placed with the pool's best-fit allocator over those intervals (memplan.pool), so the slab
+is about the most host memory the program holds at once. Gaps across the iteration
+boundary hold their data between steps and get regions of their own.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
+import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-log = logging.getLogger(__name__)
+from ..model import Trace
+from ..model.program import StepProgram
+from ..pool import make_problem, solve
 
 ALIGN = 512  # bytes: keeps every region aligned for any dtype view and for DMA
 
@@ -25,75 +27,67 @@ def align_up(n: int, align: int = ALIGN) -> int:
     return -(-n // align) * align
 
 
-@dataclass(frozen=True, kw_only=True)
-class Region:
-    """A piece of host memory holding one swapped tensor."""
+def reserve_bytes(nbytes: int, compress_ratio: float | None) -> int:
+    """Host bytes reserved for one swapped storage (compressed: bitmask and values apart)."""
+    if compress_ratio is None:
+        return align_up(nbytes)
+    return min(align_up(nbytes), align_up(math.ceil(nbytes * compress_ratio)) + ALIGN)
 
-    data: torch.Tensor  # uint8, 1-D
-    in_slab: bool  # False for an overflow buffer
+
+@dataclass(frozen=True, kw_only=True)
+class HostLayout:
+    """Where every swap decision's host copy lives in the slab."""
+
+    offsets: dict  # decision index -> byte offset
+    sizes: dict  # decision index -> bytes reserved
+    nbytes: int  # slab size
+
+
+def host_layout(trace: Trace, program: StepProgram) -> HostLayout:
+    """Lay out the host regions of `program`'s swaps (see the module docstring)."""
+    shared, own = [], []
+    for k, d in enumerate(program.decisions):
+        if d.action == "swap":
+            (own if d.wraps else shared).append(k)
+    sizes = {k: reserve_bytes(trace.storages[program.decisions[k].storage].nbytes,
+                              program.decisions[k].compress_ratio) for k in shared + own}
+    offsets, top = {}, 0
+    if shared:
+        # Half-op time: the swap-out is after its op (2i+1), the wait before its op (2i).
+        starts = [2 * program.decisions[k].out_after + 1 for k in shared]
+        ends = [2 * program.decisions[k].back_before + 1 for k in shared]
+        result = solve(make_problem(starts, ends, [sizes[k] for k in shared], storages=shared),
+                       "smartpool-bestfit")
+        offsets = {int(k): int(o) for k, o in zip(result.problem.storages, result.offsets)}
+        top = align_up(result.footprint_bytes)
+    for k in own:
+        offsets[k], top = top, top + sizes[k]
+    return HostLayout(offsets=offsets, sizes=sizes, nbytes=top)
 
 
 class HostSlab:
-    """Bump allocator over one host buffer.
+    """The slab buffer and the region of each swap decision.
 
     Args:
-        nbytes: slab size (rounded up to ALIGN).
+        layout: the offline layout.
         pin: allocate page-locked memory (needed for asynchronous copies from a GPU).
-        on_recycle: called when the pointer returns to zero (the engine fence, rule 6).
     """
 
-    def __init__(self, nbytes: int, *, pin: bool = False, on_recycle: Callable[[], None] | None = None):
-        self.nbytes = align_up(max(int(nbytes), 0))
+    def __init__(self, layout: HostLayout, *, pin: bool = False):
+        self.layout = layout
         self.pin = pin
-        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin)
-        self.on_recycle = on_recycle
-        self._lock = threading.Lock()  # regions are given back from autograd threads on a GPU
-        self._top = 0
-        self._live = 0
-        self.peak_bytes = 0  # highest slab use seen
-        self.overflow_bytes = 0  # bytes handed out outside the slab, in total
-        self.overflow_peak_bytes = 0  # most overflow bytes alive at once
-        self._overflow_live = 0
-        self._warned = False
-
-    def take(self, nbytes: int) -> Region:
-        """A region of at least `nbytes` bytes."""
-        size = align_up(nbytes)
-        with self._lock:
-            if self._top + size <= self.nbytes:
-                data = self.buffer[self._top:self._top + size]
-                self._top += size
-                self._live += 1
-                self.peak_bytes = max(self.peak_bytes, self._top)
-                return Region(data=data, in_slab=True)
-            self.overflow_bytes += size
-            self._overflow_live += size
-            self.overflow_peak_bytes = max(self.overflow_peak_bytes, self._overflow_live)
-        (log.debug if self._warned else log.warning)(
-            "host slab full (%d of %d bytes used): %d bytes allocated outside it", self._top, self.nbytes, size)
-        self._warned = True
-        return Region(data=torch.empty(size, dtype=torch.uint8, pin_memory=self.pin), in_slab=False)
-
-    def give_back(self, region: Region) -> None:
-        """Return a region; the slab recycles once every region is back."""
-        recycle = False
-        with self._lock:
-            if not region.in_slab:
-                self._overflow_live -= region.data.numel()
-                return
-            self._live -= 1
-            if self._live == 0:
-                self._top = 0
-                recycle = True
-        if recycle and self.on_recycle is not None:
-            self.on_recycle()
+        self.buffer = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin)
 
     @property
-    def used_bytes(self) -> int:
-        """Bytes of the slab handed out now."""
-        return self._top
+    def nbytes(self) -> int:
+        """Slab size in bytes."""
+        return self.buffer.numel()
 
-    @property
-    def host_bytes(self) -> int:
-        """Host memory held: the slab plus live overflow buffers."""
-        return self.nbytes + self._overflow_live
+    def region(self, decision: int) -> torch.Tensor:
+        """The uint8 region of one swap decision."""
+        offset = self.layout.offsets[decision]
+        return self.buffer[offset: offset + self.layout.sizes[decision]]
+
+    def release(self) -> None:
+        """Drop the buffer (after every copy has finished)."""
+        self.buffer = torch.empty(0, dtype=torch.uint8)

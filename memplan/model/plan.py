@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import TraceFormatError
 
 ACTIONS = ("swap", "recompute")
-PLAN_SCHEMA = "memplan.planners"
+PLAN_SCHEMA = "memplan.plan"
 PLAN_VERSION = 1
 
 

@@ -2,7 +2,9 @@
 
 Every planner, the simulator, the validator and the executor read this one model.
 Times are op indices; a lifetime is the half-open interval [alloc_op, free_op):
-the storage is resident while ops alloc_op .. free_op-1 run.
+the storage is resident while ops alloc_op .. free_op-1 run. An op accesses a storage
+when it reads or writes its data or makes a view of it (a view needs the buffer there:
+PyTorch checks a view's extent against its storage's size).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import numpy as np
 
 KINDS = ("param", "grad", "optimizer_state", "input", "activation", "temp", "workspace")
 PHASES = ("forward", "backward", "optimizer")
-SCHEMA = "memplan.tracing"
-SCHEMA_VERSION = 1
+OWNER_KINDS = ("param", "buffer", "grad", "state")
+SCHEMA = "memplan.trace"
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +52,7 @@ class Op:
     name: str  # aten op (e.g. "aten.convolution.default") or layer kind
     phase: str  # one of PHASES
     module: str = ""  # path of the owning leaf module, e.g. "layer1.0.conv1"; "" if none
-    reads: tuple[int, ...] = ()  # storage ids read
+    reads: tuple[int, ...] = ()  # storage ids read (a view op reads the storage it aliases)
     writes: tuple[int, ...] = ()  # storage ids written (new outputs and in-place targets)
     flops: float = 0.0  # floating point operations (torch.utils.flop_counter)
     bytes_accessed: int = 0  # bytes read plus bytes written
@@ -58,6 +61,22 @@ class Op:
     def __post_init__(self):
         if self.phase not in PHASES:
             raise ValueError(f"op {self.index}: phase {self.phase!r} is not one of {PHASES}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Owner:
+    """Who holds a persistent storage between steps, so the executor finds it before any op runs."""
+
+    storage: int  # storage id
+    kind: str  # one of OWNER_KINDS
+    name: str = ""  # parameter or buffer name (param, buffer, grad: the parameter's name)
+    group: int = -1  # optimizer param group (state)
+    index: int = -1  # the parameter's index in that group (state)
+    key: str = ""  # state entry, e.g. "exp_avg" (state)
+
+    def __post_init__(self):
+        if self.kind not in OWNER_KINDS:
+            raise ValueError(f"owner of storage {self.storage}: kind {self.kind!r} is not one of {OWNER_KINDS}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +102,7 @@ class Trace:
     ops: tuple[Op, ...]  # indexed by Op.index
     meta: dict = field(default_factory=dict)  # source, model, batch, device, notes
     num_steps_hint: int = 0  # time-axis length for traces without ops
+    owners: tuple[Owner, ...] = ()  # holders of persistent storages (traced models only)
 
     def __post_init__(self):
         for i, s in enumerate(self.storages):
@@ -91,6 +111,9 @@ class Trace:
         for i, op in enumerate(self.ops):
             if op.index != i:
                 raise ValueError(f"op indices must be dense: position {i} holds index {op.index}")
+        for owner in self.owners:
+            if not 0 <= owner.storage < len(self.storages):
+                raise ValueError(f"owner names storage {owner.storage}, the trace has {len(self.storages)}")
 
     # --- sizes and the load curve -------------------------------------------------------
 

@@ -40,14 +40,11 @@ def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int =
     """Swap every saved activation synchronously after its last forward access.
 
     The fetch is issued when backward first needs it (trigger = back_before), as
-    save_on_cpu's unpack hook does. Where the trace records which storages autograd saved
-    (`meta["pack_order"]`), only those activations are moved.
+    save_on_cpu's unpack hook does. The activations moved are those made in forward that
+    backward reads (what autograd saved).
     """
-    saved = _saved_storages(trace)
     decisions = []
     for sid in _backward_activations(trace):
-        if saved is not None and sid not in saved:
-            continue
         back = _first_backward_access(trace, sid)
         out = _last_access_before(trace, sid, back)
         decisions.append(Decision(storage=sid, action="swap", out_after=out, back_before=back, trigger=back,
@@ -140,11 +137,6 @@ def _backward_activations(trace: Trace) -> list[int]:
     """Activations with at least one backward access (those autograd saved), by id."""
     return [s.id for s in trace.storages
             if s.kind == "activation" and _first_backward_access(trace, s.id) is not None]
-
-
-def _saved_storages(trace: Trace) -> set[int] | None:
-    order = trace.meta.get("pack_order")
-    return None if order is None else set(order)
 
 
 def _first_backward_access(trace: Trace, sid: int) -> int | None:

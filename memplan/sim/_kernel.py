@@ -21,8 +21,10 @@ D2H_COPY, H2D_COPY, EXTRA_WORK = 0, 1, 2  # kinds of recorded intervals (third c
 R_TIME, R_COMPUTE, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE, R_SYNC_STALL, R_COPY_BUSY = range(7)
 N_FLOAT_RESULTS = 7
 # Indices into the int result vector.
-I_FEASIBLE, I_BAD_OP, I_SHORTFALL, I_PEAK, I_LINK, I_N_LOAD_EVENTS, I_N_HOST_EVENTS = range(7)
-N_INT_RESULTS = 7
+I_FEASIBLE, I_BAD_OP, I_SHORTFALL, I_PEAK, I_LINK, I_N_LOAD_EVENTS, I_N_HOST_EVENTS, I_N_PROGRAM = range(8)
+N_INT_RESULTS = 8
+# Step-program actions the kernel emits in execution order (memplan.model.program names them).
+A_RELEASE, A_PREFETCH, A_RECOMPUTE, A_WAIT, A_SWAP_OUT, A_DROP = range(6)
 
 
 @njit(cache=True)
@@ -60,6 +62,27 @@ def _allocate(need, budget, t, load, peak, pend_t, pend_b, head, tail, load_t, l
     load += need
     n_load = _point(load_t, load_v, n_load, t, load, record)
     return t, load, max(peak, load), head, n_load, t - before, 0
+
+
+@njit(cache=True)
+def _emit(prog, n_prog, op, after, kind, d, emit):
+    """Append one step-program action (op, after?, kind, decision) when emitting."""
+    if emit:
+        prog[n_prog, 0] = op
+        prog[n_prog, 1] = after
+        prog[n_prog, 2] = kind
+        prog[n_prog, 3] = d
+        n_prog += 1
+    return n_prog
+
+
+@njit(cache=True)
+def _emit_releases(prog, n_prog, pend_d, first, last, op, after, emit):
+    """The releases of pending swap-outs first..last-1, as actions at `op`."""
+    if emit:
+        for k in range(first, last):
+            n_prog = _emit(prog, n_prog, op, after, A_RELEASE, pend_d[k], emit)
+    return n_prog
 
 
 @njit(cache=True)
@@ -108,6 +131,20 @@ def _extra_work(copies, n_copies, t, seconds, record):
 
 
 @njit(cache=True)
+def _land(d, i, t, land, d_wrap, d_comp_s, floats, copies, n_copies, record, prog, n_prog, emit):
+    """Op i waits for prefetch d to land (a tail-wrap one landed in the previous iteration),
+    then decompresses it. Returns (t, n_copies, n_prog)."""
+    if d_wrap[d] != TAIL_WRAP and land[d] > t:
+        floats[R_PREFETCH_STALL] += land[d] - t
+        t = land[d]
+    n_prog = _emit(prog, n_prog, i, 0, A_WAIT, d, emit)
+    n_copies = _extra_work(copies, n_copies, t, d_comp_s[d], record)
+    t += d_comp_s[d]
+    floats[R_RECOMPUTE] += d_comp_s[d]
+    return t, n_copies, n_prog
+
+
+@njit(cache=True)
 def _fail(ints, op, shortfall, peak):
     """Mark the result infeasible at `op`."""
     ints[I_FEASIBLE] = 0
@@ -120,13 +157,14 @@ def _fail(ints, op, shortfall, peak):
 def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s, d_chain_s, d_temp_bytes,
                issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
-               absent_at_start, d_back, budget, record):
+               absent_at_start, d_back, d_wait_first, budget, record, emit):
     """Simulate one iteration; see `memplan.sim.simulate` for the contract.
 
     Returns:
-        (floats, ints, load_t, load_v, host_t, host_v, op_start, copies) — the result
+        (floats, ints, load_t, load_v, host_t, host_v, op_start, copies, program) — the result
         vectors indexed by the R_* and I_* constants, the load timeline, host-memory events,
-        op start times and copy intervals (timeline, op starts and copies only when `record`).
+        op start times and copy intervals (timeline, op starts and copies only when `record`),
+        and with `emit` the step program: rows (op, after, action, decision) in execution order.
     """
     n_ops = durations.shape[0]
     n_dec = d_kind.shape[0]
@@ -139,7 +177,11 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     # Pending swap-out releases, FIFO (the D2H engine completes in issue order).
     pend_t = np.zeros(n_dec + 1)
     pend_b = np.zeros(n_dec + 1, dtype=np.int64)
+    pend_d = np.zeros(n_dec + 1, dtype=np.int64)
     pend_head, pend_tail = 0, 0
+    prog = np.zeros((4 * n_dec + 1 if emit else 1, 4), dtype=np.int64)
+    n_prog = 0
+    waited = np.zeros(n_dec, dtype=np.bool_)
     cap = 4 * (birth_ids.shape[0] + death_ids.shape[0] + 4 * n_dec + n_ops) + 8 if record else 1
     load_t = np.zeros(cap)
     load_v = np.zeros(cap, dtype=np.int64)
@@ -156,17 +198,21 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     link = 0
     ints[I_FEASIBLE] = 1
     for i in range(n_ops):
+        head = pend_head
         t, load, pend_head, n_load = _make_room(0, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
                                                 load_t, load_v, n_load, record)
+        n_prog = _emit_releases(prog, n_prog, pend_d, head, pend_head, i, 0, emit)
         # (1) prefetches issued at this op
         for k in range(issue_ptr[i], issue_ptr[i + 1]):
             d = issue_ids[k]
+            head = pend_head
             t, load, peak, pend_head, n_load, stall, short = _allocate(
                 nbytes[d_sid[d]], budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail, load_t, load_v, n_load, record)
+            n_prog = _emit_releases(prog, n_prog, pend_d, head, pend_head, i, 0, emit)
             floats[R_MEM_STALL] += stall
             if short:
                 _fail(ints, i, short, peak)
-                return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
+                return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies], prog[:n_prog]
             start = max(t, h2d_free, on_host_at[d_sid[d]])
             h2d_free = start + d_h2d_s[d]
             h2d_start[d] = start
@@ -175,6 +221,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             link += d_link_bytes[d]
             if d_wrap[d] != TAIL_WRAP:
                 resident[d_sid[d]] = True
+            n_prog = _emit(prog, n_prog, i, 0, A_PREFETCH, d, emit)
             host_t[n_host] = h2d_free
             host_v[n_host] = -d_link_bytes[d]
             n_host += 1
@@ -183,19 +230,29 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 copies[n_copies, 1] = h2d_free
                 copies[n_copies, 2] = 1
                 n_copies += 1
-        # (2) recomputes needed by this op, in producer order: allocate, run the chain,
-        # drop the temporarily rebuilt inputs
+        # (2) recomputes needed by this op, in producer order: first the prefetches of this op
+        # that a recomputation reads land, then each chain allocates, runs and drops the
+        # temporarily rebuilt inputs
+        for k in range(need_ptr[i], need_ptr[i + 1]):
+            d = need_ids[k]
+            if d_kind[d] == SWAP and d_wait_first[d]:
+                t, n_copies, n_prog = _land(d, i, t, land, d_wrap, d_comp_s, floats, copies, n_copies, record,
+                                            prog, n_prog, emit)
+                waited[d] = True
         for k in range(need_ptr[i], need_ptr[i + 1]):
             d = need_ids[k]
             if d_kind[d] != RECOMPUTE:
                 continue
+            head = pend_head
             t, load, peak, pend_head, n_load, stall, short = _allocate(
                 nbytes[d_sid[d]] + d_temp_bytes[d], budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail,
                 load_t, load_v, n_load, record)
+            n_prog = _emit_releases(prog, n_prog, pend_d, head, pend_head, i, 0, emit)
             floats[R_MEM_STALL] += stall
             if short:
                 _fail(ints, i, short, peak)
-                return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
+                return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies], prog[:n_prog]
+            n_prog = _emit(prog, n_prog, i, 0, A_RECOMPUTE, d, emit)
             n_copies = _extra_work(copies, n_copies, t, d_chain_s[d], record)
             t += d_chain_s[d]
             floats[R_RECOMPUTE] += d_chain_s[d]
@@ -209,12 +266,14 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             s = birth_ids[k]
             if not (i == 0 and absent_at_start[s]):
                 need += nbytes[s]
+        head = pend_head
         t, load, peak, pend_head, n_load, stall, short = _allocate(
             need, budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail, load_t, load_v, n_load, record)
+        n_prog = _emit_releases(prog, n_prog, pend_d, head, pend_head, i, 0, emit)
         floats[R_MEM_STALL] += stall
         if short:
             _fail(ints, i, short, peak)
-            return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
+            return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies], prog[:n_prog]
         for k in range(birth_ptr[i], birth_ptr[i + 1]):
             s = birth_ids[k]
             if not (i == 0 and absent_at_start[s]):
@@ -223,14 +282,9 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
         # iteration), then compressed ones are decompressed
         for k in range(need_ptr[i], need_ptr[i + 1]):
             d = need_ids[k]
-            if d_kind[d] != SWAP:
-                continue
-            if d_wrap[d] != TAIL_WRAP and land[d] > t:
-                floats[R_PREFETCH_STALL] += land[d] - t
-                t = land[d]
-            n_copies = _extra_work(copies, n_copies, t, d_comp_s[d], record)
-            t += d_comp_s[d]
-            floats[R_RECOMPUTE] += d_comp_s[d]
+            if d_kind[d] == SWAP and not waited[d]:
+                t, n_copies, n_prog = _land(d, i, t, land, d_wrap, d_comp_s, floats, copies, n_copies, record,
+                                            prog, n_prog, emit)
         # (5) the op itself
         op_start[i] = t
         t += durations[i]
@@ -255,7 +309,9 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             resident[s] = False
             if d_kind[d] == RECOMPUTE:
                 released += nbytes[s]
+                n_prog = _emit(prog, n_prog, i, 1, A_DROP, d, emit)
                 continue
+            n_prog = _emit(prog, n_prog, i, 1, A_SWAP_OUT, d, emit)
             n_copies = _extra_work(copies, n_copies, t, d_comp_s[d], record)
             t += d_comp_s[d]
             floats[R_RECOMPUTE] += d_comp_s[d]
@@ -276,14 +332,19 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                     floats[R_SYNC_STALL] += d2h_free - t
                     t = d2h_free
                 released += nbytes[s]
+                n_prog = _emit(prog, n_prog, i, 1, A_RELEASE, d, emit)
             else:
                 pend_t[pend_tail] = d2h_free
                 pend_b[pend_tail] = nbytes[s]
+                pend_d[pend_tail] = d
                 pend_tail += 1
         if released:
             load -= released
             if i < n_ops - 1:
                 n_load = _point(load_t, load_v, n_load, t, load, record)
+    # Swap-outs still in flight are released at the end of the step.
+    n_prog = _emit_releases(prog, n_prog, pend_d, pend_head, pend_tail, n_ops - 1, 1, emit)
+    ints[I_N_PROGRAM] = n_prog
     # Steady state: wrap-around copies that the next iteration would wait for cost time here.
     late = _boundary_stall(d_kind, d_wrap, d_sid, d_back, land, h2d_start, on_host_at, op_start, h2d_free, t)
     if late > 0.0:
@@ -294,4 +355,4 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     ints[I_LINK] = link
     ints[I_N_LOAD_EVENTS] = n_load
     ints[I_N_HOST_EVENTS] = n_host
-    return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies]
+    return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies], prog[:n_prog]

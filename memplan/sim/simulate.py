@@ -12,14 +12,20 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
   complete; when nothing pending can free enough, the plan is infeasible and the result
   names the op and the shortfall.
 - Per op i, in order: (1) prefetches triggered at i allocate their bytes (waiting if needed)
-  and enqueue their host-to-device copy; (2) recomputations needed by i allocate their
-  storage and run their producer chain on the compute stream (recompute_s), rebuilding
-  recomputed-away chain inputs first, held only for the chain; (3) op i's new outputs are
-  allocated; (4) op i waits for its prefetches to land (prefetch_stall_s) and decompresses
-  them; (5) op i runs; (6) storages whose lifetime ends are released, and swap-outs after
-  op i start: compressed (a kernel on the compute stream) and enqueued on the
-  device-to-host engine; their memory is released when the copy completes, or, if `sync`,
-  the compute stream waits for it (sync_stall_s). Recompute decisions release at once.
+  and enqueue their host-to-device copy; (2) the prefetches of op i that a recomputation
+  reads land, then recomputations needed by i, in producer order, allocate their storage
+  plus the chain's extra memory and run their producer chain on the compute stream
+  (recompute_s; memplan.sim.chains says what a chain rebuilds); (3) op i's new outputs are
+  allocated; (4) op i waits for its other prefetches to land (prefetch_stall_s) and
+  decompresses them; (5) op i runs; (6) storages whose lifetime ends are released, and
+  swap-outs after op i start: compressed (a kernel on the compute stream) and enqueued on
+  the device-to-host engine; their memory is released when the copy completes, or, if
+  `sync`, the compute stream waits for it (sync_stall_s). Recompute decisions release at once.
+- A swap-out's memory is released lazily: at the start of the first op after its copy
+  completed, or earlier, waiting for it, when an allocation needs the room. These release
+  points, with every prefetch, wait, recompute, swap-out and drop, are the step program
+  (`compile_program`) the executor runs: memory follows the program exactly whatever the
+  real copy times are; a copy slower than simulated makes the executor wait at the release.
 - Wrap-around decisions (weights, optimizer state), steady state: with the trigger in the
   head [0, back_before] the storage starts the iteration on the host; with the trigger in
   the tail it starts resident and the tail prefetch (for the next iteration) holds its
@@ -41,10 +47,10 @@ from ..cost.profiles import DeviceProfile
 from ..model import Plan, Trace
 from ..units import parse_budget
 from . import _kernel as K
+from .chains import ChainStep, chain_extra_bytes, chain_inputs, chain_seconds, recompute_chain
 from .result import SimResult
 
 UNLIMITED = np.iinfo(np.int64).max // 4
-MAX_CHAIN_DEPTH = 64
 NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
 
 
@@ -86,7 +92,6 @@ class Simulator:
         # Recomputes at one op run in producer order, so a chain finds its inputs rebuilt.
         self._producers = np.array([-1 if trace.producer(s) is None else trace.producer(s)
                                     for s in range(len(trace.storages))], dtype=np.int64)
-        self._chains: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
         # Sequential sum, exactly as the kernel accumulates time: no plan gives time == baseline.
         self.baseline_time_s = float(self._prefix[-1])
 
@@ -97,17 +102,32 @@ class Simulator:
 
     def run(self, plan: Plan | None = None, budget_bytes: int | None = None, timeline: bool = False) -> SimResult:
         """Simulate under `plan` with a cap of `budget_bytes` (None: no cap)."""
-        arrays = self._plan_arrays(plan.decisions if plan else ())
+        return self._simulate(plan, budget_bytes, timeline, emit=False)[0]
+
+    def program_rows(self, plan: Plan | None, budget_bytes: int | None) -> tuple[SimResult, np.ndarray, dict]:
+        """Simulate and return the step program the simulation ran.
+
+        Returns:
+            (result, rows, chains): rows (op, after, action, decision) in execution order, as
+            `memplan.sim._kernel` emits them, and the recompute chain of every recompute decision.
+        """
+        result, rows, chains = self._simulate(plan, budget_bytes, False, emit=True)
+        return result, rows, chains
+
+    def _simulate(self, plan, budget_bytes, timeline: bool, emit: bool):
+        decisions = plan.decisions if plan else ()
+        arrays, chains = self._plan_arrays(decisions)
         budget = UNLIMITED if budget_bytes is None else int(budget_bytes)
-        floats, ints, *recorded = K.run_kernel(
+        floats, ints, *recorded, rows = K.run_kernel(
             self._durations, self.trace.nbytes, self._birth_ptr, self._birth_ids, self._death_ptr,
-            self._death_ids, *arrays, budget, timeline)
-        return self._result(arrays, floats, ints, recorded, timeline)
+            self._death_ids, *arrays, budget, timeline, emit)
+        return self._result(arrays, floats, ints, recorded, timeline), rows, chains
 
     # --- per-plan preparation ----------------------------------------------------------------
 
-    def _plan_arrays(self, decisions) -> tuple:
-        """Flat per-decision arrays and per-op event lists for the kernel (vectorised)."""
+    def _plan_arrays(self, decisions) -> tuple[tuple, dict]:
+        """Flat per-decision arrays and per-op event lists for the kernel (vectorised), and the
+        recompute chains by decision."""
         trace, cost, n = self.trace, self.cost, len(self.trace.ops)
         fields = np.array([(d.storage, d.action == "recompute", d.out_after, d.back_before,
                             NO_TRIGGER if d.trigger is None else d.trigger, d.sync, d.compress_ratio or 0.0)
@@ -127,43 +147,42 @@ class Simulator:
         wrap = np.where(wraps, np.where(trigger > out_after, K.TAIL_WRAP, K.HEAD_WRAP), K.NO_WRAP).astype(np.int64)
         absent = np.zeros(len(trace.storages), dtype=np.bool_)
         absent[sid[wrap == K.HEAD_WRAP]] = True
-        chain, temp = self._chains_for(decisions, kind)
+        chain, temp, chains = self._chains_for(decisions, kind)
+        wait_first = self._wait_first(decisions, kind, back, chains)
         ids = np.arange(len(sid))
         rank = np.where(swap, -1, self._producers[sid])
         return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, temp,
                 *_event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
                 *_event_csr(back, rank, ids, n),
-                *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back)
+                *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back,
+                wait_first), chains
 
-    def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray]:
-        """Chain seconds and temporary bytes of every recompute decision."""
-        chain = np.zeros(len(kind))
-        temp = np.zeros(len(kind), dtype=np.int64)
+    def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Chain seconds, extra bytes and steps of every recompute decision."""
+        seconds = np.zeros(len(kind))
+        extra = np.zeros(len(kind), dtype=np.int64)
+        chains: dict[int, tuple[ChainStep, ...]] = {}
         recomputes = np.flatnonzero(kind == K.RECOMPUTE)
         if recomputes.size:
             away = _recompute_gaps([decisions[k] for k in recomputes])
             for k in recomputes:
                 d = decisions[k]
-                chain[k], temp[k] = self._chain(d.storage, d.back_before, away)
-        return chain, temp
+                steps = chains[int(k)] = recompute_chain(self.trace, d.storage, d.back_before, away)
+                seconds[k] = chain_seconds(steps, self._durations)
+                extra[k] = chain_extra_bytes(self.trace, steps)
+        return seconds, extra, chains
 
-    def _chain(self, sid: int, before: int, away: dict, depth: int = 0) -> tuple[float, int]:
-        """Time of the producer chain rebuilding `sid` before op `before`, and temporary bytes
-        of recomputed-away inputs rebuilt for it (recursively)."""
-        key = (sid, before)
-        if key not in self._chains:
-            ops, inputs = self.trace.lineage(sid, before)
-            self._chains[key] = (float(self._durations[list(ops)].sum()) if ops else 0.0, inputs)
-        seconds, inputs = self._chains[key]
-        temp = 0
-        if depth < MAX_CHAIN_DEPTH and not away.keys().isdisjoint(inputs):  # usually disjoint: skip the loop
-            for r in inputs:
-                gaps = away.get(r)  # most inputs are not recomputed: skip the gap test for them
-                if gaps and any(lo < before < hi for lo, hi in gaps):
-                    sub_s, sub_temp = self._chain(r, before, away, depth + 1)
-                    seconds += sub_s
-                    temp += int(self.trace.nbytes[r]) + sub_temp
-        return seconds, temp
+    def _wait_first(self, decisions, kind, back, chains: dict) -> np.ndarray:
+        """Swaps whose storage lands at an op where a recomputation reads it: they land first."""
+        flags = np.zeros(len(kind), dtype=np.bool_)
+        if not chains:
+            return flags
+        read_at: dict[int, set[int]] = {}
+        for k, steps in chains.items():
+            read_at.setdefault(int(back[k]), set()).update(chain_inputs(self.trace, steps))
+        for k in np.flatnonzero(kind == K.SWAP):
+            flags[k] = decisions[k].storage in read_at.get(int(back[k]), ())
+        return flags
 
     # --- results ---------------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ Rules (one `Violation.kind` constant each):
 - NOT_RECOMPUTABLE: recompute only storages with a producer (`Trace.recomputable`);
 - RECOMPUTE_INPUT_ABSENT: the lineage inputs of a recompute are resident at back_before,
   or can themselves be rebuilt there from resident storages;
+- RECOMPUTE_INPUT_OVERWRITTEN: no input of an op that rebuilds a recomputed storage is
+  written again between that op and back_before (replaying the op would read the new value);
 - pool (when the plan has one): every residency interval has a slot (POOL_MISSING_SLOT),
   no slot names an interval that does not exist (POOL_STRAY_SLOT), slots lie inside
   `pool_bytes` (POOL_OUT_OF_RANGE), and slots of intervals alive at once do not share
@@ -44,6 +46,7 @@ BAD_TRIGGER = "bad_trigger"
 OVERLAPPING_GAPS = "overlapping_gaps"
 NOT_RECOMPUTABLE = "not_recomputable"
 RECOMPUTE_INPUT_ABSENT = "recompute_input_absent"
+RECOMPUTE_INPUT_OVERWRITTEN = "recompute_input_overwritten"
 POOL_MISSING_SLOT = "pool_missing_slot"
 POOL_STRAY_SLOT = "pool_stray_slot"
 POOL_OVERLAP = "pool_overlap"
@@ -51,7 +54,8 @@ POOL_OUT_OF_RANGE = "pool_out_of_range"
 OVER_BUDGET = "over_budget"
 
 KINDS = (UNKNOWN_STORAGE, OUT_OF_LIFETIME, BAD_WRAP, WRONG_TRACE, READ_WHILE_ABSENT, BAD_TRIGGER,
-         OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, POOL_MISSING_SLOT, POOL_STRAY_SLOT,
+         OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, POOL_MISSING_SLOT,
+         POOL_STRAY_SLOT,
          POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET)
 
 
@@ -218,6 +222,23 @@ def _check_recomputes(trace: Trace, good: list[Decision], by_storage: dict[int, 
             out.append(Violation(kind=RECOMPUTE_INPUT_ABSENT, storage=d.storage, op=d.back_before,
                                  message=f"recomputing storage {d.storage} before op {d.back_before} needs "
                                          f"storage {missing}, which is neither resident nor rebuildable there"))
+        overwritten = _overwritten_input(trace, d.storage, d.back_before)
+        if overwritten is not None:
+            r, j, w = overwritten
+            out.append(Violation(kind=RECOMPUTE_INPUT_OVERWRITTEN, storage=d.storage, op=w,
+                                 message=f"recomputing storage {d.storage} before op {d.back_before} replays op {j}, "
+                                         f"whose input storage {r} is written again by op {w}"))
+
+
+def _overwritten_input(trace: Trace, sid: int, t: int) -> tuple[int, int, int] | None:
+    """(input, replayed op, later writer) of the first input of a writer of `sid` before op `t`
+    that some op writes again after it and before `t`; None when there is none."""
+    for j in trace.lineage(sid, t)[0]:
+        for r in trace.ops[j].reads:
+            later = [w for w in trace.writers[r] if j < w < t] if r != sid else []
+            if later:
+                return r, j, later[0]
+    return None
 
 
 class _Rebuilder:

@@ -13,18 +13,21 @@ from dataclasses import asdict, fields
 
 from ..errors import TraceFormatError
 from ..fileio import atomic_write_text, read_text
-from ..model import SCHEMA, SCHEMA_VERSION, Op, Storage, Trace
+from ..model import SCHEMA, SCHEMA_VERSION, Op, Owner, Storage, Trace
 
 _REQUIRED = {
     "storage": {"id": int, "nbytes": int, "kind": str, "alloc_op": int, "free_op": int},
     "op": {"index": int, "name": str, "phase": str},
+    "owner": {"storage": int, "kind": str},
 }
 _OPTIONAL = {
     "storage": {"persistent": bool, "dtype": (str, type(None)), "shape": (list, type(None)),
                 "name": (str, type(None))},
     "op": {"module": str, "reads": list, "writes": list, "flops": (int, float),
            "bytes_accessed": int, "duration_s": (int, float, type(None))},
+    "owner": {"name": str, "group": int, "index": int, "key": str},
 }
+_CLASSES = {"storage": Storage, "op": Op, "owner": Owner}
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
@@ -34,6 +37,7 @@ def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     lines = [json.dumps(header, default=str)]
     lines += [json.dumps({"type": "storage", **_compact(asdict(s))}) for s in trace.storages]
     lines += [json.dumps({"type": "op", **_compact(asdict(op))}) for op in trace.ops]
+    lines += [json.dumps({"type": "owner", **_compact(asdict(o))}) for o in trace.owners]
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
@@ -56,27 +60,28 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
         raise TraceFormatError(f"{source}:1: field 'schema': expected {SCHEMA!r}, got {header.get('schema')!r}")
     if header.get("version") != SCHEMA_VERSION:
         raise TraceFormatError(f"{source}:1: field 'version': expected {SCHEMA_VERSION}, got {header.get('version')!r}")
-    storages, ops = [], []
+    records: dict[str, list] = {kind: [] for kind in _REQUIRED}
     for lineno, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
         record = _json_line(line, source, lineno)
         kind = record.pop("type", None)
         if kind not in _REQUIRED:
-            raise TraceFormatError(f"{source}:{lineno}: field 'type': expected 'storage' or 'op', got {kind!r}")
+            raise TraceFormatError(f"{source}:{lineno}: field 'type': expected one of "
+                                   f"{', '.join(map(repr, _REQUIRED))}, got {kind!r}")
         _check_fields(record, kind, source, lineno)
         try:
-            (storages if kind == "storage" else ops).append(_build(kind, record))
+            records[kind].append(_build(kind, record))
         except ValueError as exc:
             raise TraceFormatError(f"{source}:{lineno}: {exc}") from None
     try:
-        return Trace(storages=tuple(storages), ops=tuple(ops), meta=header.get("meta") or {},
-                     num_steps_hint=int(header.get("num_steps_hint") or 0))
+        return Trace(storages=tuple(records["storage"]), ops=tuple(records["op"]), owners=tuple(records["owner"]),
+                     meta=header.get("meta") or {}, num_steps_hint=int(header.get("num_steps_hint") or 0))
     except ValueError as exc:
         raise TraceFormatError(f"{source}: {exc}") from None
 
 
-_ALWAYS_WRITTEN = ("id", "index", "alloc_op", "free_op", "nbytes")
+_ALWAYS_WRITTEN = ("id", "index", "alloc_op", "free_op", "nbytes", "storage", "group")
 
 
 def _compact(record: dict) -> dict:
@@ -121,7 +126,7 @@ def _is(value, typ) -> bool:
 
 
 def _build(kind: str, record: dict):
-    cls = Storage if kind == "storage" else Op
+    cls = _CLASSES[kind]
     names = {f.name for f in fields(cls)}
     args = {k: v for k, v in record.items() if k in names}
     for key in ("reads", "writes", "shape"):

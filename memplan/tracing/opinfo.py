@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 
 # Namespaces whose ops only query metadata (prim.device, prim.layout): never recorded.
 METADATA_NAMESPACES = frozenset({"prim"})
+# Ops that update arguments their schema does not mark as written: batch norm's running
+# statistics, in training mode (the schema says `Tensor? running_mean`).
+UNMARKED_WRITES = {name: ("running_mean", "running_var")
+                   for name in ("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm")}
 # Factories that hand out uninitialised memory: they allocate but move no bytes.
 UNINITIALISED_FACTORIES = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
@@ -25,15 +29,38 @@ UNINITIALISED_FACTORIES = frozenset({"empty", "empty_like", "empty_strided", "ne
 class OpTensors:
     """The tensors of one call, sorted by role (lists of tensors, possibly repeated)."""
 
-    reads: tuple  # input tensors whose contents the op reads
+    reads: tuple  # input tensors the op reads (a view op's input: its storage must be there)
     written: tuple  # input tensors the op writes in place (in-place self, out= arguments)
     fresh: tuple  # outputs that are new buffers (not aliases of an input)
-    is_view: bool  # every output aliases an input and nothing is written: a metadata-only op
+    is_view: bool  # every output aliases an input and nothing is written: moves no data
 
 
 def is_recorded(func) -> bool:
     """False for metadata queries (prim ops) that the trace leaves out."""
     return func.namespace not in METADATA_NAMESPACES
+
+
+def counts_as_op(func, args: tuple, kwargs: dict, out) -> bool:
+    """True when the trace records this aten call as an op: a recorded op with a tensor among
+    its arguments or results. The executor counts ops with this same test."""
+    return is_recorded(func) and any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs, out)))
+
+
+def storage_roles(func, args: tuple, kwargs: dict, out) -> tuple[list, list]:
+    """One tensor per distinct storage the op reads, and per distinct storage it writes (written
+    in place first, then new outputs), in the order the tracer numbers `Op.reads`/`Op.writes`.
+
+    The executor pairs them with a traced op's storage ids to find the live storages.
+    """
+    tensors = split_tensors(func, args, kwargs, out)
+    return _distinct(tensors.reads), _distinct(tensors.written + tensors.fresh)
+
+
+def _distinct(tensors) -> list:
+    seen: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(storage_key(t), t)
+    return list(seen.values())
 
 
 def split_tensors(func, args: tuple, kwargs: dict, out) -> OpTensors:
@@ -47,17 +74,17 @@ def split_tensors(func, args: tuple, kwargs: dict, out) -> OpTensors:
         The tensors by role.
     """
     reads, written = [], []
+    unmarked = _unmarked_writes(func, args, kwargs)
     for arg, value in _bound_arguments(func, args, kwargs):
         tensors = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
-        writes = arg.alias_info is not None and arg.alias_info.is_write
+        writes = (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in unmarked
         if writes:
             written += tensors
         if not arg.is_out:
             reads += tensors
     fresh, aliased = _outputs(func, out)
     is_view = not written and not fresh and bool(aliased)
-    return OpTensors(reads=() if is_view else tuple(reads), written=tuple(written), fresh=tuple(fresh),
-                     is_view=is_view)
+    return OpTensors(reads=tuple(reads), written=tuple(written), fresh=tuple(fresh), is_view=is_view)
 
 
 def flops_of(func, args: tuple, kwargs: dict, out) -> float:
@@ -91,6 +118,15 @@ def bytes_accessed(tensors) -> int:
 def storage_key(t: torch.Tensor) -> int:
     """Identity of the storage under `t` (its StorageImpl address), for real and fake tensors."""
     return t.untyped_storage()._cdata
+
+
+def _unmarked_writes(func, args: tuple, kwargs: dict) -> tuple:
+    """Names of the arguments `func` writes although its schema does not say so."""
+    names = UNMARKED_WRITES.get(func._schema.name)
+    if not names:
+        return ()
+    training = dict((a.name, v) for a, v in _bound_arguments(func, args, kwargs)).get("training", False)
+    return names if training else ()
 
 
 def _bound_arguments(func, args: tuple, kwargs: dict):

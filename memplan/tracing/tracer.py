@@ -14,20 +14,12 @@ traced iteration is a steady-state one, and its optimizer state is persistent.
 With fake tensors (`FakeTensorMode`) nothing is allocated: a 40 GB iteration traces on a
 laptop. With real CUDA tensors each op's duration is measured with CUDA events.
 
-Besides the trace, `meta["pack_order"]` lists the storage id of every tensor the
-autograd saved-tensor pack hook saw, in pack order, and `meta["pack_ops"]` the number of
-ops recorded before each pack (the pack happened between op k-1 and op k): the executor
-maps saved tensors at run time to trace storages with it.
-
-`meta["hook_events"]` lists the hook points of the step in firing order, each as
-`[kind, name, occurrence, ops recorded before it]`: "fwd_pre"/"fwd_post" (a module's
-forward starts/ends; name = module path, occurrence = its call within the step), "bwd"
-(the backward of that call starts: a gradient of its outputs is ready), "acc" (a
-parameter's gradient was accumulated; name = parameter name), "opt_pre"/"opt_post" (an
-optimizer step starts/ends) and "pack" (the k-th saved-tensor pack). `meta["owners"]`
-says who holds each persistent storage at run time: a parameter, buffer or parameter's
-gradient by name, or optimizer state by (param group, index in the group, state key).
-The executor maps its hooks and the plan's storages to live tensors with them.
+No saved-tensor hooks are installed while tracing: with them autograd runs fewer ops (it
+skips the `detach` it makes of an in-place op's saved output), and the trace must be the
+op sequence plain training runs, which the executor matches op by op. `Trace.owners` says who holds each persistent storage
+between steps: a parameter, buffer or parameter's gradient by name, or optimizer state by
+(param group, index in the group, state key); the executor finds them with it before any op
+of a step runs.
 """
 
 from __future__ import annotations
@@ -40,16 +32,13 @@ from collections.abc import Callable
 import torch
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import MemplanError
-from .calls import CallNumbering, on_backward
+from ..model import Op, Owner, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
-from ..model import Op, Trace
-from .opinfo import bytes_accessed, flops_of, is_recorded, moves_no_data, split_tensors
+from .opinfo import bytes_accessed, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
 from .storages import StorageTable
 
 log = logging.getLogger(__name__)
@@ -86,7 +75,7 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         for _ in range(warmup):
             step_fn(*example_inputs)
         recorder = _Recorder(ProgramContext(model), timed=not fake and _on_cuda(example_inputs, model),
-                             progress=progress, model=model)
+                             progress=progress)
         _register_preexisting(recorder.table, model, optimizer, example_inputs)
         start = time.perf_counter()
         recorder.run(step_fn, example_inputs)
@@ -100,25 +89,21 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
 
 
 class _Recorder(TorchDispatchMode):
-    """The dispatch mode that records ops, storages and saved-tensor packs."""
+    """The dispatch mode that records ops and storages."""
 
-    def __init__(self, context: ProgramContext, *, timed: bool, progress, model: torch.nn.Module | None = None):
+    def __init__(self, context: ProgramContext, *, timed: bool, progress):
         super().__init__()
         self.table = StorageTable()
         self.context = context
         self.ops: list[Op] = []
-        self.pack_order: list[int] = []
-        self.pack_ops: list[int] = []
         self.alive_at_end: set[int] = set()
-        self.events = _EventRecorder(model, lambda: len(self.ops))
-        self.owners: list[dict] = []
+        self.owners: tuple[Owner, ...] = ()
         self._timer = _CudaTimer() if timed else None
         self._progress = progress
 
     def run(self, step_fn: Callable, inputs: tuple) -> None:
-        """Run the step once under the mode, the hooks and the saved-tensor hooks."""
-        with self.context.installed(), self.events.installed(), \
-                torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack), self:
+        """Run the step once under the mode and the module hooks."""
+        with self.context.installed(), self:
             step_fn(*inputs)
         self.alive_at_end = {e.sid for e in self.table.alive()}
         self.table.sweep(len(self.ops))
@@ -133,6 +118,8 @@ class _Recorder(TorchDispatchMode):
         module = self.context.module(phase)
         start = self._timer.start() if self._timer else None
         out = func(*args, **kwargs)
+        if not counts_as_op(func, args, kwargs, out):
+            return out  # a metadata query, or no tensor involved
         if self._timer:
             self._timer.stop(index, start)
         self._record(func, args, kwargs, out, index, phase, module)
@@ -140,8 +127,6 @@ class _Recorder(TorchDispatchMode):
 
     def _record(self, func, args, kwargs, out, index: int, phase: str, module: str) -> None:
         tensors = split_tensors(func, args, kwargs, out)
-        if not _touches_tensors(tensors):
-            return  # no tensor involved: a pure query
         reads = [self.table.get_or_add(t, 0, None).sid for t in tensors.reads]
         writes = [self.table.get_or_add(t, 0, None).sid for t in tensors.written]
         writes += [self.table.get_or_add(t, index, phase).sid for t in tensors.fresh]
@@ -151,12 +136,6 @@ class _Recorder(TorchDispatchMode):
                            flops=flops_of(func, args, kwargs, out), bytes_accessed=bytes_accessed(touched)))
         if self._progress and (index + 1) % PROGRESS_EVERY == 0:
             self._progress(index + 1)
-
-    def _pack(self, t: torch.Tensor):
-        self.events.record("pack", "", len(self.pack_order))
-        self.pack_order.append(self.table.get_or_add(t, 0, None).sid)
-        self.pack_ops.append(len(self.ops))
-        return t
 
     def build(self, meta: dict) -> Trace:
         """The Trace of the recorded iteration."""
@@ -173,100 +152,30 @@ class _Recorder(TorchDispatchMode):
         if self._timer:
             durations = self._timer.durations(n)
             ops = tuple(_with_duration(op, d) for op, d in zip(ops, durations))
-        meta = {**meta, "pack_order": self.pack_order, "pack_ops": self.pack_ops,
-                "hook_events": self.events.records, "owners": self.owners}
-        return Trace(storages=storages, ops=ops, meta=meta)
+        return Trace(storages=storages, ops=ops, meta=meta, owners=self.owners)
 
 
-def _unpack(t):
-    return t
-
-
-def counts_as_op(func, args: tuple, kwargs: dict, out) -> bool:
-    """True when the tracer records this aten call as an op (the executor counts ops alike)."""
-    return is_recorded(func) and _touches_tensors(split_tensors(func, args, kwargs or {}, out))
-
-
-def _touches_tensors(tensors) -> bool:
-    return bool(tensors.reads or tensors.written or tensors.fresh or tensors.is_view)
-
-
-class _EventRecorder:
-    """Records the step's hook points (see the module docstring) with the op count at each.
-
-    Args:
-        model: names modules and parameters (without it only optimizer and pack events).
-        ops_so_far: the number of ops recorded so far.
-    """
-
-    def __init__(self, model: torch.nn.Module | None, ops_so_far: Callable[[], int]):
-        self.records: list[list] = []
-        self._ops_so_far = ops_so_far
-        self._paths = {id(m): name for name, m in model.named_modules()} if model is not None else {}
-        self._params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] if model is not None else []
-        self._calls = CallNumbering()
-
-    def record(self, kind: str, name: str, occurrence: int) -> None:
-        """Append one event at the current op count."""
-        self.records.append([kind, name, occurrence, self._ops_so_far()])
-
-    def _record_next(self, kind: str, name: str = "") -> None:
-        self.record(kind, name, self._calls.next(kind, name))
-
-    @contextlib.contextmanager
-    def installed(self):
-        """Global module and optimizer hooks plus per-parameter accumulation hooks for the block."""
-        handles = [register_module_forward_pre_hook(self._pre), register_module_forward_hook(self._post),
-                   register_optimizer_step_pre_hook(lambda *a: self._record_next("opt_pre")),
-                   register_optimizer_step_post_hook(lambda *a: self._record_next("opt_post"))]
-        handles += [p.register_post_accumulate_grad_hook(self._on_acc(name)) for name, p in self._params]
-        try:
-            yield self
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    def _pre(self, module, args) -> None:
-        path = self._paths.get(id(module))
-        if path is not None:
-            self.record("fwd_pre", path, self._calls.enter(path))
-
-    def _post(self, module, args, output) -> None:
-        path = self._paths.get(id(module))
-        n = None if path is None else self._calls.leave(path)
-        if n is None:
-            return
-        self.record("fwd_post", path, n)
-        on_backward(output, lambda: self.record("bwd", path, n))
-
-    def _on_acc(self, name: str):
-        return lambda param: self._record_next("acc", name)
-
-
-def owner_records(table: StorageTable, model, optimizer) -> list[dict]:
-    """Who holds each persistent storage: {"sid", "owner": param|buffer|grad|state, ...}.
-
-    Parameters, buffers and gradients are named by the parameter or buffer name; optimizer
-    state by its place in `optimizer.param_groups` ("group", "index") and its "key".
-    """
-    out: dict[int, dict] = {}
+def owner_records(table: StorageTable, model, optimizer) -> tuple[Owner, ...]:
+    """Who holds each persistent storage: a parameter, buffer or gradient by the parameter's
+    or buffer's name, optimizer state by its place in `optimizer.param_groups` and its key."""
+    out: dict[int, Owner] = {}
 
     def add(t, **record):
         entry = table.lookup(t) if isinstance(t, torch.Tensor) else None
         if entry is not None and entry.sid not in out:
-            out[entry.sid] = {"sid": entry.sid, **record}
+            out[entry.sid] = Owner(storage=entry.sid, **record)
 
     if model is not None:
         for name, p in model.named_parameters():
-            add(p, owner="param", name=name)
-            add(p.grad, owner="grad", name=name)
+            add(p, kind="param", name=name)
+            add(p.grad, kind="grad", name=name)
         for name, b in model.named_buffers():
-            add(b, owner="buffer", name=name)
+            add(b, kind="buffer", name=name)
     for g, group in enumerate(getattr(optimizer, "param_groups", ())):
         for i, p in enumerate(group["params"]):
             for key, value in optimizer.state.get(p, {}).items():
-                add(value, owner="state", group=g, index=i, key=key)
-    return sorted(out.values(), key=lambda r: r["sid"])
+                add(value, kind="state", group=g, index=i, key=key)
+    return tuple(sorted(out.values(), key=lambda o: o.storage))
 
 
 class _CudaTimer:

@@ -8,10 +8,16 @@
         for x, y in loader:               # a loop the user owns: each call of the model's
             loss = model(x) ...           # forward starts an iteration under the plan
 
-A saved plan is reused with `optimize(..., plan="plan.json", trace="trace.jsonl")`.
+A saved plan is reused with `optimize(..., plan="plan.json", trace="trace.jsonl")`. The
+plan is compiled into a step program (memplan.sim.program) that the executor runs at every
+op; each step's peak memory is measured (`step.stats()["steps_measured"]`).
 Calls whose inputs differ in shape or dtype from the traced ones run unplanned, with a
-warning; a step whose saved tensors disagree with the trace stops swapping for the rest
-of that step. Either way training stays correct.
+warning; a step whose ops disagree with the trace brings everything back and finishes
+unplanned. Either way training stays correct.
+
+The traced iteration is a steady-state one (optimizer state exists). So that the first
+planned step is one too, an optimizer without state gets it before tracing, as its first
+step would create it (`prime_optimizer_state`).
 """
 
 from __future__ import annotations
@@ -25,9 +31,12 @@ from typing import Callable
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ..cost.model import Cost
 from ..errors import MemplanError
-from ..model import Plan, Trace, read_plan
 from ..exec.runtime import PlanRuntime
+from ..model import Plan, Trace, read_plan
+from ..model.program import StepProgram
+from ..sim.program import compile_program
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +54,7 @@ class OptimizedStep:
         self.step_fn = step_fn
         self.trace = trace
         self.plan = plan
+        self.program: StepProgram = runtime.program
         self.runtime = runtime
         self.signature = signature
         self._ctx = None
@@ -60,11 +70,16 @@ class OptimizedStep:
             self.runtime.restore()
             return self.step_fn(*inputs)
         if self._ctx is not None:
-            self.runtime.begin_step()
-            return self.step_fn(*inputs)
+            return self._step(inputs)
         with self.runtime.installed():
-            self.runtime.begin_step()
+            return self._step(inputs)
+
+    def _step(self, inputs: tuple):
+        self.runtime.begin_step(inputs)
+        try:
             return self.step_fn(*inputs)
+        finally:
+            self.runtime.end_step()
 
     def __enter__(self) -> "OptimizedStep":
         self._ctx = self.runtime.installed(auto_steps=True)
@@ -79,7 +94,8 @@ class OptimizedStep:
             self.close()
 
     def stats(self) -> dict:
-        """The runtime's counters (see PlanRuntime.stats)."""
+        """The runtime's counters and each step's measured peak beside the simulated one
+        (see PlanRuntime.stats)."""
         return self.runtime.stats()
 
     def restore(self) -> None:
@@ -98,7 +114,8 @@ class OptimizedStep:
 def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None, planner: str = "none",
              device: str = "h100", model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
-             trace: Trace | str | os.PathLike | None = None, seed: int = 0, **planner_params) -> OptimizedStep:
+             trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool = True,
+             **planner_params) -> OptimizedStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -108,11 +125,13 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         planner: a registered planner name.
         device: the cost-model device profile the planner plans for.
         model: the root module (found on `step_fn.__self__` or in its closure if omitted);
-            needed for recompute regions and prefetch triggers.
+            parameters and buffers the plan swaps between steps are found through it.
         optimizer: its optimizer (found likewise); its state is restored after tracing.
         plan: a saved plan (a Plan or a JSON path) to use instead of planning.
         trace: a saved trace (a Trace or a path) to use instead of tracing.
         seed: planner seed.
+        measure: measure each step's peak memory (a dispatch-level meter on CPU, the CUDA
+            allocator's counters on a GPU).
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.
@@ -121,16 +140,63 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     """
     model = model if model is not None else _find(step_fn, torch.nn.Module, "model")
     optimizer = optimizer if optimizer is not None else _find(step_fn, torch.optim.Optimizer, "optimizer")
+    if optimizer is not None and not _is_fake(example_inputs, model):
+        prime_optimizer_state(optimizer)
     trace = _load_trace(trace) if trace is not None else trace_step(step_fn, example_inputs, model, optimizer)
+    cost = Cost.for_trace(trace, device)
     if plan is None:
         from ..planners.base import plan as make_plan
 
-        plan = make_plan(trace, budget, planner=planner, device=device, seed=seed,
-                         simulate_result=_have_simulator(), **planner_params)
+        plan = make_plan(trace, budget, planner=planner, cost=cost, seed=seed, **planner_params)
     elif not isinstance(plan, Plan):
         plan = read_plan(plan)
-    runtime = PlanRuntime(trace, plan, model, device=_device_of(example_inputs, model), optimizer=optimizer)
+    program = compile_program(trace, plan, cost)
+    runtime = PlanRuntime(trace, program, model, device=_device_of(example_inputs, model), optimizer=optimizer,
+                          measure=measure)
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs))
+
+
+# Optimizers whose state, created by one step with zero gradients, learning rate 0 and no
+# weight decay and then with its step counters set back to 0, is exactly what their first
+# real step would create (checked by tests against plain training).
+PRIMED_EXACTLY = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "RAdam", "Adamax")
+_NEUTRAL = {"lr": 0.0, "weight_decay": 0.0}
+
+
+def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Create an optimizer's lazily made state now, with the values its first step would give it.
+
+    Returns:
+        True when the state was created (False: it exists, or the optimizer is not one known
+        to prime exactly; then the first planned step creates it and runs unplanned).
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if all(optimizer.state.get(p) for p in params):
+        return False
+    if type(optimizer).__name__ not in PRIMED_EXACTLY:
+        log.warning("%s creates its state in its first step: that step runs unplanned", type(optimizer).__name__)
+        return False
+    grads = [(p, p.grad) for p in params]
+    saved = [{k: g[k] for k in _NEUTRAL if k in g} for g in optimizer.param_groups]
+    try:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        for group in optimizer.param_groups:
+            for k, v in _NEUTRAL.items():
+                if k in group:
+                    group[k] = torch.tensor(v) if isinstance(group[k], torch.Tensor) else v
+        optimizer.step()
+    finally:
+        for group, values in zip(optimizer.param_groups, saved):
+            group.update(values)
+        for p, g in grads:
+            p.grad = g
+    for state in optimizer.state.values():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
+    return True
 
 
 def trace_step(step_fn: Callable, inputs: tuple, model, optimizer) -> Trace:
@@ -194,12 +260,6 @@ def _find(step_fn: Callable, cls: type, attr: str):
     glob = getattr(step_fn, "__globals__", {})
     found = [v for v in cells + [glob[n] for n in names if n in glob] if isinstance(v, cls)]
     return found[0] if len({id(v) for v in found}) == 1 else None
-
-
-def _have_simulator() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("memplan.sim.simulate") is not None
 
 
 def _filled(cell) -> bool:

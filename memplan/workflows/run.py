@@ -1,7 +1,9 @@
-"""Measure training under a plan: step time, peak memory, host bytes, and the check run.
+"""Measure training under a plan: step time and peak memory of every step, and the check run.
 
-Used by `memplan run`. On a GPU, peak allocated/reserved memory come from
-torch.cuda.max_memory_allocated/reserved; on CPU they are reported as None.
+Used by `memplan run`. Every step's peak memory is measured by the independent meter
+(memplan.exec.meter: a dispatch-level count of live storages on CPU, the CUDA allocator's
+own counters on a GPU), for plans and PyTorch's own tools alike, beside the peak the
+simulator predicted for the plan's step program and the budget.
 """
 
 from __future__ import annotations
@@ -9,16 +11,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from typing import Callable
 
 import torch
 
+from ..exec.meter import MemoryMeter
 from ..planners.base import resolve_budget
 from .optimize import optimize
 from .torch_tools import BASELINES, baseline_installed, check_baseline
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BASELINES", "check_baseline", "run_workload", "state_differences"]
+__all__ = ["BASELINES", "BUDGET_TOLERANCE", "check_baseline", "measure_steps", "run_workload", "state_differences"]
+
+BUDGET_TOLERANCE = 0.02  # a run is over its budget when it measures more than budget x (1 + this)
 
 
 def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
@@ -29,15 +35,17 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     Args:
         name, batch, config: the zoo workload.
         planner, budget, profile: how to plan ("none" when a baseline runs).
-        steps: training steps timed.
+        steps: training steps measured (each step's inputs are made right before it).
         device: where to train.
         check: also train plainly from the same seed and report the largest differences.
         seed: workload, planner and training seed.
-        baseline: one of `baselines.BASELINES` instead of a plan.
+        baseline: one of `torch_tools.BASELINES` instead of a plan.
     Returns:
-        A JSON-ready dict: measured step times and memory, the executor's counters, the
-        simulator's prediction (`predicted`, empty until memplan.sim.simulate exists) and,
-        with `check`, `max_param_diff` and `max_buffer_diff` against plain training.
+        A JSON-ready dict: per step its time and measured peak (`steps`), the largest
+        measured peak, the simulated peak of the plan's step program and the budget,
+        whether the run stayed within the budget (`within_budget`, with a 2% tolerance),
+        the executor's counters and, with `check`, `max_param_diff` and `max_buffer_diff`
+        against plain training.
     """
     from ..zoo.registry import get_workload
 
@@ -45,27 +53,67 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     if baseline:
         check_baseline(baseline)
     w = get_workload(name, batch, device=device, seed=seed, **config)
-    inputs = [w.make_inputs(batch, seed=seed + 1 + i) for i in range(steps)]
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
-                    device=profile, model=w.model, optimizer=w.optimizer, seed=seed)
+                    device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False)
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
+    make_inputs = lambda i: w.make_inputs(batch, seed=seed + 1 + i)  # noqa: E731
     with baseline_installed(baseline, w.model, fraction, torch.device(device)) if baseline \
             else contextlib.nullcontext():
-        times, peak = _timed(step if not baseline else w.step, inputs, w.model, seed)
+        records = measure_steps(step if not baseline else w.step, make_inputs, steps, w.model, w.optimizer, seed,
+                                host=step.runtime.host_buffers())
+    simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
+    measured = max(r["measured_peak_bytes"] for r in records)
     out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
-           "budget_bytes": budget_bytes, "steps": steps, "device": str(device), "step_time_s": times,
-           **peak, "trace_peak_bytes": step.trace.peak_load_bytes,
-           "predicted": {} if baseline else step.plan.predicted or {},
-           "executor": step.stats()}
-    ex = out["executor"]
-    out["pinned_host_bytes"] = ex["pinned_host_bytes"] or ex["slab_bytes"] + ex["storage_slab_bytes"]
+           "device": str(device), "budget_bytes": budget_bytes, "trace_peak_bytes": step.trace.peak_load_bytes,
+           "simulated_peak_bytes": simulated, "measured_peak_bytes": measured,
+           "within_budget": measured <= budget_bytes * (1 + BUDGET_TOLERANCE),
+           "step_time_s": [r["time_s"] for r in records], "steps": records,
+           "predicted": {} if baseline else step.program.predicted, "executor": step.stats()}
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)
-        _timed(ref.step, inputs, ref.model, seed)
+        measure_steps(ref.step, make_inputs, steps, ref.model, ref.optimizer, seed)
         out.update(state_differences(w.model, ref.model))
     return out
+
+
+def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: int, model, optimizer,
+                  seed: int, host=()) -> list[dict]:
+    """Run `steps` steps, each under its own memory meter; inputs are made right before each.
+
+    Args:
+        host: buffers that are host memory beside the device role (the executor's slab): not counted.
+    Returns:
+        Per step: "time_s", "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
+    """
+    device = next(model.parameters()).device
+    meter = MemoryMeter(device)
+    meter.exclude(host)
+    torch.manual_seed(seed)
+    records = []
+    for i in range(steps):
+        x = make_inputs(i)
+        meter.track((list(model.parameters()), list(model.buffers()), _state(optimizer), x))
+        _sync(device)
+        meter.reset_peak()
+        started = time.perf_counter()
+        with meter:
+            step(*x)
+        _sync(device)
+        records.append({"step": i, "time_s": time.perf_counter() - started, **meter.peak()})
+        del x
+    meter.close()
+    return records
+
+
+def _state(optimizer) -> list:
+    return [v for st in getattr(optimizer, "state", {}).values() for v in st.values() if isinstance(v, torch.Tensor)]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def state_differences(model: torch.nn.Module, reference: torch.nn.Module) -> dict:
@@ -76,24 +124,6 @@ def state_differences(model: torch.nn.Module, reference: torch.nn.Module) -> dic
 
     return {"max_param_diff": worst(zip(model.parameters(), reference.parameters())),
             "max_buffer_diff": worst(zip(model.buffers(), reference.buffers()))}
-
-
-def _timed(step, inputs, model, seed: int) -> tuple[list, dict]:
-    cuda = next(model.parameters()).is_cuda
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    torch.manual_seed(seed)
-    times = []
-    for x in inputs:
-        started = time.perf_counter()
-        step(*x)
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    peak = {"peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else None}
-    return times, peak
 
 
 OVERHEAD_STEPS = 3  # timed steps per side in measure_overhead (after one warm-up step)
@@ -133,12 +163,12 @@ def measure_overhead(trace, plan, budget=None, *, steps: int = OVERHEAD_STEPS) -
 
     def median_step(planned) -> float:
         w = get_workload(meta["model"], int(meta["batch"]), device=device, **(meta.get("config") or {}))
-        inputs = [w.make_inputs(w.batch, seed=1 + i) for i in range(steps + 1)]
-        step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, trace=trace, plan=planned) \
-            if planned is not None else w.step
-        times = _timed(step, inputs, w.model, 0)[0][1:]
+        step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, trace=trace, plan=planned,
+                        measure=False) if planned is not None else w.step
+        records = measure_steps(step, lambda i: w.make_inputs(w.batch, seed=1 + i), steps + 1, w.model,
+                                w.optimizer, 0)
         if planned is not None:
             step.close()
-        return statistics.median(times)
+        return statistics.median(r["time_s"] for r in records[1:])
 
     return median_step(plan) / median_step(None) - 1.0

@@ -1,0 +1,108 @@
+"""An independent memory meter: the bytes of live storages on one device, after every op.
+
+It relies on nothing else in memplan (an import-linter contract keeps it so): it watches
+every aten op through its own dispatch mode, remembers a weak reference to every storage on
+the device it sees (plus the ones it is told exist before the step: parameters, gradients,
+optimizer state, inputs), and after each op sums the current size of those still alive.
+Storages freed by the framework drop out when their weak reference expires; storages
+resized in place (as the executor does to swap them) count at their current size. On plain
+training its peak equals the traced peak load to the byte (tested). Buffers the caller
+declares host memory (the executor's host slab) are excluded.
+
+On a GPU the allocator's own counters are the meter: `torch.cuda.max_memory_allocated`
+and `max_memory_reserved` since the last reset.
+
+Enter the meter *before* the executor's mode, so it sees what the executor does (an op
+a mode runs inside its handler goes to the modes entered before it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+_expired = torch.UntypedStorage._expired
+_from_weak = torch.UntypedStorage._new_with_weak_ptr
+
+
+class MemoryMeter(TorchDispatchMode):
+    """Peak bytes of live storages on `device` (CPU: counted here; CUDA: the allocator's counters).
+
+    Args:
+        device: the device whose memory is measured.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._weak: dict[int, int] = {}  # storage address -> weak pointer
+        self._excluded: set[int] = set()
+        self.peak_bytes = 0
+
+    # --- what exists outside the ops --------------------------------------------------------
+
+    def track(self, tensors) -> None:
+        """Count the storages of `tensors` (any nesting) from now on."""
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                self._see(t)
+
+    def exclude(self, tensors) -> None:
+        """Never count the storages of `tensors` (host buffers that live beside the device role)."""
+        for t in tree_leaves(tensors):
+            if isinstance(t, torch.Tensor):
+                self._excluded.add(t.untyped_storage()._cdata)
+
+    # --- measuring ---------------------------------------------------------------------------
+
+    def reset_peak(self) -> None:
+        """Start a new peak from what is live now."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.peak_bytes = self.live_bytes()
+
+    def live_bytes(self) -> int:
+        """Bytes of the live storages now (CUDA: allocated bytes)."""
+        if self.cuda:
+            return int(torch.cuda.memory_allocated(self.device))
+        total, dead = 0, []
+        for key, weak in self._weak.items():
+            if _expired(weak):
+                dead.append(key)
+            else:
+                total += _from_weak(weak).nbytes()
+        for key in dead:
+            torch.UntypedStorage._free_weak_ref(self._weak.pop(key))
+        return total
+
+    def peak(self) -> dict:
+        """{"measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only, else None)} since the last reset."""
+        if self.cuda:
+            return {"measured_peak_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+                    "measured_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device))}
+        return {"measured_peak_bytes": int(self.peak_bytes), "measured_peak_reserved_bytes": None}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.cuda:
+            for t in tree_leaves((args, kwargs, out)):
+                if isinstance(t, torch.Tensor):
+                    self._see(t)
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes())
+        return out
+
+    def _see(self, t: torch.Tensor) -> None:
+        if t.device != self.device:
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key not in self._weak and key not in self._excluded:
+            self._weak[key] = storage._weak_ref()
+
+    def close(self) -> None:
+        """Drop the weak references."""
+        for weak in self._weak.values():
+            torch.UntypedStorage._free_weak_ref(weak)
+        self._weak.clear()

@@ -1,0 +1,190 @@
+"""Recompute by replay: record the calls of the ops a recomputation will run again, then
+run them again, at the op level, into the storage the plan dropped.
+
+While a step runs, the executor records every op of the program's replay chains
+(`StepProgram.replays`): the aten overload, its arguments with each tensor replaced by
+(trace storage id, view geometry), and the RNG state before a random op. Only weak
+references to storages are kept, so recording extends no lifetime. To rebuild a storage it
+replays its writers in order: arguments are rebuilt as views of the live storages (inputs
+the chain rebuilds temporarily first), a random op runs under the RNG state it first saw,
+another storage the op writes in place (batch-norm running statistics) is given as a copy
+so the real one is not updated twice, and the new output the plan needs moves into the
+dropped storage by swapping data pointers (every alias autograd holds sees it again).
+
+NOTE why not torch.utils.checkpoint: a checkpointed region recomputes all its saved
+tensors at once, at the first unpack in backward, and regions are modules. A plan
+recomputes each storage at its own op, across module boundaries, and the simulator counts
+memory that way; replaying single ops is the same mechanism as selective checkpointing
+(a dispatch mode that caches or re-runs ops), at the granularity the plan has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_map
+
+from ..model import Trace
+from ..model.program import ReplayStep
+from ..tracing.opinfo import split_tensors, storage_key, storage_roles
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A tensor argument: a view of trace storage `sid`."""
+
+    sid: int
+    offset: int
+    size: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One recorded op call."""
+
+    func: object  # the aten OpOverload
+    args: tuple  # arguments, tensors as _Ref
+    kwargs: dict
+    written: frozenset  # storages it writes in place (the others it writes are new outputs)
+    rng: torch.Tensor | None  # generator state before the call (random ops only)
+
+
+class Replayer:
+    """Records the calls of `ops` during a step and replays them on demand."""
+
+    def __init__(self, trace: Trace, ops: frozenset):
+        self.trace = trace
+        self.ops = ops
+        self.calls: dict[int, _Call] = {}
+        self._weak: dict[int, StorageWeakRef] = {}
+        self.replayed_ops = 0  # over all steps
+
+    def begin_step(self) -> None:
+        """Forget the previous step's calls."""
+        self.calls.clear()
+        self._weak.clear()
+
+    def rng_before(self, func, args: tuple) -> torch.Tensor | None:
+        """The generator state a random op is about to use (None for other ops)."""
+        if torch.Tag.nondeterministic_seeded not in func.tags:
+            return None
+        return _rng_state(_device_of(args))
+
+    def record(self, index: int, func, args: tuple, kwargs: dict, out, rng) -> None:
+        """Remember op `index`'s call (after it ran: its storages are all known then)."""
+        op = self.trace.ops[index]
+        reads, writes = storage_roles(func, args, kwargs, out)
+        sids = {}
+        for sid, t in list(zip(op.reads, reads)) + list(zip(op.writes, writes)):
+            sids[storage_key(t)] = sid
+            self._weak.setdefault(sid, StorageWeakRef(t.untyped_storage()))
+        in_place = {storage_key(t) for t in split_tensors(func, args, kwargs, out).written}
+
+        def ref(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            return _Ref(sid=sids[storage_key(t)], offset=t.storage_offset(), size=tuple(t.shape),
+                        stride=tuple(t.stride()), dtype=t.dtype, device=t.device)
+
+        written = frozenset(sids[k] for k in in_place)
+        self.calls[index] = _Call(func=func, args=tree_map(ref, args), kwargs=tree_map(ref, kwargs),
+                                  written=written, rng=rng)
+
+    def rebuild(self, steps: tuple[ReplayStep, ...], target: torch.UntypedStorage) -> None:
+        """Run `steps` again; the last one's storage ends up in `target` (dropped, 0 bytes)."""
+        temps: dict[int, torch.UntypedStorage] = {}
+        for step in steps:
+            home = None if step.temporary else target
+            for j in step.ops:
+                self._replay(j, step.storage, home, temps)
+
+    def _replay(self, j: int, sid: int, home, temps: dict) -> None:
+        call = self.calls.get(j)
+        if call is None:
+            raise RuntimeError(f"op {j} was not recorded in this step: cannot recompute storage {sid}")
+        live = dict(temps)
+        if home is not None:
+            live[sid] = home
+
+        def tensor(r):
+            if not isinstance(r, _Ref):
+                return r
+            storage = live[r.sid] if r.sid in live else self._storage(r.sid)
+            t = _view(storage, r)
+            return t.clone() if r.sid in call.written and r.sid != sid else t
+
+        args, kwargs = tree_map(tensor, call.args), tree_map(tensor, call.kwargs)
+        with _rng(call.rng, args):
+            out = call.func(*args, **kwargs)
+        self.replayed_ops += 1
+        _, writes = storage_roles(call.func, args, kwargs, out)
+        for w, t in zip(self.trace.ops[j].writes, writes):
+            if w == sid and w not in call.written:  # its new output
+                if home is None:
+                    temps[sid] = t.untyped_storage()
+                else:
+                    adopt(home, t.untyped_storage())
+
+    def _storage(self, sid: int) -> torch.UntypedStorage:
+        weak = self._weak.get(sid)
+        if weak is None or weak.expired():
+            raise RuntimeError(f"storage {sid}, an input of a recomputation, is gone")
+        return torch.UntypedStorage._new_with_weak_ptr(weak.cdata)
+
+
+def adopt(home: torch.UntypedStorage, fresh: torch.UntypedStorage) -> None:
+    """Move `fresh`'s bytes into `home` (empty): every tensor over `home` sees them."""
+    if hasattr(home, "_swap_data_ptr_"):
+        home._swap_data_ptr_(fresh)
+        return
+    home.resize_(fresh.nbytes())  # older PyTorch: one extra copy of the bytes
+    byte_view(home).copy_(byte_view(fresh))
+
+
+def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over all of `storage`, with a version counter of its own."""
+    view = torch.empty(0, dtype=torch.uint8, device=storage.device)
+    return view.set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def _view(storage: torch.UntypedStorage, r: _Ref) -> torch.Tensor:
+    return torch.empty(0, dtype=r.dtype, device=r.device).set_(storage, r.offset, r.size, r.stride)
+
+
+def _device_of(args) -> torch.device:
+    for t in torch.utils._pytree.tree_leaves(args):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+class _rng:
+    """Run a replayed random op under the generator state it first saw; restore after."""
+
+    def __init__(self, state, args):
+        self.state = state
+        self.device = _device_of(args) if state is not None else None
+
+    def __enter__(self):
+        if self.state is None:
+            return
+        self.saved = _rng_state(self.device)
+        (torch.cuda.set_rng_state(self.state, self.device) if self.device.type == "cuda"
+         else torch.set_rng_state(self.state))
+
+    def __exit__(self, *exc):
+        if self.state is None:
+            return
+        (torch.cuda.set_rng_state(self.saved, self.device) if self.device.type == "cuda"
+         else torch.set_rng_state(self.saved))

@@ -1,0 +1,385 @@
+"""The step runner: a dispatch mode that runs the step program at every op of a step.
+
+It counts the step's ops exactly as the tracer numbered them (`counts_as_op`) and checks
+each one's name against the trace; before and after op i it runs the program's actions for
+that point (memplan.model.program): swap-outs, releases, prefetches, waits, drops and
+recomputations. A storage is found at the op the program acts after (it is among that
+op's tensors: `storage_roles` pairs them with the trace's storage ids), or, for gaps that
+start before any op of the step (wrap-around swaps), through its owner (a parameter, a
+buffer, a gradient or optimizer state, `Trace.owners`).
+
+NOTE why storages are resized, not tensors re-pointed: every holder of a storage sees the
+change at once and sees the data again after the refill, because the StorageImpl is the
+same object -- the module's Parameter, the optimizer's references, tied weights, tensors
+autograd saved for backward and their views. Copies go through separate byte views whose
+version counters are their own, so autograd's saved-tensor checks never see a swap. An op
+touching a storage while it is away would read an empty buffer; that cannot happen while
+the run follows the trace, and it is checked: before every op, any tensor argument whose
+storage is not resident brings everything back and the rest of the step runs unplanned
+(`diverged`); so does an op the trace does not have at that position. Between steps, an op
+touching a storage left on the host (a wrap-around gap) brings it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..model import Trace
+from ..model.program import Action, StepProgram
+from ..tracing.opinfo import counts_as_op, storage_roles
+from .compress import Compressed, compress, compressible, decompress
+from .engine import CopyEngine, blocked_s
+from .owners import resolve_owner
+from .replay import Replayer, byte_view
+from .slab import ALIGN, HostSlab
+
+log = logging.getLogger(__name__)
+
+RESIDENT, LEAVING, AWAY, COMING, DROPPED = "resident", "leaving", "away", "coming", "dropped"
+
+
+@dataclass(kw_only=True)
+class ExecStats:
+    """What the runner did, over all steps."""
+
+    steps: int = 0  # steps begun
+    swapped_out: int = 0  # swap-outs started
+    swapped_out_bytes: int = 0  # their bytes
+    released: int = 0  # swap-outs whose device memory was freed
+    release_wait_s: float = 0.0  # host time spent waiting for a swap-out copy at a release
+    prefetched: int = 0  # prefetches issued at their point
+    late_prefetches: int = 0  # prefetches issued only at the wait (their point was missed)
+    kept: int = 0  # prefetches due before their swap-out was released: the bytes simply stayed
+    prefetch_wait_s: float = 0.0  # time spent waiting for prefetches to land
+    dropped: int = 0  # storages dropped for recomputation
+    recomputed: int = 0  # storages rebuilt by replaying their ops
+    start_sent: int = 0  # storages sent to host at a step start (first step, or after a restore)
+    restored: int = 0  # storages brought back outside the program (restore, divergence, close)
+    diverged_steps: int = 0  # steps that left the traced program (the rest ran unplanned)
+    unresolved: int = 0  # actions not done: storage not found or not as traced (kept resident)
+    link_bytes: int = 0  # bytes over the host link, both directions (before compression)
+
+
+@dataclass(eq=False, kw_only=True)
+class _Entry:
+    """One storage the program moves, and where it is now."""
+
+    sid: int  # trace storage id
+    nbytes: int  # its size
+    dtype: str | None  # its traced dtype (for compression)
+    state: str = RESIDENT
+    storage: torch.UntypedStorage | None = None  # held while not resident
+    decision: int = -1  # the decision of its current gap (its host region)
+    d2h: object = None  # ticket of the last swap-out
+    h2d: object = None  # ticket of the last prefetch
+    packed: dict | None = None  # where the host copy is and how it is laid out (see `_store`)
+
+
+class StepRunner(TorchDispatchMode):
+    """Runs `program` for `trace` at every op of a step.
+
+    Args:
+        trace: the traced iteration.
+        program: its compiled step program.
+        engine: the copy lanes.
+        slab: the host slab (one region per swap decision).
+        model, optimizer: where owned storages are found (wrap-around gaps).
+    """
+
+    def __init__(self, trace: Trace, program: StepProgram, engine: CopyEngine, slab: HostSlab,
+                 model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None):
+        super().__init__()
+        self.trace = trace
+        self.program = program
+        self.engine = engine
+        self.slab = slab
+        self.model = model
+        self.optimizer = optimizer
+        self.names = [op.name for op in trace.ops]
+        self.at = program.actions_at()
+        self.replayer = Replayer(trace, program.captured_ops)
+        self.owners = {o.storage: o for o in trace.owners}
+        self.entries = {d.storage: _Entry(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
+                                          dtype=trace.storages[d.storage].dtype) for d in program.decisions}
+        self.away: dict[int, _Entry] = {}  # storage address -> entry, for every storage not resident
+        self.stats = ExecStats()
+        self.pos = 0
+        self.active = False
+        self.off = False
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def begin_step(self) -> None:
+        """Start a step: the op count restarts and storages take their place at a step start."""
+        self.end_step()
+        self.replayer.begin_step()
+        self.stats.steps += 1
+        for k in self.program.start_away:  # the ops these run are not the step's
+            self._send_away(k)
+        self.pos, self.off, self.active = 0, False, True
+
+    def end_step(self) -> None:
+        """End the step (a step cut short brings everything back)."""
+        if self.active and not self.off and self.pos != len(self.names):
+            self.diverge(f"the step ended after {self.pos} of the trace's {len(self.names)} ops")
+        self.active = False
+
+    def diverge(self, reason: str) -> None:
+        """Leave the program for the rest of the step: bring every storage back."""
+        if not self.off:
+            self.stats.diverged_steps += 1
+            log.warning("step left the planned trace (%s): the rest of it runs unplanned", reason)
+        self.off = True
+        self.restore()
+
+    def restore(self) -> None:
+        """Bring every storage the program moved back to the device."""
+        for entry in list(self.entries.values()):
+            if entry.state != RESIDENT:
+                self.stats.restored += 1
+                self._bring_back(entry)
+
+    # --- the mode -------------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        i = self.pos
+        if self.active and not self.off and i < len(self.names) and str(func) == self.names[i]:
+            return self._run(i, func, args, kwargs)
+        self._guard(func, args, kwargs)
+        if not self.active or self.off:
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if counts_as_op(func, args, kwargs, out):
+            self.diverge(f"op {i} is {func}, the trace's {self.names[i] if i < len(self.names) else 'end of step'}")
+        return out
+
+    def _run(self, i: int, func, args, kwargs):
+        for action in self.at.get((i, False), ()):
+            self._act(action, None)
+        self._guard(func, args, kwargs)
+        if self.off:  # the op touched a storage the program has away: it left the program
+            return func(*args, **kwargs)
+        captured = i in self.replayer.ops
+        rng = self.replayer.rng_before(func, args) if captured else None
+        out = func(*args, **kwargs)
+        self.pos = i + 1
+        if captured:
+            self.replayer.record(i, func, args, kwargs, out, rng)
+        after = self.at.get((i, True))
+        if after:
+            found = self._locate(i, func, args, kwargs, out)
+            for action in after:
+                self._act(action, found)
+        return out
+
+    def _guard(self, func, args, kwargs) -> None:
+        if not self.away:
+            return
+        touched = [self.away[k] for k in {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs))
+                                          if isinstance(t, torch.Tensor)} if k in self.away]
+        if not touched:
+            return
+        if self.active and not self.off:
+            self.diverge(f"{func} at op {self.pos} touches storage {touched[0].sid} while it is {touched[0].state}")
+            return
+        for entry in touched:
+            self.stats.restored += 1
+            self._bring_back(entry)
+
+    def _locate(self, i: int, func, args, kwargs, out) -> dict[int, torch.Tensor]:
+        op = self.trace.ops[i]
+        reads, writes = storage_roles(func, args, kwargs, out)
+        return dict(list(zip(op.reads, reads)) + list(zip(op.writes, writes)))
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def _act(self, action: Action, found) -> None:
+        d = self.program.decisions[action.decision]
+        entry = self.entries[d.storage]
+        getattr(self, f"_{action.kind}")(entry, action.decision, found)
+
+    def _swap_out(self, entry: _Entry, k: int, found) -> None:
+        storage = self._found(entry, found)
+        if storage is None or entry.state != RESIDENT:
+            return
+        self._copy_out(entry, storage, k)
+
+    def _release(self, entry: _Entry, k: int, found=None) -> None:
+        if entry.state != LEAVING:
+            return
+        self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.sync)
+        entry.storage.resize_(0)
+        entry.state = AWAY
+        self.stats.released += 1
+
+    def _prefetch(self, entry: _Entry, k: int, found=None) -> None:
+        if entry.state == LEAVING:  # fetched before its swap-out was released: it never left
+            self._resident(entry)
+            self.stats.kept += 1
+        if entry.state != AWAY:
+            return
+        self._copy_in(entry)
+        self.stats.prefetched += 1
+
+    def _wait(self, entry: _Entry, k: int, found=None) -> None:
+        if entry.state == AWAY:
+            self.stats.late_prefetches += 1
+            self._copy_in(entry)
+        if entry.state == COMING:
+            self.stats.prefetch_wait_s += blocked_s(self.engine, entry.h2d, self.engine.wait)
+            self._resident(entry)
+
+    def _drop(self, entry: _Entry, k: int, found) -> None:
+        storage = self._found(entry, found)
+        if storage is None or entry.state != RESIDENT:
+            return
+        self._leave(entry, storage, k, DROPPED)
+        storage.resize_(0)
+        self.stats.dropped += 1
+
+    def _recompute(self, entry: _Entry, k: int, found=None) -> None:
+        if entry.state != DROPPED:
+            return
+        self.replayer.rebuild(self.program.replays[k], entry.storage)
+        self._resident(entry)
+        self.stats.recomputed += 1
+
+    # --- moving bytes ---------------------------------------------------------------------------
+
+    def _copy_out(self, entry: _Entry, storage: torch.UntypedStorage, k: int) -> None:
+        """Start the swap-out of `storage` into decision k's host region."""
+        d = self.program.decisions[k]
+        region = self.slab.region(k)
+        src = byte_view(storage)
+        self._leave(entry, storage, k, LEAVING)
+        typed = _typed(src, entry.dtype) if d.compress_ratio is not None else None
+
+        def job():
+            entry.packed = _store(src, typed, region)
+
+        entry.d2h = self.engine.submit("d2h", job)
+        self.stats.swapped_out += 1
+        self.stats.swapped_out_bytes += entry.nbytes
+        self.stats.link_bytes += entry.nbytes
+        if d.sync:
+            self._release(entry, k)
+
+    def _copy_in(self, entry: _Entry) -> None:
+        """Allocate the storage again and start copying its bytes back."""
+        entry.storage.resize_(entry.nbytes)
+        dst = byte_view(entry.storage)
+
+        def job():
+            _load(dst, entry.packed)
+
+        entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
+        entry.state = COMING
+        self.stats.link_bytes += entry.nbytes
+
+    def _leave(self, entry: _Entry, storage: torch.UntypedStorage, k: int, state: str) -> None:
+        """The storage stops being resident: from now on no op may touch it (see `_guard`)."""
+        entry.storage, entry.decision, entry.state = storage, k, state
+        self.away[storage._cdata] = entry
+
+    def _resident(self, entry: _Entry) -> None:
+        self.away.pop(entry.storage._cdata, None)
+        entry.state, entry.storage = RESIDENT, None
+
+    def _bring_back(self, entry: _Entry) -> None:
+        if entry.state == LEAVING:
+            self.engine.sync(entry.d2h)
+            self._resident(entry)
+        elif entry.state == DROPPED:
+            self._recompute(entry, entry.decision)
+        else:
+            self._wait(entry, entry.decision)
+
+    def _send_away(self, k: int) -> None:
+        """A step starts with decision k's storage on the host: send it there now if it is not."""
+        entry = self.entries[self.program.decisions[k].storage]
+        if entry.state != RESIDENT:
+            return
+        storage = self._owned(entry)
+        if storage is None:
+            self.stats.unresolved += 1
+            return
+        self._copy_out(entry, storage, k)
+        self._release(entry, k)
+        self.stats.start_sent += 1
+
+    # --- finding storages -----------------------------------------------------------------------
+
+    def _found(self, entry: _Entry, found) -> torch.UntypedStorage | None:
+        t = found.get(entry.sid) if found else None
+        storage = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+        return self._usable(entry, storage)
+
+    def _owned(self, entry: _Entry) -> torch.UntypedStorage | None:
+        owner = self.owners.get(entry.sid)
+        t = resolve_owner(owner, self.model, self.optimizer) if owner is not None else None
+        return self._usable(entry, t.untyped_storage() if isinstance(t, torch.Tensor) else None)
+
+    def _usable(self, entry: _Entry, storage) -> torch.UntypedStorage | None:
+        if storage is None or storage.nbytes() != entry.nbytes or not storage.resizable():
+            self.stats.unresolved += 1
+            log.debug("storage %d not found as traced: kept resident", entry.sid)
+            return None
+        return storage
+
+
+def _typed(src: torch.Tensor, dtype: str | None) -> torch.Tensor | None:
+    """The bytes as elements of the storage's dtype, when they can be compressed."""
+    dt = getattr(torch, dtype, None) if dtype else None
+    if not isinstance(dt, torch.dtype) or src.numel() % dt.itemsize:
+        return None
+    typed = src.view(dt)
+    return typed if compressible(typed) else None
+
+
+def _store(src: torch.Tensor, typed: torch.Tensor | None, region: torch.Tensor) -> dict:
+    """Copy the bytes to the host, compressed when that is smaller; returns where and how.
+
+    The host copy goes to the decision's region, or, when it does not fit there (the data
+    compresses worse than the plan's ratio), to a buffer of its own (`"overflow"`).
+    """
+    packed = compress(typed) if typed is not None else None
+    if packed is not None:
+        bits_at = -(-packed.bits.numel() // ALIGN) * ALIGN
+        values = packed.values.view(torch.uint8)
+        if bits_at + values.numel() < src.numel():
+            dest = _room(region, bits_at + values.numel())
+            dest[: packed.bits.numel()].copy_(packed.bits, non_blocking=True)
+            dest[bits_at: bits_at + values.numel()].copy_(values, non_blocking=True)
+            return {"dest": dest, "bits": packed.bits.numel(), "bits_at": bits_at, "nnz": packed.values.numel(),
+                    "values_dtype": packed.values.dtype, "numel": packed.numel, "overflow": dest is not region}
+    dest = _room(region, src.numel())
+    dest[: src.numel()].copy_(src, non_blocking=True)
+    return {"dest": dest, "overflow": dest is not region}
+
+
+def _room(region: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """The region, or a host buffer of its own when `nbytes` do not fit in it."""
+    if nbytes <= region.numel():
+        return region
+    log.warning("a compressed host copy needs %d bytes, its region %d: allocated apart", nbytes, region.numel())
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=region.is_pinned())
+
+
+def _load(dst: torch.Tensor, layout: dict) -> None:
+    """Copy the host copy back into the storage's bytes (decompressing)."""
+    src = layout["dest"]
+    if "bits" not in layout:
+        dst.copy_(src[: dst.numel()], non_blocking=True)
+        return
+    width = torch.empty((), dtype=layout["values_dtype"]).element_size()
+    bits = src[: layout["bits"]].to(dst.device, non_blocking=True)
+    values = src[layout["bits_at"]: layout["bits_at"] + layout["nnz"] * width].view(layout["values_dtype"])
+    out = dst.view(layout["values_dtype"])
+    decompress(Compressed(bits=bits, values=values.to(dst.device, non_blocking=True), numel=layout["numel"]), out)

@@ -9,7 +9,9 @@ replays its writers in order: arguments are rebuilt as views of the live storage
 the chain rebuilds temporarily first), a random op runs under the RNG state it first saw,
 another storage the op writes in place (batch-norm running statistics) is given as a copy
 so the real one is not updated twice, and the new output the plan needs moves into the
-dropped storage by swapping data pointers (every alias autograd holds sees it again).
+dropped storage by swapping data pointers (every alias autograd holds sees it again); a
+replay's other new outputs go the same way into storages recomputed at the same op
+(memplan.sim.chains says which), the rest are dropped.
 
 NOTE why not torch.utils.checkpoint: a checkpointed region recomputes all its saved
 tensors at once, at the first unpack in backward, and regions are modules. A plan
@@ -57,10 +59,12 @@ class _Call:
 class Replayer:
     """Records the calls of `ops` during a step and replays them on demand."""
 
-    def __init__(self, trace: Trace, ops: frozenset):
+    def __init__(self, trace: Trace, ops: frozenset, adopt=None):
         self.trace = trace
         self.ops = ops
+        self.adopt = adopt  # adopt(sid, fresh storage) -> True when another recomputation took the output
         self.calls: dict[int, _Call] = {}
+        self.temporaries: dict[int, torch.UntypedStorage] = {}  # inputs rebuilt for the current op's chains
         self._weak: dict[int, StorageWeakRef] = {}
         self.replayed_ops = 0  # over all steps
 
@@ -96,12 +100,20 @@ class Replayer:
                                   written=written, rng=rng)
 
     def rebuild(self, steps: tuple[ReplayStep, ...], target: torch.UntypedStorage) -> None:
-        """Run `steps` again; the last one's storage ends up in `target` (dropped, 0 bytes)."""
-        temps: dict[int, torch.UntypedStorage] = {}
+        """Run `steps` again; the last one's storage ends up in `target` (dropped, 0 bytes).
+
+        Inputs rebuilt temporarily stay available to the same op's later chains, until
+        `drop_temporaries` (after the last chain that reads them).
+        """
         for step in steps:
             home = None if step.temporary else target
             for j in step.ops:
-                self._replay(j, step.storage, home, temps)
+                self._replay(j, step.storage, home, self.temporaries)
+
+    def drop_temporaries(self, storages=None) -> None:
+        """Free inputs rebuilt temporarily: `storages`, or all of them (the op is about to run)."""
+        for sid in list(self.temporaries) if storages is None else storages:
+            self.temporaries.pop(sid, None)
 
     def _replay(self, j: int, sid: int, home, temps: dict) -> None:
         call = self.calls.get(j)
@@ -124,11 +136,15 @@ class Replayer:
         self.replayed_ops += 1
         _, writes = storage_roles(call.func, args, kwargs, out)
         for w, t in zip(self.trace.ops[j].writes, writes):
-            if w == sid and w not in call.written:  # its new output
-                if home is None:
-                    temps[sid] = t.untyped_storage()
-                else:
-                    adopt(home, t.untyped_storage())
+            if w in call.written:
+                continue  # updated in place (or a copy of what must not be updated twice)
+            if w != sid:  # another new output: taken by a recomputation due now, or dropped
+                if self.adopt is not None:
+                    self.adopt(w, t.untyped_storage())
+            elif home is None:
+                temps[sid] = t.untyped_storage()
+            else:
+                adopt(home, t.untyped_storage())
 
     def _storage(self, sid: int) -> torch.UntypedStorage:
         weak = self._weak.get(sid)

@@ -36,7 +36,7 @@ from ..tracing.opinfo import counts_as_op, storage_roles
 from .compress import Compressed, compress, compressible, decompress
 from .engine import CopyEngine, blocked_s
 from .owners import resolve_owner
-from .replay import Replayer, byte_view
+from .replay import Replayer, adopt, byte_view
 from .slab import ALIGN, HostSlab
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,11 @@ class StepRunner(TorchDispatchMode):
         self.optimizer = optimizer
         self.names = [op.name for op in trace.ops]
         self.at = program.actions_at()
-        self.replayer = Replayer(trace, program.captured_ops)
+        self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt)
+        self.recomputed_at = {}  # op -> storages recomputed before it
+        for a in program.actions:
+            if a.kind == "recompute":
+                self.recomputed_at.setdefault(a.op, set()).add(program.decisions[a.decision].storage)
         self.owners = {o.storage: o for o in trace.owners}
         self.entries = {d.storage: _Entry(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
                                           dtype=trace.storages[d.storage].dtype) for d in program.decisions}
@@ -163,6 +167,7 @@ class StepRunner(TorchDispatchMode):
     def _run(self, i: int, func, args, kwargs):
         for action in self.at.get((i, False), ()):
             self._act(action, None)
+        self.replayer.drop_temporaries()
         self._guard(func, args, kwargs)
         if self.off:  # the op touched a storage the program has away: it left the program
             return func(*args, **kwargs)
@@ -246,8 +251,18 @@ class StepRunner(TorchDispatchMode):
 
     def _recompute(self, entry: _Entry, k: int, found=None) -> None:
         if entry.state != DROPPED:
-            return
+            return  # already made by an earlier chain's replay (see _adopt)
         self.replayer.rebuild(self.program.replays[k], entry.storage)
+        self.replayer.drop_temporaries(self.program.frees.get(k, ()))
+        self._resident(entry)
+        self.stats.recomputed += 1
+
+    def _adopt(self, sid: int, fresh: torch.UntypedStorage) -> None:
+        """A replay made storage `sid` too: if it is recomputed before this op, take it now."""
+        entry = self.entries.get(sid)
+        if entry is None or entry.state != DROPPED or sid not in self.recomputed_at.get(self.pos, ()):
+            return
+        adopt(entry.storage, fresh)
         self._resident(entry)
         self.stats.recomputed += 1
 
@@ -298,6 +313,7 @@ class StepRunner(TorchDispatchMode):
             self._resident(entry)
         elif entry.state == DROPPED:
             self._recompute(entry, entry.decision)
+            self.replayer.drop_temporaries()
         else:
             self._wait(entry, entry.decision)
 

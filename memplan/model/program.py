@@ -52,6 +52,7 @@ class StepProgram:
     actions: tuple[Action, ...]  # in execution order
     start_away: tuple[int, ...]  # decisions whose storage is on the host when a step starts
     replays: dict = field(default_factory=dict)  # recompute decision index -> tuple[ReplayStep, ...]
+    frees: dict = field(default_factory=dict)  # recompute decision index -> temporary inputs dropped after it
     budget_bytes: int | None = None  # the budget it was compiled under
     trace_digest: str | None = None  # Trace.digest of its trace
     predicted: dict = field(default_factory=dict)  # SimResult summary of the program

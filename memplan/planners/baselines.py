@@ -12,17 +12,15 @@
   forward layers split into about sqrt(n) segments, segment outputs kept, the inside
   recomputed with the same mechanics.
 
-They ignore the budget for their decisions; each raises `infeasible(...)` when its static
-peak (swap-outs released right after the last use, fetches and recomputes allocated when
-issued) exceeds the budget, naming that peak as the smallest feasible load.
+They ignore the budget for their decisions; each raises `infeasible(...)` when the peak
+its plan reaches in the simulator with no cap (recompute chains' temporaries included)
+exceeds the budget, naming that peak as the smallest feasible load.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-
-import numpy as np
 
 from ..cost.model import Cost
 from ..model import Decision, Plan, Trace
@@ -32,7 +30,7 @@ from .base import infeasible, register
 @register("none", "keep everything resident (plain PyTorch training)")
 def plan_none(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
     """Keep every storage; infeasible when the trace's own peak exceeds the budget."""
-    return _finish(trace, budget_bytes, (), "none")
+    return _finish(trace, budget_bytes, (), "none", cost)
 
 
 @register("save-on-cpu", "torch.autograd.graph.save_on_cpu: every saved activation to host, fetched on demand")
@@ -49,7 +47,7 @@ def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int =
         out = _last_access_before(trace, sid, back)
         decisions.append(Decision(storage=sid, action="swap", out_after=out, back_before=back, trigger=back,
                                   sync=True))
-    return _finish(trace, budget_bytes, decisions, "save-on-cpu")
+    return _finish(trace, budget_bytes, decisions, "save-on-cpu", cost)
 
 
 @register("checkpoint-all", "torch.utils.checkpoint around every top-level block: recompute all but block outputs")
@@ -60,7 +58,7 @@ def plan_checkpoint_all(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
     loss) are not checkpointed: what they produce is kept.
     """
     blocks = {op.index: op.module.split(".")[0] for op in trace.ops if op.phase == "forward" and op.module}
-    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "checkpoint-all")
+    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "checkpoint-all", cost)
 
 
 @register("sqrt-n", "Chen et al. 2016: ~sqrt(n) segments of forward layers, recompute inside segments")
@@ -72,7 +70,7 @@ def plan_sqrt_n(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         segments: number of segments; default round(sqrt(n)).
     """
     blocks = sqrt_n_segments(trace, segments)
-    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "sqrt-n")
+    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "sqrt-n", cost)
 
 
 # --- shared mechanics ---------------------------------------------------------------------------
@@ -148,21 +146,11 @@ def _last_access_before(trace: Trace, sid: int, op: int) -> int:
     return accesses[bisect.bisect_left(accesses, op) - 1]
 
 
-def static_peak(trace: Trace, decisions) -> int:
-    """Peak load when each decided storage is away from out_after+1 until it is fetched
-    (trigger) or recomputed (back_before); these baselines make no wrap-around gaps."""
-    n = trace.num_steps
-    delta = np.zeros(n + 1, dtype=np.int64)
-    for d in decisions:
-        lo, hi = d.out_after + 1, d.prefetch_at
-        if lo < hi:
-            delta[lo] -= trace.storages[d.storage].nbytes
-            delta[hi] += trace.storages[d.storage].nbytes
-    return int((trace.load + np.cumsum(delta)[:n]).max()) if n else 0
+def _finish(trace: Trace, budget_bytes: int, decisions, name: str, cost: Cost) -> Plan:
+    from ..sim.simulate import Simulator
 
-
-def _finish(trace: Trace, budget_bytes: int, decisions, name: str) -> Plan:
-    peak = static_peak(trace, decisions)
+    plan = Plan(decisions=tuple(decisions))
+    peak = Simulator(trace, cost).run(plan).peak_load_bytes
     if peak > budget_bytes:
         raise infeasible(budget_bytes, peak, name)
-    return Plan(decisions=tuple(decisions))
+    return plan

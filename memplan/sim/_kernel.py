@@ -155,7 +155,8 @@ def _fail(ints, op, shortfall, peak):
 
 @njit(cache=True)
 def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
-               d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s, d_chain_s, d_temp_bytes,
+               d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s,
+               d_chain_s, d_chain_alloc, d_chain_free,
                issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
                absent_at_start, d_back, d_wait_first, budget, record, emit):
     """Simulate one iteration; see `memplan.sim.simulate` for the contract.
@@ -245,7 +246,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 continue
             head = pend_head
             t, load, peak, pend_head, n_load, stall, short = _allocate(
-                nbytes[d_sid[d]] + d_temp_bytes[d], budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail,
+                d_chain_alloc[d], budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail,
                 load_t, load_v, n_load, record)
             n_prog = _emit_releases(prog, n_prog, pend_d, head, pend_head, i, 0, emit)
             floats[R_MEM_STALL] += stall
@@ -257,8 +258,8 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             t += d_chain_s[d]
             floats[R_RECOMPUTE] += d_chain_s[d]
             resident[d_sid[d]] = True
-            if d_temp_bytes[d] > 0:
-                load -= d_temp_bytes[d]
+            if d_chain_free[d] > 0:  # its discarded outputs, and temporary inputs no later chain reads
+                load -= d_chain_free[d]
                 n_load = _point(load_t, load_v, n_load, t, load, record)
         # (3) the op's new outputs
         need = 0

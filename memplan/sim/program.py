@@ -35,11 +35,12 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, budget_bytes: int | No
                            f"{result.shortfall_bytes} bytes short")
     actions = tuple(Action(op=int(op), after=bool(after), kind=_KIND_NAMES[int(kind)], decision=int(d))
                     for op, after, kind, d in rows)
-    replays = {k: tuple(ReplayStep(storage=s.storage, ops=s.ops, temporary=s.temporary) for s in steps)
-               for k, steps in chains.items()}
+    replays = {k: tuple(ReplayStep(storage=s.storage, ops=s.ops, temporary=s.temporary) for s in chain.steps)
+               for k, chain in chains.items()}
+    frees = {k: chain.frees for k, chain in chains.items() if chain.frees}
     start_away = tuple(k for k, d in enumerate(plan.decisions)
                        if d.action == "swap" and d.wraps and d.prefetch_at <= d.back_before)
-    return StepProgram(decisions=plan.decisions, actions=actions, start_away=start_away, replays=replays,
+    return StepProgram(decisions=plan.decisions, actions=actions, start_away=start_away, replays=replays, frees=frees,
                        budget_bytes=budget, trace_digest=trace.digest, predicted=result.summary())
 
 

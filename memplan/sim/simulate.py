@@ -47,7 +47,7 @@ from ..cost.profiles import DeviceProfile
 from ..model import Plan, Trace
 from ..units import parse_budget
 from . import _kernel as K
-from .chains import ChainStep, chain_extra_bytes, chain_inputs, chain_seconds, recompute_chain
+from .chains import chain_inputs, plan_chains
 from .result import SimResult
 
 UNLIMITED = np.iinfo(np.int64).max // 4
@@ -147,30 +147,26 @@ class Simulator:
         wrap = np.where(wraps, np.where(trigger > out_after, K.TAIL_WRAP, K.HEAD_WRAP), K.NO_WRAP).astype(np.int64)
         absent = np.zeros(len(trace.storages), dtype=np.bool_)
         absent[sid[wrap == K.HEAD_WRAP]] = True
-        chain, temp, chains = self._chains_for(decisions, kind)
+        chain, chain_alloc, chain_free, chains = self._chains_for(decisions, kind)
         wait_first = self._wait_first(decisions, kind, back, chains)
         ids = np.arange(len(sid))
         rank = np.where(swap, -1, self._producers[sid])
-        return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, temp,
+        return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, chain_alloc, chain_free,
                 *_event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
                 *_event_csr(back, rank, ids, n),
                 *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back,
                 wait_first), chains
 
-    def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray, dict]:
-        """Chain seconds, extra bytes and steps of every recompute decision."""
-        seconds = np.zeros(len(kind))
-        extra = np.zeros(len(kind), dtype=np.int64)
-        chains: dict[int, tuple[ChainStep, ...]] = {}
-        recomputes = np.flatnonzero(kind == K.RECOMPUTE)
-        if recomputes.size:
-            away = _recompute_gaps([decisions[k] for k in recomputes])
-            for k in recomputes:
-                d = decisions[k]
-                steps = chains[int(k)] = recompute_chain(self.trace, d.storage, d.back_before, away)
-                seconds[k] = chain_seconds(steps, self._durations)
-                extra[k] = chain_extra_bytes(self.trace, steps)
-        return seconds, extra, chains
+    def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Per decision: chain seconds, bytes allocated when it starts and freed when it is done;
+        and the chains of the recompute decisions (memplan.sim.chains)."""
+        n = len(kind)
+        seconds, alloc, freed = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        chains = plan_chains(self.trace, decisions, self._durations, self._producers) \
+            if np.any(kind == K.RECOMPUTE) else {}
+        for k, chain in chains.items():
+            seconds[k], alloc[k], freed[k] = chain.seconds, chain.alloc_bytes, chain.free_bytes
+        return seconds, alloc, freed, chains
 
     def _wait_first(self, decisions, kind, back, chains: dict) -> np.ndarray:
         """Swaps whose storage lands at an op where a recomputation reads it: they land first."""
@@ -178,8 +174,8 @@ class Simulator:
         if not chains:
             return flags
         read_at: dict[int, set[int]] = {}
-        for k, steps in chains.items():
-            read_at.setdefault(int(back[k]), set()).update(chain_inputs(self.trace, steps))
+        for k, chain in chains.items():
+            read_at.setdefault(int(back[k]), set()).update(chain_inputs(self.trace, chain))
         for k in np.flatnonzero(kind == K.SWAP):
             flags[k] = decisions[k].storage in read_at.get(int(back[k]), ())
         return flags
@@ -239,15 +235,6 @@ def _host_peak(arrays, recorded, ints) -> int:
     # swap-out starting at that instant.
     order = np.lexsort((host_v[:n_host], host_t[:n_host]))
     return int(max(start, start + np.cumsum(host_v[:n_host][order]).max()))
-
-
-def _recompute_gaps(decisions) -> dict[int, list[tuple[int, int]]]:
-    """Per storage, the (out_after, back_before) gaps during which it is recomputed away."""
-    away: dict[int, list[tuple[int, int]]] = {}
-    for d in decisions:
-        if d.action == "recompute":
-            away.setdefault(d.storage, []).append((d.out_after, d.back_before))
-    return away
 
 
 def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

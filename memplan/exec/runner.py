@@ -119,13 +119,17 @@ class StepRunner(TorchDispatchMode):
 
     # --- steps ----------------------------------------------------------------------------
 
+    def settle(self) -> None:
+        """Put storages where a step starts with them: on the host for gaps across the boundary."""
+        for k in self.program.start_away:
+            self._send_away(k)
+
     def begin_step(self) -> None:
         """Start a step: the op count restarts and storages take their place at a step start."""
         self.end_step()
         self.replayer.begin_step()
         self.stats.steps += 1
-        for k in self.program.start_away:  # the ops these run are not the step's
-            self._send_away(k)
+        self.settle()  # nothing to do unless the model was used (and brought back) since the last step
         self.pos, self.off, self.active = 0, False, True
 
     def end_step(self) -> None:
@@ -326,8 +330,9 @@ class StepRunner(TorchDispatchMode):
         if storage is None:
             self.stats.unresolved += 1
             return
-        self._copy_out(entry, storage, k)
-        self._release(entry, k)
+        with torch.utils._python_dispatch._disable_current_modes():  # not the step's ops (settle may run in one)
+            self._copy_out(entry, storage, k)
+            self._release(entry, k)
         self.stats.start_sent += 1
 
     # --- finding storages -----------------------------------------------------------------------

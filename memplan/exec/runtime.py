@@ -69,6 +69,11 @@ class PlanRuntime:
 
     # --- steps ----------------------------------------------------------------------------
 
+    def settle(self) -> None:
+        """Send to the host what the program keeps there between steps (before the first one)."""
+        self.runner.settle()
+        self._guard_idle()
+
     def begin_step(self, inputs=()) -> None:
         """Start one training iteration (ends the previous one if it is still open)."""
         self.end_step()

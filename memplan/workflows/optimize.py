@@ -153,6 +153,8 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     program = compile_program(trace, plan, cost)
     runtime = PlanRuntime(trace, program, model, device=_device_of(example_inputs, model), optimizer=optimizer,
                           measure=measure)
+    if not _is_fake(example_inputs, model):
+        runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs))
 
 

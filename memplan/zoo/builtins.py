@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import (alexnet, inception, kmeans, lstm, mobilenet, resnet, squeezenet, stochastic_depth, unet,
-               vgg)
+from . import (alexnet, inception, kmeans, lstm, mobilenet, resnet, squeezenet, stochastic_depth, transformer,
+               unet, vgg)
 from .tasks import classify_loss, image_inputs, segmentation_inputs, self_loss, sequence_loss, token_inputs
 from .workload import ADAM_LR, ModelSpec
 
@@ -22,6 +22,12 @@ CHAR_HIDDEN = 512
 CHAR_LAYERS = 2
 KMEANS_CLUSTERS = 1024
 KMEANS_DIM = 128
+ENC_VOCAB = 1000         # transformer-encoder: a small language model of nn.TransformerEncoder layers
+ENC_SEQ_LEN = 128
+ENC_D_MODEL = 256
+ENC_HEADS = 4
+ENC_LAYERS = 4
+ENC_DROPOUT = 0.1
 SD_DEPTH = 110           # Huang et al.'s CIFAR ResNet-110
 SD_P_LAST = 0.5
 
@@ -73,6 +79,10 @@ def _others() -> list[ModelSpec]:
                   make_inputs=token_inputs, loss=sequence_loss, optimizer="adam", lr=ADAM_LR,
                   defaults={"vocab_size": CHAR_VOCAB, "seq_len": CHAR_SEQ_LEN, "embed_size": CHAR_EMBED,
                             "hidden_size": CHAR_HIDDEN, "num_layers": CHAR_LAYERS, "dropout": 0.0}),
+        ModelSpec(name="transformer-encoder", summary="nn.TransformerEncoder LM: 4 pre-norm layers, d=256, causal",
+                  build=transformer.build, make_inputs=token_inputs, loss=sequence_loss, optimizer="adam",
+                  lr=ADAM_LR, defaults={"vocab_size": ENC_VOCAB, "seq_len": ENC_SEQ_LEN, "d_model": ENC_D_MODEL,
+                                        "nhead": ENC_HEADS, "num_layers": ENC_LAYERS, "dropout": ENC_DROPOUT}),
         ModelSpec(name="kmeans", summary="one Lloyd k-means iteration as an SGD step (batch = points)",
                   build=kmeans.build, make_inputs=kmeans.points_inputs, loss=self_loss,
                   optimizer="sgd-plain", lr=kmeans.LLOYD_LR,

@@ -88,7 +88,8 @@ def test_invalid_plan_is_not_written(capsys, trace_file, tmp_path, monkeypatch):
         a0 = next(s.id for s in trace.storages if s.name == "a0")
         return Plan(decisions=(Decision(storage=a0, action="swap", out_after=0, back_before=17),))
 
-    monkeypatch.setitem(base._REGISTRY, "broken-test", base.PlannerSpec("broken-test", broken, {}, "broken"))
+    monkeypatch.setitem(base._REGISTRY, "broken-test", base.PlannerSpec("broken-test", broken, {}, "broken",
+                                                                         frozenset({"swap"}), ()))
     out_path = tmp_path / "plan.json"
     code, out, err = _run(capsys, "plan", trace_file, "--planner", "broken-test", "--budget", "100%",
                           "-o", out_path, "--json")
@@ -107,3 +108,17 @@ def test_plan_prints_the_simulated_prediction(capsys, trace_file, tmp_path):
     assert predicted["peak_load_bytes"] <= int(chain_trace(9).peak_load_bytes * 0.9)
     # sqrt-n only recomputes: some time is spent recomputing, and the iteration is slower than baseline.
     assert predicted["breakdown"]["recompute_s"] > 0 and predicted["time_s"] > predicted["baseline_time_s"]
+
+
+def test_planners_declare_what_they_decide_and_their_typed_parameters(capsys):
+    code, out, _ = _run(capsys, "planners", "--decides", "recompute", "--json")
+    names = {p["name"]: p for p in json.loads(out)["planners"]}
+    assert code == 0 and {"sqrt-n", "checkpoint-all"} <= set(names)
+    assert all("recompute" in p["decides"] for p in names.values()) and "autoswap:doa" not in names
+    assert names["sqrt-n"]["params"] == {"segments": {"type": "int", "default": None}}
+
+
+def test_a_parameter_of_the_wrong_type_is_one_clear_error(capsys, trace_file, tmp_path):
+    code, _, err = _run(capsys, "plan", trace_file, "--planner", "autoswap:doa", "--budget", "90%",
+                        "--param", "min_bytes=abc", "-o", tmp_path / "p.json")
+    assert code == 2 and "min_bytes must be int" in err and len(err.strip().splitlines()) == 1

@@ -18,8 +18,6 @@ log = logging.getLogger(__name__)
 DEMO_MODELS = (("resnet50", 64), ("vgg16-cifar", 100), ("hf:gpt2", 8))
 DEMO_BUDGET = "70%"
 DEMO_DEVICE = "h100"
-# Pool-only planners lay out offsets without moving tensors; the demo compares movers.
-POOL_ONLY = ("smartpool", "smartpool-bestfit", "smartpool-firstfit")
 
 
 def add_parser(sub) -> None:
@@ -39,7 +37,8 @@ def run(args) -> int:
     from ..planners.base import known_planners
 
     out = Path(args.out)
-    planners = [name for name in known_planners() if name not in POOL_ONLY and not name.endswith("+smartpool")]
+    # The demo compares what moves tensors; pool layouts matter on a GPU only.
+    planners = [name for name, spec in known_planners().items() if "pool" not in spec.decides]
     rows = []
     for model, batch in _parse_models(args.models):
         rows += _demo_model(model, batch, planners, args, out)

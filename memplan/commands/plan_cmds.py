@@ -34,6 +34,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run_plan)
 
     q = sub.add_parser("planners", help="list the registered planners")
+    q.add_argument("--decides", default=None, choices=("swap", "recompute", "pool", "microbatch"),
+                   help="only the planners that decide this")
     add_json_flag(q)
     q.set_defaults(func=run_planners)
 
@@ -177,12 +179,11 @@ def run_planners(args) -> int:
     """List registered planner names with their one-line summaries."""
     from ..planners.base import known_planners
 
-    planners = [{"name": spec.name, "summary": spec.summary, "defaults": spec.defaults}
-                for spec in known_planners().values()]
+    planners = [spec.describe() for spec in known_planners(args.decides).values()]
     if args.json:
         emit_json({"planners": json.loads(json.dumps(planners, default=str))})
     else:
-        _print_rows([(p["name"], p["summary"]) for p in planners])
+        _print_rows([(p["name"], f"[{', '.join(p['decides']) or 'nothing'}] {p['summary']}") for p in planners])
     return 0
 
 

@@ -101,7 +101,7 @@ def combined_priority(problem: Problem, weights) -> np.ndarray:
 
 def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, score: str = "bo",
              smartpool: bool = False, min_bytes: int = DEFAULT_MIN_BYTES, allow_multi_swap: bool = False,
-             n_trials: int = DEFAULT_TRIALS, objective="simulated", weights=None,
+             n_trials: int = DEFAULT_TRIALS, objective="simulated", weights: object = None,
              pool_time_limit_s: float | None = None) -> Plan:
     """AutoSwap: swap the highest-priority candidates until the load fits the budget.
 
@@ -177,6 +177,6 @@ for _variant in VARIANTS:
                 "swdoa": "submodular weighted duration of absence",
                 "bo": "Bayesian-optimised combination of the four scores"}[_variant]
     register(f"autoswap:{_variant}", f"AutoSwap (paper 000 §IV), priority score: {_summary}",
-             score=_variant)(autoswap)
+             decides=("swap",), score=_variant, smartpool=False)(autoswap)
     register(f"autoswap:{_variant}+smartpool", f"AutoSwap:{_variant} then the SmartPool pool (paper 000 §V)",
-             score=_variant, smartpool=True)(autoswap)
+             decides=("swap", "pool"), score=_variant, smartpool=True)(autoswap)

@@ -1,15 +1,19 @@
 """The planner registry and `memplan.plan`.
 
 A planner is a plain function `fn(trace, budget_bytes, cost, *, seed, **params) -> Plan`
-registered under one or more names (`family` or `family:variant`). It returns the
-decisions (and optionally pool offsets or micro-batches); `plan()` times it, fills the
-metadata and attaches the simulator's prediction.
+registered under one or more names (`family` or `family:variant`), declaring what it
+decides (`DECIDES`). Its parameters are its keyword arguments: their annotations and
+defaults are the typed parameter schema that checks and converts what a user passes.
+Every module of this package is a family and is found by importing the package's
+modules (a new family is one module plus its test). `plan()` checks the parameters,
+times the planner, fills the plan's metadata and attaches the simulator's prediction.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -21,13 +25,18 @@ from ..model import Plan, Trace
 from ..units import format_bytes, parse_budget
 
 PlannerFn = Callable[..., Plan]
+DECIDES = ("swap", "recompute", "pool", "microbatch")  # what a planner may decide
+_COMMON = ("trace", "budget_bytes", "cost", "seed")  # arguments every planner takes
+_NOT_FAMILIES = ("base",)  # modules of this package that register no planner
 
-# Modules that register planners when imported; a family's module is listed here once.
-PLANNER_MODULES = (
-    "memplan.planners.baselines",   # none, save-on-cpu, checkpoint-all, sqrt-n
-    "memplan.planners.smartpool",    # smartpool, smartpool-bestfit, smartpool-firstfit
-    "memplan.planners.autoswap",    # autoswap:doa/aoa/wdoa/swdoa/bo (+smartpool)
-)
+
+@dataclass(frozen=True)
+class Param:
+    """One planner parameter: its name, type (from the annotation) and default."""
+
+    name: str  # keyword name
+    type: type  # int, float, bool or str; object when unannotated
+    default: object  # the default value
 
 
 @dataclass(frozen=True)
@@ -38,31 +47,68 @@ class PlannerSpec:
     fn: PlannerFn  # the planning function
     defaults: dict  # fixed keyword arguments this name passes (e.g. the variant)
     summary: str  # one line for `memplan planners`
+    decides: frozenset  # a subset of DECIDES
+    params: tuple[Param, ...]  # what a user may set
+
+    def describe(self) -> dict:
+        """The JSON-ready record `memplan planners --json` prints."""
+        return {"name": self.name, "summary": self.summary, "decides": sorted(self.decides),
+                "params": {p.name: {"type": p.type.__name__, "default": p.default} for p in self.params}}
 
 
 _REGISTRY: dict[str, PlannerSpec] = {}
 
 
-def register(name: str, summary: str = "", **defaults) -> Callable[[PlannerFn], PlannerFn]:
-    """Decorator: register `fn` under `name`, passing `defaults` as keyword arguments."""
+def register(name: str, summary: str = "", *, decides=(), **defaults) -> Callable[[PlannerFn], PlannerFn]:
+    """Decorator: register `fn` under `name`, passing `defaults` as keyword arguments.
+
+    Args:
+        name: "family" or "family:variant".
+        summary: one line (default: the docstring's first line).
+        decides: what the planner decides, a subset of DECIDES.
+        **defaults: fixed keyword arguments for this name.
+    """
+    unknown = set(decides) - set(DECIDES)
+    if unknown:
+        raise ValueError(f"planner {name!r}: cannot decide {sorted(unknown)}; known: {DECIDES}")
 
     def wrap(fn: PlannerFn) -> PlannerFn:
         doc = summary or (inspect.getdoc(fn) or "").split("\n")[0]
-        _REGISTRY[name] = PlannerSpec(name=name, fn=fn, defaults=defaults, summary=doc)
+        _REGISTRY[name] = PlannerSpec(name=name, fn=fn, defaults=defaults, summary=doc,
+                                      decides=frozenset(decides), params=_params_of(fn, defaults))
         return fn
 
     return wrap
 
 
+def _params_of(fn: PlannerFn, fixed: dict) -> tuple[Param, ...]:
+    hints = inspect.get_annotations(fn, eval_str=True)
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.name in _COMMON or p.name in fixed or p.kind == p.VAR_KEYWORD:
+            continue
+        out.append(Param(name=p.name, type=_scalar(hints.get(p.name, object)), default=p.default))
+    return tuple(out)
+
+
+def _scalar(hint) -> type:
+    """int, float, bool or str for a hint of one of them (or `X | None`); object for anything else."""
+    args = [a for a in getattr(hint, "__args__", (hint,)) if a is not type(None)]
+    return args[0] if len(args) == 1 and args[0] in (int, float, bool, str) else object
+
+
 def _load_all() -> None:
-    for module in PLANNER_MODULES:
-        importlib.import_module(module)
+    import memplan.planners as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_") and info.name not in _NOT_FAMILIES:
+            importlib.import_module(f"{package.__name__}.{info.name}")
 
 
-def known_planners() -> dict[str, PlannerSpec]:
-    """All registered planners by name."""
+def known_planners(decides: str | None = None) -> dict[str, PlannerSpec]:
+    """All registered planners by name; with `decides`, those that decide that (e.g. "swap")."""
     _load_all()
-    return dict(sorted(_REGISTRY.items()))
+    return {name: spec for name, spec in sorted(_REGISTRY.items()) if decides is None or decides in spec.decides}
 
 
 def get_planner(name: str) -> PlannerSpec:
@@ -101,7 +147,7 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     spec = get_planner(planner)
     budget_bytes = resolve_budget(trace, budget)
     cost = cost or Cost.for_trace(trace, device)
-    _check_params(spec, params)
+    params = check_params(spec, params)
     started = time.perf_counter()
     result = spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
     elapsed = time.perf_counter() - started
@@ -129,12 +175,31 @@ def infeasible(budget_bytes: int, min_feasible_bytes: int, planner: str) -> Infe
         budget_bytes=budget_bytes, min_feasible_bytes=min_feasible_bytes)
 
 
-def _check_params(spec: PlannerSpec, params: dict) -> None:
-    signature = inspect.signature(spec.fn)
-    if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
-        return
-    accepted = set(signature.parameters) - {"trace", "budget_bytes", "cost", "seed"} - set(spec.defaults)
-    for name in params:
-        if name not in accepted:
+def check_params(spec: PlannerSpec, params: dict) -> dict:
+    """`params` checked against the planner's schema and converted to its types.
+
+    Raises:
+        MemplanError: an unknown name, or a value that is not of the parameter's type.
+    """
+    schema = {p.name: p for p in spec.params}
+    out = {}
+    for name, value in params.items():
+        if name not in schema:
             raise MemplanError(f"planner {spec.name!r} has no parameter {name!r}; "
-                               f"it takes: {', '.join(sorted(accepted)) or 'none'}")
+                               f"it takes: {', '.join(sorted(schema)) or 'none'}")
+        out[name] = _typed(spec.name, schema[name], value)
+    return out
+
+
+def _typed(planner: str, param: Param, value):
+    """`value` as the parameter's type (strings from the command line are converted)."""
+    if param.type is object or value is None and param.default is None or isinstance(value, param.type) and not (param.type is int and isinstance(value, bool)):
+        return value
+    if param.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and param.type is not bool:
+        try:
+            return param.type(value)
+        except ValueError:
+            pass
+    raise MemplanError(f"planner {planner!r}: parameter {param.name} must be {param.type.__name__}, got {value!r}")

@@ -27,13 +27,14 @@ from ..model import Decision, Plan, Trace
 from .base import infeasible, register
 
 
-@register("none", "keep everything resident (plain PyTorch training)")
+@register("none", "keep everything resident (plain PyTorch training)", decides=())
 def plan_none(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
     """Keep every storage; infeasible when the trace's own peak exceeds the budget."""
     return _finish(trace, budget_bytes, (), "none", cost)
 
 
-@register("save-on-cpu", "torch.autograd.graph.save_on_cpu: every saved activation to host, fetched on demand")
+@register("save-on-cpu", "torch.autograd.graph.save_on_cpu: every saved activation to host, fetched on demand",
+          decides=("swap",))
 def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
     """Swap every saved activation synchronously after its last forward access.
 
@@ -50,7 +51,8 @@ def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int =
     return _finish(trace, budget_bytes, decisions, "save-on-cpu", cost)
 
 
-@register("checkpoint-all", "torch.utils.checkpoint around every top-level block: recompute all but block outputs")
+@register("checkpoint-all", "torch.utils.checkpoint around every top-level block: recompute all but block outputs",
+          decides=("recompute",))
 def plan_checkpoint_all(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
     """Checkpoint every top-level module (the first component of `Op.module`).
 
@@ -61,7 +63,8 @@ def plan_checkpoint_all(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
     return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "checkpoint-all", cost)
 
 
-@register("sqrt-n", "Chen et al. 2016: ~sqrt(n) segments of forward layers, recompute inside segments")
+@register("sqrt-n", "Chen et al. 2016: ~sqrt(n) segments of forward layers, recompute inside segments",
+          decides=("recompute",))
 def plan_sqrt_n(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
                 segments: int | None = None) -> Plan:
     """Checkpoint ~sqrt(n) consecutive segments of the n forward layers.

@@ -19,15 +19,18 @@ def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAU
     return Plan(pool=result.slots, pool_bytes=result.footprint_bytes)
 
 
-@register("smartpool", "offline pool: orderings portfolio + exact search (beyond paper 000)", allocator="smartpool")
+@register("smartpool", "offline pool: orderings portfolio + exact search (beyond paper 000)", decides=("pool",),
+          allocator="smartpool")
 def smartpool_planner(trace, budget_bytes, cost, *, seed=0, allocator="smartpool",
                       time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Plan:
     """Keep everything resident; lay buffers out with `smartpool` under `time_limit_s`."""
     return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator, time_limit_s=time_limit_s)
 
 
-@register("smartpool-bestfit", "offline pool, paper 000: size-descending best-fit", allocator="smartpool-bestfit")
-@register("smartpool-firstfit", "offline pool, paper 000: size-descending first-fit", allocator="smartpool-firstfit")
+@register("smartpool-bestfit", "offline pool, paper 000: size-descending best-fit", decides=("pool",),
+          allocator="smartpool-bestfit")
+@register("smartpool-firstfit", "offline pool, paper 000: size-descending first-fit", decides=("pool",),
+          allocator="smartpool-firstfit")
 def paper_pool_planner(trace, budget_bytes, cost, *, seed=0, allocator="smartpool-bestfit") -> Plan:
     """Keep everything resident; lay buffers out with the paper's greedy."""
     return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator)

@@ -55,6 +55,19 @@ class Decision:
         """True for a gap across the iteration boundary."""
         return self.back_before <= self.out_after
 
+    def away_ranges(self, n_ops: int, until: int | None = None) -> list[tuple[int, int]]:
+        """Half-open op ranges during which the storage is away, from out_after+1 up to `until`.
+
+        `until` defaults to back_before (the data is absent); pass the prefetch op for the
+        span during which its device bytes are released. A gap across the iteration
+        boundary is split at the iteration's end.
+        """
+        end = self.back_before if until is None else until
+        start = self.out_after + 1
+        if self.wraps and not start <= end:
+            return [r for r in ((start, n_ops), (0, end)) if r[0] < r[1]]
+        return [(start, end)] if start < end else []
+
     @property
     def prefetch_at(self) -> int:
         """The op at whose start the prefetch is issued (swap) or the recompute runs."""

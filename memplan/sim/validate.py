@@ -108,21 +108,8 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
 # --- gaps -------------------------------------------------------------------------------------
 
 
-def _gap_ranges(d: Decision, n_ops: int, until: int | None = None) -> list[tuple[int, int]]:
-    """Half-open op ranges during which the storage is away, from out_after+1 up to `until`.
-
-    `until` defaults to back_before (data absent); pass the prefetch op for the span during
-    which the device bytes are released. A wrap-around gap is split at the iteration end.
-    """
-    end = d.back_before if until is None else until
-    start = d.out_after + 1
-    if d.wraps and not start <= end:
-        return [r for r in ((start, n_ops), (0, end)) if r[0] < r[1]]
-    return [(start, end)] if start < end else []
-
-
 def _absent_at(d: Decision, op: int, n_ops: int) -> bool:
-    return any(lo <= op < hi for lo, hi in _gap_ranges(d, n_ops))
+    return any(lo <= op < hi for lo, hi in d.away_ranges(n_ops))
 
 
 # --- structure --------------------------------------------------------------------------------
@@ -161,7 +148,7 @@ def _first_write(trace: Trace, sid: int) -> int:
 
 def _check_accesses(trace: Trace, d: Decision, out: list[Violation]) -> None:
     accesses = trace.accesses[d.storage]
-    for lo, hi in _gap_ranges(d, trace.num_steps):
+    for lo, hi in d.away_ranges(trace.num_steps):
         i = bisect.bisect_left(accesses, lo)
         if i < len(accesses) and accesses[i] < hi:
             out.append(Violation(kind=READ_WHILE_ABSENT, storage=d.storage, op=accesses[i],
@@ -191,7 +178,7 @@ def _check_overlaps(trace: Trace, sid: int, decisions: list[Decision], out: list
         for b in decisions[i + 1:]:
             clash = a.out_after == b.out_after or _absent_at(a, b.out_after, n) or _absent_at(a, b.back_before, n) \
                 or _absent_at(b, a.out_after, n) or _absent_at(b, a.back_before, n) \
-                or _ranges_meet(_gap_ranges(a, n), _gap_ranges(b, n))
+                or _ranges_meet(a.away_ranges(n), b.away_ranges(n))
             if clash:
                 out.append(Violation(kind=OVERLAPPING_GAPS, storage=sid, op=b.out_after,
                                      message=f"storage {sid}: gaps ({a.out_after} -> {a.back_before}) and "
@@ -397,7 +384,7 @@ def static_load(trace: Trace, decisions: list[Decision]) -> np.ndarray:
     delta = np.zeros(n + 1, dtype=np.int64)
     for d in decisions:
         nbytes = int(trace.storages[d.storage].nbytes)
-        for lo, hi in _gap_ranges(d, n, until=d.prefetch_at):
+        for lo, hi in d.away_ranges(n, until=d.prefetch_at):
             delta[lo] -= nbytes
             delta[hi] += nbytes
     return trace.load + np.cumsum(delta)[:n]

@@ -115,12 +115,35 @@ def _plain(name, batch, config, steps) -> tuple[list, float]:
     return [p.detach().clone() for p in w.model.parameters()], statistics.median(r["time_s"] for r in records)
 
 
+def dispatch_cost(spec: str, steps: int = 5) -> dict:
+    """Median step time of plain training and of the same steps under the `none` program (the
+    executor's dispatch-level points with nothing to do), neither with a memory meter."""
+    name, batch = spec.rsplit("@", 1)
+    batch, config = int(batch), CONFIGS.get(name, {})
+    times = {}
+    for planned in (False, True):
+        w = get_workload(name, batch, seed=SEED, **config)
+        step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, measure=False) if planned else w.step
+        x = w.make_inputs(batch, seed=SEED + 1)
+        step(*x)  # warm-up
+        samples = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            step(*x)
+            samples.append(time.perf_counter() - started)
+        times["planned_s" if planned else "plain_s"] = statistics.median(samples)
+    ops = len(optimize(*(lambda w: (w.step, *w.inputs))(get_workload(name, batch, seed=SEED, **config)),
+                       measure=False).trace.ops)
+    return {"model": spec, "ops": ops, **times,
+            "per_op_us": (times["planned_s"] - times["plain_s"]) / ops * 1e6}
+
+
 def _diff(model, reference) -> float:
     return max(float((p.detach().double() - r.double()).abs().max()) for p, r in zip(model.parameters(), reference))
 
 
-def to_markdown(rows: list[dict]) -> str:
-    """The summary table the README shows and the full table."""
+def to_markdown(rows: list[dict], costs: list[dict]) -> str:
+    """The summary, the executor's dispatch cost per model, and the full table."""
     fresh = [r for r in rows if "same_run_as" not in r and "error" not in r]
     ok = sum(r["within_budget"] and r["within_2pct_of_simulated"] for r in fresh)
     worst = max((r["measured_peak_bytes"] / r["budget_bytes"] - 1 for r in fresh), default=0.0)
@@ -131,6 +154,12 @@ def to_markdown(rows: list[dict]) -> str:
              "| model | planner | budget | budget MiB | simulated MiB | measured MiB (per step) | within | "
              "max param diff | overhead plan / program (sim.) | step s (plain s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["| model | ops per step | plain step s | under the `none` program s | cost per op (us) |",
+            "|---|---|---|---|---|"]
+    head += [f"| {c['model']} | {c['ops']} | {c['plain_s']:.3f} | {c['planned_s']:.3f} | {c['per_op_us']:.1f} |"
+             for c in costs]
+    lines = lines[:1] + ["Run-time cost of the executor's dispatch-level points (median of 5 steps, no meter):\n"] \
+        + head + [""] + lines[1:]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['planner']} | {r['budget']} | error: {r['error']} |||||||")
@@ -160,12 +189,13 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
     planners = args.planners.split(",") if args.planners else sorted(known_planners())
-    rows, started = [], time.perf_counter()
+    rows, costs, started = [], [], time.perf_counter()
     for spec in args.models.split(","):
+        costs.append(dispatch_cost(spec))
         rows += model_rows(spec, planners, args.steps)
-        atomic_write_text(args.out + ".json", json.dumps({"rows": rows}, indent=1) + "\n")
+        atomic_write_text(args.out + ".json", json.dumps({"dispatch_cost": costs, "rows": rows}, indent=1) + "\n")
     log.info("done in %.0f s", time.perf_counter() - started)
-    atomic_write_text(args.out + ".md", to_markdown(rows))
+    atomic_write_text(args.out + ".md", to_markdown(rows, costs))
 
 
 if __name__ == "__main__":

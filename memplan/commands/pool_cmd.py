@@ -45,7 +45,7 @@ def load_problem(path: str, plan_path: str | None, device: str):
     from ..model import read_plan
     from ..pool.intervals import residency_problem
 
-    return residency_problem(trace, read_plan(plan_path), Cost.for_trace(trace, device))
+    return residency_problem(trace, read_plan(plan_path, trace), Cost.for_trace(trace, device))
 
 
 def run(args) -> int:

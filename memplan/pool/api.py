@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import unknown_name
-from ..model import Plan, PoolSlot, Trace
+from ..model import Plan, PoolSlot, Trace, check_plan
 from .check import check_layout
 from .problem import PoolProblem
 
@@ -137,6 +137,8 @@ def layout(trace: Trace, plan: Plan | None = None, allocator: str = "smartpool",
     """
     from .intervals import residency_problem
 
+    if plan is not None:
+        check_plan(trace, plan)
     return solve(residency_problem(trace, plan, cost), allocator, time_limit_s, seed, **options)
 
 

@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..errors import MemplanError
-from ..model import Plan, Trace, read_plan
+from ..model import Plan, Trace, check_plan, read_plan
 from ..exec.runtime import PlanRuntime
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,9 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         plan = make_plan(trace, budget, planner=planner, device=device, seed=seed,
                          simulate_result=_have_simulator(), **planner_params)
     elif not isinstance(plan, Plan):
-        plan = read_plan(plan)
+        plan = read_plan(plan, trace)
+    else:
+        check_plan(trace, plan)
     runtime = PlanRuntime(trace, plan, model, device=_device_of(example_inputs, model), optimizer=optimizer)
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs))
 

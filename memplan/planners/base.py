@@ -17,7 +17,7 @@ from typing import Callable
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
 from ..errors import InfeasibleBudgetError, MemplanError, unknown_name
-from ..model import Plan, Trace
+from ..model import Plan, Trace, expect_trace
 from ..units import format_bytes, parse_budget
 
 PlannerFn = Callable[..., Plan]
@@ -82,10 +82,13 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
          simulate_result: bool = True, **params) -> Plan:
     """Plan where every storage of `trace` lives under a memory `budget`.
 
+    The budget bounds device memory: the memory load under the plan and, when the plan
+    lays out a pool, the pool's size (a plan whose pool exceeds the budget is infeasible).
+
     Args:
         trace: the traced iteration.
-        budget: bytes, a size string ("8GiB") or a share of the unconstrained peak ("60%");
-            None means no limit.
+        budget: bytes, a size string ("8GiB"), a share of the unconstrained peak ("60%",
+            or a float in (0, 1]); None means no limit (the plan records none).
         planner: a registered planner name (see `known_planners()`).
         device: profile name or file for the cost model.
         seed: random seed for search planners.
@@ -96,8 +99,10 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
         The Plan, with metadata filled in.
     Raises:
         UnknownNameError: unknown planner or parameter.
+        MemplanError: a bad budget or parameter value, or `trace` is not a Trace.
         InfeasibleBudgetError: no plan of this planner fits; names the smallest feasible load.
     """
+    expect_trace(trace, "plan")
     spec = get_planner(planner)
     budget_bytes = resolve_budget(trace, budget)
     cost = cost or Cost.for_trace(trace, device)
@@ -105,12 +110,15 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     started = time.perf_counter()
     result = spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
     elapsed = time.perf_counter() - started
-    result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=budget_bytes,
+    recorded = None if budget is None else budget_bytes
+    if recorded is not None and result.pool_bytes is not None and result.pool_bytes > recorded:
+        raise pool_over_budget(recorded, result.pool_bytes, planner)
+    result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=recorded,
                               trace_digest=trace.digest, planning_s=elapsed)
     if simulate_result:
         from ..sim.simulate import simulate
 
-        result = result.with_meta(predicted=simulate(trace, result, cost=cost, budget=budget_bytes).summary())
+        result = result.with_meta(predicted=simulate(trace, result, cost=cost).summary())
     return result
 
 
@@ -129,12 +137,53 @@ def infeasible(budget_bytes: int, min_feasible_bytes: int, planner: str) -> Infe
         budget_bytes=budget_bytes, min_feasible_bytes=min_feasible_bytes)
 
 
+def pool_over_budget(budget_bytes: int, pool_bytes: int, planner: str) -> InfeasibleBudgetError:
+    """The error for a plan whose pool does not fit the budget (the pool is device memory too)."""
+    return InfeasibleBudgetError(
+        f"budget {format_bytes(budget_bytes)} is infeasible for planner {planner!r}: the pool it laid out needs "
+        f"{format_bytes(pool_bytes)}; the smallest feasible load it found is {format_bytes(pool_bytes)} "
+        f"({pool_bytes} bytes)", budget_bytes=budget_bytes, min_feasible_bytes=pool_bytes)
+
+
 def _check_params(spec: PlannerSpec, params: dict) -> None:
+    """Unknown names, and values of the wrong type or sign, fail in one line before planning."""
     signature = inspect.signature(spec.fn)
     if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
         return
     accepted = set(signature.parameters) - {"trace", "budget_bytes", "cost", "seed"} - set(spec.defaults)
-    for name in params:
+    for name, value in params.items():
         if name not in accepted:
             raise MemplanError(f"planner {spec.name!r} has no parameter {name!r}; "
                                f"it takes: {', '.join(sorted(accepted)) or 'none'}")
+        _check_value(spec.name, name, value, signature.parameters[name])
+
+
+_SIMPLE_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "None": type(None)}
+
+
+def _check_value(planner: str, name: str, value, parameter: inspect.Parameter) -> None:
+    """Check `value` against the parameter's declared simple type (int, float, bool, str, None)."""
+    allowed = _declared_types(parameter)
+    if allowed is None:
+        return  # a callable or structured parameter: the planner checks it
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = isinstance(value, allowed) and (bool in allowed or not isinstance(value, bool))
+    if not fits and not (number and isinstance(value, int) and float in allowed):
+        kinds = " or ".join(t.__name__ if t is not type(None) else "None" for t in allowed)
+        raise MemplanError(f"planner {planner!r}: parameter {name} must be {kinds}, not {value!r}")
+    if number and not (value >= 0):  # also refuses NaN
+        raise MemplanError(f"planner {planner!r}: parameter {name} must not be negative, not {value!r}")
+
+
+def _declared_types(parameter: inspect.Parameter) -> tuple | None:
+    """The types a parameter's annotation names, if all are simple; else those of a numeric default."""
+    note = parameter.annotation
+    if isinstance(note, str):
+        names = [part.strip() for part in note.split("|")]
+        if all(n in _SIMPLE_TYPES for n in names):
+            return tuple(_SIMPLE_TYPES[n] for n in names)
+        return None
+    default = parameter.default
+    if note is inspect.Parameter.empty and isinstance(default, (bool, int, float)):
+        return (type(default),)
+    return None

@@ -25,6 +25,7 @@ DEFAULT_SEQ_LEN = 128
 IMAGENET_SIZE = 224
 IMAGENET_CLASSES = 1000
 ATTENTION = "eager"
+CAUSAL_LM_LOSS = "ForCausalLM"  # transformers' loss mapping key for next-token prediction
 # Config keys that belong to the workload, not to the transformers config.
 WORKLOAD_KEYS = ("seq_len", "lr", "optimizer")
 
@@ -137,6 +138,9 @@ def _builder(transformers, preset: HFPreset):
                 hf_config.image_size = input_size
         model = model_class(hf_config)
         model.config.use_cache = False  # training: no key/value cache
+        if preset.task == "clm" and getattr(model, "loss_type", None) is None:
+            # What transformers falls back to anyway, named so it does not warn about it.
+            model.loss_type = CAUSAL_LM_LOSS
         return model
 
     return build

@@ -11,9 +11,11 @@ import logging
 import time
 
 import torch
+from torch.utils._pytree import tree_leaves
 
+from ..errors import MemplanError
 from ..planners.base import resolve_budget
-from .optimize import optimize
+from .optimize import model_of, optimize
 from .torch_tools import BASELINES, baseline_installed, check_baseline
 
 log = logging.getLogger(__name__)
@@ -50,9 +52,12 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed)
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
-    with baseline_installed(baseline, w.model, fraction, torch.device(device)) if baseline \
+    model = step.model  # for a user's (step_fn, inputs): the module found in its closure
+    if baseline and model is None:
+        raise MemplanError(f"--baseline {baseline} wraps the model's blocks, but {name} hides its model")
+    with baseline_installed(baseline, model, fraction, torch.device(device)) if baseline \
             else contextlib.nullcontext():
-        times, peak = _timed(step if not baseline else w.step, inputs, w.model, seed)
+        times, peak = _timed(step if not baseline else w.step, inputs, model, seed)
     out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
            "budget_bytes": budget_bytes, "steps": steps, "device": str(device), "step_time_s": times,
            **peak, "trace_peak_bytes": step.trace.peak_load_bytes,
@@ -63,8 +68,12 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)
-        _timed(ref.step, inputs, ref.model, seed)
-        out.update(state_differences(w.model, ref.model))
+        ref_model = model_of(ref.step, ref.model)
+        if model is None or ref_model is None:
+            raise MemplanError(f"--check compares parameters, but {name} hides its model: return a Workload, or "
+                               f"keep the model in the step function's closure")
+        _timed(ref.step, inputs, ref_model, seed)
+        out.update(state_differences(model, ref_model))
     return out
 
 
@@ -79,7 +88,8 @@ def state_differences(model: torch.nn.Module, reference: torch.nn.Module) -> dic
 
 
 def _timed(step, inputs, model, seed: int) -> tuple[list, dict]:
-    cuda = next(model.parameters()).is_cuda
+    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    cuda = any(t.is_cuda for t in tensors + list(model.parameters() if model is not None else ()))
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -105,8 +115,6 @@ def measured_objective(trace, budget=None):
     Raises:
         MemplanError: no CUDA device here.
     """
-    from ..errors import MemplanError
-
     if not torch.cuda.is_available():
         raise MemplanError("objective 'measured' needs a CUDA device; use objective 'simulated'")
     return lambda plan: float(measure_overhead(trace, plan, budget))
@@ -123,7 +131,6 @@ def measure_overhead(trace, plan, budget=None, *, steps: int = OVERHEAD_STEPS) -
     """
     import statistics
 
-    from ..errors import MemplanError
     from ..zoo.registry import get_workload
 
     meta = trace.meta

@@ -160,3 +160,11 @@ def test_user_encoder_module_fake_equals_real(tmp_path, monkeypatch, capsys):
     assert out["--fake"]["peak_load_bytes"] == out["--real"]["peak_load_bytes"]
     assert out["--fake"]["bytes_by_kind"] == out["--real"]["bytes_by_kind"]
     assert "input" not in out["--fake"]["bytes_by_kind"] or out["--fake"]["bytes_by_kind"]["input"] == 4 * 6 * 16 * 4
+
+
+def test_zoo_lstm_fake_equals_real():
+    """The zoo's char-RNN runs oneDNN's LSTM on the CPU, whose workspace the fake kernel left empty."""
+    small = {"seq_len": 8, "embed_size": 16, "hidden_size": 32, "dropout": 0.1}
+    fake = trace_workload("lstm", 2, fake=True, **small)
+    _same_trace(fake, trace_workload("lstm", 2, fake=False, **small))
+    assert any(s.dtype == "uint8" and s.nbytes > 0 for s in fake.storages)  # the workspaces

@@ -69,7 +69,7 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
         return overhead
 
     trials = max(n_trials, MIN_TRIALS)
-    with _quiet_optuna(), progress_bar("autoswap:bo", total=trials, unit=" trials") as bar:
+    with _quiet_optuna(), _one_thread(), progress_bar("autoswap:bo", total=trials, unit=" trials") as bar:
         study = optuna.create_study(direction="minimize", sampler=_sampler(optuna, seed))
         for one_hot in np.eye(len(WEIGHT_NAMES)):
             study.enqueue_trial(dict(zip(WEIGHT_NAMES, map(float, one_hot))))
@@ -113,6 +113,26 @@ def _objective_fn(problem, objective: str | Callable) -> Callable:
 def _swapped_bytes(problem, plan) -> int:
     nbytes = problem.trace.nbytes
     return int(sum(int(nbytes[d.storage]) for d in plan.decisions))
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """One BLAS/OpenMP thread while Optuna's GP sampler runs.
+
+    Its acquisition search runs scipy's L-BFGS-B and torch on tiny arrays thousands of
+    times; more threads only add synchronisation, and on a busy host their spinning made
+    the search 3x slower (README, planning time). Torch's own pool is set alike.
+    """
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

@@ -121,8 +121,11 @@ def _one_thread():
 
     Its acquisition search runs scipy's L-BFGS-B and torch on tiny arrays thousands of
     times; more threads only add synchronisation, and on a busy host their spinning made
-    the search 3x slower (README, planning time). Torch's own pool is set alike.
+    the search 3x slower (README, planning time). Torch's own pool is set alike. The limit
+    applies to libraries loaded when it is set, so scipy (which the sampler imports on first
+    use) is imported first.
     """
+    import scipy.optimize  # noqa: F401  (loads scipy's own BLAS now, so that the limit covers it too)
     import torch
     from threadpoolctl import threadpool_limits
 

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
         return int(args.func(args) or 0)
     except MemplanError as exc:
-        print(f"memplan: error: {exc}", file=sys.stderr)
+        # One line, whatever the message quotes (a library's multi-line error text).
+        print(f"memplan: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         print("memplan: interrupted", file=sys.stderr)

@@ -64,7 +64,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
             continue
         record = _json_line(line, source, lineno)
         kind = record.pop("type", None)
-        if kind not in _REQUIRED:
+        if not isinstance(kind, str) or kind not in _REQUIRED:
             raise TraceFormatError(f"{source}:{lineno}: field 'type': expected 'storage' or 'op', got {kind!r}")
         _check_fields(record, kind, source, lineno)
         try:

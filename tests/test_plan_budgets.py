@@ -15,7 +15,6 @@ import memplan
 from memplan.cli import main
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Plan, write_plan
-from memplan.sim.validate import POOL_OVER_BUDGET
 from memplan.testing.synthetic import chain_trace
 from memplan.tracing.io import write_trace
 
@@ -47,7 +46,7 @@ def test_validate_reports_a_pool_over_the_budget(trace):
     pooled = memplan.plan(trace, "100%", planner="smartpool-bestfit")
     assert memplan.validate(trace, pooled) == []
     wasteful = pooled.with_meta(pool_bytes=pooled.budget_bytes + 4096)  # same slots, a larger block
-    assert [v.kind for v in memplan.validate(trace, wasteful)] == [POOL_OVER_BUDGET]
+    assert [v.kind for v in memplan.validate(trace, wasteful)] == ["pool_over_budget"]
 
 
 def test_simulate_uses_the_plans_budget(trace):

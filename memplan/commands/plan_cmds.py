@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     q.set_defaults(func=run_planners)
 
     c = sub.add_parser("calibrate", help="measure this CUDA GPU into a device profile (needs a GPU)")
-    c.add_argument("-o", "--output", type=output_file, default=None, help="profile JSON to write (usable as --device FILE)")
+    c.add_argument("-o", "--output", type=output_file, default=None,
+                   help="profile JSON to write (usable as --device FILE)")
     c.add_argument("--name", default=None, help="profile name (default: from the GPU's name)")
     c.add_argument("--gpu", type=nonnegative_int, default=0, help="CUDA device index (default 0)")
     add_json_flag(c)
@@ -131,7 +132,8 @@ def _reject(args, summary: dict, violations) -> int:
 
 
 def _plan_rows(summary: dict) -> list[tuple[str, object]]:
-    rows = [("planner", summary["planner"]), ("budget", _budget(summary["budget_bytes"], summary["trace_peak_bytes"])),
+    rows = [("planner", summary["planner"]),
+            ("budget", _budget(summary["budget_bytes"], summary["trace_peak_bytes"])),
             ("decisions", f"{summary['decisions']} ({summary['swaps']} swap, {summary['recomputes']} recompute)")]
     if summary["pool_bytes"] is not None:
         rows.append(("pool", _bytes(summary["pool_bytes"])))

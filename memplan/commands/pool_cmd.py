@@ -17,7 +17,8 @@ def add_parser(sub):
                    help="smartpool (default), smartpool-bestfit, smartpool-firstfit, exact, cnmem, caching, "
                         "caching-expandable, vdnnpp-highend")
     p.add_argument("--plan", help="a plan file: swapped-out buffers free memory while on the host")
-    p.add_argument("--time-limit", type=positive_float, default=10.0, help="seconds for smartpool's search (default 10)")
+    p.add_argument("--time-limit", type=positive_float, default=10.0,
+                   help="seconds for smartpool's search (default 10)")
     p.add_argument("--order", choices=("prefetch-first", "derivative-first"), default=None,
                    help="vdnnpp-highend: allocation order at one step (paper 001)")
     p.add_argument("--device", default="h100", help="cost profile used to time swap-out completion")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..cli import add_json_flag, emit_json, output_file
 from ..errors import MemplanError
 
@@ -36,11 +38,10 @@ def run(args) -> int:
     plan = read_plan(args.plan, trace) if args.plan else None
     budget, source = simulation_budget(trace, plan, args.budget)
     sim = Simulator(trace, Cost.for_trace(trace, args.device))
-    result = sim.run(plan, budget, timeline=bool(args.plot))
+    result = replace(sim.run(plan, budget, timeline=bool(args.plot)), budget_bytes=budget, budget_source=source)
     if args.plot and result.feasible:
         _plot(trace, sim, result, budget, args)
-    summary = {"trace": args.trace, "device": args.device, **result.summary(), "budget_bytes": budget,
-               "budget_source": source}
+    summary = {"trace": args.trace, "device": args.device, **result.summary()}
     if args.json:
         emit_json(summary)
     else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_file, positive_int, torch_device, use_working_dir
+from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_file, positive_int,
+                   torch_device, use_working_dir)
 from ..units import format_bytes
 
 # Meta entries too long for a summary (per saved tensor lists); they stay in the file.
@@ -24,10 +25,12 @@ def add_parser(sub) -> None:
     mode.add_argument("--fake", dest="fake", action="store_true", default=True,
                       help="fake tensors: nothing is allocated (default)")
     mode.add_argument("--real", dest="fake", action="store_false", help="real tensors (op times on CUDA)")
-    p.add_argument("--input-size", type=positive_int, default=None, help="image side in pixels (image models; default: the model's)")
+    p.add_argument("--input-size", type=positive_int, default=None,
+                   help="image side in pixels (image models; default: the model's)")
     p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="model options (int, float, true/false, else string)")
-    p.add_argument("--device", type=torch_device, default="cpu", help="where model and inputs live (e.g. cuda with --real)")
+    p.add_argument("--device", type=torch_device, default="cpu",
+                   help="where model and inputs live (e.g. cuda with --real)")
     p.add_argument("--warmup", type=nonnegative_int, default=1, help="untraced iterations first (default 1)")
     p.add_argument("-o", "--output", type=output_file, required=True, help="trace file to write (JSON lines)")
     add_json_flag(p)
@@ -37,7 +40,8 @@ def add_parser(sub) -> None:
     q.add_argument("trace", help="trace file")
     q.add_argument("--format", default=None, help="file format (detected when omitted)")
     q.add_argument("--per-op", action="store_true", help="also give the memory load at every op")
-    q.add_argument("--plot", type=output_file, default=None, metavar="FILE.png", help="draw the load curve with phases shaded")
+    q.add_argument("--plot", type=output_file, default=None, metavar="FILE.png",
+                   help="draw the load curve with phases shaded")
     add_json_flag(q)
     q.set_defaults(func=run_info)
 

@@ -53,8 +53,10 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure
-    if baseline and model is None:
-        raise MemplanError(f"--baseline {baseline} wraps the model's blocks, but {name} hides its model")
+    if model is None and (baseline or check):
+        step.close()
+        raise MemplanError(f"{'--baseline' if baseline else '--check'} needs the model, but {name} hides it: "
+                           f"return a Workload, or keep the model in the step function's closure")
     with baseline_installed(baseline, model, fraction, torch.device(device)) if baseline \
             else contextlib.nullcontext():
         times, peak = _timed(step if not baseline else w.step, inputs, model, seed)
@@ -69,9 +71,6 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)
         ref_model = model_of(ref.step, ref.model)
-        if model is None or ref_model is None:
-            raise MemplanError(f"--check compares parameters, but {name} hides its model: return a Workload, or "
-                               f"keep the model in the step function's closure")
         _timed(ref.step, inputs, ref_model, seed)
         out.update(state_differences(model, ref_model))
     return out

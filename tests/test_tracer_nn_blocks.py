@@ -168,3 +168,21 @@ def test_zoo_lstm_fake_equals_real():
     fake = trace_workload("lstm", 2, fake=True, **small)
     _same_trace(fake, trace_workload("lstm", 2, fake=False, **small))
     assert any(s.dtype == "uint8" and s.nbytes > 0 for s in fake.storages)  # the workspaces
+
+
+TINY_HF = {
+    "hf:gpt2": dict(n_layer=1, n_embd=32, n_head=2, vocab_size=101, n_positions=16, seq_len=8),
+    "hf:bert-base": dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                         vocab_size=101, seq_len=8),
+    "hf:vit-base": dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                        patch_size=8, num_labels=7, input_size=32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY_HF))
+def test_hf_fake_equals_real(name):
+    """GPT-2 without an attention mask looked for packed sequences in its position ids: a branch on
+    tensor values that real tensors take and fake ones cannot; the zoo passes an all-ones mask."""
+    pytest.importorskip("transformers")
+    fake = trace_workload(name, 2, fake=True, **TINY_HF[name])
+    _same_trace(fake, trace_workload(name, 2, fake=False, **TINY_HF[name]))

@@ -160,9 +160,13 @@ def _inputs(task: str):
 
 
 def _loss(task: str):
-    key = "pixel_values" if task == "image" else "input_ids"
-
     def loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return model(**{key: x, "labels": labels}).loss
+        if task == "image":
+            return model(pixel_values=x, labels=labels).loss
+        if task == "clm":
+            # An explicit all-ones mask: without one, transformers looks for packed sequences in the
+            # position ids, a data-dependent branch that real tensors take and fake ones cannot.
+            return model(input_ids=x, attention_mask=torch.ones_like(x), labels=labels).loss
+        return model(input_ids=x, labels=labels).loss
 
     return loss

@@ -98,7 +98,7 @@ def _factory(name):
             x = torch.randn(batch, 3, 8, 8)
         else:
             x = torch.randn(batch, SEQ, WIDTH)
-        head = nn.LazyLinear(CLASSES) if False else nn.Linear(WIDTH if not name.endswith("depthwise") else 8, CLASSES)
+        head = nn.Linear(8 if name.endswith("depthwise") else WIDTH, CLASSES)
         model = nn.Sequential(body, head)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         y = torch.randint(0, CLASSES, (batch,))

@@ -7,9 +7,11 @@ mistake prints one line on stderr and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
+import math
 import sys
 
 from .errors import MemplanError
@@ -26,6 +28,8 @@ COMMAND_MODULES = (
 )
 
 USAGE_ERROR = 2
+# What torch's allocators say when an allocation fails (CPU: DefaultCPUAllocator; CUDA: OOM).
+ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "not enough memory")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
         return int(args.func(args) or 0)
     except MemplanError as exc:
-        print(f"memplan: error: {exc}", file=sys.stderr)
+        # One line, whatever the message quotes (a library's multi-line error text).
+        print(f"memplan: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         print("memplan: interrupted", file=sys.stderr)
@@ -64,6 +69,91 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """Console-script entry point."""
     sys.exit(main())
+
+
+# --- option types: a bad value is refused while parsing, in one line --------------------------
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer of at least 0."""
+    return _int_at_least(text, 0)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def output_file(text: str) -> str:
+    """argparse type: a file name that can be written (checked before any long work)."""
+    from .fileio import check_output_path
+
+    try:
+        check_output_path(text)
+    except MemplanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def torch_device(text: str) -> str:
+    """argparse type: a torch device that exists on this host ("cpu", "cuda", "cuda:1")."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r} (examples: cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: no CUDA device on this host (use cpu)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{text!r}: this host has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"device {text!r} is not supported (cpu or cuda)")
+    return text
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    return value
+
+
+@contextlib.contextmanager
+def fits_or_says_so(what: str, device: str):
+    """Turn a failed allocation (host or GPU) into one line: `what` does not fit on `device`."""
+    import torch
+
+    try:
+        yield
+    except (torch.OutOfMemoryError, MemoryError) as exc:
+        raise MemplanError(f"{what} does not fit in {device} memory ({type(exc).__name__}); "
+                           f"try a smaller --batch") from None
+    except RuntimeError as exc:
+        if not any(marker in str(exc) for marker in ALLOCATION_FAILURES):
+            raise
+        first = str(exc).strip().splitlines()[0]
+        raise MemplanError(f"{what} does not fit in {device} memory ({first}); try a smaller --batch") from None
+
+
+def use_working_dir() -> None:
+    """Let `module:function` models import from the current folder, as `python -m` does."""
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

@@ -1,12 +1,22 @@
-"""Reading and writing files the way every memplan output is written: whole or not at all."""
+"""Reading and writing files the way every memplan output is written: whole or not at all.
+
+An output goes to a temporary file in the target's folder and is renamed into place, so
+an interrupted or failed write never leaves a partial file under the target's name (nor
+the temporary one). The file gets the permissions a plain `open(path, "w")` would give
+(0666 minus the umask), not the 0600 of a temporary file.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import TraceFormatError
+from .errors import MemplanError, TraceFormatError
+
+NEW_FILE_MODE = 0o666  # what open(path, "w") asks for; the umask takes its bits away
 
 
 def read_text(path: str | os.PathLike, what: str) -> str:
@@ -17,15 +27,60 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise TraceFormatError(f"{path}: cannot read {what}: {exc}") from None
 
 
+def check_output_path(path: str | os.PathLike) -> Path:
+    """`path` as a Path, if a file can be written there; else MemplanError in one line.
+
+    Checked before any long work, so that a bad `-o` fails at once: the path must not be
+    a folder, and the nearest existing folder above it must be writable.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise MemplanError(f"{path}: is a directory, expected a file name")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise MemplanError(f"{path}: cannot write here ({folder} is not a writable directory)")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
+    """Yield a temporary file name to write; on success it is renamed to `path`.
+
+    Args:
+        path: the output file.
+        suffix: the temporary file's suffix (writers that infer the format from it, like
+            matplotlib, need the real one).
+    Raises:
+        MemplanError: `path` is a folder or cannot be written (one line; nothing left behind).
+    """
+    path = check_output_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+        os.close(fd)
+    except OSError as exc:
+        raise MemplanError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        yield tmp
+        os.chmod(tmp, NEW_FILE_MODE & ~_umask())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise MemplanError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(path) as tmp:
+        Path(tmp).write_text(text)
+
+
+def _umask() -> int:
+    # The only portable way to read the umask is to set it and set it back; the window is
+    # two system calls, and memplan does not create files from other threads meanwhile.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

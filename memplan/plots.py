@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
+from .fileio import atomic_output
+
 GIB = 2**30
+DPI = 120  # pixels per inch of every PNG
 
 
 def new_figure(width: float = 9.0, height: float = 4.5):
@@ -22,18 +23,17 @@ def new_figure(width: float = 9.0, height: float = 4.5):
 
 
 def save_figure(fig, path: str | os.PathLike) -> None:
-    """Save `fig` as PNG at `path` through a temporary file, then close it."""
+    """Save `fig` as PNG at `path` through a temporary file, then close it.
+
+    Raises:
+        MemplanError: `path` is a folder or cannot be written (nothing is left behind).
+    """
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_output(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=DPI, bbox_inches="tight")
     finally:
-        Path(tmp).unlink(missing_ok=True)
         plt.close(fig)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 
 from .errors import MemplanError
@@ -12,6 +14,8 @@ _UNITS = {
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
     "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
 }
+# Sizes above this are typos (and overflow the simulator's int64 arithmetic).
+MAX_BYTES = 2**60
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -19,45 +23,72 @@ def parse_bytes(text: str | int) -> int:
     """Parse "8GiB", "512MB", "1e9" or an int into a byte count.
 
     Raises:
-        MemplanError: the text is not a size.
+        MemplanError: the text is not a size, or not a plausible one (above 1 EiB).
     """
-    if isinstance(text, int):
-        return text
+    if isinstance(text, bool):
+        raise MemplanError(f"not a byte size: {text!r}")
+    if isinstance(text, numbers.Integral):
+        return _plausible(int(text), text)
     match = _SIZE.match(str(text))
     unit = match.group(2).upper() if match else None
     if match is None or unit not in _UNITS:
         raise MemplanError(f"not a byte size: {text!r} (examples: 8GiB, 512MB, 1000000)")
-    return int(round(float(match.group(1)) * _UNITS[unit]))
+    value = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(value):
+        raise MemplanError(f"not a byte size: {text!r} (examples: 8GiB, 512MB, 1000000)")
+    return _plausible(int(round(value)), text)
 
 
 def parse_budget(text: str | int | float, peak_bytes: int) -> int:
-    """Parse a budget: bytes ("8GiB") or a share of the unconstrained peak ("60%").
+    """Parse a budget: bytes ("8GiB", an int) or a share of the unconstrained peak.
+
+    A share is a string ending in "%" ("60%"; above 100% is a cap above the peak, e.g.
+    room for a pool's fragmentation) or a float in (0, 1] (0.6 means 60%).
 
     Args:
-        text: the budget as given by the user; an int is bytes.
-        peak_bytes: the unconstrained peak load that a percentage refers to.
+        text: the budget as given by the user.
+        peak_bytes: the unconstrained peak load that a share refers to.
     Returns:
-        The budget in bytes.
+        The budget in bytes, at least 1.
+    Raises:
+        MemplanError: not a budget, not positive, not finite, or rounding to 0 bytes.
     """
+    if isinstance(text, numbers.Real) and not isinstance(text, (bool, numbers.Integral)):
+        share = float(text)
+        if not 0.0 < share <= 1.0:
+            raise MemplanError(f"a float budget is a share of the peak in (0, 1] (0.7 means 70%), not {text!r}; "
+                               f"give bytes as an int or a string (8GiB, 512MB, 150%)")
+        return _share(share, peak_bytes, text)
     if isinstance(text, str) and text.strip().endswith("%"):
         try:
             share = float(text.strip()[:-1]) / 100.0
         except ValueError:
             raise MemplanError(f"not a budget: {text!r} (examples: 8GiB, 60%)") from None
-        if share <= 0:
-            raise MemplanError(f"budget must be positive: {text!r}")
-        return int(peak_bytes * share)
-    if isinstance(text, float):
-        return int(text)
+        return _share(share, peak_bytes, text)
     value = parse_bytes(text)
     if value <= 0:
         raise MemplanError(f"budget must be positive: {text!r}")
     return value
 
 
+def _share(share: float, peak_bytes: int, text) -> int:
+    if not math.isfinite(share) or share <= 0:
+        raise MemplanError(f"budget must be a positive share of the peak: {text!r}")
+    value = int(peak_bytes * share)
+    if value < 1:
+        raise MemplanError(f"budget {text!r} of a {peak_bytes}-byte peak is less than one byte")
+    return _plausible(value, text)
+
+
+def _plausible(value: int, text) -> int:
+    if value > MAX_BYTES:
+        raise MemplanError(f"not a plausible size: {text!r} is more than {format_bytes(MAX_BYTES)}")
+    return value
+
+
 def format_bytes(n: int | float) -> str:
     """Render a byte count with a binary unit, e.g. 1.50 GiB."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"

@@ -57,3 +57,20 @@ def test_bo_with_the_shared_simulator():
                for v in ("doa", "aoa", "wdoa", "swdoa"))
     bo = plan(trace, budget, planner="autoswap:bo", cost=cost, simulate_result=False, n_trials=FEW_TRIALS)
     assert overhead(bo) <= pure + 1e-12
+
+
+def test_search_runs_on_one_thread_and_restores_the_pools(monkeypatch):
+    """Issue 11, defect 9: BLAS and torch threads only slowed the GP sampler's tiny problems."""
+    torch = pytest.importorskip("torch")
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    seen = []
+
+    def counting(plan_):
+        seen.append((torch.get_num_threads(), {p["num_threads"] for p in threadpoolctl.threadpool_info()}))
+        return _stand_in_objective(plan_)
+
+    monkeypatch.setattr(_autoswap_bo, "_objective_fn", lambda problem, objective: counting)
+    before = (torch.get_num_threads(), [p["num_threads"] for p in threadpoolctl.threadpool_info()])
+    plan(_trace(), "60%", planner="autoswap:bo", device=DEVICE, simulate_result=False, n_trials=FEW_TRIALS)
+    assert seen and all(n == 1 and pools <= {1} for n, pools in seen)
+    assert (torch.get_num_threads(), [p["num_threads"] for p in threadpoolctl.threadpool_info()]) == before

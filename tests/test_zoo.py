@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor
 
 from memplan.errors import MemplanError, UnknownNameError
+from memplan.tracing.fake import new_fake_mode
 from memplan.zoo import get_workload, known_models
 
 BUILTIN = known_models(include_hf=False)
@@ -34,6 +35,7 @@ TINY = {
     "inception_v3": dict(input_size=75, num_classes=10),
     "unet": dict(input_size=32, base_channels=4),
     "lstm": dict(seq_len=8, hidden_size=16, embed_size=8, vocab_size=11),
+    "transformer-encoder": dict(seq_len=8, d_model=16, nhead=2, num_layers=2, vocab_size=11),
     "kmeans": dict(n_clusters=5, dim=3),
     "stochastic_depth": dict(depth=20),
 }
@@ -61,7 +63,7 @@ def tiny_config(name: str) -> dict:
 
 
 def fake_workload(name: str, batch: int = 2, **config):
-    mode = FakeTensorMode()
+    mode = new_fake_mode()  # memplan's: copies of fake tensors (nn.TransformerEncoder's layers) share it
     with mode:
         workload = get_workload(name, batch, **config)
     return mode, workload
@@ -114,6 +116,8 @@ def test_fake_step_at_default_size(name):
         assert out.shape == (2, 2, size, size)
     elif name == "lstm":
         assert out.shape == (2, 100, 65)
+    elif name == "transformer-encoder":
+        assert out.shape == (2, 128, 1000)
     elif name != "kmeans":
         assert out.shape == (2, 10 if ("cifar" in name or name == "stochastic_depth") else 1000)
 

@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json
+from ..cli import add_json_flag, emit_json, nonnegative_int, output_file
 from ..errors import MemplanError
 from ..units import format_bytes
 
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--param", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="planner hyper-parameters (int, float, true/false, else string)")
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
-    p.add_argument("-o", "--output", required=True, help="plan file to write (JSON)")
+    p.add_argument("-o", "--output", type=output_file, required=True, help="plan file to write (JSON)")
     add_json_flag(p)
     p.set_defaults(func=run_plan)
 
@@ -40,9 +40,10 @@ def add_parser(sub) -> None:
     q.set_defaults(func=run_planners)
 
     c = sub.add_parser("calibrate", help="measure this CUDA GPU into a device profile (needs a GPU)")
-    c.add_argument("-o", "--output", default=None, help="profile JSON to write (usable as --device FILE)")
+    c.add_argument("-o", "--output", type=output_file, default=None,
+                   help="profile JSON to write (usable as --device FILE)")
     c.add_argument("--name", default=None, help="profile name (default: from the GPU's name)")
-    c.add_argument("--gpu", type=int, default=0, help="CUDA device index (default 0)")
+    c.add_argument("--gpu", type=nonnegative_int, default=0, help="CUDA device index (default 0)")
     add_json_flag(c)
     c.set_defaults(func=run_calibrate)
 
@@ -94,7 +95,7 @@ def run_plan(args) -> int:
     result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed,
                   simulate_result=simulator_available(), **params)
     violations = validate(trace, result, result.budget_bytes)
-    summary = plan_summary(result)
+    summary = {**plan_summary(result), "trace_peak_bytes": trace.peak_load_bytes}
     if violations:
         return _reject(args, summary, violations)
     write_plan(result, args.output)
@@ -133,7 +134,8 @@ def _reject(args, summary: dict, violations) -> int:
 
 
 def _plan_rows(summary: dict) -> list[tuple[str, object]]:
-    rows = [("planner", summary["planner"]), ("budget", _bytes(summary["budget_bytes"])),
+    rows = [("planner", summary["planner"]),
+            ("budget", _budget(summary["budget_bytes"], summary["trace_peak_bytes"])),
             ("decisions", f"{summary['decisions']} ({summary['swaps']} swap, {summary['recomputes']} recompute)")]
     if summary["pool_bytes"] is not None:
         rows.append(("pool", _bytes(summary["pool_bytes"])))
@@ -160,6 +162,13 @@ def _prediction_rows(p: dict) -> list[tuple[str, object]]:
             ("link traffic", format_bytes(p.get("link_bytes", 0)))]
     rows += [(f"  {k}", f"{v * 1e3:.2f} ms") for k, v in p.get("breakdown", {}).items()]
     return rows
+
+
+def _budget(budget: int | None, peak: int) -> str:
+    if budget is None or not peak:
+        return _bytes(budget)
+    above = ": above it, nothing needs to move" if budget > peak else ""
+    return f"{_bytes(budget)}, {budget / peak:.0%} of the unconstrained peak{above}"
 
 
 def _bytes(n: int | None) -> str:

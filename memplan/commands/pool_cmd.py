@@ -7,7 +7,7 @@ from ..errors import MemplanError
 
 def add_parser(sub):
     """Register `memplan pool`."""
-    from ..cli import add_json_flag
+    from ..cli import add_json_flag, output_file, positive_float
 
     p = sub.add_parser("pool", help="plan a memory pool (SmartPool) or simulate an allocator",
                        description="Lay out every buffer of INPUT (a trace, a trace plus --plan, or a minimalloc "
@@ -17,13 +17,14 @@ def add_parser(sub):
                    help="smartpool (default), smartpool-bestfit, smartpool-firstfit, exact, cnmem, caching, "
                         "caching-expandable, vdnnpp-highend")
     p.add_argument("--plan", help="a plan file: swapped-out buffers free memory while on the host")
-    p.add_argument("--time-limit", type=float, default=10.0, help="seconds for smartpool's search (default 10)")
+    p.add_argument("--time-limit", type=positive_float, default=10.0,
+                   help="seconds for smartpool's search (default 10)")
     p.add_argument("--order", choices=("prefetch-first", "derivative-first"), default=None,
                    help="vdnnpp-highend: allocation order at one step (paper 001)")
     p.add_argument("--device", default="h100", help="cost profile used to time swap-out completion")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--offsets-out", help="write id,offset CSV (minimalloc ids for CSV input)")
-    p.add_argument("--plot", help="write a PNG of the layout (time x address)")
+    p.add_argument("--offsets-out", type=output_file, help="write id,offset CSV (minimalloc ids for CSV input)")
+    p.add_argument("--plot", type=output_file, help="write a PNG of the layout (time x address)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -45,7 +46,7 @@ def load_problem(path: str, plan_path: str | None, device: str):
     from ..model import read_plan
     from ..pool.intervals import residency_problem
 
-    return residency_problem(trace, read_plan(plan_path), Cost.for_trace(trace, device))
+    return residency_problem(trace, read_plan(plan_path, trace), Cost.for_trace(trace, device))
 
 
 def run(args) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import add_json_flag, emit_json
+from ..cli import add_json_flag, emit_json, fits_or_says_so, positive_int, torch_device, use_working_dir
+from ..errors import MemplanError
 from ..units import format_bytes, parse_bytes
 
 
@@ -16,12 +17,13 @@ def add_parser(sub):
 
 def _add_maxbatch(sub):
     p = sub.add_parser("maxbatch", help="largest batch that fits a memory cap under a planner")
-    p.add_argument("model", help="zoo model name")
+    p.add_argument("model", help="zoo model name, hf:<name>, tv:<name> or module:function")
     p.add_argument("--memory", required=True, help="memory cap, e.g. 11GiB")
     p.add_argument("--planner", default="none")
-    p.add_argument("--device", default="cpu", help="cuda: measured under the cap; cpu: planned/simulated")
+    p.add_argument("--device", type=torch_device, default="cpu",
+                   help="cuda: measured under the cap; cpu: planned/simulated")
     p.add_argument("--profile", default="h100", help="cost-model profile the planner plans for")
-    p.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried")
+    p.add_argument("--limit", type=positive_int, default=1 << 16, help="largest batch tried")
     add_json_flag(p)
     p.set_defaults(func=run_maxbatch)
 
@@ -30,6 +32,7 @@ def run_maxbatch(args) -> int:
     """Search the batch and print it."""
     from ..workflows.maxbatch import max_batch
 
+    use_working_dir()
     out = max_batch(args.model, parse_bytes(args.memory), planner=args.planner, device=args.device,
                     profile=args.profile, limit=args.limit)
     if args.json:
@@ -44,12 +47,12 @@ def run_maxbatch(args) -> int:
 
 def _add_run(sub):
     p = sub.add_parser("run", help="train K steps under a plan and measure time and memory")
-    p.add_argument("model", help="zoo model name (e.g. resnet18-cifar, hf:gpt2)")
-    p.add_argument("--batch", type=int, required=True)
-    p.add_argument("--planner", default="none")
+    p.add_argument("model", help="zoo model name (e.g. resnet18-cifar, hf:gpt2) or module:function")
+    p.add_argument("--batch", type=positive_int, required=True)
+    p.add_argument("--planner", default=None, help="registered planner name (default none)")
     p.add_argument("--budget", default=None, help="bytes, 8GiB or 60%% of the unplanned peak")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--device", default="cpu", help="where to train (cpu, cuda)")
+    p.add_argument("--steps", type=positive_int, default=3)
+    p.add_argument("--device", type=torch_device, default="cpu", help="where to train (cpu, cuda)")
     p.add_argument("--profile", default="h100", help="cost-model profile the planner plans for")
     p.add_argument("--check", action="store_true",
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
@@ -66,9 +69,14 @@ def run(args) -> int:
 
     if args.baseline:
         check_baseline(args.baseline)
-    out = run_workload(args.model, args.batch, planner=args.planner, budget=args.budget, steps=args.steps,
-                       device=args.device, profile=args.profile, check=args.check, seed=args.seed,
-                       baseline=args.baseline)
+        if args.planner is not None:
+            raise MemplanError(f"--baseline {args.baseline} runs PyTorch's own tool instead of a plan; "
+                               f"drop --planner {args.planner} (or drop --baseline)")
+    use_working_dir()
+    with fits_or_says_so(f"{args.model} at batch {args.batch}", args.device):
+        out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
+                           steps=args.steps, device=args.device, profile=args.profile, check=args.check,
+                           seed=args.seed, baseline=args.baseline)
     if args.json:
         emit_json(out)
     else:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from ..cli import add_json_flag, emit_json
+from dataclasses import replace
+
+from ..cli import add_json_flag, emit_json, output_file
 from ..errors import MemplanError
 
+_BUDGET_SOURCES = {"given": "from --budget", "plan": "the plan's own budget", "none": "uncapped"}
 LANE_COLORS = {"compute": "tab:blue", "d2h": "tab:orange", "h2d": "tab:green"}
 
 
@@ -15,8 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--format", help="trace format, when detection is not wanted")
     p.add_argument("--plan", help="plan JSON written by `memplan plan` (default: keep everything)")
     p.add_argument("--device", default="h100", help="GPU profile name or profile file (default h100)")
-    p.add_argument("--budget", help="memory cap: bytes (8GiB) or share of the unconstrained peak (60%%)")
-    p.add_argument("--plot", help="write the memory-load timeline and stream lanes to this PNG")
+    p.add_argument("--budget", help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or "
+                   "none (no cap); default: the plan's own budget, no cap without a plan")
+    p.add_argument("--plot", type=output_file, help="write the memory-load timeline and stream lanes to this PNG")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -25,23 +29,19 @@ def run(args) -> int:
     """Simulate and print the result."""
     from ..cost.model import Cost
     from ..model import read_plan
-    from ..sim.simulate import Simulator
+    from ..sim.simulate import Simulator, simulation_budget
     from ..tracing.formats import load_any
-    from ..units import parse_budget
 
     trace = load_any(args.trace, args.format)
     if not trace.ops:
         raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")
-    plan = read_plan(args.plan) if args.plan else None
-    if plan is not None and plan.trace_digest and plan.trace_digest != trace.digest:
-        raise MemplanError(f"{args.plan}: was made for another trace (digest {plan.trace_digest}, "
-                           f"this trace is {trace.digest})")
-    budget = None if args.budget is None else parse_budget(args.budget, trace.peak_load_bytes)
+    plan = read_plan(args.plan, trace) if args.plan else None
+    budget, source = simulation_budget(trace, plan, args.budget)
     sim = Simulator(trace, Cost.for_trace(trace, args.device))
-    result = sim.run(plan, budget, timeline=bool(args.plot))
+    result = replace(sim.run(plan, budget, timeline=bool(args.plot)), budget_bytes=budget, budget_source=source)
     if args.plot and result.feasible:
         _plot(trace, sim, result, budget, args)
-    summary = {"trace": args.trace, "device": args.device, "budget_bytes": budget, **result.summary()}
+    summary = {"trace": args.trace, "device": args.device, **result.summary()}
     if args.json:
         emit_json(summary)
     else:
@@ -52,6 +52,8 @@ def run(args) -> int:
 def _print(summary: dict) -> None:
     from ..units import format_bytes
 
+    cap = "no cap" if summary["budget_bytes"] is None else format_bytes(summary["budget_bytes"])
+    print(f"budget      {cap:>13}   ({_BUDGET_SOURCES[summary['budget_source']]})")
     if not summary["feasible"]:
         print(f"infeasible: op {summary['infeasible_op']} cannot allocate, "
               f"short by {format_bytes(summary['shortfall_bytes'])}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import MemplanError
 from ..units import format_bytes
 
 AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
@@ -12,7 +11,7 @@ AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
 
 def add_parser(sub):
     """Register `memplan sweep`."""
-    from ..cli import add_json_flag
+    from ..cli import add_json_flag, output_file, positive_int
     from ..workflows.sweep import DEFAULT_BUDGETS
 
     p = sub.add_parser("sweep", help="run planners over budgets (overhead against memory)",
@@ -21,15 +20,16 @@ def add_parser(sub):
     p.add_argument("--planner", action="append", required=True,
                    help="planner name; repeat to put several on one plot")
     p.add_argument("--budgets", default=DEFAULT_BUDGETS,
-                   help=f"comma-separated sizes or shares of the peak (default {DEFAULT_BUDGETS})")
+                   help="comma-separated sizes or shares of the peak (default "
+                        + DEFAULT_BUDGETS.replace("%", "%%") + ")")
     p.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
     p.add_argument("--seed", type=int, default=0, help="seed for search planners")
     p.add_argument("--allow-multi-swap", action="store_true",
                    help="AutoSwap: below load_min, swap storages more than once")
-    p.add_argument("--trials", type=int, default=None, help="AutoSwap bo: Bayesian-optimisation evaluations")
+    p.add_argument("--trials", type=positive_int, default=None, help="AutoSwap bo: Bayesian-optimisation evaluations")
     p.add_argument("--objective", choices=("simulated", "measured"), default=None,
                    help="AutoSwap bo: what the search minimises (measured needs a GPU)")
-    p.add_argument("--plot", metavar="PNG", help="write the overhead-against-memory plot here")
+    p.add_argument("--plot", type=output_file, metavar="PNG", help="write the overhead-against-memory plot here")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -59,8 +59,6 @@ def _autoswap_params(args) -> dict:
     if args.allow_multi_swap:
         out["allow_multi_swap"] = True
     if args.trials is not None:
-        if args.trials < 1:
-            raise MemplanError(f"--trials must be at least 1, not {args.trials}")
         out["n_trials"] = args.trials
     if args.objective:
         out["objective"] = args.objective

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json
-from ..errors import MemplanError
+from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_file, positive_int,
+                   torch_device, use_working_dir)
 from ..units import format_bytes
 
 # Meta entries too long for a summary (per saved tensor lists); they stay in the file.
@@ -20,17 +20,19 @@ def add_parser(sub) -> None:
     """Register `trace` and `info`."""
     p = sub.add_parser("trace", help="record one training iteration of a model as a trace")
     p.add_argument("model", help="zoo model name (e.g. resnet50), hf:<name>, tv:<name>, or module:function")
-    p.add_argument("--batch", type=int, required=True, help="batch size")
+    p.add_argument("--batch", type=positive_int, required=True, help="batch size")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--fake", dest="fake", action="store_true", default=True,
                       help="fake tensors: nothing is allocated (default)")
     mode.add_argument("--real", dest="fake", action="store_false", help="real tensors (op times on CUDA)")
-    p.add_argument("--input-size", type=int, default=None, help="image side in pixels (image models; default: the model's)")
+    p.add_argument("--input-size", type=positive_int, default=None,
+                   help="image side in pixels (image models; default: the model's)")
     p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="model options (int, float, true/false, else string)")
-    p.add_argument("--device", default="cpu", help="where model and inputs live (e.g. cuda with --real)")
-    p.add_argument("--warmup", type=int, default=1, help="untraced iterations first (default 1)")
-    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON lines)")
+    p.add_argument("--device", type=torch_device, default="cpu",
+                   help="where model and inputs live (e.g. cuda with --real)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1, help="untraced iterations first (default 1)")
+    p.add_argument("-o", "--output", type=output_file, required=True, help="trace file to write (JSON lines)")
     add_json_flag(p)
     p.set_defaults(func=run_trace)
 
@@ -38,7 +40,8 @@ def add_parser(sub) -> None:
     q.add_argument("trace", help="trace file")
     q.add_argument("--format", default=None, help="file format (detected when omitted)")
     q.add_argument("--per-op", action="store_true", help="also give the memory load at every op")
-    q.add_argument("--plot", default=None, metavar="FILE.png", help="draw the load curve with phases shaded")
+    q.add_argument("--plot", type=output_file, default=None, metavar="FILE.png",
+                   help="draw the load curve with phases shaded")
     add_json_flag(q)
     q.set_defaults(func=run_info)
 
@@ -48,20 +51,16 @@ def run_trace(args) -> int:
     from ..tracing.io import write_trace
     from ..workflows.workloads import trace_workload
 
-    if args.batch < 1:
-        raise MemplanError(f"--batch must be at least 1, got {args.batch}")
-    if args.warmup < 0:
-        raise MemplanError(f"--warmup must be 0 or more, got {args.warmup}")
     from ..zoo import parse_config
 
     config = parse_config(args.config)
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # module:function from the current folder, as `python -m` allows
+    use_working_dir()
     if not args.verbose:
         # A model that rejects its input fails inside a fake kernel; torch logs the traceback,
         # and we report the error in one line instead.
         logging.getLogger(_FAKE_TENSOR_LOGGER).setLevel(logging.CRITICAL)
-    with _spinner(f"tracing {args.model}") as bar:
+    what = f"{args.model} at batch {args.batch}"
+    with _spinner(f"tracing {args.model}") as bar, fits_or_says_so(what, args.device):
         trace = trace_workload(args.model, args.batch, fake=args.fake, input_size=args.input_size,
                                warmup=args.warmup, progress=lambda n: bar.update(n - bar.n),
                                **_device_option(args.device), **config)

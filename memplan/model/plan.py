@@ -137,14 +137,41 @@ class Plan:
             raise TraceFormatError(f"{source}: field 'version': expected {PLAN_VERSION}, got {data.get('version')!r}")
         body = {k: v for k, v in data.items() if k not in ("schema", "version")}
         try:
-            body["decisions"] = tuple(Decision(**d) for d in body.get("decisions", ()))
-            body["pool"] = tuple(PoolSlot(**p) for p in body.get("pool", ()))
+            _check_types(body, _PLAN_FIELDS, "plan")
+            body["decisions"] = tuple(Decision(**_check_types(d, _DECISION_FIELDS, "decision"))
+                                      for d in body.get("decisions", ()))
+            body["pool"] = tuple(PoolSlot(**_check_types(p, _SLOT_FIELDS, "pool slot")) for p in body.get("pool", ()))
             body["microbatches"] = tuple(
                 MicroBatch(**{**m, "sizes": tuple(m["sizes"]), "algos": tuple(m.get("algos", ()))})
                 for m in body.get("microbatches", ()))
             return Plan(**body)
         except (TypeError, ValueError, KeyError) as exc:
             raise TraceFormatError(f"{source}: bad plan field: {exc}") from None
+
+
+_INT = (int,)
+_OPT_INT = (int, type(None))
+_NUMBER = (int, float)
+# JSON types of the fields `from_json` reads (bool is refused where an int is meant).
+_PLAN_FIELDS = {"decisions": (list,), "pool": (list,), "pool_bytes": _OPT_INT, "microbatches": (list,),
+                "planner": (str,), "params": (dict,), "seed": _OPT_INT, "budget_bytes": _OPT_INT,
+                "trace_digest": (str, type(None)), "predicted": (dict,), "planning_s": _NUMBER}
+_DECISION_FIELDS = {"storage": _INT, "action": (str,), "out_after": _INT, "back_before": _INT,
+                    "trigger": _OPT_INT, "sync": (bool,), "compress_ratio": (int, float, type(None))}
+_SLOT_FIELDS = {"storage": _INT, "start": _INT, "offset": _INT}
+
+
+def _check_types(record, types: dict, what: str) -> dict:
+    """`record` if it is an object whose known fields have the JSON types in `types`; else TypeError."""
+    if not isinstance(record, dict):
+        raise TypeError(f"{what}: expected an object, got {type(record).__name__}")
+    for name, value in record.items():
+        allowed = types.get(name)
+        if allowed is None:
+            raise TypeError(f"{what}: unknown field {name!r}")
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"{what}: field {name!r} has the wrong type ({type(value).__name__})")
+    return record
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
@@ -154,17 +181,28 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     atomic_write_text(path, json.dumps(plan.to_json(), indent=1) + "\n")
 
 
-def read_plan(path: str | os.PathLike) -> Plan:
-    """Read a plan written by `write_plan`.
+def read_plan(path: str | os.PathLike, trace=None) -> Plan:
+    """Read a plan written by `write_plan`, checked against `trace` when given.
 
+    Args:
+        path: the plan file.
+        trace: the Trace it will be used with; then `memplan.model.check.check_plan` runs.
     Raises:
         TraceFormatError: the file is missing, not JSON or not a plan.
+        PlanMismatchError: (with `trace`) the plan is for another trace or names storages
+            or ops it does not have.
     """
     path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceFormatError(f"{path}: cannot read plan: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from None
-    return Plan.from_json(data, str(path))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        where = f":{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise TraceFormatError(f"{path}{where}: not JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
+    plan = Plan.from_json(data, str(path))
+    if trace is None:
+        return plan
+    from .check import check_plan
+
+    return check_plan(trace, plan, str(path))

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +64,25 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
             cache[key] = (score(plan), _swapped_bytes(problem, plan))
         overhead, swapped = cache[key]
         evaluations.append(Evaluation(overhead=overhead, swapped_bytes=swapped, trial=trial.number, weights=weights))
+        bar.update()
+        bar.set_postfix_str(_best_so_far(evaluations), refresh=False)
         return overhead
 
-    with _quiet_optuna():
+    trials = max(n_trials, MIN_TRIALS)
+    with _quiet_optuna(), _one_thread(), progress_bar("autoswap:bo", total=trials, unit=" trials") as bar:
         study = optuna.create_study(direction="minimize", sampler=_sampler(optuna, seed))
         for one_hot in np.eye(len(WEIGHT_NAMES)):
             study.enqueue_trial(dict(zip(WEIGHT_NAMES, map(float, one_hot))))
-        study.optimize(run, n_trials=max(n_trials, MIN_TRIALS))
+        study.optimize(run, n_trials=trials)
     best = min(evaluations, key=lambda e: (e.overhead, e.swapped_bytes, e.trial))
     log.info("autoswap:bo: %d evaluations, %d distinct plans, best overhead %.4f", len(evaluations), len(cache),
              best.overhead)
     return best.weights
+
+
+def _best_so_far(evaluations: list[Evaluation]) -> str:
+    best = min(e.overhead for e in evaluations)
+    return "best: none feasible yet" if best >= INFEASIBLE_OVERHEAD else f"best overhead {best:.2%}"
 
 
 def _sampler(optuna, seed: int):
@@ -104,6 +113,29 @@ def _objective_fn(problem, objective: str | Callable) -> Callable:
 def _swapped_bytes(problem, plan) -> int:
     nbytes = problem.trace.nbytes
     return int(sum(int(nbytes[d.storage]) for d in plan.decisions))
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """One BLAS/OpenMP thread while Optuna's GP sampler runs.
+
+    Its acquisition search runs scipy's L-BFGS-B and torch on tiny arrays thousands of
+    times; more threads only add synchronisation, and on a busy host their spinning made
+    the search 3x slower (README, planning time). Torch's own pool is set alike. The limit
+    applies to libraries loaded when it is set, so scipy (which the sampler imports on first
+    use) is imported first.
+    """
+    import scipy.optimize  # noqa: F401  (loads scipy's own BLAS now, so that the limit covers it too)
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @contextlib.contextmanager

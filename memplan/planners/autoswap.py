@@ -67,6 +67,8 @@ def make_problem(trace: Trace, budget_bytes: int, cost: Cost, *, min_bytes: int 
     cand = find_candidates(trace, min_bytes, allow_multi_swap)
     floor = sched.load_min(trace.load, cand)
     if budget_bytes < floor:
+        if not len(cand):
+            raise _no_candidates(budget_bytes, floor, planner, min_bytes)
         raise _below_load_min(budget_bytes, floor, planner, allow_multi_swap)
     raw = all_scores(cand, cost, trace.load) if len(cand) else {k: np.zeros(0) for k in SCORES}
     return Problem(trace=trace, cost=cost, budget_bytes=budget_bytes, cand=cand,
@@ -75,10 +77,19 @@ def make_problem(trace: Trace, budget_bytes: int, cost: Cost, *, min_bytes: int 
 
 def _below_load_min(budget: int, floor: int, planner: str, multi: bool) -> InfeasibleBudgetError:
     what = "with multi-swap (every gap of every storage)" if multi else "(every candidate swapped once)"
-    hint = "" if multi else "; allow_multi_swap=True (--allow-multi-swap) swaps storages more than once"
+    hint = "" if multi else ("; allow_multi_swap=true swaps storages more than once "
+                             "(memplan plan --param allow_multi_swap=true, memplan sweep --allow-multi-swap)")
     return InfeasibleBudgetError(
         f"budget {format_bytes(budget)} is below load_min {format_bytes(floor)} ({floor} bytes) of planner "
         f"{planner!r} {what}{hint}", budget_bytes=budget, min_feasible_bytes=floor)
+
+
+def _no_candidates(budget: int, peak: int, planner: str, min_bytes: int) -> InfeasibleBudgetError:
+    return InfeasibleBudgetError(
+        f"budget {format_bytes(budget)} is infeasible for planner {planner!r}: no candidates at all (no storage of "
+        f"at least {format_bytes(min_bytes)} has a gap across the peak or between iterations; min_bytes sets that "
+        f"size), so load_min is the unconstrained peak {format_bytes(peak)} ({peak} bytes)",
+        budget_bytes=budget, min_feasible_bytes=peak)
 
 
 def plan_for_priority(problem: Problem, priority: np.ndarray) -> Plan:

@@ -21,7 +21,7 @@ from typing import Callable
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
 from ..errors import InfeasibleBudgetError, MemplanError, unknown_name
-from ..model import Plan, Trace
+from ..model import Plan, Trace, expect_trace
 from ..units import format_bytes, parse_budget
 
 PlannerFn = Callable[..., Plan]
@@ -128,10 +128,13 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
          simulate_result: bool = True, **params) -> Plan:
     """Plan where every storage of `trace` lives under a memory `budget`.
 
+    The budget bounds device memory: the memory load under the plan and, when the plan
+    lays out a pool, the pool's size (a plan whose pool exceeds the budget is infeasible).
+
     Args:
         trace: the traced iteration.
-        budget: bytes, a size string ("8GiB") or a share of the unconstrained peak ("60%");
-            None means no limit.
+        budget: bytes, a size string ("8GiB"), a share of the unconstrained peak ("60%",
+            or a float in (0, 1]); None means no limit (the plan records none).
         planner: a registered planner name (see `known_planners()`).
         device: profile name or file for the cost model.
         seed: random seed for search planners.
@@ -142,8 +145,10 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
         The Plan, with metadata filled in.
     Raises:
         UnknownNameError: unknown planner or parameter.
+        MemplanError: a bad budget or parameter value, or `trace` is not a Trace.
         InfeasibleBudgetError: no plan of this planner fits; names the smallest feasible load.
     """
+    expect_trace(trace, "plan")
     spec = get_planner(planner)
     budget_bytes = resolve_budget(trace, budget)
     cost = cost or Cost.for_trace(trace, device)
@@ -151,12 +156,15 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     started = time.perf_counter()
     result = spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
     elapsed = time.perf_counter() - started
-    result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=budget_bytes,
+    recorded = None if budget is None else budget_bytes
+    if recorded is not None and result.pool_bytes is not None and result.pool_bytes > recorded:
+        raise pool_over_budget(recorded, result.pool_bytes, planner)
+    result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=recorded,
                               trace_digest=trace.digest, planning_s=elapsed)
     if simulate_result:
         from ..sim.simulate import simulate
 
-        result = result.with_meta(predicted=simulate(trace, result, cost=cost, budget=budget_bytes).summary())
+        result = result.with_meta(predicted=simulate(trace, result, cost=cost).summary())
     return result
 
 
@@ -173,6 +181,14 @@ def infeasible(budget_bytes: int, min_feasible_bytes: int, planner: str) -> Infe
         f"budget {format_bytes(budget_bytes)} is infeasible for planner {planner!r}: "
         f"the smallest feasible load is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)",
         budget_bytes=budget_bytes, min_feasible_bytes=min_feasible_bytes)
+
+
+def pool_over_budget(budget_bytes: int, pool_bytes: int, planner: str) -> InfeasibleBudgetError:
+    """The error for a plan whose pool does not fit the budget (the pool is device memory too)."""
+    return InfeasibleBudgetError(
+        f"budget {format_bytes(budget_bytes)} is infeasible for planner {planner!r}: the pool it laid out needs "
+        f"{format_bytes(pool_bytes)}; the smallest feasible load it found is {format_bytes(pool_bytes)} "
+        f"({pool_bytes} bytes)", budget_bytes=budget_bytes, min_feasible_bytes=pool_bytes)
 
 
 def check_params(spec: PlannerSpec, params: dict) -> dict:
@@ -193,13 +209,25 @@ def check_params(spec: PlannerSpec, params: dict) -> dict:
 
 def _typed(planner: str, param: Param, value):
     """`value` as the parameter's type (strings from the command line are converted)."""
-    if param.type is object or value is None and param.default is None or isinstance(value, param.type) and not (param.type is int and isinstance(value, bool)):
+    if param.type is object or value is None and param.default is None:
         return value
-    if param.type is float and isinstance(value, int) and not isinstance(value, bool):
+    typed = _converted(param.type, value)
+    if typed is None:
+        raise MemplanError(f"planner {planner!r}: parameter {param.name} must be {param.type.__name__}, got {value!r}")
+    if param.type in (int, float) and not typed >= 0:  # also refuses NaN
+        raise MemplanError(f"planner {planner!r}: parameter {param.name} must not be negative, got {value!r}")
+    return typed
+
+
+def _converted(typ: type, value):
+    """`value` as `typ` (an int where a float is wanted, a string from the command line), or None."""
+    if isinstance(value, typ) and not (typ is not bool and isinstance(value, bool)):
+        return value
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str) and param.type is not bool:
+    if isinstance(value, str) and typ is not bool:
         try:
-            return param.type(value)
+            return typ(value)
         except ValueError:
-            pass
-    raise MemplanError(f"planner {planner!r}: parameter {param.name} must be {param.type.__name__}, got {value!r}")
+            return None
+    return None

@@ -7,6 +7,7 @@ address space, offsets too (their regions laid end to end).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,13 +16,15 @@ from typing import Callable
 import numpy as np
 
 from ..errors import unknown_name
-from ..model import Plan, PoolSlot, Trace
+from ..model import Plan, PoolSlot, Trace, check_plan
+from ..progress import time_limit_bar
 from .check import check_layout
 from .problem import PoolProblem
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIME_LIMIT_S = 10.0
+SEARCH_ALLOCATORS = ("smartpool",)  # allocators that search up to their time limit (a progress bar shows)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +106,9 @@ def solve(problem: PoolProblem, allocator: str = "smartpool", time_limit_s: floa
         raise unknown_name("allocator", allocator, _ALLOCATORS)
     fn = _ALLOCATORS[allocator][0]
     started = time.perf_counter()
-    outcome = fn(problem, time_limit_s=time_limit_s, seed=seed, **options)
+    with time_limit_bar(f"pool {allocator}", time_limit_s) if allocator in SEARCH_ALLOCATORS \
+            else contextlib.nullcontext():
+        outcome = fn(problem, time_limit_s=time_limit_s, seed=seed, **options)
     seconds = time.perf_counter() - started
     if outcome.offsets is not None:
         check_layout(problem, outcome.offsets, outcome.footprint_bytes)
@@ -137,6 +142,8 @@ def layout(trace: Trace, plan: Plan | None = None, allocator: str = "smartpool",
     """
     from .intervals import residency_problem
 
+    if plan is not None:
+        check_plan(trace, plan)
     return solve(residency_problem(trace, plan, cost), allocator, time_limit_s, seed, **options)
 
 

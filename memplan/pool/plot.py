@@ -6,11 +6,11 @@ import os
 
 import numpy as np
 
+from ..plots import save_figure
 from .api import PoolResult
 
 MIB = 2**20
 FIG_SIZE = (10, 5)  # inches
-DPI = 120
 
 
 def plot_layout(result: PoolResult, path: str | os.PathLike, title: str | None = None) -> None:
@@ -44,7 +44,4 @@ def plot_layout(result: PoolResult, path: str | os.PathLike, title: str | None =
     ax.set_ylabel("address (MiB)" if scale == MIB else "address (bytes)")
     ax.set_title(title or f"{result.allocator}: ratio {result.ratio:.4f}, {p.n} buffers")
     ax.legend(loc="upper right")
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)

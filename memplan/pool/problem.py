@@ -7,15 +7,13 @@ alive at the same time share an address. Quality is footprint / peak load (1.0 p
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import MemplanError, TraceFormatError
+from ..errors import MemplanError
 
 MINIMALLOC_COLUMNS = ("id", "lower", "upper", "size")
 
@@ -103,28 +101,13 @@ def read_minimalloc_csv(path: str | os.PathLike) -> PoolProblem:
     """Read a minimalloc CSV (`id,lower,upper,size`, half-open `[lower, upper)`).
 
     Raises:
-        TraceFormatError: naming the file, line and bad field.
+        TraceFormatError: naming the file, line and bad field (the importer's checks).
     """
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: cannot read: {exc}") from None
-    rows = list(csv.reader(lines))
-    if not rows or tuple(c.strip() for c in rows[0][:4]) != MINIMALLOC_COLUMNS:
-        raise TraceFormatError(f"{path}:1: expected header {','.join(MINIMALLOC_COLUMNS)}")
-    ids, lowers, uppers, sizes = [], [], [], []
-    for lineno, row in enumerate(rows[1:], start=2):
-        if not row:
-            continue
-        try:
-            ident, lower, upper, size = row[0].strip(), int(row[1]), int(row[2]), int(row[3])
-        except (ValueError, IndexError):
-            raise TraceFormatError(f"{path}:{lineno}: expected id,lower,upper,size with integers") from None
-        if upper <= lower or size <= 0 or lower < 0:
-            raise TraceFormatError(f"{path}:{lineno}: field 'upper'/'size': need upper > lower >= 0 and size > 0")
-        ids.append(ident), lowers.append(lower), uppers.append(upper), sizes.append(size)
-    return make_problem(lowers, uppers, sizes, names=ids, source=str(path))
+    from ..tracing.importers.minimalloc import read_minimalloc
+
+    rows = read_minimalloc(path).storages
+    return make_problem([s.alloc_op for s in rows], [s.free_op for s in rows], [s.nbytes for s in rows],
+                        names=[s.name for s in rows], source=str(path))
 
 
 def is_minimalloc_csv(path: str | os.PathLike) -> bool:

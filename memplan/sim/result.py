@@ -33,6 +33,8 @@ class SimResult:
     timeline_load: np.ndarray | None = None  # load (bytes) from each event time on
     op_start_s: np.ndarray | None = None  # start time of each op, when a timeline was asked for
     lanes: dict = field(default_factory=dict)  # per lane ("compute", "d2h", "h2d") a list of (start, end)
+    budget_bytes: int | None = None  # the cap it was simulated under (None: no cap)
+    budget_source: str = "none"  # where that cap came from: "given" (by the caller), "plan" or "none"
 
     @property
     def overhead(self) -> float:
@@ -54,4 +56,6 @@ class SimResult:
             "link_bytes": int(self.link_bytes),
             "infeasible_op": self.infeasible_op,
             "shortfall_bytes": int(self.shortfall_bytes),
+            "budget_bytes": self.budget_bytes,
+            "budget_source": self.budget_source,
         }

@@ -40,11 +40,13 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
-from ..model import Plan, Trace
+from ..model import Plan, Trace, check_plan, expect_trace
 from ..units import parse_budget
 from . import _kernel as K
 from .chains import chain_inputs, plan_chains
@@ -55,22 +57,44 @@ NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
 
 
 def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile = "h100",
-             budget: str | int | None = None, cost: Cost | None = None, timeline: bool = False) -> SimResult:
+             budget: str | int | float | None = None, cost: Cost | None = None, timeline: bool = False) -> SimResult:
     """Simulate one iteration of `trace` under `plan` and `budget`.
 
     Args:
         trace: the traced iteration.
-        plan: the plan; None keeps everything resident.
+        plan: the plan (checked to belong to `trace`); None keeps everything resident.
         device: profile name, file or DeviceProfile (ignored when `cost` is given).
-        budget: None (no cap), bytes, or a string such as "8GiB" or "60%" of the peak.
+        budget: None: the plan's own budget (no cap without a plan, or for a plan made
+            without one); "none": no cap; else bytes, "8GiB", "60%" or a share in (0, 1].
         cost: precomputed durations for this trace.
         timeline: also return the load timeline, op start times and stream lanes.
     Returns:
-        The SimResult.
+        The SimResult; its `budget_bytes` and `budget_source` say which cap was used.
+    Raises:
+        PlanMismatchError: the plan is for another trace or names what it does not have.
+        MemplanError: a bad budget.
     """
+    expect_trace(trace, "simulate")
+    if plan is not None:
+        check_plan(trace, plan)
     cost = cost or Cost.for_trace(trace, device)
-    budget_bytes = None if budget is None else parse_budget(budget, trace.peak_load_bytes)
-    return Simulator(trace, cost).run(plan, budget_bytes, timeline=timeline)
+    budget_bytes, source = simulation_budget(trace, plan, budget)
+    result = Simulator(trace, cost).run(plan, budget_bytes, timeline=timeline)
+    return replace(result, budget_bytes=budget_bytes, budget_source=source)
+
+
+NO_CAP = "none"  # the budget that asks for no cap even when the plan has a budget
+
+
+def simulation_budget(trace: Trace, plan: Plan | None, budget) -> tuple[int | None, str]:
+    """(cap in bytes or None, where it came from: "given", "plan" or "none") for `simulate`."""
+    if isinstance(budget, str) and budget.strip().lower() == NO_CAP:
+        return None, "none"
+    if budget is not None:
+        return parse_budget(budget, trace.peak_load_bytes), "given"
+    if plan is not None and plan.budget_bytes is not None:
+        return int(plan.budget_bytes), "plan"
+    return None, "none"
 
 
 class Simulator:

@@ -24,7 +24,9 @@ Rules (one `Violation.kind` constant each):
   bytes (POOL_OVERLAP);
 - OVER_BUDGET: the static load (a swap-out released right after out_after, a prefetch
   allocated at its trigger, a recompute allocated at back_before; a lower bound on the
-  simulated load) never exceeds the budget.
+  simulated load) never exceeds the budget;
+- POOL_OVER_BUDGET: a pool, when laid out, fits the budget (`pool_bytes` <= budget): the
+  budget is the device memory, and the pool is what the plan takes of it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Decision, Plan, Trace
+from ..model import Decision, Plan, Trace, expect_trace
 from ..units import format_bytes, parse_budget
 
 UNKNOWN_STORAGE = "unknown_storage"
@@ -52,11 +54,11 @@ POOL_STRAY_SLOT = "pool_stray_slot"
 POOL_OVERLAP = "pool_overlap"
 POOL_OUT_OF_RANGE = "pool_out_of_range"
 OVER_BUDGET = "over_budget"
+POOL_OVER_BUDGET = "pool_over_budget"
 
 KINDS = (UNKNOWN_STORAGE, OUT_OF_LIFETIME, BAD_WRAP, WRONG_TRACE, READ_WHILE_ABSENT, BAD_TRIGGER,
          OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, POOL_MISSING_SLOT,
-         POOL_STRAY_SLOT,
-         POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET)
+         POOL_STRAY_SLOT, POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET, POOL_OVER_BUDGET)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +85,7 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
     Returns:
         The violations, structural ones first.
     """
+    expect_trace(trace, "validate")
     out: list[Violation] = []
     if plan.trace_digest is not None and plan.trace_digest != trace.digest:
         out.append(Violation(kind=WRONG_TRACE, storage=None, op=None,
@@ -102,6 +105,7 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
     budget_bytes = plan.budget_bytes if budget is None else parse_budget(budget, trace.peak_load_bytes)
     if budget_bytes is not None:
         _check_budget(trace, good, budget_bytes, out)
+        _check_pool_budget(plan.pool_bytes, budget_bytes, out)
     return out
 
 
@@ -388,6 +392,13 @@ def static_load(trace: Trace, decisions: list[Decision]) -> np.ndarray:
             delta[lo] -= nbytes
             delta[hi] += nbytes
     return trace.load + np.cumsum(delta)[:n]
+
+
+def _check_pool_budget(pool_bytes: int | None, budget_bytes: int, out: list[Violation]) -> None:
+    if pool_bytes is not None and pool_bytes > budget_bytes:
+        out.append(Violation(kind=POOL_OVER_BUDGET, storage=None, op=None,
+                             message=f"the pool needs {format_bytes(pool_bytes)} ({pool_bytes} bytes), over the "
+                                     f"budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes)"))
 
 
 def _check_budget(trace: Trace, good: list[Decision], budget_bytes: int, out: list[Violation]) -> None:

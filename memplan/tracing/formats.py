@@ -80,9 +80,9 @@ def _sniff(path: Path) -> str | None:
 
 
 def _format_of_line(first: str) -> str | None:
-    from .importers.minimalloc import is_minimalloc_header
+    from .importers.minimalloc import looks_like_minimalloc
 
-    if is_minimalloc_header(first):
+    if looks_like_minimalloc(first):
         return "minimalloc"
     if not first.startswith("{"):
         return None

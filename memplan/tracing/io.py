@@ -2,7 +2,9 @@
 
 Loading checks the schema and every field, and names the file, line and field that is
 wrong; writing goes to a temporary file renamed into place, so no half-written trace is
-ever left behind.
+ever left behind. The header counts the storage and op records, so a file cut short (even
+at a line boundary) is refused rather than read as a shorter iteration; every op's storage
+ids and every lifetime must lie inside the trace.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ _CLASSES = {"storage": Storage, "op": Op, "owner": Owner}
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write `trace` to `path` as JSON lines, atomically."""
     header = {"schema": SCHEMA, "version": SCHEMA_VERSION, "meta": trace.meta,
-              "num_steps_hint": trace.num_steps_hint}
+              "num_steps_hint": trace.num_steps_hint, "storages": len(trace.storages), "ops": len(trace.ops),
+              "owners": len(trace.owners)}
     lines = [json.dumps(header, default=str)]
     lines += [json.dumps({"type": "storage", **_compact(asdict(s))}) for s in trace.storages]
     lines += [json.dumps({"type": "op", **_compact(asdict(op))}) for op in trace.ops]
@@ -66,7 +69,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
             continue
         record = _json_line(line, source, lineno)
         kind = record.pop("type", None)
-        if kind not in _REQUIRED:
+        if not isinstance(kind, str) or kind not in _REQUIRED:
             raise TraceFormatError(f"{source}:{lineno}: field 'type': expected one of "
                                    f"{', '.join(map(repr, _REQUIRED))}, got {kind!r}")
         _check_fields(record, kind, source, lineno)
@@ -74,11 +77,44 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
             records[kind].append(_build(kind, record))
         except ValueError as exc:
             raise TraceFormatError(f"{source}:{lineno}: {exc}") from None
+    _check_counts(header, records, source)
+    hint = header.get("num_steps_hint") or 0
+    meta = header.get("meta") or {}
+    if not _is(hint, int) or hint < 0 or not isinstance(meta, dict):
+        raise TraceFormatError(f"{source}:1: field 'num_steps_hint' or 'meta': wrong type")
     try:
-        return Trace(storages=tuple(records["storage"]), ops=tuple(records["op"]), owners=tuple(records["owner"]),
-                     meta=header.get("meta") or {}, num_steps_hint=int(header.get("num_steps_hint") or 0))
+        trace = Trace(storages=tuple(records["storage"]), ops=tuple(records["op"]), owners=tuple(records["owner"]),
+                      meta=meta, num_steps_hint=hint)
     except ValueError as exc:
         raise TraceFormatError(f"{source}: {exc}") from None
+    _check_references(trace, source)
+    return trace
+
+
+def _check_counts(header: dict, records: dict[str, list], source: str) -> None:
+    """Traces written with record counts must have them all (older files have none)."""
+    for name, kind in (("storages", "storage"), ("ops", "op"), ("owners", "owner")):
+        expected = header.get(name)
+        if expected is None:
+            continue
+        if not _is(expected, int):
+            raise TraceFormatError(f"{source}:1: field {name!r}: wrong type {type(expected).__name__}")
+        if expected != len(records[kind]):
+            raise TraceFormatError(f"{source}: the header announces {expected} {name}, the file has "
+                                   f"{len(records[kind])} (cut short or edited?)")
+
+
+def _check_references(trace: Trace, source: str) -> None:
+    """Storage ids of every op, and every lifetime, inside the trace."""
+    n_storages, horizon = len(trace.storages), trace.num_steps
+    for op in trace.ops:
+        bad = next((sid for sid in op.reads + op.writes if not 0 <= sid < n_storages), None)
+        if bad is not None:
+            raise TraceFormatError(f"{source}: op {op.index} names storage {bad}, the trace has {n_storages}")
+    for s in trace.storages:
+        if s.alloc_op < 0 or s.free_op > horizon:
+            raise TraceFormatError(f"{source}: storage {s.id}: lifetime [{s.alloc_op}, {s.free_op}) is outside "
+                                   f"the trace's {horizon} steps")
 
 
 _ALWAYS_WRITTEN = ("id", "index", "alloc_op", "free_op", "nbytes", "storage", "group")

@@ -31,13 +31,13 @@ from collections.abc import Callable
 
 import torch
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import MemplanError
 from ..model import Op, Owner, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
+from .fake import new_fake_mode, quiet_fake_warnings
 from .opinfo import bytes_accessed, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
 from .storages import StorageTable
 
@@ -71,7 +71,7 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
     """
     model, optimizer = _owners(step_fn, model, optimizer)
     mode = _fake_mode_for(fake, example_inputs, model)
-    with mode if mode is not None else contextlib.nullcontext():
+    with mode if mode is not None else contextlib.nullcontext(), quiet_fake_warnings():
         for _ in range(warmup):
             step_fn(*example_inputs)
         recorder = _Recorder(ProgramContext(model), timed=not fake and _on_cuda(example_inputs, model),
@@ -224,7 +224,11 @@ def _tensors_of(inputs: tuple, model) -> list[torch.Tensor]:
 def _fake_mode_for(fake: bool, inputs: tuple, model):
     """The FakeTensorMode to run under (None for real tensors), checked against `fake`."""
     tensors = _tensors_of(inputs, model)
-    mode = detect_fake_mode(tensors)
+    try:
+        mode = detect_fake_mode(tensors)
+    except AssertionError:  # torch's check that all fake tensors share one mode
+        raise MemplanError("the model and inputs are fake tensors of different FakeTensorModes: build them "
+                           "all under one (trace_workload does)") from None
     if fake and mode is None and tensors:
         raise MemplanError("fake=True, but the model and inputs are real tensors: build them under a "
                            "FakeTensorMode (trace_workload does), or pass fake=False")
@@ -233,11 +237,6 @@ def _fake_mode_for(fake: bool, inputs: tuple, model):
     if fake and mode is None:
         mode = new_fake_mode()
     return mode
-
-
-def new_fake_mode() -> FakeTensorMode:
-    # Real constants a model keeps outside its parameters are converted, not refused.
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def _on_cuda(inputs: tuple, model) -> bool:

@@ -17,6 +17,7 @@ import logging
 from typing import Callable
 
 from ..errors import InfeasibleBudgetError, MemplanError
+from ..progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu"
             "simulated" if simulated else "planned"
     probes: list[dict] = []
     try:
-        best = search(lambda b: _record(probes, b, fits(b)), limit)
+        with progress_bar(f"maxbatch {name}", unit=" batches") as bar:
+            best = search(lambda b: _record(probes, b, fits(b), bar), limit)
     finally:
         if source == "measured":
             import torch
@@ -71,10 +73,12 @@ def search(fits: Callable[[int], bool], limit: int = MAX_BATCH) -> int:
     return lo
 
 
-def _record(probes: list, batch: int, result: tuple[bool, dict]) -> bool:
+def _record(probes: list, batch: int, result: tuple[bool, dict], bar) -> bool:
     fits, info = result
     probes.append({"batch": batch, "fits": fits, **info})
     log.info("batch %d: %s", batch, "fits" if fits else "does not fit")
+    bar.update()
+    bar.set_postfix_str(f"largest fitting so far {max((p['batch'] for p in probes if p['fits']), default=0)}")
     return fits
 
 
@@ -90,7 +94,7 @@ def _planned_probe(name, memory_bytes, planner, profile, config, simulated: bool
             return False, {"reason": str(exc)}
         predicted = p.predicted or {}
         peak = predicted.get("peak_bytes", predicted.get("peak_load_bytes"))
-        ok = not predicted.get("infeasible", False) and (peak is None or peak <= memory_bytes)
+        ok = predicted.get("feasible", True) and (peak is None or peak <= memory_bytes)
         return ok, {"trace_peak_bytes": trace.peak_load_bytes, **({"predicted_peak_bytes": peak} if peak else {})}
 
     return fits

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 from ..cost.model import Cost
 from ..errors import MemplanError
 from ..exec.runtime import PlanRuntime
-from ..model import Plan, Trace, read_plan
+from ..model import Plan, Trace, check_plan, read_plan
 from ..model.program import StepProgram
 from ..sim.program import compile_program
 
@@ -48,10 +48,13 @@ class OptimizedStep:
         trace: the traced iteration.
         plan: the plan it runs under.
         runtime: the PlanRuntime (hooks, host slab, copy lanes).
+        model: the model trained (given, or found on the step function; None if neither).
     """
 
-    def __init__(self, step_fn: Callable, trace: Trace, plan: Plan, runtime: PlanRuntime, signature: tuple):
+    def __init__(self, step_fn: Callable, trace: Trace, plan: Plan, runtime: PlanRuntime, signature: tuple,
+                 model: torch.nn.Module | None = None):
         self.step_fn = step_fn
+        self.model = model
         self.trace = trace
         self.plan = plan
         self.program: StepProgram = runtime.program
@@ -138,7 +141,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     Raises:
         MemplanError: a plan that was made for another trace, an unknown planner, ...
     """
-    model = model if model is not None else _find(step_fn, torch.nn.Module, "model")
+    model = model_of(step_fn, model)
     optimizer = optimizer if optimizer is not None else _find(step_fn, torch.optim.Optimizer, "optimizer")
     if optimizer is not None and not _is_fake(example_inputs, model):
         prime_optimizer_state(optimizer)
@@ -149,13 +152,15 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
 
         plan = make_plan(trace, budget, planner=planner, cost=cost, seed=seed, **planner_params)
     elif not isinstance(plan, Plan):
-        plan = read_plan(plan)
+        plan = read_plan(plan, trace)
+    else:
+        check_plan(trace, plan)
     program = compile_program(trace, plan, cost)
     runtime = PlanRuntime(trace, program, model, device=_device_of(example_inputs, model), optimizer=optimizer,
                           measure=measure)
     if not _is_fake(example_inputs, model):
         runtime.settle()  # the first step starts as every later one does
-    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs))
+    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model)
 
 
 # Optimizers whose state, created by one step with zero gradients, learning rate 0 and no
@@ -253,10 +258,18 @@ def input_signature(inputs: tuple) -> tuple:
     return tuple((tuple(t.shape), t.dtype, t.device.type) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor))
 
 
+def model_of(step_fn: Callable, model: torch.nn.Module | None = None) -> torch.nn.Module | None:
+    """`model`, or the one module `step_fn` trains (on its owner or in its closure), or None."""
+    return model if model is not None else _find(step_fn, torch.nn.Module, "model")
+
+
 def _find(step_fn: Callable, cls: type, attr: str):
     owner = getattr(step_fn, "__self__", None)
     if isinstance(getattr(owner, attr, None), cls):
         return getattr(owner, attr)
+    inner = getattr(owner, "step_fn", None)  # a zoo Workload around a user's (step_fn, inputs)
+    if callable(inner):
+        return _find(inner, cls, attr)
     cells = [c.cell_contents for c in (getattr(step_fn, "__closure__", None) or ()) if _filled(c)]
     names = getattr(getattr(step_fn, "__code__", None), "co_names", ())
     glob = getattr(step_fn, "__globals__", {})

@@ -14,10 +14,12 @@ import time
 from typing import Callable
 
 import torch
+from torch.utils._pytree import tree_leaves
 
+from ..errors import MemplanError
 from ..exec.meter import MemoryMeter
 from ..planners.base import resolve_budget
-from .optimize import optimize
+from .optimize import model_of, optimize
 from .torch_tools import BASELINES, baseline_installed, check_baseline
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,15 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False)
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
+    model = step.model  # for a user's (step_fn, inputs): the module found in its closure
+    if model is None and (baseline or check):
+        step.close()
+        raise MemplanError(f"{'--baseline' if baseline else '--check'} needs the model, but {name} hides it: "
+                           f"return a Workload, or keep the model in the step function's closure")
     make_inputs = lambda i: w.make_inputs(batch, seed=seed + 1 + i)  # noqa: E731
-    with baseline_installed(baseline, w.model, fraction, torch.device(device)) if baseline \
+    with baseline_installed(baseline, model, fraction, torch.device(device)) if baseline \
             else contextlib.nullcontext():
-        records = measure_steps(step if not baseline else w.step, make_inputs, steps, w.model, w.optimizer, seed,
+        records = measure_steps(step if not baseline else w.step, make_inputs, steps, model, w.optimizer, seed,
                                 host=step.runtime.host_buffers())
     simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
     measured = max(r["measured_peak_bytes"] for r in records)
@@ -73,8 +80,9 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)
-        measure_steps(ref.step, make_inputs, steps, ref.model, ref.optimizer, seed)
-        out.update(state_differences(w.model, ref.model))
+        ref_model = model_of(ref.step, ref.model)
+        measure_steps(ref.step, make_inputs, steps, ref_model, ref.optimizer, seed)
+        out.update(state_differences(model, ref_model))
     return out
 
 
@@ -87,14 +95,16 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
     Returns:
         Per step: "time_s", "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
     """
-    device = next(model.parameters()).device
-    meter = MemoryMeter(device)
-    meter.exclude(host)
     torch.manual_seed(seed)
-    records = []
+    records, meter = [], None
     for i in range(steps):
         x = make_inputs(i)
-        meter.track((list(model.parameters()), list(model.buffers()), _state(optimizer), x))
+        if meter is None:
+            device = _device(model, x)
+            meter = MemoryMeter(device)
+            meter.exclude(host)
+        owned = (list(model.parameters()), list(model.buffers())) if model is not None else ()
+        meter.track((owned, _state(optimizer), x))
         _sync(device)
         meter.reset_peak()
         started = time.perf_counter()
@@ -103,8 +113,16 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         _sync(device)
         records.append({"step": i, "time_s": time.perf_counter() - started, **meter.peak()})
         del x
-    meter.close()
+    if meter is not None:
+        meter.close()
     return records
+
+
+def _device(model, inputs) -> torch.device:
+    """Where the training runs: the model's parameters, else the first input tensor."""
+    tensors = list(model.parameters()) if model is not None else []
+    tensors += [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    return tensors[0].device if tensors else torch.device("cpu")
 
 
 def _state(optimizer) -> list:
@@ -135,8 +153,6 @@ def measured_objective(trace, budget=None):
     Raises:
         MemplanError: no CUDA device here.
     """
-    from ..errors import MemplanError
-
     if not torch.cuda.is_available():
         raise MemplanError("objective 'measured' needs a CUDA device; use objective 'simulated'")
     return lambda plan: float(measure_overhead(trace, plan, budget))
@@ -153,7 +169,6 @@ def measure_overhead(trace, plan, budget=None, *, steps: int = OVERHEAD_STEPS) -
     """
     import statistics
 
-    from ..errors import MemplanError
     from ..zoo.registry import get_workload
 
     meta = trace.meta

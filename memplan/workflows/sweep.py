@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Trace
-from ..units import parse_budget
+from ..progress import progress_bar
+from ..units import format_bytes, parse_budget
 from ..planners.autoswap import load_min_bytes
 
 log = logging.getLogger(__name__)
@@ -71,16 +72,18 @@ def sweep(trace: Trace, planners: list[str], budgets: list[int], device: str = "
     Returns:
         The points; an infeasible budget gives a point with overhead None and the reason.
     """
-    from tqdm import tqdm
-
     from ..planners.base import get_planner
 
     for name in planners:
         get_planner(name)  # fail on an unknown name before any work
     cost = Cost.for_trace(trace, device)
     jobs = [(name, b) for name in planners for b in budgets]
-    points = [_point(trace, cost, name, b, seed, (params or {}).get(name, {}))
-              for name, b in tqdm(jobs, desc="sweep", disable=not progress)]
+    points = []
+    with progress_bar("sweep", total=len(jobs), unit=" plans", enabled=progress) as bar:
+        for name, b in jobs:
+            bar.set_postfix_str(f"{name} at {format_bytes(b)}")
+            points.append(_point(trace, cost, name, b, seed, (params or {}).get(name, {})))
+            bar.update()
     return SweepResult(load_min_bytes=load_min_bytes(trace), peak_load_bytes=trace.peak_load_bytes,
                        points=tuple(points))
 

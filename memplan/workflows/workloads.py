@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from ..errors import MemplanError
 from ..model import Trace
-from ..tracing.tracer import DEFAULT_WARMUP, new_fake_mode, trace
+from ..tracing.fake import new_fake_mode, quiet_fake_warnings
+from ..tracing.tracer import DEFAULT_WARMUP, trace
 
 
 def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = True, *,
@@ -33,7 +34,7 @@ def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = Tru
     factory = resolve_factory(name_or_factory)
     sizes = {} if input_size is None else {"input_size": input_size}
     name = name_or_factory if isinstance(name_or_factory, str) else getattr(name_or_factory, "__name__", "custom")
-    with new_fake_mode() if fake else contextlib.nullcontext():
+    with new_fake_mode() if fake else contextlib.nullcontext(), quiet_fake_warnings():
         try:
             workload = factory(batch, **sizes, **config)
         except TypeError as exc:  # an option the model does not take

@@ -71,7 +71,12 @@ def merge_config(what: str, defaults: Mapping, overrides: Mapping) -> dict:
 
 
 def coerce(what: str, key: str, value, default):
-    """`value` converted to the type of `default` where that is lossless, else MemplanError."""
+    """`value` converted to the type of `default` where that is lossless, else MemplanError.
+
+    Numbers must not be negative, and a count or size (an int whose default is at least 1)
+    must be at least 1: `n_layer=-3` or `num_classes=0` is refused, not built.
+    """
+    _check_sign(what, key, value, default)
     if default is None or isinstance(value, type(default)) and not _bool_for_number(value, default):
         return value
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
@@ -81,6 +86,18 @@ def coerce(what: str, key: str, value, default):
     if isinstance(default, (list, tuple)) and isinstance(value, str):
         return type(default)(parse_value(part) for part in value.split(","))
     raise MemplanError(f"model {what}: config {key}={value!r} should be a {type(default).__name__}")
+
+
+def _check_sign(what: str, key: str, value, default) -> None:
+    if default is None or not _is_number(value) or not _is_number(default):
+        return
+    if value < 0 or (value < 1 and isinstance(default, int) and default >= 1):
+        low = "at least 1" if isinstance(default, int) and default >= 1 else "0 or more"
+        raise MemplanError(f"model {what}: config {key}={value!r} must be {low}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _bool_for_number(value, default) -> bool:

@@ -25,6 +25,7 @@ DEFAULT_SEQ_LEN = 128
 IMAGENET_SIZE = 224
 IMAGENET_CLASSES = 1000
 ATTENTION = "eager"
+CAUSAL_LM_LOSS = "ForCausalLM"  # transformers' loss mapping key for next-token prediction
 # Config keys that belong to the workload, not to the transformers config.
 WORKLOAD_KEYS = ("seq_len", "lr", "optimizer")
 
@@ -137,6 +138,9 @@ def _builder(transformers, preset: HFPreset):
                 hf_config.image_size = input_size
         model = model_class(hf_config)
         model.config.use_cache = False  # training: no key/value cache
+        if preset.task == "clm" and getattr(model, "loss_type", None) is None:
+            # What transformers falls back to anyway, named so it does not warn about it.
+            model.loss_type = CAUSAL_LM_LOSS
         return model
 
     return build
@@ -156,9 +160,13 @@ def _inputs(task: str):
 
 
 def _loss(task: str):
-    key = "pixel_values" if task == "image" else "input_ids"
-
     def loss(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return model(**{key: x, "labels": labels}).loss
+        if task == "image":
+            return model(pixel_values=x, labels=labels).loss
+        if task == "clm":
+            # An explicit all-ones mask: without one, transformers looks for packed sequences in the
+            # position ids, a data-dependent branch that real tensors take and fake ones cannot.
+            return model(input_ids=x, attention_mask=torch.ones_like(x), labels=labels).loss
+        return model(input_ids=x, labels=labels).loss
 
     return loss

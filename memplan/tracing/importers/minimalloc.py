@@ -26,6 +26,12 @@ def is_minimalloc_header(line: str) -> bool:
     return tuple(c.strip() for c in line.strip().split(",")[: len(COLUMNS)]) == COLUMNS
 
 
+def looks_like_minimalloc(line: str) -> bool:
+    """True for a CSV header naming any of the columns: the importer then says what is missing."""
+    cells = [c.strip().lower() for c in line.strip().split(",")]
+    return len(cells) >= 2 and any(c in COLUMNS for c in cells)
+
+
 def read_minimalloc(path: str | os.PathLike) -> Trace:
     """Read a minimalloc CSV as a pool-only Trace.
 
@@ -40,11 +46,16 @@ def parse_minimalloc(text: str, source: str = "<csv>") -> Trace:
     rows = list(csv.reader(io.StringIO(text)))
     if not rows or not is_minimalloc_header(",".join(rows[0])):
         raise TraceFormatError(f"{source}:1: expected the header {','.join(COLUMNS)}")
-    storages = []
+    storages, seen = [], {}
     for lineno, row in enumerate(rows[1:], start=2):
         if not row or not "".join(row).strip():
             continue
-        storages.append(_storage(row, len(storages), source, lineno))
+        storage = _storage(row, len(storages), source, lineno)
+        if storage.name in seen:
+            raise TraceFormatError(f"{source}:{lineno}: field 'id': {storage.name!r} is already used on line "
+                                   f"{seen[storage.name]}")
+        seen[storage.name] = lineno
+        storages.append(storage)
     horizon = max((s.free_op for s in storages), default=0)
     return Trace(storages=tuple(storages), ops=(), num_steps_hint=horizon,
                  meta={"source": "minimalloc", "file": source})

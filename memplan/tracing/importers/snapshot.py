@@ -216,9 +216,14 @@ def _pick_device(traces: list, device: int | None, source: str) -> int:
         return device
     counts = [sum(isinstance(e, dict) and e.get("action") == "alloc" for e in t) if isinstance(t, list) else -1
               for t in traces]
-    if not counts:
-        raise TraceFormatError(f"{source}: 'device_traces' is empty")
+    if not counts or max(counts) < 0:
+        raise TraceFormatError(f"{source}: 'device_traces' holds no list of events")
     return counts.index(max(counts))
+
+
+def _list(value) -> list:
+    """`value` if it is a list (of segments, blocks), else nothing to read."""
+    return value if isinstance(value, list) else []
 
 
 def _trace_of(b: _Builder, snap: dict, device: int, preexisting: bool, source: str) -> Trace:
@@ -240,15 +245,15 @@ def _trace_of(b: _Builder, snap: dict, device: int, preexisting: bool, source: s
 def _preexisting_blocks(snap: dict, device: int, live_at_end: set) -> list[tuple[int, int]]:
     """(address, size) of blocks allocated in the snapshot's segments but not by the window."""
     out = []
-    for seg in snap.get("segments") or ():
+    for seg in _list(snap.get("segments")):
         if not isinstance(seg, dict) or seg.get("device", device) != device:
             continue
         addr = seg.get("address")
-        for blk in seg.get("blocks") or ():
+        for blk in _list(seg.get("blocks")):
             size = blk.get("size") if isinstance(blk, dict) else None
-            if not isinstance(size, int) or not isinstance(addr, int):
-                break  # without sizes the addresses of later blocks are unknown
-            blk_addr = blk.get("address", addr)
+            blk_addr = blk.get("address", addr) if isinstance(blk, dict) else None
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (size, addr, blk_addr)):
+                break  # without sizes and addresses the addresses of later blocks are unknown
             if blk.get("state") in LIVE_BLOCK_STATES and blk_addr not in live_at_end:
                 out.append((blk_addr, size))
             addr = blk_addr + size

@@ -17,7 +17,6 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.exec.compress import compress, decompress
 from memplan.exec.engine import ThreadCopyEngine
 from memplan.exec.meter import MemoryMeter
-from memplan.exec.runtime import PlanRuntime
 from memplan.exec.slab import host_layout
 from memplan.planners.base import known_planners, plan as make_plan
 from memplan.sim.program import compile_program

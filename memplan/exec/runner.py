@@ -23,7 +23,6 @@ touching a storage left on the host (a wrap-around gap) brings it back.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch

@@ -56,7 +56,7 @@ def portfolio(problem: PoolProblem, graph=None, deadline: float = float("inf")) 
             offsets, footprint = greedy_place(problem, order, best_fit, graph)
             if best is None or footprint < best[1]:
                 best = (offsets, footprint, f"{name}/{'best' if best_fit else 'first'}-fit")
-            if time.perf_counter() > deadline:
+            if time.monotonic() > deadline:
                 return best
     return best
 
@@ -116,7 +116,7 @@ def _solve_parts(problem: PoolProblem, spanning: np.ndarray, parts: list[np.ndar
 
 def _smartpool_whole(problem: PoolProblem, time_limit_s: float, seed: int, search: bool = True) -> AllocatorOutcome:
     """Portfolio, then (if `search`) the exact search, on one problem as a whole."""
-    started = time.perf_counter()
+    started = time.monotonic()
     if problem.n == 0:
         return AllocatorOutcome(footprint_bytes=0, offsets=np.zeros(0, np.int64))
     graph = conflict_graph(problem)

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import native
 from .problem import PoolProblem
+from .sections import sections
 
 
 def conflict_graph(problem: PoolProblem) -> tuple[np.ndarray, np.ndarray]:
@@ -59,14 +60,8 @@ def greedy_place(problem: PoolProblem, order: np.ndarray, best_fit: bool = True,
 
 def section_totals(problem: PoolProblem) -> np.ndarray:
     """Per buffer, the largest load (sum of live sizes) at any time in its lifetime."""
-    times = np.unique(np.concatenate([problem.starts, problem.ends]))
-    lo = np.searchsorted(times, problem.starts)
-    hi = np.searchsorted(times, problem.ends)
-    delta = np.zeros(len(times) + 1, np.int64)
-    np.add.at(delta, lo, problem.sizes)
-    np.add.at(delta, hi, -problem.sizes)
-    load = np.cumsum(delta)[:-1]
-    return range_max(load, lo, hi)
+    sec = sections(problem)
+    return range_max(sec.total, sec.lo, sec.hi)
 
 
 def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

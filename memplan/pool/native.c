@@ -152,7 +152,7 @@ enum { E_ENTER, E_CHILD_FOUND, E_CHILD_FAILED };      /* what happened to the to
 typedef struct {
     int64_t n, sections, nkeys, t_row;
     const int64_t *sizes, *indptr, *sec_lo, *sec_hi, *sec_ptr, *sec_members, *by_lo, *lo_ptr;
-    const int64_t *twin, *fixed, *keys, *section_total, *cuts;
+    const int64_t *twin, *keys, *section_total, *cuts;
     const int32_t *indices;
 } mp_problem;
 
@@ -207,12 +207,10 @@ static void raise_floor(mp_search *s, int64_t sec, int logged) {
 }
 
 /* Place c at min_off[c]. Sets *splits when it leaves a boundary no unplaced buffer crosses and
- * *hatless when it constrains no unplaced buffer; returns 0 when it pushes a fixed buffer off
- * its offset (rule 7). */
-static int place(mp_search *s, int64_t c, int *splits, int *hatless) {
+ * *hatless when it constrains no unplaced buffer. */
+static void place(mp_search *s, int64_t c, int *splits, int *hatless) {
     const mp_problem *p = s->p;
     int64_t h = s->min_off[c] + p->sizes[c];
-    int ok = 1;
     s->off[c] = s->min_off[c];
     s->placed[s->nplaced++] = c;
     for (int64_t sec = p->sec_lo[c]; sec < p->sec_hi[c]; sec++) {
@@ -229,7 +227,6 @@ static int place(mp_search *s, int64_t c, int *splits, int *hatless) {
         if (s->min_off[nb] < h) {
             push(s, K_MIN_OFF, nb, s->min_off[nb]);
             s->min_off[nb] = h;
-            if (p->fixed[nb] >= 0 && h > p->fixed[nb]) ok = 0;
         }
     }
     /* Floors only after every neighbour's lowest offset moved, so each section is visited once. */
@@ -248,7 +245,6 @@ static int place(mp_search *s, int64_t c, int *splits, int *hatless) {
         push(s, K_CUT, b, s->cuts[b]);
         if (--s->cuts[b] == 0) *splits = 1;
     }
-    return ok;
 }
 
 /* Rule 5: the highest offset at which the next buffer passes the section check, -1 if none.
@@ -395,9 +391,9 @@ static void try_candidates(mp_search *s, frame_t *f) {
         int splits, hatless;
         f->mark = s->logp;
         f->pmark = s->nplaced;
-        int ok = place(s, c, &splits, &hatless);
+        place(s, c, &splits, &hatless);
         f->hatless = hatless;
-        if (ok && sections_fit(s, o, f->slo, f->shi)) {
+        if (sections_fit(s, o, f->slo, f->shi)) {
             int64_t slo = f->slo, shi = f->shi, r = s->rank[c];
             if (splits) push_frame(s, SPLIT, slo, shi, -1, -1); /* rule 4 */
             else push_frame(s, SEARCH, slo, shi, o, r);
@@ -438,11 +434,7 @@ mp_search *mp_search_new(const mp_problem *p, int64_t cap) {
     s->log = malloc(s->log_cap * sizeof(undo_t));
     memcpy(s->total, p->section_total, S * sizeof(int64_t));
     if (S > 1) memcpy(s->cuts, p->cuts, (S - 1) * sizeof(int64_t));
-    for (int64_t i = 0; i < n; i++) {
-        s->off[i] = NO_OFFSET;
-        s->min_off[i] = p->fixed[i] > 0 ? p->fixed[i] : 0;
-    }
-    for (int64_t sec = 0; sec < S; sec++) raise_floor(s, sec, 0);
+    for (int64_t i = 0; i < n; i++) s->off[i] = NO_OFFSET;
     push_frame(s, SPLIT, 0, S, -1, -1); /* the root: solve every independent part */
     return s;
 }
@@ -542,15 +534,16 @@ static int64_t tree_max(const int64_t *mx, const int64_t *lz, int64_t node, int6
     return a > b ? a : b;
 }
 
-/* Offsets into off; returns the footprint. rank is a permutation of 0..n-1. */
+/* Offsets into off; returns the footprint, or -1 after max_pops heap pops (dense problems pop
+ * long-lived buffers again and again). rank is a permutation of 0..n-1. */
 int64_t mp_dive(int64_t n, int64_t sections, const int64_t *sizes, const int64_t *sec_lo, const int64_t *sec_hi,
-                const int64_t *rank, int64_t *off) {
+                const int64_t *rank, int64_t max_pops, int64_t *off) {
     int64_t *mx = calloc(4 * sections + 4, sizeof(int64_t)), *lz = malloc((4 * sections + 4) * sizeof(int64_t));
     entry_t *heap = malloc((n + 1) * sizeof(entry_t));
     int64_t len = 0, footprint = 0;
     for (int64_t k = 0; k < 4 * sections + 4; k++) lz[k] = -1;
     for (int64_t i = 0; i < n; i++) heap_push(heap, &len, (entry_t){rank[i], i});
-    while (len > 0) {
+    while (len > 0 && max_pops-- > 0) {
         entry_t e = heap_pop(heap, &len);
         int64_t i = e.i, low = tree_max(mx, lz, 1, 0, sections, sec_lo[i], sec_hi[i]), key = low * n + rank[i];
         if (key > e.key) {
@@ -564,5 +557,72 @@ int64_t mp_dive(int64_t n, int64_t sections, const int64_t *sizes, const int64_t
     free(mx);
     free(lz);
     free(heap);
-    return footprint;
+    return len > 0 ? -1 : footprint;
+}
+
+/* ---- 5. allocation-order fit ----------------------------------------------------------- */
+
+/* The greedy in allocation order without a conflict graph (for large problems): buffers in
+ * `order` (sorted by start), those ending at or before a start freed first (`by_end`: indices
+ * sorted by end); free address blocks below the pool top kept sorted by address and merged on
+ * free; each buffer takes the best (smallest) or first (lowest) block that fits, else the block
+ * reaching the top (grown) or the top. O(n x free blocks). Returns the footprint. */
+typedef struct { int64_t addr, size; } block_t;
+
+static void free_block(block_t *blocks, int64_t *nb, int64_t addr, int64_t size) {
+    int64_t lo = 0, hi = *nb;
+    while (lo < hi) { /* first block above addr */
+        int64_t mid = (lo + hi) / 2;
+        if (blocks[mid].addr < addr) lo = mid + 1;
+        else hi = mid;
+    }
+    int merge_left = lo > 0 && blocks[lo - 1].addr + blocks[lo - 1].size == addr;
+    int merge_right = lo < *nb && addr + size == blocks[lo].addr;
+    if (merge_left && merge_right) {
+        blocks[lo - 1].size += size + blocks[lo].size;
+        memmove(blocks + lo, blocks + lo + 1, (*nb - lo - 1) * sizeof(block_t));
+        (*nb)--;
+    } else if (merge_left) {
+        blocks[lo - 1].size += size;
+    } else if (merge_right) {
+        blocks[lo].addr = addr;
+        blocks[lo].size += size;
+    } else {
+        memmove(blocks + lo + 1, blocks + lo, (*nb - lo) * sizeof(block_t));
+        blocks[lo] = (block_t){addr, size};
+        (*nb)++;
+    }
+}
+
+int64_t mp_sweep_fit(int64_t n, const int64_t *starts, const int64_t *ends, const int64_t *sizes, const int64_t *order,
+                     const int64_t *by_end, int best_fit, int64_t *off) {
+    block_t *blocks = malloc((n + 1) * sizeof(block_t));
+    int64_t nb = 0, top = 0, next_end = 0;
+    for (int64_t i = 0; i < n; i++) off[i] = NO_OFFSET;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t i = order[k], size = sizes[i], pick = -1;
+        for (; next_end < n && ends[by_end[next_end]] <= starts[i]; next_end++) {
+            int64_t j = by_end[next_end];
+            if (off[j] != NO_OFFSET) free_block(blocks, &nb, off[j], sizes[j]);
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            if (blocks[b].size < size || (pick >= 0 && blocks[b].size >= blocks[pick].size)) continue;
+            pick = b;
+            if (!best_fit) break;
+        }
+        if (pick >= 0) {
+            off[i] = blocks[pick].addr;
+            blocks[pick].addr += size;
+            blocks[pick].size -= size;
+            if (blocks[pick].size == 0) memmove(blocks + pick, blocks + pick + 1, (--nb - pick) * sizeof(block_t));
+        } else if (nb > 0 && blocks[nb - 1].addr + blocks[nb - 1].size == top) {
+            off[i] = blocks[--nb].addr; /* the block reaching the top grows the pool */
+            top = off[i] + size;
+        } else {
+            off[i] = top;
+            top += size;
+        }
+    }
+    free(blocks);
+    return top;
 }

@@ -27,7 +27,7 @@ class Problem(ctypes.Structure):
 
     _fields_ = [(name, _I64) for name in ("n", "sections", "nkeys", "t_row")] + [
         (name, _P) for name in ("sizes", "indptr", "sec_lo", "sec_hi", "sec_ptr", "sec_members", "by_lo", "lo_ptr",
-                                "twin", "fixed", "keys", "section_total", "cuts")] + [("indices", _P32)]
+                                "twin", "keys", "section_total", "cuts")] + [("indices", _P32)]
 
 
 _SIGNATURES = {
@@ -39,7 +39,8 @@ _SIGNATURES = {
     "mp_search_nodes": (_I64, [ctypes.c_void_p]),
     "mp_search_offsets": (None, [ctypes.c_void_p, _P]),
     "mp_search_advance": (ctypes.c_int, [ctypes.c_void_p, _I64, _P, _I64]),
-    "mp_dive": (_I64, [_I64, _I64, _P, _P, _P, _P, _P]),
+    "mp_dive": (_I64, [_I64, _I64, _P, _P, _P, _P, _I64, _P]),
+    "mp_sweep_fit": (_I64, [_I64, _P, _P, _P, _P, _P, ctypes.c_int, _P]),
 }
 
 

@@ -14,8 +14,7 @@ rearranged into such a canonical one), candidates by (lowest offset, preorder ra
      afresh by its preorder with T from the sizes still unplaced (as minimalloc does; with a
      static T, minimalloc's own preorders miss challenging file I);
   5. (ours) a per-node offset limit from rule 2 rejects every failing candidate at once;
-  6. (ours) identical buffers (twins) are placed in index order;
-  7. fixed buffers must land exactly at their given offset (minimalloc's fixed offsets).
+  6. (ours) identical buffers (twins) are placed in index order.
 It is an explicit stack of frames rather than a recursion, so it stops after any node and
 resumes where it stopped.
 
@@ -46,6 +45,7 @@ import numpy as np
 from . import native
 from .greedy import conflict_graph
 from .problem import PoolProblem
+from .sections import sections
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,10 @@ SLICE_S = 0.01  # a search looks at the clock about this often
 FIRST_SLICE_NODES = 256
 # Static preorders tried round-robin (minimalloc's letters, larger first): A area, C sections
 # spanned, L start, O overlaps, T largest section total, U end, W lifetime width, Z size.
-# minimalloc's three first, then those that solved other challenging files in a screen of
-# all 336 three-letter orders (benchmarks/results/pool_preorder_screen.md).
-PREORDERS = ("TWA", "WAT", "TAW", "TOW", "CAT", "UTW", "AZO", "TCA")
+# minimalloc's three and those that solved other challenging files in a screen of all 336
+# three-letter orders (benchmarks/results/pool_preorder_screen.md); the ones that solved most
+# files first, since earlier preorders of a round run on after a later one concluded.
+PREORDERS = ("TWA", "TAW", "TCA", "WAT", "TOW", "CAT", "UTW", "AZO")
 
 
 def default_threads() -> int:
@@ -74,50 +75,32 @@ class _Searcher:
     Args:
         problem: the buffers.
         graph: its conflict graph (CSR).
-        fixed: per buffer, the offset it must take, or -1 (default: none fixed).
         preorders: the heuristics (letters of PREORDERS' comment) searched in a round.
     """
 
-    def __init__(self, problem: PoolProblem, graph, fixed: np.ndarray | None = None,
-                 preorders: tuple[str, ...] = PREORDERS):
+    def __init__(self, problem: PoolProblem, graph, preorders: tuple[str, ...] = PREORDERS):
         self.problem = problem
-        self.indptr, self.indices = graph
-        times = np.unique(np.concatenate([problem.starts, problem.ends]))
-        self.sec_lo = np.searchsorted(times, problem.starts).astype(np.int64)
-        self.sec_hi = np.searchsorted(times, problem.ends).astype(np.int64)
-        sections = max(len(times) - 1, 0)
-        delta = np.zeros(len(times), np.int64)
-        np.add.at(delta, self.sec_lo, problem.sizes)
-        np.add.at(delta, self.sec_hi, -problem.sizes)
-        self.section_total = np.cumsum(delta)[:sections].copy()
-        # cuts[b]: buffers alive in both section b and b+1 (a zero cut splits the problem in time)
-        cut_delta = np.zeros(len(times), np.int64)
-        np.add.at(cut_delta, self.sec_lo, 1)
-        np.add.at(cut_delta, self.sec_hi - 1, -1)
-        self.cuts = np.cumsum(cut_delta)[: max(sections - 1, 0)].copy()
-        self.fixed = np.full(problem.n, -1, np.int64) if fixed is None else native.i64(fixed)
-        self.preorders = self._preorders(preorders)
-        self.arrays = {"sizes": native.i64(problem.sizes), "indptr": native.i64(self.indptr),
-                       "indices": np.ascontiguousarray(self.indices, np.int32), "sec_lo": self.sec_lo, "sec_hi": self.sec_hi,
-                       **_section_members(self.sec_lo, self.sec_hi, sections), **_by_start_section(self.sec_lo, sections),
-                       "twin": _twins(problem, self.fixed), "fixed": self.fixed, "section_total": self.section_total,
-                       "cuts": self.cuts}
-        self.sections = sections
+        self.sections = sections(problem)
+        self.preorders = [self._preorder(letters, np.diff(graph[0])) for letters in preorders]
+        sec = self.sections
+        self.arrays = {"sizes": native.i64(problem.sizes), "indptr": native.i64(graph[0]),
+                       "indices": np.ascontiguousarray(graph[1], np.int32), "sec_lo": sec.lo, "sec_hi": sec.hi,
+                       **_section_members(sec.lo, sec.hi, sec.count), **_by_start_section(sec.lo, sec.count),
+                       "twin": _twins(problem), "section_total": sec.total, "cuts": sec.cuts}
 
-    def _preorders(self, heuristics: tuple[str, ...]) -> list[tuple[np.ndarray, int]]:
-        """Per heuristic, its letters' keys (one row each, smaller first) and the row
-        of T (filled in by the kernel from the sizes still unplaced; -1 when absent)."""
+    def _preorder(self, letters: str, overlaps: np.ndarray) -> tuple[np.ndarray, int]:
+        """The keys of a heuristic's letters (one row each, smaller first) and the row of T (filled
+        in by the search from the sizes still unplaced; -1 when absent)."""
         p = self.problem
         length = p.ends - p.starts
-        keys = {"A": p.sizes * length, "C": self.sec_hi - self.sec_lo, "L": p.starts, "O": np.diff(self.indptr),
+        keys = {"A": p.sizes * length, "C": self.sections.hi - self.sections.lo, "L": p.starts, "O": overlaps,
                 "T": np.zeros(p.n, np.int64), "U": p.ends, "W": length, "Z": p.sizes}
-        return [(native.i64(-np.stack([keys[letter] for letter in heuristic])), heuristic.find("T"))
-                for heuristic in heuristics]
+        return native.i64(-np.stack([keys[letter] for letter in letters])), letters.find("T")
 
     def start(self, cap: int, preorder: int) -> "_Run":
         """A fresh search at capacity `cap` with the preorder-th heuristic."""
         keys, t_row = self.preorders[preorder]
-        struct = native.Problem(n=self.problem.n, sections=self.sections, nkeys=len(keys), t_row=t_row,
+        struct = native.Problem(n=self.problem.n, sections=self.sections.count, nkeys=len(keys), t_row=t_row,
                                 keys=native.ptr(keys), **{k: native.ptr(v) for k, v in self.arrays.items()})
         return _Run(struct, (self.arrays, keys), cap)
 
@@ -239,14 +222,13 @@ def _by_start_section(sec_lo: np.ndarray, sections: int) -> dict:
     return {"by_lo": by_lo, "lo_ptr": lo_ptr}
 
 
-def _twins(problem: PoolProblem, fixed: np.ndarray) -> np.ndarray:
-    """For each free buffer, the previous free buffer (by index) with the same lifetime and size, or -1.
+def _twins(problem: PoolProblem) -> np.ndarray:
+    """For each buffer, the previous buffer (by index) with the same lifetime and size, or -1.
 
     Twins tie on every preorder key, so the index orders them in every preorder.
     """
     twin = np.full(problem.n, -1, np.int64)
-    free = np.flatnonzero(fixed < 0)
-    order = free[np.lexsort((free, problem.sizes[free], problem.ends[free], problem.starts[free]))]
+    order = np.lexsort((np.arange(problem.n), problem.sizes, problem.ends, problem.starts))
     same = ((problem.starts[order][1:] == problem.starts[order][:-1]) & (problem.ends[order][1:] == problem.ends[order][:-1])
             & (problem.sizes[order][1:] == problem.sizes[order][:-1]))
     twin[order[1:][same]] = order[:-1][same]
@@ -259,8 +241,12 @@ def compile_kernel() -> None:
 
 
 def improve(problem: PoolProblem, graph, offsets: np.ndarray, footprint: int, deadline: float,
-            seed: int = 0, threads: int | None = None) -> tuple[np.ndarray, int, dict]:
+            seed: int = 0, threads: int | None = None, good_enough: int = 0,
+            lower: int | None = None) -> tuple[np.ndarray, int, dict]:
     """Search for a layout smaller than `footprint` until `deadline` (a time.monotonic() value).
+
+    Capacity = the lower bound first (optimal if found; LOWER_BOUND_SHARE of the time), then a
+    descent between the largest capacity refuted and the best footprint found.
 
     Args:
         problem: the buffers.
@@ -269,32 +255,35 @@ def improve(problem: PoolProblem, graph, offsets: np.ndarray, footprint: int, de
         deadline: time.monotonic() value at which to stop.
         seed: unused by the deterministic search (kept for the allocator interface).
         threads: threads for the search (default: the cores this process may use).
+        good_enough: stop as soon as the footprint is at most this.
+        lower: a known lower bound (default: the peak load).
     Returns:
         (offsets, footprint, facts) with facts "search" (what happened), "optimal" (the
-        footprint is proven smallest), "lower_bound" (no layout fits below it: the peak
-        load, or one more than the largest capacity the search refuted) and "search_nodes".
+        footprint is proven smallest), "lower_bound" (no layout fits below it), "finished" (the
+        descent has nothing left to try), "search_nodes" and "search_s".
     """
-    lower = problem.peak_load_bytes
-    if footprint <= lower:
-        return offsets, footprint, {"search": "not needed (portfolio at peak load)", "optimal": True,
-                                    "lower_bound": lower}
+    started = time.monotonic()
     searcher = _Searcher(problem, graph)
-    now = time.monotonic()
-    result = searcher.attempt(lower, now + LOWER_BOUND_SHARE * (deadline - now), threads)
-    nodes = result.nodes
-    if result.status == FOUND:
-        return result.offsets, _top(problem, result.offsets), {"search": "found peak load", "optimal": True,
-                                                               "lower_bound": lower, "search_nodes": nodes}
-    if result.status == NOT_FOUND:
-        lower += 1
-    best, best_fp = offsets, footprint
-    step = (best_fp - lower) // 2
-    slice_s = STEP_SHARE * (deadline - now)
-    while step > 0 and lower < best_fp and time.monotonic() < deadline:
+    lower = problem.peak_load_bytes if lower is None else lower
+    best, best_fp, nodes, tried, step = offsets, footprint, 0, 0, 0
+
+    def attempt(cap: int, share: float) -> Attempt:
+        nonlocal nodes, tried
+        result = searcher.attempt(cap, min(deadline, time.monotonic() + share * (deadline - started)), threads)
+        nodes, tried = nodes + result.nodes, tried + 1
+        return result
+
+    if lower < best_fp and best_fp > good_enough:
+        result = attempt(lower, LOWER_BOUND_SHARE)
+        if result.status == FOUND:
+            best, best_fp = result.offsets, _top(problem, result.offsets)
+        elif result.status == NOT_FOUND:
+            lower += 1
+        step = (best_fp - lower) // 2
+    while step > 0 and best_fp > good_enough and time.monotonic() < deadline:
         # A looser capacity is found fast; a refuted one raises the bound; an undecided one halves the step.
         cap = best_fp - step
-        result = searcher.attempt(cap, min(deadline, time.monotonic() + slice_s), threads)
-        nodes += result.nodes
+        result = attempt(cap, STEP_SHARE)
         if result.status == FOUND:
             best, best_fp = result.offsets, _top(problem, result.offsets)
         elif result.status == NOT_FOUND:
@@ -303,8 +292,10 @@ def improve(problem: PoolProblem, graph, offsets: np.ndarray, footprint: int, de
             step //= 2
         step = min(step, (best_fp - lower + 1) // 2) if best_fp > lower else 0
     log.info("search: footprint %d, proven lower bound %d", best_fp, lower)
-    return best, best_fp, {"search": "descent", "optimal": best_fp == lower, "lower_bound": lower,
-                           "search_nodes": nodes}
+    what = "found the lower bound" if best_fp <= lower else f"descent over {tried} capacities"
+    return best, best_fp, {"search": what, "optimal": best_fp <= lower, "lower_bound": lower,
+                           "finished": best_fp <= lower or (tried > 0 and step <= 0),
+                           "search_nodes": nodes, "search_s": time.monotonic() - started}
 
 
 def _top(problem: PoolProblem, offsets: np.ndarray) -> int:

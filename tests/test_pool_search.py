@@ -99,3 +99,31 @@ def test_challenging_files_reach_peak_load(name):
     assert result.footprint_bytes == problem.peak_load_bytes == 1048576
     assert result.details["optimal"]
     assert layout_is_valid(problem, result.offsets, 1048576)
+
+
+def split_problem(rng):
+    """Whole-range buffers, and two or three independent time ranges, each with its own."""
+    starts, ends, sizes = [0, 0], [30, 30], [rng.randrange(1, 6), rng.randrange(1, 6)]
+    for lo in range(0, 30, 10 * rng.choice([1, 2])):
+        starts.append(lo), ends.append(lo + 10), sizes.append(rng.randrange(1, 6))  # spans its range
+        for _ in range(rng.randrange(3, 7)):
+            s = rng.randrange(lo, lo + 9)
+            starts.append(s), ends.append(rng.randrange(s + 1, lo + 11)), sizes.append(rng.randrange(1, 9))
+    return mp.make_problem(starts, ends, sizes)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_smartpool_reaches_the_optimum_of_split_problems(seed):
+    # Stacking whole-range buffers and separating time ranges must not lose the optimum.
+    rng = random.Random(seed)
+    problem = split_problem(rng) if seed % 2 else small_problem(rng)
+    result = mp.solve(problem, "smartpool", time_limit_s=30)
+    best = optimum_by_cp_sat(problem)
+    assert result.footprint_bytes == best and layout_is_valid(problem, result.offsets, best)
+    assert result.details["optimal"] and result.details["lower_bound"] == best
+
+
+def test_smartpool_layout_does_not_depend_on_threads():
+    problem = mp.read_minimalloc_csv(CHALLENGING / "K.1048576.csv")
+    layouts = [mp.solve(problem, "smartpool", threads=threads).offsets for threads in (1, 3)]
+    assert np.array_equal(*layouts)

@@ -271,6 +271,8 @@ def improve(problem: PoolProblem, graph, offsets: np.ndarray, footprint: int, de
         nonlocal nodes, tried
         result = searcher.attempt(cap, min(deadline, time.monotonic() + share * (deadline - started)), threads)
         nodes, tried = nodes + result.nodes, tried + 1
+        log.debug("capacity %d: %s, %d nodes", cap, {FOUND: f"found {_top(problem, result.offsets)}" if result.status == FOUND
+                                                     else "", NOT_FOUND: "refuted"}.get(result.status, "undecided"), result.nodes)
         return result
 
     if lower < best_fp and best_fp > good_enough:

@@ -1,13 +1,14 @@
 """First layouts for smartpool: every heuristic whose cost fits, the best one kept.
 
-  - the greedy portfolio (greedy.py: 7 orderings x best/first fit over the conflict graph), when
-    the graph has at most GRAPH_MAX_PAIRS pairs (memory and time grow with the pairs);
   - allocation-order best/first fit without a graph (native.c mp_sweep_fit): the portfolio's
     `start` ordering in O(n x free blocks), for any size;
   - skyline dives (native.c mp_dive: the search's first path without its checks), one per
-    preorder of DIVE_ORDERS, with a cap on their work (they win on large sparse problems).
-Heuristics run on the given threads, cheapest first, and stop being started at the deadline
-(the first one always runs, so there is always a layout).
+    preorder of DIVE_ORDERS, with a cap on their work (they win on large sparse problems);
+  - the greedy portfolio (greedy.py: the other 6 orderings x best/first fit over the conflict
+    graph), when the graph has at most GRAPH_MAX_PAIRS pairs (memory and time grow with them).
+Heuristics run on the given threads in that order (the graph-free ones first: they are cheaper,
+and the dives most often reach the lower bound, after which the rest is not needed), and stop
+being started at the deadline (the first one always runs, so there is always a layout).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Layout:
     footprint: int
     label: str  # the heuristic that made it
     tried: int  # heuristics run
-    skipped: int  # heuristics not started (deadline) or given up (a dive past its work cap)
+    skipped: int  # heuristics not started (deadline, or one at the lower bound already) or given up (work cap)
 
 
 def count_pairs(problem: PoolProblem) -> int:
@@ -45,7 +46,7 @@ def count_pairs(problem: PoolProblem) -> int:
     return int((np.searchsorted(starts, problem.ends) - np.searchsorted(starts, problem.starts) - 1).sum())
 
 
-def construct(problem: PoolProblem, deadline: float, threads: int, graph=None) -> Layout:
+def construct(problem: PoolProblem, deadline: float, threads: int, graph=None, good_enough: int = 0) -> Layout:
     """The best first layout of `problem` that the deadline allows (ties: the earlier heuristic).
 
     Args:
@@ -53,14 +54,20 @@ def construct(problem: PoolProblem, deadline: float, threads: int, graph=None) -
         deadline: time.monotonic() after which no heuristic starts (the first one always runs).
         threads: heuristics run in parallel on this many threads.
         graph: the conflict graph, or None where it is not affordable (no portfolio then).
+        good_enough: no later heuristic starts once one reaches this footprint (default: the peak load).
     """
     jobs = [("start/best-fit", lambda: _sweep_fit(problem, True)), ("start/first-fit", lambda: _sweep_fit(problem, False))]
-    jobs += (_portfolio_jobs(problem, graph) if graph is not None else []) + _dive_jobs(problem)
+    jobs += _dive_jobs(problem) + (_portfolio_jobs(problem, graph) if graph is not None else [])
+    good_enough = max(good_enough, problem.peak_load_bytes)
     results = [jobs[0][1]()] + [None] * (len(jobs) - 1)
+    enough = [0 if results[0][1] <= good_enough else len(jobs)]  # the first job that reached good_enough
 
     def run(k: int) -> None:
-        if time.monotonic() <= deadline:
+        # Jobs after one that reached good_enough are not needed (it wins ties, being earlier).
+        if time.monotonic() <= deadline and k < enough[0]:
             results[k] = jobs[k][1]()
+            if 0 <= results[k][1] <= good_enough:
+                enough[0] = min(enough[0], k)
 
     if threads > 1:
         with ThreadPoolExecutor(threads) as pool:

@@ -43,7 +43,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import native
-from .greedy import conflict_graph
 from .problem import PoolProblem
 from .sections import sections
 

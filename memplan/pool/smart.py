@@ -19,7 +19,7 @@ import numpy as np
 
 from .api import AllocatorOutcome, register_allocator
 from .budget import reserve_s
-from .construct import Layout, affordable_graph, construct
+from .construct import affordable_graph, construct
 from .greedy import greedy_place
 from .problem import PoolProblem
 from .search import default_threads, improve
@@ -54,10 +54,11 @@ class _AtomState:
 
     def __init__(self, problem: PoolProblem, atom: Atom, deadline: float, threads: int):
         self.atom, self.problem = atom, problem.subset(atom.index)
-        self.searchable = self.problem.n <= SEARCH_MAX_BUFFERS
         self.graph = affordable_graph(self.problem)
-        self.searchable = self.searchable and self.graph is not None
-        self.first = construct(self.problem, deadline, threads, self.graph)
+        self.searchable = self.problem.n <= SEARCH_MAX_BUFFERS and self.graph is not None
+        # Below the whole problem's peak load, an atom's top does not matter.
+        good_enough = problem.peak_load_bytes - atom.base
+        self.first = construct(self.problem, deadline, threads, self.graph, good_enough)
         self.offsets, self.footprint = self.first.offsets, self.first.footprint
         self.lower = self.problem.peak_load_bytes
         self.facts: dict = {}

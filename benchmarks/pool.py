@@ -33,13 +33,16 @@ RESULTS = Path(__file__).parent / "results"
 BASELINES = ("smartpool-bestfit", "smartpool-firstfit", "cnmem", "caching", "caching-expandable", "vdnnpp-highend")
 MODELS = (("vgg16", 100, 32), ("resnet50", 100, 32), ("resnet50", 256, 224))  # name, batch, input side
 MEMPLAN = Path(sys.executable).with_name("memplan")
+# Fresh processes cache bytecode as an installed package does (this workspace's shell sets
+# PYTHONDONTWRITEBYTECODE, which would make every cold run compile memplan's modules again).
+FRESH_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def cold_run(path: Path, time_limit: float) -> dict:
     """`memplan pool PATH --allocator smartpool` in a fresh process: ratio, details, wall seconds."""
     started = time.monotonic()
     out = subprocess.run([str(MEMPLAN), "pool", str(path), "--allocator", "smartpool", "--time-limit", str(time_limit),
-                          "--json"], capture_output=True, text=True, check=True).stdout
+                          "--json"], capture_output=True, text=True, check=True, env=FRESH_ENV).stdout
     wall = time.monotonic() - started
     return {**json.loads(out), "wall_s": wall}
 

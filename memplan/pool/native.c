@@ -193,7 +193,7 @@ static void undo(mp_search *s, int64_t mark, int64_t pmark) {
 }
 
 /* Rule 2: a section's floor is at least the lowest offset any of its unplaced buffers can take. */
-static void raise_floor(mp_search *s, int64_t sec, int logged) {
+static void raise_floor(mp_search *s, int64_t sec) {
     const mp_problem *p = s->p;
     int64_t low = BIG;
     for (int64_t q = p->sec_ptr[sec]; q < p->sec_ptr[sec + 1]; q++) {
@@ -201,7 +201,7 @@ static void raise_floor(mp_search *s, int64_t sec, int logged) {
         if (s->off[b] == NO_OFFSET && s->min_off[b] < low) low = s->min_off[b];
     }
     if (low != BIG && s->floor[sec] < low) {
-        if (logged) push(s, K_FLOOR, sec, s->floor[sec]);
+        push(s, K_FLOOR, sec, s->floor[sec]);
         s->floor[sec] = low;
     }
 }
@@ -237,7 +237,7 @@ static void place(mp_search *s, int64_t c, int *splits, int *hatless) {
         for (int64_t sec = p->sec_lo[nb]; sec < p->sec_hi[nb]; sec++) {
             if (s->stamp[sec] == tag) continue;
             s->stamp[sec] = tag;
-            raise_floor(s, sec, 1);
+            raise_floor(s, sec);
         }
     }
     *splits = 0;

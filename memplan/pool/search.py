@@ -254,7 +254,7 @@ def improve(problem: PoolProblem, graph, offsets: np.ndarray, footprint: int, de
         deadline: time.monotonic() value at which to stop.
         seed: unused by the deterministic search (kept for the allocator interface).
         threads: threads for the search (default: the cores this process may use).
-        good_enough: stop as soon as the footprint is at most this.
+        good_enough: stop as soon as the footprint is at most this (or do nothing if it already is).
         lower: a known lower bound (default: the peak load).
     Returns:
         (offsets, footprint, facts) with facts "search" (what happened), "optimal" (the
@@ -270,8 +270,8 @@ def improve(problem: PoolProblem, graph, offsets: np.ndarray, footprint: int, de
         nonlocal nodes, tried
         result = searcher.attempt(cap, min(deadline, time.monotonic() + share * (deadline - started)), threads)
         nodes, tried = nodes + result.nodes, tried + 1
-        log.debug("capacity %d: %s, %d nodes", cap, {FOUND: f"found {_top(problem, result.offsets)}" if result.status == FOUND
-                                                     else "", NOT_FOUND: "refuted"}.get(result.status, "undecided"), result.nodes)
+        outcome = {FOUND: "found", NOT_FOUND: "refuted"}.get(result.status, "undecided")
+        log.debug("capacity %d: %s after %d nodes", cap, outcome, result.nodes)
         return result
 
     if lower < best_fp and best_fp > good_enough:
@@ -295,7 +295,7 @@ def improve(problem: PoolProblem, graph, offsets: np.ndarray, footprint: int, de
     log.info("search: footprint %d, proven lower bound %d", best_fp, lower)
     what = "found the lower bound" if best_fp <= lower else f"descent over {tried} capacities"
     return best, best_fp, {"search": what, "optimal": best_fp <= lower, "lower_bound": lower,
-                           "finished": best_fp <= lower or (tried > 0 and step <= 0),
+                           "finished": best_fp <= lower or step <= 0,
                            "search_nodes": nodes, "search_s": time.monotonic() - started}
 
 

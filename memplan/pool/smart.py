@@ -110,10 +110,11 @@ def _search_worst(atoms: list[_AtomState], deadline: float, threads: int) -> lis
         worst.lower = max(worst.lower, max(a.atom.base + a.lower for a in atoms) - worst.atom.base)
         if worst.done:
             break
+        # Once below another atom's top, that atom sets the footprint (with a tie, neither alone does).
         others = max((a.top for a in atoms if a is not worst), default=0)
         worst.offsets, worst.footprint, facts = improve(
             worst.problem, worst.graph, worst.offsets, worst.footprint, deadline, threads=threads,
-            good_enough=others - worst.atom.base, lower=worst.lower)
+            good_enough=others - worst.atom.base - 1, lower=worst.lower)
         worst.lower = facts["lower_bound"]
         _merge_facts(worst.facts, facts)
         if worst not in searched:
@@ -157,8 +158,8 @@ def _search_summary(worst: _AtomState | None, searched: list[_AtomState]) -> str
     """One line on the search of the atom that sets the footprint (never silent when it did not run)."""
     if worst is None:
         return "not needed (only buffers alive the whole time)"
-    if worst.first.footprint <= worst.problem.peak_load_bytes:
-        return "not needed (first layout at peak load)"
+    if worst.first.footprint <= worst.lower:
+        return "not needed (first layout at the lower bound)"
     if not worst.searchable:
         why = f"{worst.problem.n} buffers > {SEARCH_MAX_BUFFERS}" if worst.problem.n > SEARCH_MAX_BUFFERS \
             else "conflict graph too large"

@@ -394,9 +394,8 @@ static void try_candidates(mp_search *s, frame_t *f) {
         place(s, c, &splits, &hatless);
         f->hatless = hatless;
         if (sections_fit(s, o, f->slo, f->shi)) {
-            int64_t slo = f->slo, shi = f->shi, r = s->rank[c];
-            if (splits) push_frame(s, SPLIT, slo, shi, -1, -1); /* rule 4 */
-            else push_frame(s, SEARCH, slo, shi, o, r);
+            if (splits) push_frame(s, SPLIT, f->slo, f->shi, -1, -1); /* rule 4 */
+            else push_frame(s, SEARCH, f->slo, f->shi, o, s->rank[c]);
             return;
         }
         undo(s, f->mark, f->pmark);

@@ -7,7 +7,7 @@ import os
 import time
 
 CHECK_S_PER_BUFFER = 20e-6  # validation (check.py) plus the result's slots, per buffer, measured on a loaded host
-CHECK_S_FIXED = 0.02
+CHECK_S_FIXED = 0.02  # the same, per call
 EXIT_S = 0.25  # printing the result and interpreter shutdown after it, measured on a loaded host
 
 

@@ -1,8 +1,8 @@
 """ctypes bindings of native.c (the allocators' inner loops), built on first use (cbuild.py).
 
-`library()` builds the library once per source version and machine (about a second, outside
-any time limit: `memplan.pool.native.library()` builds it ahead, e.g. after an install) and
-loads it once per process (a millisecond). ctypes releases the GIL during every call, so
+`library()` builds the library once per source version and machine (about a second; the first
+smartpool call on a machine pays it inside its time limit unless `memplan.pool.native.library()`
+built it ahead, e.g. after an install) and loads it once per process (a millisecond). ctypes releases the GIL during every call, so
 searches on several threads run in parallel.
 """
 

@@ -143,6 +143,26 @@ def _diff(model, reference) -> float:
     return max(float((p.detach().double() - r.double()).abs().max()) for p, r in zip(model.parameters(), reference))
 
 
+def summary(rows: list[dict]) -> str:
+    """One line per model: runs kept within budget and at the simulated peak, parameter
+    agreement, and what executability costs (program overhead minus the op-level plan's)."""
+    lines = ["| model | distinct runs | within budget + 2%, every step | measured = simulated (every step) | "
+             "largest measured / budget | bit-identical (others: max param diff) | "
+             "executability cost (sim. overhead, program - plan): max |",
+             "|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        fresh = [r for r in rows if r["model"] == model and "same_run_as" not in r and "error" not in r]
+        exact = [r for r in fresh if r["max_param_diff"] == 0.0]
+        others = max((r["max_param_diff"] for r in fresh if r not in exact), default=None)
+        same = sum(all(m == r["simulated_peak_bytes"] for m in r["measured_per_step"]) for r in fresh)
+        cost = max((r["program_overhead"] - r["plan_overhead"] for r in fresh
+                    if r["program_overhead"] is not None and r["plan_overhead"] is not None), default=0.0)
+        lines.append(f"| {model} | {len(fresh)} | {sum(r['within_budget'] for r in fresh)} | {same} | "
+                     f"{max(r['measured_peak_bytes'] / r['budget_bytes'] for r in fresh):.4f} | {len(exact)}"
+                     f"{'' if others is None else f' ({others:.2g})'} | {cost:+.2%} |")
+    return "\n".join(lines) + "\n"
+
+
 def to_markdown(rows: list[dict], costs: list[dict]) -> str:
     """The summary, the executor's dispatch cost per model, and the full table."""
     fresh = [r for r in rows if "same_run_as" not in r and "error" not in r]
@@ -159,7 +179,7 @@ def to_markdown(rows: list[dict], costs: list[dict]) -> str:
             "|---|---|---|---|---|"]
     head += [f"| {c['model']} | {c['ops']} | {c['plain_s']:.3f} | {c['planned_s']:.3f} | {c['per_op_us']:.1f} |"
              for c in costs]
-    lines = lines[:1] + ["Run-time cost of the executor's dispatch-level points (median of 5 steps, no meter):\n"] \
+    lines = lines[:1] + [summary(rows), "Run-time cost of the executor's dispatch-level points (median of 5 steps, no meter):\n"] \
         + head + [""] + lines[1:]
     for r in rows:
         if "error" in r:

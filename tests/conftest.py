@@ -10,7 +10,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-DEFAULT_EXAMPLES = 8  # per property (and per planner in tests/test_planner_property.py)
+DEFAULT_EXAMPLES = 12  # per property (and per planner in tests/test_planner_property.py)
 LONG_EXAMPLES = 300
 _EXAMPLES = os.environ.get("MEMPLAN_FUZZ_EXAMPLES")
 

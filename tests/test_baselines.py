@@ -107,7 +107,7 @@ def test_sqrt_n_keeps_what_replays_an_input_freed_before_backward():
     # As an imported log's released constant: x is freed after layer 0 (its backward does not
     # read it here), so a0, whose producer read x, cannot be rebuilt and is kept.
     trace = chain_trace(9)
-    x, a0, a1, a3, a4, a6 = _ids(trace, "x", "a0", "a1", "a3", "a4", "a6")
+    x, _a0, a1, a3, a4, a6 = _ids(trace, "x", "a0", "a1", "a3", "a4", "a6")
     ops = tuple(replace(op, reads=tuple(r for r in op.reads if r != x)) if op.index > 0 else op for op in trace.ops)
     storages = tuple(replace(st, free_op=1) if st.id == x else st for st in trace.storages)
     trace = Trace(storages=storages, ops=ops, meta=trace.meta)

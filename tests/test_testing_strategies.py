@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import Phase, find, given, settings
 
+from memplan.model import Trace
 from memplan.testing.exporters import DEFAULT_OP_NS, reimport
 from memplan.testing.strategies import consistency_errors, training_traces
 from memplan.testing.synthetic import chain_trace
-from memplan.model import Trace
 
 
 @given(training_traces())

@@ -97,7 +97,7 @@ def run_plan(args) -> int:
                       simulate_result=simulator_available(), **params)
     except MemplanError:
         raise  # the user's mistake (or an infeasible budget): one line, exit 2
-    except Exception as exc:  # anything else raised while planning is a bug in the planner
+    except Exception as exc:  # noqa: BLE001  anything else raised while planning is a bug in the planner
         return _planner_raised(args, trace, params, exc)
     violations = validate(trace, result, result.budget_bytes)
     summary = {**plan_summary(result), "trace_peak_bytes": trace.peak_load_bytes}
@@ -130,7 +130,7 @@ def plan_summary(result) -> dict:
 
 
 def _planner_raised(args, trace, params: dict, exc: Exception) -> int:
-    log.info("planner %r raised", args.planner, exc_info=True)  # the traceback, with -v
+    log.info("planner %r raised", args.planner, exc_info=exc)  # the traceback, with -v
     summary = {"planner": args.planner, "params": params, "seed": args.seed,
                "trace_peak_bytes": trace.peak_load_bytes}
     return _internal_error(args, summary, f"{type(exc).__name__}: {exc}", exception=type(exc).__name__)

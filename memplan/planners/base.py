@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import pkgutil
 import time
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from ..cost.profiles import DeviceProfile
 from ..errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
 from ..model import Plan, Trace, expect_trace
 from ..units import format_bytes, parse_budget
+
+log = logging.getLogger(__name__)
 
 PlannerFn = Callable[..., Plan]
 DECIDES = ("swap", "recompute", "pool", "microbatch")  # what a planner may decide
@@ -164,7 +167,7 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     cost = cost or Cost.for_trace(trace, device)
     params = check_params(spec, params)
     started = time.perf_counter()
-    result = spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
+    result = _run_planner(spec, trace, budget_bytes, cost, seed, params, limited=budget is not None)
     elapsed = time.perf_counter() - started
     recorded = None if budget is None else budget_bytes
     if recorded is not None and result.pool_bytes is not None and result.pool_bytes > recorded:
@@ -176,6 +179,23 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
 
         result = result.with_meta(predicted=simulate(trace, result, cost=cost).summary())
     return result
+
+
+def _run_planner(spec: PlannerSpec, trace: Trace, budget_bytes: int, cost: Cost, seed: int, params: dict, *,
+                 limited: bool) -> Plan:
+    """`spec`'s plan at `budget_bytes`; without a budget (`limited` false), at whatever load it needs.
+
+    Planners take the unconstrained peak for "no budget"; one whose plan needs more there (a
+    recomputation's rebuilt inputs beside what is resident) says how much, and it is run
+    again at that load, which the infeasible-budget error promises it fits.
+    """
+    try:
+        return spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
+    except InfeasibleBudgetError as exc:
+        if limited:
+            raise
+        log.debug("planner %s needs %d bytes without a budget; planning there", spec.name, exc.min_feasible_bytes)
+        return spec.fn(trace, exc.min_feasible_bytes, cost, seed=seed, **spec.defaults, **params)
 
 
 def resolve_budget(trace: Trace, budget: str | int | None) -> int:

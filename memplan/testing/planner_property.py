@@ -6,7 +6,8 @@
   simulated peak (`memplan.sim.simulate.simulate(trace, plan)`, capped by the plan's own
   budget) fits that budget, or
 - raise `InfeasibleBudgetError` for exactly that budget, naming a smallest feasible load
-  above it, or
+  above it, at which the same planner does return such a plan (the load a user is told
+  to ask for plans), or
 - for a trace without ops (a minimalloc pool problem), raise `NeedsOpsError` when it
   decides swaps, recomputes or micro-batches (`PlannerSpec.needs_ops`).
 
@@ -42,7 +43,8 @@ def fast_params(planner: str) -> dict:
     return dict(FAST_PARAMS.get(planner, {}))
 
 
-def check_planner(trace: Trace, planner: str, budget, *, cost: Cost | None = None, seed: int = 0) -> str:
+def check_planner(trace: Trace, planner: str, budget, *, cost: Cost | None = None, seed: int = 0,
+                  named_load_plans: bool = True) -> str:
     """Plan `trace` at `budget` with `planner` and check the property (module docstring).
 
     Args:
@@ -51,6 +53,8 @@ def check_planner(trace: Trace, planner: str, budget, *, cost: Cost | None = Non
         budget: what `memplan.planners.base.plan` takes ("60%", bytes).
         cost: the trace's cost model (default: the h100 profile).
         seed: the planner's seed.
+        named_load_plans: on InfeasibleBudgetError, also plan at the load the error names
+            and require a plan that keeps the property there.
     Returns:
         PLANNED, INFEASIBLE or REFUSED.
     Raises:
@@ -66,6 +70,10 @@ def check_planner(trace: Trace, planner: str, budget, *, cost: Cost | None = Non
         assert exc.budget_bytes == budget_bytes, f"{planner}: infeasible names budget {exc.budget_bytes}, " \
                                                  f"asked {budget_bytes}"
         assert exc.min_feasible_bytes > budget_bytes, f"{planner} at {budget}: {exc}"
+        if named_load_plans:
+            again = check_planner(trace, planner, exc.min_feasible_bytes, cost=cost, seed=seed,
+                                  named_load_plans=False)
+            assert again == PLANNED, f"{planner} at {budget}: the load its error names does not plan: {exc}"
         return INFEASIBLE
     except NeedsOpsError:
         assert not trace.ops and get_planner(planner).needs_ops, f"{planner} refused a trace with ops"

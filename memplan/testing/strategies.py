@@ -82,10 +82,10 @@ class _Program:
 
     def op(self, name: str, phase: str, module: str, reads=(), writes=(), *, view: bool = False) -> None:
         keep = self.module_mode == "all" or self.module_mode == "some" and self.draw(st.booleans())
-        self.ops.append(dict(name=name, phase=phase, module=module if keep else "",
-                             reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
-                             flops=0.0 if view else self.draw(FLOPS), view=view,
-                             duration_s=0.0 if view else self.draw(DURATIONS)))
+        self.ops.append({"name": name, "phase": phase, "module": module if keep else "",
+                         "reads": tuple(dict.fromkeys(reads)), "writes": tuple(dict.fromkeys(writes)),
+                         "flops": 0.0 if view else self.draw(FLOPS), "view": view,
+                         "duration_s": 0.0 if view else self.draw(DURATIONS)})
 
 
 @dataclass

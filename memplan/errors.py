@@ -27,6 +27,11 @@ class InfeasibleBudgetError(MemplanError):
         self.min_feasible_bytes = min_feasible_bytes
 
 
+class NeedsOpsError(MemplanError):
+    """A planner that decides what happens between ops was given a trace without ops (a pool
+    problem, e.g. a minimalloc CSV): only pool planners can plan it."""
+
+
 def unknown_name(what: str, name: str, known) -> UnknownNameError:
     """Build the error for an unknown `name` of kind `what`, listing the known ones."""
     return UnknownNameError(f"unknown {what} {name!r}; known: {', '.join(sorted(known))}")

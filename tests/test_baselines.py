@@ -8,7 +8,8 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.planners.base import plan
 from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import MIB, chain_trace
-from memplan.model import Trace
+from memplan.model import Op, Storage, Trace
+from memplan.sim.validate import validate
 
 BASELINES = ("none", "save-on-cpu", "checkpoint-all", "sqrt-n")
 
@@ -100,6 +101,39 @@ def test_sqrt_n_without_module_names_cuts_ops():
     trace = Trace(storages=trace.storages, ops=tuple(replace(op, module="") for op in trace.ops), meta=trace.meta)
     a0, a1, a3, a4, a6 = _ids(trace, "a0", "a1", "a3", "a4", "a6")
     assert _gaps(_plan(trace, "sqrt-n")) == [(a0, 1, 16), (a1, 2, 16), (a3, 4, 13), (a4, 5, 13), (a6, 7, 9)]
+
+
+def test_sqrt_n_keeps_what_replays_an_input_freed_before_backward():
+    # As an imported log's released constant: x is freed after layer 0 (its backward does not
+    # read it here), so a0, whose producer read x, cannot be rebuilt and is kept.
+    trace = chain_trace(9)
+    x, _a0, a1, a3, a4, a6 = _ids(trace, "x", "a0", "a1", "a3", "a4", "a6")
+    ops = tuple(replace(op, reads=tuple(r for r in op.reads if r != x)) if op.index > 0 else op for op in trace.ops)
+    storages = tuple(replace(st, free_op=1) if st.id == x else st for st in trace.storages)
+    trace = Trace(storages=storages, ops=ops, meta=trace.meta)
+    p = _plan(trace, "sqrt-n")
+    assert _gaps(p) == [(a1, 2, 16), (a3, 4, 13), (a4, 5, 13), (a6, 7, 9)]
+    assert validate(trace, p) == []
+
+
+def test_sqrt_n_keeps_what_replays_an_input_written_again_in_place():
+    # op 0: a = f(x); op 1: b = g(a); op 2: x += 1; op 3: loss = h(b); backward reads b, then a.
+    # Two segments, [0, 1] and [2, 3]: a is inside the first, but replaying op 0 would read the new x.
+    storages = [Storage(id=0, nbytes=MIB, kind="input", alloc_op=0, free_op=6),
+                Storage(id=1, nbytes=MIB, kind="activation", alloc_op=0, free_op=6),
+                Storage(id=2, nbytes=MIB, kind="activation", alloc_op=1, free_op=5),
+                Storage(id=3, nbytes=4, kind="activation", alloc_op=3, free_op=5),
+                Storage(id=4, nbytes=MIB, kind="temp", alloc_op=4, free_op=6)]
+    ops = [Op(index=0, name="f", phase="forward", reads=(0,), writes=(1,)),
+           Op(index=1, name="g", phase="forward", reads=(1,), writes=(2,)),
+           Op(index=2, name="add_", phase="forward", reads=(0,), writes=(0,)),
+           Op(index=3, name="h", phase="forward", reads=(2,), writes=(3,)),
+           Op(index=4, name="h_backward", phase="backward", reads=(3, 2), writes=(4,)),
+           Op(index=5, name="g_backward", phase="backward", reads=(4, 1), writes=(4,))]
+    trace = Trace(storages=tuple(storages), ops=tuple(ops))
+    assert _plan(trace, "sqrt-n").decisions == ()
+    ops[2] = Op(index=2, name="view", phase="forward", reads=(0,))  # without the update, a is recomputed
+    assert _gaps(_plan(Trace(storages=tuple(storages), ops=tuple(ops)), "sqrt-n")) == [(1, 1, 5)]
 
 
 def test_checkpoint_all_of_single_layer_blocks_keeps_everything():

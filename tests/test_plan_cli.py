@@ -5,6 +5,7 @@ import json
 import pytest
 
 from memplan.cli import main
+from memplan.errors import MemplanError
 from memplan.planners import base
 from memplan.model import Decision, Plan, read_plan
 from memplan.testing.synthetic import chain_trace
@@ -82,21 +83,65 @@ def test_missing_trace_file(capsys, tmp_path):
     assert code == 2 and "no such file" in err
 
 
-def test_invalid_plan_is_not_written(capsys, trace_file, tmp_path, monkeypatch):
+def _register(monkeypatch, fn, name="broken-test"):
+    monkeypatch.setitem(base._REGISTRY, name, base.PlannerSpec(name, fn, {}, "broken", frozenset({"swap"}), ()))
+
+
+def test_invalid_plan_is_an_internal_error_and_not_written(capsys, trace_file, tmp_path, monkeypatch):
     def broken(trace, budget_bytes, cost, *, seed=0):
         # a0 is read by layer 1 (op 1) while it would be on the host.
         a0 = next(s.id for s in trace.storages if s.name == "a0")
         return Plan(decisions=(Decision(storage=a0, action="swap", out_after=0, back_before=17),))
 
-    monkeypatch.setitem(base._REGISTRY, "broken-test", base.PlannerSpec("broken-test", broken, {}, "broken",
-                                                                         frozenset({"swap"}), ()))
+    _register(monkeypatch, broken)
     out_path = tmp_path / "plan.json"
     code, out, err = _run(capsys, "plan", trace_file, "--planner", "broken-test", "--budget", "100%",
                           "-o", out_path, "--json")
     assert code == 1 and not out_path.exists()
     summary = json.loads(out)
     assert summary["valid"] is False and summary["violations"][0]["kind"] == "read_while_absent"
-    assert "invalid plan" in err
+    assert summary["exception"] is None and summary["internal_error"] in err
+    assert len(err.splitlines()) == 1
+    assert err.startswith("memplan: error: internal error in planner 'broken-test': it produced an invalid plan")
+    assert err.rstrip().endswith("; please report")
+
+
+def test_an_exception_inside_a_planner_is_an_internal_error(capsys, trace_file, tmp_path, monkeypatch):
+    def crashing(trace, budget_bytes, cost, *, seed=0):
+        raise IndexError("index 7 is out of bounds\nfor axis 0")
+
+    _register(monkeypatch, crashing)
+    out_path = tmp_path / "plan.json"
+    code, out, err = _run(capsys, "plan", trace_file, "--planner", "broken-test", "--budget", "100%",
+                          "-o", out_path, "--json")
+    assert code == 1 and not out_path.exists()
+    assert err == ("memplan: error: internal error in planner 'broken-test': IndexError: index 7 is out of "
+                   "bounds for axis 0; please report\n")
+    summary = json.loads(out)
+    assert summary["valid"] is False and summary["exception"] == "IndexError" and summary["violations"] == []
+    assert summary["planner"] == "broken-test" and summary["internal_error"] in err
+
+
+def test_a_user_mistake_inside_a_planner_stays_exit_2(capsys, trace_file, tmp_path, monkeypatch):
+    def refusing(trace, budget_bytes, cost, *, seed=0):
+        raise MemplanError("this planner needs a trace with module names")
+
+    _register(monkeypatch, refusing)
+    code, out, err = _run(capsys, "plan", trace_file, "--planner", "broken-test", "--budget", "100%",
+                          "-o", tmp_path / "plan.json", "--json")
+    assert code == 2 and out == "" and "internal error" not in err and "module names" in err
+
+
+def test_a_minimalloc_problem_is_planned_by_pool_planners_only(capsys, tmp_path):
+    csv = tmp_path / "problem.csv"
+    csv.write_text("id,lower,upper,size\na,0,3,100\nb,1,4,200\nc,3,5,300\n")
+    code, out, err = _run(capsys, "plan", csv, "--planner", "sqrt-n", "--budget", "100%", "-o", tmp_path / "p.json")
+    assert code == 2 and len(err.splitlines()) == 1 and "pool problem" in err and "smartpool" in err
+    code, out, err = _run(capsys, "plan", csv, "--planner", "smartpool-bestfit", "--budget", "100%",
+                          "-o", tmp_path / "p.json", "--json")
+    summary = json.loads(out)
+    assert code == 0, err
+    assert summary["pool_bytes"] == 500 and summary["predicted"]["peak_load_bytes"] == 500
 
 
 def test_plan_prints_the_simulated_prediction(capsys, trace_file, tmp_path):

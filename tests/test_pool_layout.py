@@ -13,6 +13,7 @@ import memplan.pool as mp
 from memplan.planners.base import plan as make_plan
 from memplan.model import Decision, Plan
 from memplan.pool.intervals import residency_problem
+from memplan.sim.validate import validate
 from memplan.testing.synthetic import chain_trace
 
 CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
@@ -126,6 +127,23 @@ def test_swap_release_waits_for_slow_copy():
     problem = residency_problem(trace, plan)
     first = [i for i in range(problem.n) if problem.storages[i] == act.id][0]
     assert problem.ends[first] > act.alloc_op + 1
+
+
+def test_a_swap_cancelled_by_its_prefetch_keeps_its_slot_for_the_gap():
+    # The 64 MiB copy of a0 is still in flight when its prefetch is due one tiny op later: the step
+    # program keeps a0 where it is (one residency across the gap), and the plan still names the
+    # residency from the prefetch on, at the same offset (found by the planner property suite).
+    trace = chain_trace(6, flops_per_layer=1e3)
+    act = next(s for s in trace.storages if s.name == "a0")
+    back = trace.accesses[act.id][-1]
+    plan = Plan(decisions=(Decision(storage=act.id, action="swap", out_after=act.alloc_op + 1, back_before=back,
+                                    trigger=act.alloc_op + 2),))
+    problem = residency_problem(trace, plan)
+    assert [int(t) for t, s in zip(problem.starts, problem.storages) if s == act.id] == [act.alloc_op]
+    pooled = mp.with_pool(trace, plan, allocator="smartpool-bestfit")
+    slots = {p.start: p.offset for p in pooled.pool if p.storage == act.id}
+    assert slots == {act.alloc_op: slots[act.alloc_op], act.alloc_op + 2: slots[act.alloc_op]}
+    assert validate(trace, pooled) == []
 
 
 def test_unknown_allocator_lists_names():

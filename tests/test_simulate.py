@@ -236,3 +236,13 @@ def test_random_plans_respect_the_budget():
                 accounted = (parts["compute_s"] + parts["memory_stall_s"] + parts["prefetch_stall_s"]
                              + parts["recompute_s"] + parts["sync_stall_s"])
                 assert result.time_s == pytest.approx(accounted, rel=1e-9)
+
+
+def test_a_pool_only_trace_runs_its_time_axis_in_no_time():
+    # A minimalloc problem has no ops: its steps cost nothing and the load is its buffers'.
+    trace = Trace(storages=(Storage(id=0, nbytes=100, kind="temp", alloc_op=0, free_op=3),
+                            Storage(id=1, nbytes=200, kind="temp", alloc_op=2, free_op=5)),
+                  ops=(), num_steps_hint=5)
+    result = simulate(trace, None, budget="none")
+    assert result.feasible and result.time_s == 0.0 and result.peak_load_bytes == 300
+    assert not simulate(trace, None, budget=299).feasible

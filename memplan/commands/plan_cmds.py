@@ -14,7 +14,7 @@ from ..units import format_bytes
 
 log = logging.getLogger(__name__)
 
-INVALID_PLAN = 1  # exit code when a planner returns a plan that does not validate (a bug, not the user's)
+INTERNAL_ERROR = 1  # exit code of a planner bug (an invalid plan, an unexpected exception), not the user's mistake
 SHOWN_VIOLATIONS = 5  # violations listed when a plan is rejected
 
 
@@ -92,12 +92,19 @@ def run_plan(args) -> int:
         from ..workflows.run import measured_objective
 
         params["objective"] = measured_objective(trace)
-    result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed,
-                  simulate_result=simulator_available(), **params)
+    try:
+        result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed,
+                      simulate_result=simulator_available(), **params)
+    except MemplanError:
+        raise  # the user's mistake (or an infeasible budget): one line, exit 2
+    except Exception as exc:  # noqa: BLE001  anything else raised while planning is a bug in the planner
+        return _planner_raised(args, trace, params, exc)
     violations = validate(trace, result, result.budget_bytes)
     summary = {**plan_summary(result), "trace_peak_bytes": trace.peak_load_bytes}
     if violations:
-        return _reject(args, summary, violations)
+        head = "; ".join(str(v) for v in violations[:SHOWN_VIOLATIONS])
+        return _internal_error(args, summary, f"it produced an invalid plan ({len(violations)} violations; "
+                                              f"not written): {head}", violations=violations)
     write_plan(result, args.output)
     summary["output"] = str(args.output)
     if args.json:
@@ -122,15 +129,24 @@ def plan_summary(result) -> dict:
     }
 
 
-def _reject(args, summary: dict, violations) -> int:
-    summary.update(valid=False, violations=[{"kind": v.kind, "storage": v.storage, "op": v.op,
-                                             "message": v.message} for v in violations])
+def _planner_raised(args, trace, params: dict, exc: Exception) -> int:
+    log.info("planner %r raised", args.planner, exc_info=exc)  # the traceback, with -v
+    summary = {"planner": args.planner, "params": params, "seed": args.seed,
+               "trace_peak_bytes": trace.peak_load_bytes}
+    return _internal_error(args, summary, f"{type(exc).__name__}: {exc}", exception=type(exc).__name__)
+
+
+def _internal_error(args, summary: dict, what: str, violations=(), exception: str | None = None) -> int:
+    """Report a planner bug in one line on stderr (and, with --json, the summary with the
+    violations or the exception), and return INTERNAL_ERROR."""
+    line = " ".join(f"internal error in planner {args.planner!r}: {what}; please report".split())
+    summary.update(valid=False, internal_error=line, exception=exception,
+                   violations=[{"kind": v.kind, "storage": v.storage, "op": v.op, "message": v.message}
+                               for v in violations])
     if args.json:
         emit_json(summary)
-    head = "; ".join(str(v) for v in violations[:SHOWN_VIOLATIONS])
-    print(f"memplan: error: planner {summary['planner']!r} produced an invalid plan "
-          f"({len(violations)} violations; not written): {head}", file=sys.stderr)
-    return INVALID_PLAN
+    print(f"memplan: error: {line}", file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 def _plan_rows(summary: dict) -> list[tuple[str, object]]:

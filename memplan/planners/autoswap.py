@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 SCORES = ("aoa", "doa", "wdoa", "swdoa")  # the order of the BO weights a, b, c, d (Eq. 3)
 VARIANTS = SCORES + ("bo",)
 DEFAULT_TRIALS = 35  # §VI-B2: BO converges within 30 to 40 evaluations
+SETTLE_STEPS = 4  # +smartpool below its budget: re-plans upward for a load that fits, then the no-swap layout
 OBJECTIVES = ("simulated",)  # or a callable plan -> overhead (a measured one comes from the workflows layer)
 
 
@@ -130,21 +131,69 @@ def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, scor
     Returns:
         The plan: one swap decision per chosen gap, with just-in-time prefetch triggers.
     Raises:
-        InfeasibleBudgetError: the budget is below load_min (names it).
+        InfeasibleBudgetError: the budget is below load_min (names it); with smartpool, also
+            when the pool exceeds the budget, naming a load at which swap plan and pool fit.
         MemplanError: a bad score, objective or weights.
     """
     _check_args(score, objective, weights)
     name = f"autoswap:{score}" + ("+smartpool" if smartpool else "")
-    if budget_bytes >= trace.peak_load_bytes:
-        result = Plan()
-    else:
-        problem = make_problem(trace, budget_bytes, cost, min_bytes=min_bytes,
-                               allow_multi_swap=allow_multi_swap, planner=name)
-        result = _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective,
-                               weights=weights)
-    if smartpool:
-        result = attach_pool(trace, result, cost=cost, seed=seed, time_limit_s=pool_time_limit_s)
+
+    def swap_plan(budget: int) -> Plan:
+        if budget >= trace.peak_load_bytes:
+            return Plan()
+        problem = make_problem(trace, budget, cost, min_bytes=min_bytes, allow_multi_swap=allow_multi_swap,
+                               planner=name)
+        return _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective, weights=weights)
+
+    if not smartpool:
+        return swap_plan(budget_bytes)
+    return _pooled(trace, budget_bytes, swap_plan,
+                   lambda p: attach_pool(trace, p, cost=cost, seed=seed, time_limit_s=pool_time_limit_s), name)
+
+
+def _pooled(trace: Trace, budget_bytes: int, swap_plan, pool, name: str) -> Plan:
+    """The swap plan at `budget_bytes` with its pool laid out (§V), if both fit.
+
+    Raises:
+        InfeasibleBudgetError: below load_min, or the pool exceeds the budget; it names a
+            load at which this planner does fit (`_pooled_load`), not only a lower bound.
+    """
+    try:
+        result = pool(swap_plan(budget_bytes))
+    except InfeasibleBudgetError as exc:
+        found = _pooled_load(trace, exc.min_feasible_bytes, swap_plan, pool)
+        raise InfeasibleBudgetError(f"{exc}; with its pool, the smallest feasible load it found is "
+                                    f"{format_bytes(found)} ({found} bytes)",
+                                    budget_bytes=budget_bytes, min_feasible_bytes=found) from None
+    # At or above the peak nothing is swapped and the pool does not depend on the budget:
+    # `memplan.planners.base.plan` refuses a pool over an asked-for budget with its size.
+    if result.pool_bytes > budget_bytes and budget_bytes < trace.peak_load_bytes:
+        found = _pooled_load(trace, result.pool_bytes, swap_plan, pool)
+        raise InfeasibleBudgetError(
+            f"budget {format_bytes(budget_bytes)} is infeasible for planner {name!r}: the pool it laid out needs "
+            f"{format_bytes(result.pool_bytes)} over its swaps; the smallest feasible load it found is "
+            f"{format_bytes(found)} ({found} bytes)", budget_bytes=budget_bytes, min_feasible_bytes=found)
     return result
+
+
+def _pooled_load(trace: Trace, bound: int, swap_plan, pool) -> int:
+    """A load at which the swap plan and its pool both fit, searched upward from `bound`.
+
+    `bound` is a lower bound (load_min, or a pool that overflowed a smaller budget). A
+    larger budget swaps less, which changes the pool, so each candidate load is planned
+    again until its pool fits it; after `SETTLE_STEPS` tries, the layout without swaps,
+    which fits at its own footprint (and at least the peak, where nothing is swapped).
+    """
+    load = bound
+    for _ in range(SETTLE_STEPS):
+        try:
+            pooled = pool(swap_plan(load)).pool_bytes
+        except InfeasibleBudgetError as exc:
+            pooled = max(exc.min_feasible_bytes, load + 1)
+        if pooled <= load:
+            return load
+        load = pooled
+    return max(trace.peak_load_bytes, pool(Plan()).pool_bytes)
 
 
 def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective, weights) -> Plan:

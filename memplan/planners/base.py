@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import pkgutil
 import time
 from dataclasses import dataclass
@@ -20,12 +21,15 @@ from typing import Callable
 
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
-from ..errors import InfeasibleBudgetError, MemplanError, unknown_name
+from ..errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
 from ..model import Plan, Trace, expect_trace
 from ..units import format_bytes, parse_budget
 
+log = logging.getLogger(__name__)
+
 PlannerFn = Callable[..., Plan]
 DECIDES = ("swap", "recompute", "pool", "microbatch")  # what a planner may decide
+ABOUT_OPS = ("swap", "recompute", "microbatch")  # decisions that need ops (a pool-only trace has none)
 _COMMON = ("trace", "budget_bytes", "cost", "seed")  # arguments every planner takes
 _NOT_FAMILIES = ("base",)  # modules of this package that register no planner
 
@@ -49,6 +53,11 @@ class PlannerSpec:
     summary: str  # one line for `memplan planners`
     decides: frozenset  # a subset of DECIDES
     params: tuple[Param, ...]  # what a user may set
+
+    @property
+    def needs_ops(self) -> bool:
+        """True when it decides something about ops, so a pool-only trace cannot be planned by it."""
+        return bool(self.decides & set(ABOUT_OPS))
 
     def describe(self) -> dict:
         """The JSON-ready record `memplan planners --json` prints."""
@@ -147,14 +156,18 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
         UnknownNameError: unknown planner or parameter.
         MemplanError: a bad budget or parameter value, or `trace` is not a Trace.
         InfeasibleBudgetError: no plan of this planner fits; names the smallest feasible load.
+        NeedsOpsError: the planner decides swaps, recomputes or micro-batches and the trace
+            has no ops (a pool problem: plan it with a planner that decides only the pool).
     """
     expect_trace(trace, "plan")
     spec = get_planner(planner)
+    if spec.needs_ops and not trace.ops:
+        raise refuse_without_ops(spec)
     budget_bytes = resolve_budget(trace, budget)
     cost = cost or Cost.for_trace(trace, device)
     params = check_params(spec, params)
     started = time.perf_counter()
-    result = spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
+    result = _run_planner(spec, trace, budget_bytes, cost, seed, params, limited=budget is not None)
     elapsed = time.perf_counter() - started
     recorded = None if budget is None else budget_bytes
     if recorded is not None and result.pool_bytes is not None and result.pool_bytes > recorded:
@@ -166,6 +179,23 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
 
         result = result.with_meta(predicted=simulate(trace, result, cost=cost).summary())
     return result
+
+
+def _run_planner(spec: PlannerSpec, trace: Trace, budget_bytes: int, cost: Cost, seed: int, params: dict, *,
+                 limited: bool) -> Plan:
+    """`spec`'s plan at `budget_bytes`; without a budget (`limited` false), at whatever load it needs.
+
+    Planners take the unconstrained peak for "no budget"; one whose plan needs more there (a
+    recomputation's rebuilt inputs beside what is resident) says how much, and it is run
+    again at that load, which the infeasible-budget error promises it fits.
+    """
+    try:
+        return spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
+    except InfeasibleBudgetError as exc:
+        if limited:
+            raise
+        log.debug("planner %s needs %d bytes without a budget; planning there", spec.name, exc.min_feasible_bytes)
+        return spec.fn(trace, exc.min_feasible_bytes, cost, seed=seed, **spec.defaults, **params)
 
 
 def resolve_budget(trace: Trace, budget: str | int | None) -> int:
@@ -181,6 +211,14 @@ def infeasible(budget_bytes: int, min_feasible_bytes: int, planner: str) -> Infe
         f"budget {format_bytes(budget_bytes)} is infeasible for planner {planner!r}: "
         f"the smallest feasible load is {format_bytes(min_feasible_bytes)} ({min_feasible_bytes} bytes)",
         budget_bytes=budget_bytes, min_feasible_bytes=min_feasible_bytes)
+
+
+def refuse_without_ops(spec: PlannerSpec) -> NeedsOpsError:
+    """The refusal of a trace without ops (a minimalloc CSV) by a planner that decides about ops."""
+    pool = ", ".join(name for name, other in known_planners().items() if other.decides == {"pool"})
+    return NeedsOpsError(f"planner {spec.name!r} decides {', '.join(sorted(spec.decides))} between ops, and this "
+                         f"trace has none (a pool problem, e.g. a minimalloc CSV); plan it with a pool planner "
+                         f"({pool}) or lay it out with `memplan pool`")
 
 
 def pool_over_budget(budget_bytes: int, pool_bytes: int, planner: str) -> InfeasibleBudgetError:

@@ -24,6 +24,7 @@ import math
 
 from ..cost.model import Cost
 from ..model import Decision, Plan, Trace
+from ._replay import replayable
 from .base import infeasible, register
 
 
@@ -105,7 +106,8 @@ def checkpoint_decisions(trace: Trace, block_of: dict[int, object]) -> list[Deci
     A saved activation produced inside a block is recomputed unless a forward op of
     another block (or outside every block) reads it (a block output). All of a block's
     recomputed storages come back before the block's first backward access, so the block
-    runs again once.
+    runs again once. One whose replay would need an input that is gone or overwritten by
+    then is kept instead (`memplan.planners._replay`): a block boundary inside the block.
 
     Args:
         trace: the trace.
@@ -126,7 +128,7 @@ def checkpoint_decisions(trace: Trace, block_of: dict[int, object]) -> list[Deci
             out = _last_access_before(trace, sid, back)
             if out + 1 < back:  # an empty gap would save nothing
                 decisions.append(Decision(storage=sid, action="recompute", out_after=out, back_before=back))
-    return decisions
+    return replayable(trace, decisions)
 
 
 def _read_outside(trace: Trace, sid: int, block: object, block_of: dict[int, object]) -> bool:

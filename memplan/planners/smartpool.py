@@ -13,9 +13,14 @@ from ..pool.api import DEFAULT_TIME_LIMIT_S, layout
 
 
 def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAULT_TIME_LIMIT_S) -> Plan:
-    if budget_bytes < trace.peak_load_bytes:
-        raise infeasible(budget_bytes, trace.peak_load_bytes, allocator)
+    # The layout does not depend on the budget, so its footprint (at least the peak load,
+    # more where the allocator fragments) is the smallest load this planner fits: a budget
+    # under the peak is refused with that footprint, not the peak, so that the load the
+    # error names does plan. A footprint over a budget above the peak is refused by
+    # `memplan.planners.base.plan`, which knows whether a budget was asked for at all.
     result = layout(trace, None, allocator=allocator, time_limit_s=time_limit_s, seed=seed, cost=cost)
+    if budget_bytes < trace.peak_load_bytes:
+        raise infeasible(budget_bytes, max(result.footprint_bytes, trace.peak_load_bytes), allocator)
     return Plan(pool=result.slots, pool_bytes=result.footprint_bytes)
 
 

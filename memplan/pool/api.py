@@ -160,4 +160,26 @@ def with_pool(trace: Trace, plan: Plan, allocator: str = "smartpool", time_limit
         The plan with pool slots and pool size; its metadata is otherwise unchanged.
     """
     result = layout(trace, plan, allocator=allocator, time_limit_s=time_limit_s, seed=seed, cost=cost)
-    return plan.with_meta(pool=result.slots, pool_bytes=result.footprint_bytes)
+    return plan.with_meta(pool=result.slots + _kept_gap_slots(plan, result), pool_bytes=result.footprint_bytes)
+
+
+def _kept_gap_slots(plan: Plan, result: PoolResult) -> tuple[PoolSlot, ...]:
+    """A slot for every gap whose storage the step program kept where it was.
+
+    A prefetch due while its swap-out is still in flight cancels the swap, so the program
+    has one residency across that gap; the plan still names a slot for the residency that
+    starts at the gap's prefetch (`memplan.sim.validate.residency_intervals`): the same
+    offset, since the bytes never moved.
+    """
+    if result.offsets is None:
+        return ()
+    problem, have, out = result.problem, {(s.storage, s.start) for s in result.slots}, []
+    for d in plan.decisions:
+        if (d.storage, d.prefetch_at) in have:
+            continue
+        around = np.flatnonzero((problem.storages == d.storage) & (problem.starts <= d.prefetch_at)
+                                & (d.prefetch_at < problem.ends))
+        if around.size:
+            out.append(PoolSlot(storage=d.storage, start=d.prefetch_at, offset=int(result.offsets[around[0]])))
+            have.add((d.storage, d.prefetch_at))
+    return tuple(out)

@@ -2,7 +2,8 @@
 
 Semantics (the contract of DESIGN.md, "Simulator semantics"):
 
-- One compute stream runs the ops in trace order for `cost.durations`. Two copy engines,
+- One compute stream runs the ops in trace order for `cost.durations` (a pool-only trace,
+  without ops, runs its time axis as steps that take no time). Two copy engines,
   device-to-host and host-to-device, are each FIFO: a copy starts at max(its issue time,
   the end of the engine's previous copy) and takes `cost.d2h_s` / `cost.h2d_s` of its bytes;
   a prefetch never starts before its own swap-out has reached the host.
@@ -106,12 +107,13 @@ class Simulator:
     def __init__(self, trace: Trace, cost: Cost):
         self.trace = trace
         self.cost = cost
-        n = len(trace.ops)
+        n = trace.num_steps
         alive = trace.free_ops > trace.alloc_ops
         ids = np.arange(len(trace.storages))
         self._birth_ptr, self._birth_ids = _csr(trace.alloc_ops[alive], ids[alive], n)
         self._death_ptr, self._death_ids = _csr(trace.free_ops[alive] - 1, ids[alive], n)
-        self._durations = np.ascontiguousarray(cost.durations, dtype=np.float64)
+        # A pool-only trace (no ops) runs its time axis as steps that take no time.
+        self._durations = np.zeros(n) if not trace.ops else np.ascontiguousarray(cost.durations, dtype=np.float64)
         self._prefix = np.concatenate([[0.0], np.cumsum(self._durations)])
         # Recomputes at one op run in producer order, so a chain finds its inputs rebuilt.
         self._producers = np.array([-1 if trace.producer(s) is None else trace.producer(s)
@@ -152,7 +154,7 @@ class Simulator:
     def _plan_arrays(self, decisions) -> tuple[tuple, dict]:
         """Flat per-decision arrays and per-op event lists for the kernel (vectorised), and the
         recompute chains by decision."""
-        trace, cost, n = self.trace, self.cost, len(self.trace.ops)
+        trace, cost, n = self.trace, self.cost, self.trace.num_steps
         fields = np.array([(d.storage, d.action == "recompute", d.out_after, d.back_before,
                             NO_TRIGGER if d.trigger is None else d.trigger, d.sync, d.compress_ratio or 0.0)
                            for d in decisions], dtype=np.float64).reshape(-1, 7)

@@ -1,0 +1,22 @@
+"""Hypothesis profiles for the property suites (loaded before any test module is imported).
+
+- `memplan` (the default): a small, reproducible example budget, so `make test` stays fast
+  and gives the same examples on every run; `MEMPLAN_FUZZ_EXAMPLES=N` asks for N examples
+  per property instead, drawn at random (the convention of tests/test_fuzz_user_input.py).
+- `ci-long` (`pytest --hypothesis-profile ci-long`): many random examples, for a run by hand.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+DEFAULT_EXAMPLES = 12  # per property (and per planner in tests/test_planner_property.py)
+LONG_EXAMPLES = 300
+_EXAMPLES = os.environ.get("MEMPLAN_FUZZ_EXAMPLES")
+
+settings.register_profile(
+    "memplan", max_examples=int(_EXAMPLES or DEFAULT_EXAMPLES), derandomize=_EXAMPLES is None, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci-long", parent=settings.get_profile("memplan"), max_examples=LONG_EXAMPLES,
+                          derandomize=False)
+settings.load_profile("memplan")

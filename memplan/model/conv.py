@@ -70,7 +70,7 @@ class MicroBatch:
     algos: tuple[str, ...]  # the algorithm of each micro-batch
     time_s: float  # seconds of the whole kernel: the sum over its micro-batches
     workspace_bytes: int  # the algorithms' workspace: the largest over the micro-batches
-    accumulator_bytes: int = 0  # a split weight gradient's running sum and chunk buffer (PyTorch has no beta=1)
+    accumulator_bytes: int = 0  # what a split weight gradient holds beside the gradient (memplan.exec.microconv)
     source: str = ""  # where time and workspace come from, e.g. "model:v100", "cpu:<host cpu>"
     module: str = ""  # the op's module, for people reading the plan
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memplan.errors import TraceFormatError
-from memplan.model import ConvParams, MicroBatch, Plan, PlanMismatchError, check_plan
+from memplan.model import MicroBatch, Plan, PlanMismatchError, check_plan
 from memplan.sim.simulate import simulate
 from memplan.sim.validate import BAD_CONV_DECISION, OVER_BUDGET, validate
 from memplan.tracing.io import parse_trace, read_trace, write_trace

@@ -4,13 +4,12 @@ memory it holds is what the plan charges)."""
 
 import pytest
 import torch
+from test_exec_helpers import state_diffs, tiny_workload
 
 from memplan.conv.options import accumulator_bytes
 from memplan.exec import microconv
 from memplan.model import MicroBatch, Plan
 from memplan.workflows.optimize import optimize, trace_step
-
-from test_exec_helpers import state_diffs, tiny_workload
 
 aten = torch.ops.aten
 GEOMETRIES = [  # (c, k, h, w, r, s, stride, padding, dilation, groups)

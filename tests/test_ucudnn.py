@@ -15,7 +15,8 @@ from memplan.conv.options import Config, Option, policy_sizes
 from memplan.conv.wr import best_config
 from memplan.errors import MemplanError
 from memplan.model import Plan
-from memplan.planners.base import get_planner, plan as make_plan
+from memplan.planners.base import get_planner
+from memplan.planners.base import plan as make_plan
 from memplan.testing.conformance import PlannerConformance
 from memplan.tracing.fake import new_fake_mode
 from memplan.tracing.tracer import trace as trace_step

@@ -61,8 +61,8 @@ class CudnnSource:
             nbytes = int(graph.get_workspace_size_plan_at_index(index))
             workspace = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
             try:
-                seconds = self._time(lambda: graph.execute_plan_at_index(pack, workspace, index=index,
-                                                                          handle=self.handle))
+                seconds = self._time(lambda ws=workspace, i=index: graph.execute_plan_at_index(
+                    pack, ws, index=i, handle=self.handle))
             except Exception as exc:  # noqa: BLE001 - a plan cuDNN built but cannot run on this shape
                 log.debug("cudnn plan %d of %s failed: %s", index, kernel.describe(), exc)
                 continue

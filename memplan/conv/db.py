@@ -68,7 +68,7 @@ class ConvDB:
         except sqlite3.Error as exc:
             raise MemplanError(f"{self.path}: not a memplan convolution database ({exc})") from None
 
-    def __enter__(self) -> "ConvDB":
+    def __enter__(self) -> ConvDB:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -122,7 +122,7 @@ class ConvDB:
             entry["workspace_unknown"] += r.workspace_bytes is None
         return [{**e, "kernels": len(e["kernels"]), "batches": len(e["batches"])} for e in out.values()]
 
-    def merge(self, other: "ConvDB") -> int:
+    def merge(self, other: ConvDB) -> int:
         """Copy every row of `other` into this database (its rows win); returns how many."""
         rows = other.rows()
         self.put(rows)

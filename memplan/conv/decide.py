@@ -7,7 +7,6 @@ configuration must fit it, so the decisions never push the plan over its budget.
 
 from __future__ import annotations
 
-import logging
 import os
 
 import numpy as np

@@ -7,8 +7,10 @@ and per-kernel optimisations are done once per distinct kernel (mu-cuDNN's cache
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 
+from ..errors import MemplanError
 from ..model import CONV_KERNELS, ConvParams, Trace
 
 # Bytes per element of the dtypes convolutions run in.
@@ -46,11 +48,11 @@ class Kernel:
             raise ValueError(f"kernel dtype {self.dtype!r} is not one of {sorted(ELEMENT_BYTES)}")
 
     @classmethod
-    def of(cls, conv: ConvParams, kind: str) -> "Kernel":
+    def of(cls, conv: ConvParams, kind: str) -> Kernel:
         """The `kind` kernel of a traced convolution."""
         return cls(kind=kind, **{f.name: getattr(conv, f.name) for f in fields(cls) if f.name != "kind"})
 
-    def with_batch(self, n: int) -> "Kernel":
+    def with_batch(self, n: int) -> Kernel:
         """The same kernel on `n` samples."""
         return replace(self, n=n)
 
@@ -97,6 +99,34 @@ class Kernel:
         extra = (f" d{self.dil_h}" if max(self.dil_h, self.dil_w) > 1 else "") + \
             (f" g{self.groups}" if self.groups > 1 else "") + ("" if self.dtype == "float32" else f" {self.dtype}")
         return f"{self.kind} n{self.n} c{self.c}x{self.h}x{self.w} k{self.k} {self.r}x{self.s} {pad} {stride}{extra}"
+
+
+_PAIR = r"(\d+)(?:x(\d+))?"
+_DESCRIBED = re.compile(rf"^(?P<kind>\w+) n(?P<n>\d+) c(?P<c>\d+)x(?P<h>\d+)x(?P<w>\d+) k(?P<k>\d+) "
+                        rf"(?P<r>\d+)x(?P<s>\d+)(?: p{_PAIR})?(?: s{_PAIR})?(?: d{_PAIR})?(?: g(?P<g>\d+))?"
+                        rf"(?: (?P<dtype>[a-z]+\d+))?$")
+
+
+def parse_kernel(text: str) -> Kernel:
+    """The kernel `Kernel.describe()` names, e.g. "fwd n64 c96x27x27 k256 5x5 p2 s1".
+
+    Raises:
+        MemplanError: text that names no kernel (one line, with the expected form).
+    """
+    m = _DESCRIBED.match(" ".join(str(text).split()))
+    if m is None:
+        raise MemplanError(f"not a convolution kernel: {text!r} (expected e.g. 'fwd n64 c96x27x27 k256 5x5 p2 s1', "
+                           f"kinds {', '.join(CONV_KERNELS)})")
+    g = m.groups()
+    pairs = [(int(a or default), int(b or a or default)) for a, b, default in
+             ((g[8], g[9], 0), (g[10], g[11], 1), (g[12], g[13], 1))]
+    try:
+        return Kernel(kind=m["kind"], n=int(m["n"]), c=int(m["c"]), h=int(m["h"]), w=int(m["w"]), k=int(m["k"]),
+                      r=int(m["r"]), s=int(m["s"]), pad_h=pairs[0][0], pad_w=pairs[0][1], stride_h=pairs[1][0],
+                      stride_w=pairs[1][1], dil_h=pairs[2][0], dil_w=pairs[2][1], groups=int(m["g"] or 1),
+                      dtype=m["dtype"] or "float32")
+    except ValueError as exc:
+        raise MemplanError(f"not a convolution kernel: {text!r} ({exc})") from None
 
 
 @dataclass(frozen=True, kw_only=True)

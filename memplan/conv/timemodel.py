@@ -65,6 +65,8 @@ class FamilyTimeModel:
     def times(self, kernels: list[Kernel]) -> np.ndarray:
         """Predicted seconds of every family on every kernel (kernels x FAMILIES; NaN where a
         family does not run the kernel), vectorised."""
+        if not kernels:
+            return np.empty((0, len(FAMILIES)))
         d = design(kernels)
         t = _time(self.vector(), d["flops"], d["bytes"], d["family"], d["kind"][:, None],
                   (d["strided"][:, None], d["pointwise"][:, None]), d["m"][:, None], d["n"][:, None],
@@ -80,7 +82,7 @@ class FamilyTimeModel:
             self.saturation_rows]
         return np.log(np.array(values, dtype=np.float64))
 
-    def from_vector(self, x: np.ndarray) -> "FamilyTimeModel":
+    def from_vector(self, x: np.ndarray) -> FamilyTimeModel:
         """A copy with the coefficients of a vector made like `vector()`."""
         v = np.exp(np.asarray(x, dtype=np.float64)).tolist()
         nf = len(FAMILIES)

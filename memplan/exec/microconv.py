@@ -158,7 +158,7 @@ class MicroBatchConv2d(nn.Conv2d):
     split: dict
 
     @classmethod
-    def wrapping(cls, conv: nn.Conv2d, split: dict[str, tuple[int, ...]]) -> "MicroBatchConv2d":
+    def wrapping(cls, conv: nn.Conv2d, split: dict[str, tuple[int, ...]]) -> MicroBatchConv2d:
         """`conv` running split as `split` says (its state dicts are shared, not copied)."""
         if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
             raise ValueError("MicroBatchConv2d needs numeric zero padding")

@@ -24,7 +24,7 @@ from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
 from ..errors import InfeasibleBudgetError, MemplanError, unknown_name
 from ..model import Plan, Trace, expect_trace
-from ..units import MAX_BYTES, ByteSize, format_bytes, parse_bytes, parse_budget
+from ..units import MAX_BYTES, ByteSize, format_bytes, parse_budget, parse_bytes
 
 PlannerFn = Callable[..., Plan]
 DECIDES = ("swap", "recompute", "pool", "microbatch")  # what a planner may decide

@@ -124,3 +124,9 @@ def test_cudnn_source_measures_engines_on_a_gpu(tmp_path, capsys):
     with ConvDB(db) as cdb:
         rows = cdb.rows()
     assert rows and all(r.time_s > 0 and r.workspace_bytes is not None for r in rows)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a host without a GPU")
+def test_the_cudnn_source_without_a_gpu_is_one_error_line(tmp_path, capsys):
+    code, out, err = run(capsys, "conv-db", "fill", str(tmp_path / "c.sqlite"), "--kernel", SPEC, "--source", "cudnn")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "CUDA GPU" in err

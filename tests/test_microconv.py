@@ -53,7 +53,7 @@ def test_split_kernels_equal_the_undivided_ones(geometry, sizes):
 
 
 def test_half_precision_weight_gradients_are_summed_in_fp32():
-    x, weight, bias, conv, dy = _case(GEOMETRIES[0], dtype=torch.bfloat16, n=16)
+    x, weight, _bias, conv, dy = _case(GEOMETRIES[0], dtype=torch.bfloat16, n=16)
     exact = aten.convolution_backward.default(dy.double(), x.double(), weight.double(), None, *conv,
                                               [False, True, False])[1]
     split = microconv.backward(dy, x, weight, None, *conv, [False, True, False], filter_sizes=(1,) * 16)[1]

@@ -5,6 +5,7 @@ swap planner), and their parameters."""
 import itertools
 import json
 import random
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -151,24 +152,24 @@ def cnn_trace(batch=32, side=32):
 
 class TestUcudnnWR(PlannerConformance):
     planner = "ucudnn:wr"
-    traces = [cnn_trace]
-    budgets = ["110%", "100%", "90%"]
+    traces: ClassVar[list] = [cnn_trace]
+    budgets: ClassVar[list] = ["110%", "100%", "90%"]
     device = "v100"
 
 
 class TestUcudnnWD(PlannerConformance):
     planner = "ucudnn:wd"
-    params = {"workspace": 16 * MIB, "policy": "all"}
-    traces = [cnn_trace]
-    budgets = ["110%", "100%", "90%"]
+    params: ClassVar[dict] = {"workspace": 16 * MIB, "policy": "all"}
+    traces: ClassVar[list] = [cnn_trace]
+    budgets: ClassVar[list] = ["110%", "100%", "90%"]
     device = "v100"
 
 
 class TestComposedWithAutoSwap(PlannerConformance):
     planner = "autoswap:doa+ucudnn:wd"
-    params = {"workspace": 64 * MIB, "min_bytes": 0}
-    traces = [cnn_trace]
-    budgets = ["100%", "80%", "60%"]
+    params: ClassVar[dict] = {"workspace": 64 * MIB, "min_bytes": 0}
+    traces: ClassVar[list] = [cnn_trace]
+    budgets: ClassVar[list] = ["100%", "80%", "60%"]
     device = "v100"
 
 

@@ -155,7 +155,7 @@ class Simulator:
             self._death_ids, *arrays, budget, timeline, emit)
         return self._result(arrays, floats, ints, recorded, timeline), rows, chains
 
-    def _view_of(self, microbatches) -> "Simulator":
+    def _view_of(self, microbatches) -> Simulator:
         """A simulator of the trace as the conv decisions make it; the last one is kept (search
         planners simulate many plans with the same conv decisions)."""
         key, sim = self._views

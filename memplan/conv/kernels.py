@@ -96,7 +96,8 @@ class Kernel:
         """A short readable name, e.g. `fwd n64 c96x27x27 k256 5x5 p2 s1`."""
         pad = f"p{self.pad_h}" if self.pad_h == self.pad_w else f"p{self.pad_h}x{self.pad_w}"
         stride = f"s{self.stride_h}" if self.stride_h == self.stride_w else f"s{self.stride_h}x{self.stride_w}"
-        extra = (f" d{self.dil_h}" if max(self.dil_h, self.dil_w) > 1 else "") + \
+        dil = f"d{self.dil_h}" if self.dil_h == self.dil_w else f"d{self.dil_h}x{self.dil_w}"
+        extra = (f" {dil}" if max(self.dil_h, self.dil_w) > 1 else "") + \
             (f" g{self.groups}" if self.groups > 1 else "") + ("" if self.dtype == "float32" else f" {self.dtype}")
         return f"{self.kind} n{self.n} c{self.c}x{self.h}x{self.w} k{self.k} {self.r}x{self.s} {pad} {stride}{extra}"
 

@@ -19,6 +19,10 @@ MAX_BYTES = 2**60
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
+class ByteSize(int):
+    """A byte count given as "64MiB", "1e9" or an int: the type of planner parameters that are sizes."""
+
+
 def parse_bytes(text: str | int) -> int:
     """Parse "8GiB", "512MB", "1e9" or an int into a byte count.
 

@@ -82,6 +82,11 @@ def test_documented_options_exist(command):
     words = command.split("#")[0].split()
     for name in words[1].split("|"):
         assert name in sub, f"{command}: no command {name!r}"
-        options = sub[name]._option_string_actions
-        for option in OPTION.findall(" ".join(words[2:])):
+        parser, rest = sub[name], words[2:]
+        if parser._subparsers is not None:  # `memplan conv-db fill ...`: the action's own options
+            actions = parser._subparsers._group_actions[0].choices
+            if rest and rest[0] in actions:
+                parser, rest = actions[rest[0]], rest[1:]
+        options = parser._option_string_actions
+        for option in OPTION.findall(" ".join(rest)):
             assert option in options, f"{command}: `memplan {name}` has no option {option}"

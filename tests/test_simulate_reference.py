@@ -4,7 +4,10 @@ The reference re-states the contract of `memplan.sim.simulate` as directly as po
 (dicts of resident storages, a list of swap-outs in flight, loads recomputed by summing)
 for plans without wrap-around gaps or recomputes that must rebuild an input first, and
 random plans on chain traces must give the same times, stalls, peaks, link and host bytes,
-and the same infeasible op and shortfall.
+and the same infeasible op and shortfall. Plans on the random DAGs also decide their
+convolution ops: a decided op runs for its kernels' summed times and holds their largest
+temporary (workspace plus accumulator) from its outputs' allocation to its end, also
+while a recomputation replays it.
 """
 
 import random
@@ -12,7 +15,7 @@ import random
 import pytest
 
 from memplan.cost.model import Cost
-from memplan.model import Decision, Plan
+from memplan.model import ConvParams, Decision, MicroBatch, Plan
 from memplan.sim.simulate import Simulator
 from memplan.testing.synthetic import chain_trace
 from memplan.model import Op, Storage, Trace
@@ -42,6 +45,13 @@ class Reference:
         self.land = {}  # decision index -> time its prefetch landed
         self.host_events = []  # (time, +-bytes)
         self.link = 0
+        self.durations = list(cost.durations)
+        self.temp = {}  # op -> temporary bytes of its conv kernels
+        for m in plan.microbatches:
+            self.durations[m.op] = 0.0
+        for m in plan.microbatches:
+            self.durations[m.op] += m.time_s
+            self.temp[m.op] = max(self.temp.get(m.op, 0), m.workspace_bytes + m.accumulator_bytes)
 
     def load(self):
         return sum(self.resident.values()) + sum(b for _, b in self.in_flight)
@@ -84,22 +94,25 @@ class Reference:
                  and d.storage in read]
         for k in first:  # (2) prefetches a recomputation reads land first
             self._land(k)
-        for _, k in rebuilt:  # then the recomputes
+        for _, k in rebuilt:  # then the recomputes, each replayed conv holding its temporary meanwhile
             d = self.decisions[k]
-            self.alloc(d.storage, int(nbytes[d.storage]), i)
-            chain = sum(cost.durations[o] for o in trace.lineage(d.storage, i)[0])
+            ops = trace.lineage(d.storage, i)[0]
+            temp = max((self.temp.get(o, 0) for o in ops), default=0)
+            self.alloc(d.storage, int(nbytes[d.storage]) + temp, i)
+            chain = sum(self.durations[o] for o in ops)
             self.t += chain
             self.stall["recompute"] += chain
+            self.resident[d.storage] -= temp
         born = [s for s in trace.storages if s.alloc_op == i and i > 0 and s.free_op > s.alloc_op]
-        if born:  # (3) new outputs
-            self.alloc(-1 - i, sum(s.nbytes for s in born), i)
+        if born or self.temp.get(i):  # (3) new outputs and the conv kernels' temporary
+            self.alloc(-1 - i, sum(s.nbytes for s in born) + self.temp.get(i, 0), i)
             del self.resident[-1 - i]
             for s in born:
                 self.resident[s.id] = s.nbytes
         for k, d in enumerate(self.decisions):  # (4) wait for the other prefetches, decompress
             if d.action == "swap" and d.back_before == i and k not in first:
                 self._land(k)
-        self.t += cost.durations[i]  # (5)
+        self.t += self.durations[i]  # (5); the temporary was never added to `resident`: released now
         for s in trace.storages:  # (6) frees, swap-outs, recompute drops
             if s.free_op == i + 1:
                 self.resident.pop(s.id, None)
@@ -164,7 +177,24 @@ def _random_plan(trace, rng):
                     storage=sid, action="swap", out_after=out_after, back_before=back,
                     trigger=rng.randrange(out_after + 1, back + 1), sync=rng.random() < 0.2,
                     compress_ratio=rng.choice((None, None, None, 0.5))))
-    return Plan(decisions=tuple(_no_recursive_chains(trace, decisions)))
+    return Plan(decisions=tuple(_no_recursive_chains(trace, decisions)), microbatches=_random_microbatches(trace, rng))
+
+
+def _random_microbatches(trace, rng):
+    """Decide every kernel of a random half of the conv ops: random splits, times and temporaries."""
+    out = []
+    for op in trace.ops:
+        if op.conv is None or rng.random() < 0.5:
+            continue
+        for kernel in op.conv.kernels:
+            sizes, left = [], op.conv.n
+            while left:
+                sizes.append(rng.randint(1, left))
+                left -= sizes[-1]
+            out.append(MicroBatch(op=op.index, kernel=kernel, sizes=tuple(sizes), algos=("a",) * len(sizes),
+                                  time_s=rng.choice((1e-4, 1e-3, 1e-2)), workspace_bytes=rng.randrange(0, 64) * MIB,
+                                  accumulator_bytes=rng.choice((0, MIB))))
+    return tuple(out)
 
 
 def _no_recursive_chains(trace, decisions):
@@ -198,8 +228,16 @@ def _random_trace(rng):
         storages.append(Storage(id=sid, nbytes=rng.randrange(1, 512) * MIB, kind="input" if sid < 2 else "activation",
                                 alloc_op=0 if sid < 2 else op, free_op=last + 1))
     ops = tuple(Op(index=i, name=f"op{i}", phase="forward", reads=tuple(reads[i]), writes=(i + 2,),
-                   duration_s=rng.choice((1e-4, 1e-3, 1e-2))) for i in range(n))
+                   duration_s=rng.choice((1e-4, 1e-3, 1e-2)), conv=_random_conv(rng)) for i in range(n))
     return Trace(storages=tuple(storages), ops=ops)
+
+
+def _random_conv(rng):
+    """A third of the ops are convolutions (forward, or one or both backward kernels)."""
+    if rng.random() < 2 / 3:
+        return None
+    kernels = rng.choice((("fwd",), ("bwd_data",), ("bwd_filter",), ("bwd_data", "bwd_filter")))
+    return ConvParams(kernels=kernels, n=rng.randrange(1, 9), c=8, h=16, w=16, k=8, r=3, s=3)
 
 
 def _random_case(seed):

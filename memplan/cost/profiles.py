@@ -81,6 +81,12 @@ BUILTIN = {
                           tf32_flops=15.7 * TFLOPS, bf16_flops=125 * TFLOPS, memory_bytes=16 * 10**9,
                           hbm_bytes_per_s=900 * GBPS, h2d_bytes_per_s=_PCIE3, d2h_bytes_per_s=_PCIE3,
                           launch_s=5e-6),
+    # NVIDIA Tesla P100 datasheet (PCIe 16GB): FP32 9.3 TF, FP16 18.7 TF, no tensor cores,
+    # HBM2 732 GB/s, PCIe Gen3. (DeepBench's P100 results, paper 003's P100-SXM2 runs 10.6 TF.)
+    "p100": DeviceProfile(name="p100", description="NVIDIA Tesla P100 16GB", fp32_flops=9.3 * TFLOPS,
+                          tf32_flops=9.3 * TFLOPS, bf16_flops=18.7 * TFLOPS, memory_bytes=16 * 10**9,
+                          hbm_bytes_per_s=732 * GBPS, h2d_bytes_per_s=_PCIE3, d2h_bytes_per_s=_PCIE3,
+                          launch_s=5e-6),
     # NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti (reference): FP32 13.4 TF,
     # FP16 tensor with FP32 accumulate 53.8 TF, 11 GB GDDR6 at 616 GB/s, PCIe Gen3.
     "rtx2080ti": DeviceProfile(name="rtx2080ti", description="NVIDIA GeForce RTX 2080 Ti",

@@ -59,10 +59,11 @@ class _Call:
 class Replayer:
     """Records the calls of `ops` during a step and replays them on demand."""
 
-    def __init__(self, trace: Trace, ops: frozenset, adopt=None):
+    def __init__(self, trace: Trace, ops: frozenset, adopt=None, call=None):
         self.trace = trace
         self.ops = ops
         self.adopt = adopt  # adopt(sid, fresh storage) -> True when another recomputation took the output
+        self.call = call or (lambda j, func, args, kwargs: func(*args, **kwargs))  # runs op j (as the step did)
         self.calls: dict[int, _Call] = {}
         self.temporaries: dict[int, torch.UntypedStorage] = {}  # inputs rebuilt for the current op's chains
         self._weak: dict[int, StorageWeakRef] = {}
@@ -132,7 +133,7 @@ class Replayer:
 
         args, kwargs = tree_map(tensor, call.args), tree_map(tensor, call.kwargs)
         with _rng(call.rng, args):
-            out = call.func(*args, **kwargs)
+            out = self.call(j, call.func, args, kwargs)
         self.replayed_ops += 1
         _, writes = storage_roles(call.func, args, kwargs, out)
         for w, t in zip(self.trace.ops[j].writes, writes):

@@ -17,7 +17,8 @@ touching a storage while it is away would read an empty buffer; that cannot happ
 the run follows the trace, and it is checked: before every op, any tensor argument whose
 storage is not resident brings everything back and the rest of the step runs unplanned
 (`diverged`); so does an op the trace does not have at that position. Between steps, an op
-touching a storage left on the host (a wrap-around gap) brings it back.
+touching a storage left on the host (a wrap-around gap) brings it back. A convolution op the
+plan splits runs in micro-batches, as one op (memplan.exec.microconv says why not a module).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch.utils._pytree import tree_leaves
 from ..model import Trace
 from ..model.program import Action, StepProgram
 from ..tracing.opinfo import counts_as_op, storage_roles
+from . import microconv
 from .engine import CopyEngine, blocked_s
 from .owners import resolve_owner
 from .replay import Replayer, adopt, byte_view
@@ -103,7 +105,8 @@ class StepRunner(TorchDispatchMode):
         self.names = [op.name for op in trace.ops]
         self._named: dict = {}  # OpOverload -> its name (str() of an overload formats it every time)
         self.at = program.actions_at()
-        self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt)
+        self.splits = program.splits()  # convolution op -> micro-batch sizes per kernel
+        self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt, call=self._call)
         self.recomputed_at = {}  # op -> storages recomputed before it
         for a in program.actions:
             if a.kind == "recompute":
@@ -183,7 +186,7 @@ class StepRunner(TorchDispatchMode):
             return func(*args, **kwargs)
         captured = i in self.replayer.ops
         rng = self.replayer.rng_before(func, args) if captured else None
-        out = func(*args, **kwargs)
+        out = self._call(i, func, args, kwargs)
         self.pos = i + 1
         if captured:
             self.replayer.record(i, func, args, kwargs, out, rng)
@@ -193,6 +196,11 @@ class StepRunner(TorchDispatchMode):
             for action in after:
                 self._act(action, found)
         return out
+
+    def _call(self, i: int, func, args, kwargs):
+        """Run op i: a convolution the plan splits runs in micro-batches (memplan.exec.microconv)."""
+        split = self.splits.get(i)
+        return func(*args, **kwargs) if split is None else microconv.run(func, args, kwargs, split)
 
     def _guard(self, func, args, kwargs) -> None:
         if not self.away:

@@ -55,6 +55,7 @@ def check_plan(trace: Trace, plan: Plan, source: str = "plan") -> Plan:
                                     f"{slot.offset}) is outside the trace's {n_ops} ops or negative")
     if plan.pool_bytes is not None and plan.pool_bytes < 0:
         raise PlanMismatchError(f"{source}: pool_bytes is negative ({plan.pool_bytes})")
+    _check_microbatches(trace, plan.microbatches, source)
     return plan
 
 
@@ -71,6 +72,27 @@ def expect_trace(obj, what: str) -> Trace:
         raise MemplanError(f"memplan.{what} takes a Trace, not the file name {str(obj)!r}: "
                            f"load it first with memplan.load_any({str(obj)!r})")
     raise MemplanError(f"memplan.{what} takes a Trace, not {type(obj).__name__}")
+
+
+def _check_microbatches(trace: Trace, microbatches, source: str) -> None:
+    """Every conv decision names a kernel its op runs, once, splits the op's batch, and an op
+    with any decided kernel has all of them decided (its time is theirs)."""
+    decided: dict[int, list[str]] = {}
+    for m in microbatches:
+        op = trace.ops[m.op] if 0 <= m.op < len(trace.ops) else None
+        conv = op.conv if op is not None else None
+        if conv is None or m.kernel not in conv.kernels:
+            what = "is not a convolution" if conv is None else f"runs {', '.join(conv.kernels)}"
+            raise PlanMismatchError(f"{source}: micro-batch decision for kernel {m.kernel} of op {m.op}: "
+                                    f"that op {what}")
+        if sum(m.sizes) != conv.n:
+            raise PlanMismatchError(f"{source}: micro-batches {list(m.sizes)} of op {m.op} do not sum to its "
+                                    f"batch of {conv.n}")
+        decided.setdefault(m.op, []).append(m.kernel)
+    for op, kernels in decided.items():
+        if sorted(kernels) != sorted(trace.ops[op].conv.kernels):
+            raise PlanMismatchError(f"{source}: op {op} runs {', '.join(trace.ops[op].conv.kernels)}, the plan "
+                                    f"decides {', '.join(kernels)}: decide each of its kernels once")
 
 
 def _check_storage(sid: int, n_storages: int, source: str) -> None:

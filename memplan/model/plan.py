@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..errors import TraceFormatError
+from .conv import MicroBatch
 
 ACTIONS = ("swap", "recompute")
 PLAN_SCHEMA = "memplan.plan"
@@ -84,23 +85,13 @@ class PoolSlot:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MicroBatch:
-    """How one convolution layer is split into micro-batches (mu-cuDNN)."""
-
-    module: str  # leaf module path
-    phase: str  # "forward" or "backward"
-    sizes: tuple[int, ...]  # micro-batch sizes, summing to the batch
-    algos: tuple[str, ...] = ()  # convolution algorithm per micro-batch, where chosen
-
-
-@dataclass(frozen=True, kw_only=True)
 class Plan:
     """A planner's answer for one trace and budget."""
 
     decisions: tuple[Decision, ...] = ()  # swaps and recomputes; everything else is kept
     pool: tuple[PoolSlot, ...] = ()  # planned offsets, when a pool was laid out
     pool_bytes: int | None = None  # size of the pool block, when laid out
-    microbatches: tuple[MicroBatch, ...] = ()  # micro-batch configurations per conv layer
+    microbatches: tuple[MicroBatch, ...] = ()  # how convolution kernels run (memplan.model.conv)
     planner: str = "none"  # registry name of the planner that made it
     params: dict = field(default_factory=dict)  # the planner's hyper-parameters
     seed: int | None = None  # the seed the planner used
@@ -141,9 +132,7 @@ class Plan:
             body["decisions"] = tuple(Decision(**_check_types(d, _DECISION_FIELDS, "decision"))
                                       for d in body.get("decisions", ()))
             body["pool"] = tuple(PoolSlot(**_check_types(p, _SLOT_FIELDS, "pool slot")) for p in body.get("pool", ()))
-            body["microbatches"] = tuple(
-                MicroBatch(**{**m, "sizes": tuple(m["sizes"]), "algos": tuple(m.get("algos", ()))})
-                for m in body.get("microbatches", ()))
+            body["microbatches"] = tuple(_microbatch(m) for m in body.get("microbatches", ()))
             return Plan(**body)
         except (TypeError, ValueError, KeyError) as exc:
             raise TraceFormatError(f"{source}: bad plan field: {exc}") from None
@@ -159,6 +148,16 @@ _PLAN_FIELDS = {"decisions": (list,), "pool": (list,), "pool_bytes": _OPT_INT, "
 _DECISION_FIELDS = {"storage": _INT, "action": (str,), "out_after": _INT, "back_before": _INT,
                     "trigger": _OPT_INT, "sync": (bool,), "compress_ratio": (int, float, type(None))}
 _SLOT_FIELDS = {"storage": _INT, "start": _INT, "offset": _INT}
+_MICROBATCH_FIELDS = {"op": _INT, "kernel": (str,), "sizes": (list,), "algos": (list,), "time_s": _NUMBER,
+                      "workspace_bytes": _INT, "accumulator_bytes": _INT, "source": (str,), "module": (str,)}
+
+
+def _microbatch(record) -> MicroBatch:
+    m = _check_types(record, _MICROBATCH_FIELDS, "micro-batch")
+    if not all(isinstance(b, int) and not isinstance(b, bool) for b in m.get("sizes", [])) \
+            or not all(isinstance(a, str) for a in m.get("algos", [])):
+        raise TypeError("micro-batch: sizes must be integers and algos strings")
+    return MicroBatch(**{**m, "sizes": tuple(m["sizes"]), "algos": tuple(m["algos"])})
 
 
 def _check_types(record, types: dict, what: str) -> dict:

@@ -14,12 +14,16 @@ swap, resident -> dropped -> resident for a recompute):
     wait      before op i: the compute stream waits until the copy back has landed
     drop      after op i: free the storage at once (it will be recomputed)
     recompute before op i: replay the ops that wrote it (`chains`), inputs first
+
+A convolution op with decided kernels (`microbatches`) runs them split as decided
+(memplan.exec.microconv); its workspace is the kernels' own business.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .conv import MicroBatch
 from .plan import Decision
 
 ACTION_KINDS = ("release", "prefetch", "recompute", "wait", "swap_out", "drop")
@@ -53,6 +57,7 @@ class StepProgram:
     start_away: tuple[int, ...]  # decisions whose storage is on the host when a step starts
     replays: dict = field(default_factory=dict)  # recompute decision index -> tuple[ReplayStep, ...]
     frees: dict = field(default_factory=dict)  # recompute decision index -> temporary inputs dropped after it
+    microbatches: tuple[MicroBatch, ...] = ()  # the plan's convolution decisions
     budget_bytes: int | None = None  # the budget it was compiled under
     trace_digest: str | None = None  # Trace.digest of its trace
     predicted: dict = field(default_factory=dict)  # SimResult summary of the program
@@ -61,6 +66,13 @@ class StepProgram:
     def captured_ops(self) -> frozenset:
         """Ops whose calls the executor records in the step, to replay them later."""
         return frozenset(j for steps in self.replays.values() for step in steps for j in step.ops)
+
+    def splits(self) -> dict[int, dict[str, tuple[int, ...]]]:
+        """Per decided convolution op, the micro-batch sizes of each of its kernels."""
+        out: dict[int, dict[str, tuple[int, ...]]] = {}
+        for m in self.microbatches:
+            out.setdefault(m.op, {})[m.kernel] = m.sizes
+        return out
 
     def actions_at(self) -> dict[tuple[int, bool], tuple[Action, ...]]:
         """Actions grouped by (op, after), each group in execution order."""

@@ -16,6 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
+from .conv import ConvParams
+
 KINDS = ("param", "grad", "optimizer_state", "input", "activation", "temp", "workspace")
 PHASES = ("forward", "backward", "optimizer")
 OWNER_KINDS = ("param", "buffer", "grad", "state")
@@ -57,6 +59,7 @@ class Op:
     flops: float = 0.0  # floating point operations (torch.utils.flop_counter)
     bytes_accessed: int = 0  # bytes read plus bytes written
     duration_s: float | None = None  # measured duration; None means "use the cost model"
+    conv: ConvParams | None = None  # a 2-D convolution's geometry and kernels (memplan.model.conv)
 
     def __post_init__(self):
         if self.phase not in PHASES:

@@ -7,6 +7,8 @@ defaults are the typed parameter schema that checks and converts what a user pas
 Every module of this package is a family and is found by importing the package's
 modules (a new family is one module plus its test). `plan()` checks the parameters,
 times the planner, fills the plan's metadata and attaches the simulator's prediction.
+A name `X+Y`, where Y decides only micro-batches (a convolution planner such as
+`ucudnn:wd`), composes any swap/recompute planner X with it (`compose`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
 from ..errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
 from ..model import Plan, Trace, expect_trace
-from ..units import format_bytes, parse_budget
+from ..units import MAX_BYTES, ByteSize, format_bytes, parse_budget, parse_bytes
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class Param:
     """One planner parameter: its name, type (from the annotation) and default."""
 
     name: str  # keyword name
-    type: type  # int, float, bool or str; object when unannotated
+    type: type  # int, float, bool, str or ByteSize; object when unannotated
     default: object  # the default value
 
 
@@ -101,9 +103,9 @@ def _params_of(fn: PlannerFn, fixed: dict) -> tuple[Param, ...]:
 
 
 def _scalar(hint) -> type:
-    """int, float, bool or str for a hint of one of them (or `X | None`); object for anything else."""
+    """int, float, bool, str or ByteSize for a hint of one of them (or `X | None`); object for anything else."""
     args = [a for a in getattr(hint, "__args__", (hint,)) if a is not type(None)]
-    return args[0] if len(args) == 1 and args[0] in (int, float, bool, str) else object
+    return args[0] if len(args) == 1 and args[0] in (int, float, bool, str, ByteSize) else object
 
 
 def _load_all() -> None:
@@ -121,15 +123,59 @@ def known_planners(decides: str | None = None) -> dict[str, PlannerSpec]:
 
 
 def get_planner(name: str) -> PlannerSpec:
-    """The planner registered as `name`.
+    """The planner registered as `name`, or the composition `X+Y` of a registered planner X
+    with a registered convolution planner Y (one that decides only micro-batches).
 
     Raises:
         UnknownNameError: listing the known names.
+        MemplanError: a composition of planners that cannot be composed.
     """
     planners = known_planners()
-    if name not in planners:
-        raise unknown_name("planner", name, planners)
-    return planners[name]
+    if name in planners:
+        return planners[name]
+    base, sep, conv = name.rpartition("+")
+    if sep and base in planners and planners.get(conv) and planners[conv].decides == {"microbatch"}:
+        return compose(planners[base], planners[conv])
+    raise unknown_name("planner", name, planners)
+
+
+def compose(base: PlannerSpec, conv: PlannerSpec) -> PlannerSpec:
+    """`base+conv`: the conv planner decides every convolution first, called with
+    `composed=True` (a planner deciding micro-batches registers `composed=False` as a fixed
+    argument): then it gives an op workspace only within the room the trace leaves it under
+    the budget, and raises nothing for a budget below the trace's peak. So the workspaces
+    never add to what must be freed, and a budget `base` meets alone it still meets. Then
+    `base` plans swaps and recomputes under the budget on the trace as those decisions make
+    it (memplan.sim.convview: the chosen conv times, and each op's workspace as a storage
+    alive while it runs). Parameters go to the planner that has them.
+
+    Raises:
+        MemplanError: `base` decides micro-batches or lays out a pool (its buffers would not
+            include the workspaces), or both take a parameter of the same name.
+    """
+    name = f"{base.name}+{conv.name}"
+    if base.decides & {"microbatch", "pool"}:
+        raise MemplanError(f"cannot compose {name!r}: {base.name} decides {', '.join(sorted(base.decides))}; "
+                           f"compose a convolution planner with a swap or recompute planner")
+    clash = {p.name for p in base.params} & {p.name for p in conv.params}
+    if clash:
+        raise MemplanError(f"cannot compose {name!r}: both planners take {', '.join(sorted(clash))}")
+    conv_names = {p.name for p in conv.params}
+
+    def fn(trace, budget_bytes, cost, *, seed, **params):
+        from ..sim.convview import conv_view
+
+        convs = conv.fn(trace, budget_bytes, cost, seed=seed, **{**conv.defaults, "composed": True},
+                        **{k: v for k, v in params.items() if k in conv_names})
+        view, durations = conv_view(trace, cost.durations, convs.microbatches)
+        plan_ = base.fn(view, budget_bytes, Cost(profile=cost.profile, durations=durations), seed=seed, **base.defaults,
+                        **{k: v for k, v in params.items() if k not in conv_names})
+        # decisions on the view's workspace storages (not in the trace) would mean nothing
+        kept = tuple(d for d in plan_.decisions if d.storage < len(trace.storages))
+        return plan_.with_meta(decisions=kept, microbatches=convs.microbatches)
+
+    return PlannerSpec(name=name, fn=fn, defaults={}, summary=f"{base.name} on the trace as {conv.name} makes it",
+                       decides=base.decides | conv.decides, params=base.params + conv.params)
 
 
 def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
@@ -164,6 +210,8 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     if spec.needs_ops and not trace.ops:
         raise refuse_without_ops(spec)
     budget_bytes = resolve_budget(trace, budget)
+    if budget is None and "microbatch" in spec.decides:
+        budget_bytes = MAX_BYTES  # no cap: workspaces may take memory above the trace's own peak
     cost = cost or Cost.for_trace(trace, device)
     params = check_params(spec, params)
     started = time.perf_counter()
@@ -251,7 +299,8 @@ def _typed(planner: str, param: Param, value):
         return value
     typed = _converted(param.type, value)
     if typed is None:
-        raise MemplanError(f"planner {planner!r}: parameter {param.name} must be {param.type.__name__}, got {value!r}")
+        wanted = "a byte size (64MiB, 1e9)" if param.type is ByteSize else param.type.__name__
+        raise MemplanError(f"planner {planner!r}: parameter {param.name} must be {wanted}, got {value!r}")
     if param.type in (int, float) and not typed >= 0:  # also refuses NaN
         raise MemplanError(f"planner {planner!r}: parameter {param.name} must not be negative, got {value!r}")
     return typed
@@ -259,6 +308,11 @@ def _typed(planner: str, param: Param, value):
 
 def _converted(typ: type, value):
     """`value` as `typ` (an int where a float is wanted, a string from the command line), or None."""
+    if typ is ByteSize:
+        try:
+            return ByteSize(parse_bytes(str(value) if isinstance(value, float) else value))
+        except MemplanError:
+            return None
     if isinstance(value, typ) and not (typ is not bool and isinstance(value, bool)):
         return value
     if typ is float and isinstance(value, int) and not isinstance(value, bool):

@@ -41,7 +41,8 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, budget_bytes: int | No
     start_away = tuple(k for k, d in enumerate(plan.decisions)
                        if d.action == "swap" and d.wraps and d.prefetch_at <= d.back_before)
     return StepProgram(decisions=plan.decisions, actions=actions, start_away=start_away, replays=replays, frees=frees,
-                       budget_bytes=budget, trace_digest=trace.digest, predicted=result.summary())
+                       microbatches=plan.microbatches, budget_bytes=budget, trace_digest=trace.digest,
+                       predicted=result.summary())
 
 
 def residencies(trace: Trace, program: StepProgram) -> list[tuple[int, int, int, str]]:

@@ -27,6 +27,9 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
   points, with every prefetch, wait, recompute, swap-out and drop, are the step program
   (`compile_program`) the executor runs: memory follows the program exactly whatever the
   real copy times are; a copy slower than simulated makes the executor wait at the release.
+- Convolution decisions (`plan.microbatches`): a decided op runs for its kernels' times and
+  holds their largest workspace while it runs, as a storage it writes (memplan.sim.convview).
+  Overhead is against the trace as the cost model prices it.
 - Wrap-around decisions (weights, optimizer state), steady state: with the trigger in the
   head [0, back_before] the storage starts the iteration on the host; with the trigger in
   the tail it starts resident and the tail prefetch (for the next iteration) holds its
@@ -51,6 +54,7 @@ from ..model import Plan, Trace, check_plan, expect_trace
 from ..units import parse_budget
 from . import _kernel as K
 from .chains import chain_inputs, plan_chains
+from .convview import conv_view
 from .result import SimResult
 
 UNLIMITED = np.iinfo(np.int64).max // 4
@@ -120,6 +124,7 @@ class Simulator:
                                     for s in range(len(trace.storages))], dtype=np.int64)
         # Sequential sum, exactly as the kernel accumulates time: no plan gives time == baseline.
         self.baseline_time_s = float(self._prefix[-1])
+        self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
 
     @property
     def baseline_op_start_s(self) -> np.ndarray:
@@ -141,6 +146,9 @@ class Simulator:
         return result, rows, chains
 
     def _simulate(self, plan, budget_bytes, timeline: bool, emit: bool):
+        microbatches = plan.microbatches if plan else ()
+        if microbatches:
+            return self._view_of(microbatches)._simulate(replace(plan, microbatches=()), budget_bytes, timeline, emit)
         decisions = plan.decisions if plan else ()
         arrays, chains = self._plan_arrays(decisions)
         budget = UNLIMITED if budget_bytes is None else int(budget_bytes)
@@ -148,6 +156,17 @@ class Simulator:
             self._durations, self.trace.nbytes, self._birth_ptr, self._birth_ids, self._death_ptr,
             self._death_ids, *arrays, budget, timeline, emit)
         return self._result(arrays, floats, ints, recorded, timeline), rows, chains
+
+    def _view_of(self, microbatches) -> Simulator:
+        """A simulator of the trace as the conv decisions make it; the last one is kept (search
+        planners simulate many plans with the same conv decisions)."""
+        key, sim = self._views
+        if key != microbatches:
+            view, durations = conv_view(self.trace, self._durations, microbatches)
+            sim = Simulator(view, Cost(profile=self.cost.profile, durations=durations))
+            sim.baseline_time_s = self.baseline_time_s
+            self._views = (microbatches, sim)
+        return sim
 
     # --- per-plan preparation ----------------------------------------------------------------
 

@@ -27,6 +27,10 @@ Rules (one `Violation.kind` constant each):
   simulated load) never exceeds the budget;
 - POOL_OVER_BUDGET: a pool, when laid out, fits the budget (`pool_bytes` <= budget): the
   budget is the device memory, and the pool is what the plan takes of it.
+- BAD_CONV_DECISION: a convolution decision names an op and a kernel that op runs, once,
+  its micro-batches sum to the op's batch, and an op's kernels are decided all or none;
+  its temporary memory (workspace plus accumulator; the largest of the op's kernels) is
+  part of the static load while the op runs.
 """
 
 from __future__ import annotations
@@ -55,10 +59,11 @@ POOL_OVERLAP = "pool_overlap"
 POOL_OUT_OF_RANGE = "pool_out_of_range"
 OVER_BUDGET = "over_budget"
 POOL_OVER_BUDGET = "pool_over_budget"
+BAD_CONV_DECISION = "bad_conv_decision"
 
 KINDS = (UNKNOWN_STORAGE, OUT_OF_LIFETIME, BAD_WRAP, WRONG_TRACE, READ_WHILE_ABSENT, BAD_TRIGGER,
          OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, POOL_MISSING_SLOT,
-         POOL_STRAY_SLOT, POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET, POOL_OVER_BUDGET)
+         POOL_STRAY_SLOT, POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET, POOL_OVER_BUDGET, BAD_CONV_DECISION)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,9 +107,10 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
     _check_recomputes(trace, good, by_storage, out)
     if plan.pool or plan.pool_bytes is not None:
         _check_pool(trace, plan, by_storage, out)
+    temps = _conv_temps(trace, plan.microbatches, out)
     budget_bytes = plan.budget_bytes if budget is None else parse_budget(budget, trace.peak_load_bytes)
     if budget_bytes is not None:
-        _check_budget(trace, good, budget_bytes, out)
+        _check_budget(trace, good, budget_bytes, out, temps)
         _check_pool_budget(plan.pool_bytes, budget_bytes, out)
     return out
 
@@ -401,10 +407,30 @@ def _check_pool_budget(pool_bytes: int | None, budget_bytes: int, out: list[Viol
                                      f"budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes)"))
 
 
-def _check_budget(trace: Trace, good: list[Decision], budget_bytes: int, out: list[Violation]) -> None:
+def _conv_temps(trace: Trace, microbatches, out: list[Violation]) -> np.ndarray:
+    """Temporary bytes per op of the well-formed conv decisions; the others become violations."""
+    temps = np.zeros(trace.num_steps, dtype=np.int64)
+    kernels: dict[int, list[str]] = {}
+    for m in microbatches:
+        conv = trace.ops[m.op].conv if 0 <= m.op < len(trace.ops) else None
+        if conv is None or m.kernel not in conv.kernels or sum(m.sizes) != conv.n:
+            out.append(Violation(kind=BAD_CONV_DECISION, storage=None, op=m.op,
+                                 message=f"op {m.op} has no {m.kernel} kernel of batch {sum(m.sizes)}"))
+            continue
+        kernels.setdefault(m.op, []).append(m.kernel)
+        temps[m.op] = max(int(temps[m.op]), m.workspace_bytes + m.accumulator_bytes)
+    for op, decided in kernels.items():
+        if sorted(decided) != sorted(trace.ops[op].conv.kernels):
+            out.append(Violation(kind=BAD_CONV_DECISION, storage=None, op=op,
+                                 message=f"op {op} runs {trace.ops[op].conv.kernels}, the plan decides {decided}"))
+    return temps
+
+
+def _check_budget(trace: Trace, good: list[Decision], budget_bytes: int, out: list[Violation],
+                  temps: np.ndarray) -> None:
     if not trace.num_steps:
         return
-    load = static_load(trace, good)
+    load = static_load(trace, good) + temps
     over = np.nonzero(load > budget_bytes)[0]
     if over.size:
         op = int(over[0])

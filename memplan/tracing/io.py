@@ -15,7 +15,7 @@ from dataclasses import asdict, fields
 
 from ..errors import TraceFormatError
 from ..fileio import atomic_write_text, read_text
-from ..model import SCHEMA, SCHEMA_VERSION, Op, Owner, Storage, Trace
+from ..model import SCHEMA, SCHEMA_VERSION, ConvParams, Op, Owner, Storage, Trace
 
 _REQUIRED = {
     "storage": {"id": int, "nbytes": int, "kind": str, "alloc_op": int, "free_op": int},
@@ -26,7 +26,7 @@ _OPTIONAL = {
     "storage": {"persistent": bool, "dtype": (str, type(None)), "shape": (list, type(None)),
                 "name": (str, type(None))},
     "op": {"module": str, "reads": list, "writes": list, "flops": (int, float),
-           "bytes_accessed": int, "duration_s": (int, float, type(None))},
+           "bytes_accessed": int, "duration_s": (int, float, type(None)), "conv": dict},
     "owner": {"name": str, "group": int, "index": int, "key": str},
 }
 _CLASSES = {"storage": Storage, "op": Op, "owner": Owner}
@@ -168,4 +168,24 @@ def _build(kind: str, record: dict):
     for key in ("reads", "writes", "shape"):
         if isinstance(args.get(key), list):
             args[key] = tuple(args[key])
+    if "conv" in args:
+        args["conv"] = _conv(args["conv"])
     return cls(**args)
+
+
+_CONV_FIELDS = {f.name: (list if f.name == "kernels" else str if f.name == "dtype" else int)
+                for f in fields(ConvParams)}
+
+
+def _conv(record: dict) -> ConvParams:
+    """An op's convolution parameters, every field of its JSON type (ValueError names the bad one)."""
+    for name, value in record.items():
+        typ = _CONV_FIELDS.get(name)
+        if typ is None or not _is(value, typ):
+            raise ValueError(f"field 'conv': bad or unknown entry {name!r}")
+    if not all(isinstance(k, str) for k in record.get("kernels", [])):
+        raise ValueError("field 'conv': kernels must be strings")
+    try:
+        return ConvParams(**{**record, "kernels": tuple(record.get("kernels", ()))})
+    except TypeError as exc:
+        raise ValueError(f"field 'conv': {exc}") from None

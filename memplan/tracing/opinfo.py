@@ -13,6 +13,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from ..model import ConvParams
+
 log = logging.getLogger(__name__)
 
 # Namespaces whose ops only query metadata (prim.device, prim.layout): never recorded.
@@ -97,6 +99,36 @@ def flops_of(func, args: tuple, kwargs: dict, out) -> float:
     except Exception:  # noqa: BLE001 - a counter that cannot handle odd arguments is not fatal
         log.debug("flop counter for %s failed", func, exc_info=True)
         return 0.0
+
+
+# The two aten ops every 2-D convolution of a training step goes through, and the positions
+# of (input, weight, stride, padding, dilation, transposed, groups) in their arguments;
+# convolution_backward's output_mask (grad_input, grad_weight, grad_bias) comes last.
+_CONV_ARGS = {"aten::convolution": (0, 1, 3, 4, 5, 6, 8), "aten::convolution_backward": (1, 2, 4, 5, 6, 7, 9, 10)}
+_SPATIAL_DIMS = 2
+
+
+def conv_params(func, args: tuple) -> ConvParams | None:
+    """The geometry and kernels of a 2-D, non-transposed convolution call; None for any other op.
+
+    A backward call runs `bwd_data` when it computes the input's gradient and `bwd_filter`
+    when it computes the weight's (the bias gradient is a plain reduction, not a kernel).
+    """
+    where = _CONV_ARGS.get(func._schema.name)
+    if where is None or func._overloadname != "default" or len(args) <= max(where):
+        return None
+    x, weight, stride, padding, dilation, transposed, groups, *mask = (args[i] for i in where)
+    if transposed or x.dim() != _SPATIAL_DIMS + 2:
+        return None
+    kernels = tuple(k for k, on in zip(("bwd_data", "bwd_filter"), mask[0][:2]) if on) if mask else ("fwd",)
+    if not kernels:
+        return None
+    n, c, h, w = (int(v) for v in x.shape)
+    k, _, r, s = (int(v) for v in weight.shape)
+    return ConvParams(kernels=kernels, n=n, c=c, h=h, w=w, k=k, r=r, s=s, pad_h=int(padding[0]),
+                      pad_w=int(padding[1]), stride_h=int(stride[0]), stride_w=int(stride[1]),
+                      dil_h=int(dilation[0]), dil_w=int(dilation[1]), groups=int(groups),
+                      dtype=str(x.dtype).removeprefix("torch."))
 
 
 def moves_no_data(func) -> bool:

@@ -38,7 +38,7 @@ from ..model import Op, Owner, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
 from .fake import new_fake_mode, quiet_fake_warnings
-from .opinfo import bytes_accessed, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
+from .opinfo import bytes_accessed, conv_params, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
 from .storages import StorageTable
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,8 @@ class _Recorder(TorchDispatchMode):
         touched = () if tensors.is_view or moves_no_data(func) else tensors.reads + tensors.written + tensors.fresh
         self.ops.append(Op(index=index, name=str(func), phase=phase, module=module,
                            reads=tuple(dict.fromkeys(reads)), writes=tuple(dict.fromkeys(writes)),
-                           flops=flops_of(func, args, kwargs, out), bytes_accessed=bytes_accessed(touched)))
+                           flops=flops_of(func, args, kwargs, out), bytes_accessed=bytes_accessed(touched),
+                           conv=conv_params(func, args)))
         if self._progress and (index + 1) % PROGRESS_EVERY == 0:
             self._progress(index + 1)
 

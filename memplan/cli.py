@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "memplan.commands.sweep_cmd",      # sweep
     "memplan.commands.run_cmds",       # run, maxbatch
     "memplan.commands.demo_cmd",       # demo
+    "memplan.commands.dqn_cmd",        # dqn train
 )
 
 USAGE_ERROR = 2

@@ -101,6 +101,7 @@ class StepRunner(TorchDispatchMode):
         self.model = model
         self.optimizer = optimizer
         self.names = [op.name for op in trace.ops]
+        self._named: dict = {}  # OpOverload -> its name (str() of an overload formats it every time)
         self.at = program.actions_at()
         self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt)
         self.recomputed_at = {}  # op -> storages recomputed before it
@@ -157,7 +158,7 @@ class StepRunner(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         i = self.pos
-        if self.active and not self.off and i < len(self.names) and str(func) == self.names[i]:
+        if self.active and not self.off and i < len(self.names) and self._name(func) == self.names[i]:
             return self._run(i, func, args, kwargs)
         self._guard(func, args, kwargs)
         if not self.active or self.off:
@@ -166,6 +167,12 @@ class StepRunner(TorchDispatchMode):
         if counts_as_op(func, args, kwargs, out):
             self.diverge(f"op {i} is {func}, the trace's {self.names[i] if i < len(self.names) else 'end of step'}")
         return out
+
+    def _name(self, func) -> str:
+        name = self._named.get(func)
+        if name is None:
+            name = self._named[func] = str(func)
+        return name
 
     def _run(self, i: int, func, args, kwargs):
         for action in self.at.get((i, False), ()):

@@ -10,6 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from memplan.cli import main
 from memplan.cost.model import Cost
@@ -20,7 +22,13 @@ from memplan.planners.dqn import fresh_network
 from memplan.planners.dqn.env import Env
 from memplan.planners.dqn.graph import NOTHING_NODE, build_graph
 from memplan.planners.dqn.net import load_weights, save_weights
-from memplan.planners.dqn.train import Instance, fit_step, run_episode, td_loss, transitions
+from memplan.planners.dqn.train import (
+    Instance,
+    fit_step,
+    run_episode,
+    td_loss,
+    transitions,
+)
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
@@ -70,8 +78,8 @@ def test_features_of_a_hand_made_five_op_graph():
     # remove at its producer (op 0, which stands for "nothing") -> the next free node, op 2.
     assert [g.storage for g in graph.gaps] == [1]
     assert (graph.offload_node[0], graph.remove_node[0]) == (1, 2)
-    logt = lambda s: math.log1p(s / 1.0) / 8  # noqa: E731  (mean op time is 1 s)
-    swap_a, swap_b, swap_gb, swap_ga = (logt(mib * 0.375) for mib in (4, 8, 2, 3))
+    logt = lambda s: math.log1p(s / 1.0) / 8
+    swap_a, _swap_b, swap_gb, swap_ga = (logt(mib * 0.375) for mib in (4, 8, 2, 3))
     expected = np.array([
         # size/deficit, swap, recompute (its writers), revisit (next access after the node), type, valid
         [4 / 8, swap_a, logt(1), logt(1), 0.0, 0],   # op 0: writes a, next read at op 1
@@ -236,8 +244,8 @@ def test_a_corrupt_or_mismatched_weights_file_is_refused(tmp_path, breakage):
         load_weights(path)
 
 
-@pytest.mark.parametrize("content", [None, "{", '{"schema": "memplan.dqn-weights", "version": 1, "features": 6, '
-                                                '"dim": 4, "rounds": 4, "tensors": {}}'])
+@pytest.mark.parametrize("content", [None, "{", ('{"schema": "memplan.dqn-weights", "version": 1, "features": 6, '
+                                                 '"dim": 4, "rounds": 4, "tensors": {}}')])
 def test_the_cli_says_one_line_and_exits_2_for_bad_weights(tmp_path, capsys, content):
     trace_path, weights = tmp_path / "t.jsonl", tmp_path / "w.json"
     write_trace(chain_trace(6), trace_path)
@@ -257,7 +265,7 @@ def test_dqn_train_writes_weights_that_plan(tmp_path, capsys):
                  "-o", str(weights), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["episodes"] == 3 and len(summary["problems"]) == 2
-    net, meta = load_weights(weights)
+    _, meta = load_weights(weights)
     assert meta["episodes"] == 3
     plan = make_plan(chain_trace(6), "70%", planner="dqn:pretrained", weights=str(weights), min_bytes=0)
     assert validate(chain_trace(6), plan) == []
@@ -281,3 +289,102 @@ class TestDqnPretrainedConformance(PlannerConformance):
     planner = "dqn:pretrained"
     params = {"min_bytes": 0}
     budgets = ["100%", "70%", "50%", "40%"]
+
+
+# --- weights files, fuzzed ----------------------------------------------------------------------------
+
+_JSON_LEAF = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=8)
+_JSON = st.recursive(_JSON_LEAF, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6),
+                                                                                            inner, max_size=4),
+                     max_leaves=12)
+
+
+def _valid_weights() -> dict:
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as tmp:
+        save_weights(fresh_network(0), Path(tmp) / "w.json")
+        return json.loads((Path(tmp) / "w.json").read_text())
+
+
+_VALID = _valid_weights()
+
+
+def _paths(data, prefix=()):
+    """Every path to a value inside a JSON document."""
+    yield prefix
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _paths(value, prefix + (key,))
+    elif isinstance(data, list) and data:
+        yield from _paths(data[0], prefix + (0,))
+        yield from _paths(data[-1], prefix + (len(data) - 1,))
+
+
+def _replaced(data, path, value):
+    if not path:
+        return value
+    copy = list(data) if isinstance(data, list) else dict(data)
+    copy[path[0]] = _replaced(data[path[0]], path[1:], value)
+    return copy
+
+
+_PATHS = list(_paths(_VALID))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(_PATHS), value=_JSON, cut=st.none() | st.integers(0, 4000))
+def test_a_damaged_weights_file_loads_or_is_refused_naming_the_file(tmp_path_factory, path, value, cut):
+    text = json.dumps(_replaced(_VALID, path, value))
+    if cut is not None:
+        text = text[:cut]
+    target = tmp_path_factory.mktemp("w") / "w.json"
+    target.write_text(text)
+    try:
+        net, _ = load_weights(target)
+    except MemplanError as exc:
+        assert str(target) in str(exc) and "\n" not in str(exc)
+        return
+    assert all(bool(torch.isfinite(p).all()) for p in net.parameters())
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=200) | _JSON.map(lambda v: json.dumps(v).encode()))
+def test_the_cli_refuses_any_damaged_weights_in_one_line(tmp_path_factory, capsys, data):
+    tmp = tmp_path_factory.mktemp("cli")
+    trace_path, weights = tmp / "t.jsonl", tmp / "w.json"
+    write_trace(chain_trace(6), trace_path)
+    weights.write_bytes(data)
+    capsys.readouterr()
+    code = main(["plan", str(trace_path), "--planner", "dqn:pretrained", "--budget", "70%",
+                 "--param", f"weights={weights}", "--param", "min_bytes=0", "-o", str(tmp / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert not (tmp / "p.json").exists()
+
+
+# --- executed for real --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_dqn_plan_trains_vgg11_exactly_within_its_budget_on_cpu():
+    from test_exec import _kept_budget, _plain, _planned, _same_state
+    from test_exec_helpers import workload
+
+    from memplan.errors import InfeasibleBudgetError
+    from memplan.workflows.optimize import trace_step
+
+    def make():
+        return workload("vgg11-cifar", 8)
+
+    w = make()
+    trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
+    try:  # as low as the planner goes: every decision it can take is exercised
+        plan = make_plan(trace, 1, planner="dqn:pretrained")
+    except InfeasibleBudgetError as exc:
+        plan = make_plan(trace, exc.min_feasible_bytes, planner="dqn:pretrained")
+    assert plan.decisions and validate(trace, plan) == []
+    got, stats = _planned(make, plan=plan, trace=trace)
+    _same_state(got, _plain(make))
+    _kept_budget(stats)
+    assert stats["released"] + stats["recomputed"] > 0

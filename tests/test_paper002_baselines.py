@@ -61,7 +61,7 @@ def _conv_net():
 def test_superneurons_modes_keep_convolutions_as_checkpoints(mode, swapped, recomputed):
     trace = _conv_net()
     plan = make_plan(trace, None, planner=f"superneurons-modes:{mode}", cost=Cost.for_trace(trace, "h100"))
-    names = lambda action: sorted(trace.storages[d.storage].name for d in plan.decisions  # noqa: E731
+    names = lambda action: sorted(trace.storages[d.storage].name for d in plan.decisions
                                   if d.action == action)
     assert (names("swap"), names("recompute")) == (swapped, recomputed)
     assert validate(trace, plan) == []

@@ -9,7 +9,13 @@ from ..units import format_bytes
 
 def add_parser(sub) -> None:
     """Register `memplan dqn` and its `train` sub-command."""
-    from ..cli import add_json_flag, nonnegative_int, output_file, positive_float, positive_int
+    from ..cli import (
+        add_json_flag,
+        nonnegative_int,
+        output_file,
+        positive_float,
+        positive_int,
+    )
 
     p = sub.add_parser("dqn", help="the DQN planner of paper 002: train its network")
     verbs = p.add_subparsers(dest="dqn_command", required=True, parser_class=type(p))

@@ -8,10 +8,13 @@ Registered names:
   shipped weights).
 
 Both plan against the budget: saved activations of at least `min_bytes` are offloaded or
-removed (recomputed) by the agent; the rest is kept. A greedy plan the simulator finds
-infeasible (recomputation temporaries can overflow) is redone against a limit lowered by
-the shortfall, up to RETRIES times; if that still fails the planner logs a warning and
-swaps every candidate (the floor plan). Modules: `graph` (nodes, edges, features),
+removed (recomputed) by the agent; the rest is kept. An episode ends as soon as the planned
+load fits, which leaves no room for copies in flight, so the greedy policy also runs against
+limits SLACKS below the budget (ours, not the paper's) and the best simulated plan wins. A
+greedy plan the simulator finds infeasible (recomputation temporaries can overflow) is redone
+against a limit lowered by the shortfall, up to RETRIES times; if no plan is left the planner
+logs a warning and swaps every candidate (the floor plan). `weights=none` starts `dqn` from a
+fresh network. Modules: `graph` (nodes, edges, features),
 `env` (transitions and rewards), `net` (structure2vec and the Q head, weights files),
 `train` (fitted Q-iteration).
 """
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 SHIPPED_WEIGHTS = Path(__file__).with_name("pretrained.json")
 DEFAULT_MIN_BYTES = 2**20  # like AutoSwap's: a smaller activation is not worth an action
 RETRIES = 3  # greedy attempts against a lowered limit before the floor plan
+SLACKS = (0.0, 0.05, 0.1)  # greedy episodes also aim this share below the budget; the best simulated plan wins
+FRESH = "none"  # the `weights` value that starts `dqn` from a fresh network, ignoring shipped weights
 FINE_TUNE_EPSILON = 0.3  # starting epsilon when training from existing weights (1.0 from scratch)
 
 
@@ -50,7 +55,8 @@ def plan_dqn(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weig
     """Train the Q network on this trace and budget, then return the best plan evaluated.
 
     Args:
-        weights: a weights file to start from (default: the shipped weights, if any).
+        weights: a weights file to start from (default: the shipped weights, if any;
+            `none`: a fresh network seeded with `seed`).
         episodes: training episodes (epsilon decays over them).
         time_limit_s: stop training after this many seconds.
         min_bytes: smallest activation the agent may act on.
@@ -64,10 +70,10 @@ def plan_dqn(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weig
     start = epsilon if epsilon is not None else (FINE_TUNE_EPSILON if from_file else 1.0)
     config = TrainConfig(episodes=episodes, time_limit_s=time_limit_s, gamma=gamma, lr=lr, epsilon=start, seed=seed)
     sim = Simulator(trace, cost)
-    candidates = [_greedy_fitting(net, graph, sim)]
+    candidates = _greedy_fitting(net, graph, sim)
     report = train(net, [Instance(graph=graph, env=Env(graph, simulator=sim))], config)
     log.info("dqn: %d episodes, %d steps in %.1f s", report.episodes, report.steps, report.wall_s)
-    candidates += [report.best[0], _greedy_fitting(net, graph, sim)]
+    candidates += [report.best[0], *_greedy_fitting(net, graph, sim)]
     return _best_or_floor(graph, [c for c in candidates if c is not None])
 
 
@@ -85,12 +91,11 @@ def plan_dqn_pretrained(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
     graph = _graph(trace, budget_bytes, cost, min_bytes, "dqn:pretrained")
     if graph is None:
         return Plan()
-    outcome = _greedy_fitting(net, graph, Simulator(trace, cost))
-    return _best_or_floor(graph, [outcome] if outcome is not None else [])
+    return _best_or_floor(graph, _greedy_fitting(net, graph, Simulator(trace, cost)))
 
 
 def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, init: str | None = None,
-                  config: TrainConfig = TrainConfig(), min_bytes: int = DEFAULT_MIN_BYTES,
+                  config: TrainConfig | None = None, min_bytes: int = DEFAULT_MIN_BYTES,
                   progress: bool = True) -> tuple[QNet, TrainReport]:
     """Train one network on several (trace, budget) problems in turn (`memplan dqn train`).
 
@@ -98,7 +103,7 @@ def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, in
         problems: (trace, budget in bytes) pairs; each budget must be at least its trace's floor.
         device: cost-model profile.
         init: weights file to start from (default: a fresh network seeded with config.seed).
-        config: Alg. 1's hyper-parameters.
+        config: Alg. 1's hyper-parameters (default: TrainConfig()).
         min_bytes: smallest activation the agent may act on.
         progress: show a progress bar on a terminal.
     Returns:
@@ -113,8 +118,8 @@ def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, in
                                f"{trace.meta.get('model', 'a trace')}: nothing to learn there")
         graph = _graph(trace, budget, Cost.for_trace(trace, device), min_bytes, "dqn")
         instances.append(Instance(graph=graph, env=Env(graph)))
-    net = load_weights(init)[0] if init is not None else fresh_network(config.seed)
-    return net, train(net, instances, config, progress=progress)
+    net = load_weights(init)[0] if init is not None else fresh_network((config or TrainConfig()).seed)
+    return net, train(net, instances, config or TrainConfig(), progress=progress)
 
 
 def _graph(trace: Trace, budget_bytes: int, cost: Cost, min_bytes: int, name: str) -> Graph | None:
@@ -144,6 +149,8 @@ def _widest(graph: Graph) -> list[tuple[int, int, int]]:
 
 def _network(weights: str | None, seed: int, required: bool) -> tuple[QNet, bool]:
     """(the network, whether it came from a file): `weights`, else the shipped file, else a fresh seeded one."""
+    if weights == FRESH and not required:
+        return fresh_network(seed), False
     path = Path(weights) if weights is not None else SHIPPED_WEIGHTS
     if weights is not None or path.exists():
         return load_weights(path)[0], True
@@ -160,17 +167,22 @@ def fresh_network(seed: int) -> QNet:
         return QNet()
 
 
-def _greedy_fitting(net: QNet, graph: Graph, sim: Simulator) -> Outcome | None:
-    """The greedy outcome, redone against a lower limit while the simulator finds it short; None on failure."""
-    target = graph.budget_bytes
-    inst = Instance(graph=graph, env=Env(graph, simulator=sim))
-    for _ in range(RETRIES):
-        outcome = greedy(net, inst)
-        if outcome.feasible or not outcome.shortfall_bytes:
-            return outcome if outcome.feasible else None
-        target -= outcome.shortfall_bytes
-        inst.env = Env(graph, target, sim)
-    return None
+def _greedy_fitting(net: QNet, graph: Graph, sim: Simulator) -> list[Outcome]:
+    """The greedy outcomes against the budget and against limits SLACKS below it (slack leaves room for
+    copies in flight), each redone against a lower limit while the simulator finds it short."""
+    out = []
+    for slack in SLACKS:
+        target = int(graph.budget_bytes * (1.0 - slack))
+        if slack and target < floor_bytes(graph):
+            break
+        for _ in range(RETRIES):
+            outcome = greedy(net, Instance(graph=graph, env=Env(graph, target, sim)))
+            if outcome.feasible:
+                out.append(outcome)
+            if outcome.feasible or not outcome.shortfall_bytes:
+                break
+            target -= outcome.shortfall_bytes
+    return out
 
 
 def _best_or_floor(graph: Graph, outcomes: list[Outcome]) -> Plan:

@@ -256,10 +256,21 @@ class Env:
                        shortfall_bytes=shortfall)
 
     def plan(self) -> Plan:
-        """The plan of the decisions taken so far (swaps prefetched in the order of §4.5)."""
+        """The plan of the decisions taken so far (swaps prefetched in the order of §4.5).
+
+        A decision taken at node c is recorded after the activation's last forward access
+        (at or before c): the executor acts on a storage only at an op that touches it
+        (`memplan.exec.runner`). It leaves at most earlier than the agent decided, so the
+        load never rises; the plan's rewards come from simulating it as recorded.
+        """
         ledger = self.ledger
-        return Plan(decisions=gap_decisions(self.graph.trace, ledger.triples(OFFLOAD), ledger.triples(REMOVE),
-                                            cap=self.target, load=ledger.planned))
+        return Plan(decisions=gap_decisions(self.graph.trace, self._executable(ledger.triples(OFFLOAD)),
+                                            self._executable(ledger.triples(REMOVE)), cap=self.target,
+                                            load=ledger.planned))
+
+    def _executable(self, triples: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        gaps, gap_of = self.graph.gaps, self.ledger.gap_of
+        return [(s, min(out, gaps[gap_of[s]].last_forward), back) for s, out, back in triples]
 
     def _blame(self, plan: Plan, sim) -> dict[int, float]:
         """Seconds of waiting and recomputation each decided gap caused, from the simulated timeline."""

@@ -29,6 +29,8 @@ from .graph import N_FEATURES, Graph
 
 WEIGHTS_SCHEMA = "memplan.dqn-weights"
 WEIGHTS_VERSION = 1
+MAX_DIM = 1024  # a weights file asking for a larger p is refused before anything is allocated
+MAX_ROUNDS = 32  # and one asking for more rounds of Eq. 1
 DEFAULT_DIM = 16  # p (the paper does not give it; 16 trains four times faster than 32 on a CPU)
 DEFAULT_ROUNDS = 4  # T (§4.4.1, after Dai et al. 2017)
 _DIGITS = 6  # significant digits kept in the file
@@ -49,7 +51,7 @@ class QNet(nn.Module):
         self.w7 = nn.Linear(3 * dim, 1, bias=False)
         self.w8 = nn.Linear(dim, dim, bias=False)
 
-    def embed(self, tensors: "GraphTensors", x: torch.Tensor) -> torch.Tensor:
+    def embed(self, tensors: GraphTensors, x: torch.Tensor) -> torch.Tensor:
         """Node states s^T of one graph for a batch of node features x (B, N, 6): (N, B, p)."""
         batch, n, p = x.shape[0], x.shape[1], self.dim
         edge_terms = torch.relu(self.w4(tensors.weight[:, None]))  # (E, p)
@@ -122,8 +124,9 @@ def _from_json(data, source: str) -> tuple[QNet, dict]:
     if data.get("features") != N_FEATURES:
         raise TraceFormatError(f"{source}: field 'features': expected {N_FEATURES}, got {data.get('features')!r}")
     dim, rounds = data.get("dim"), data.get("rounds")
-    if not (_positive_int(dim) and _positive_int(rounds)):
-        raise TraceFormatError(f"{source}: fields 'dim' and 'rounds' must be positive integers")
+    if not (_positive_int(dim) and _positive_int(rounds)) or dim > MAX_DIM or rounds > MAX_ROUNDS:
+        raise TraceFormatError(f"{source}: fields 'dim' and 'rounds' must be integers in [1, {MAX_DIM}] "
+                               f"and [1, {MAX_ROUNDS}]")
     net = QNet(dim, rounds)
     tensors = data.get("tensors")
     if not isinstance(tensors, dict):

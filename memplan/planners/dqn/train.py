@@ -56,7 +56,7 @@ class Instance:
         self.tensors = GraphTensors(self.graph)
 
     @classmethod
-    def of(cls, graph: Graph) -> "Instance":
+    def of(cls, graph: Graph) -> Instance:
         """An instance with a fresh environment."""
         return cls(graph=graph, env=Env(graph))
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -82,6 +83,10 @@ def test_documented_options_exist(command):
     words = command.split("#")[0].split()
     for name in words[1].split("|"):
         assert name in sub, f"{command}: no command {name!r}"
-        options = sub[name]._option_string_actions
-        for option in OPTION.findall(" ".join(words[2:])):
+        parser, rest = sub[name], words[2:]
+        verbs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if verbs and rest and rest[0] in verbs[0].choices:  # `memplan dqn train ...`
+            parser, rest = verbs[0].choices[rest[0]], rest[1:]
+        options = parser._option_string_actions
+        for option in OPTION.findall(" ".join(rest)):
             assert option in options, f"{command}: `memplan {name}` has no option {option}"

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "memplan.commands.run_cmds",       # run, maxbatch
     "memplan.commands.demo_cmd",       # demo
     "memplan.commands.convdb_cmd",     # conv-db fill|show|import
+    "memplan.commands.dqn_cmd",        # dqn train
 )
 
 USAGE_ERROR = 2

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -83,10 +84,9 @@ def test_documented_options_exist(command):
     for name in words[1].split("|"):
         assert name in sub, f"{command}: no command {name!r}"
         parser, rest = sub[name], words[2:]
-        if parser._subparsers is not None:  # `memplan conv-db fill ...`: the action's own options
-            actions = parser._subparsers._group_actions[0].choices
-            if rest and rest[0] in actions:
-                parser, rest = actions[rest[0]], rest[1:]
+        verbs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if verbs and rest and rest[0] in verbs[0].choices:  # `memplan dqn train ...`
+            parser, rest = verbs[0].choices[rest[0]], rest[1:]
         options = parser._option_string_actions
         for option in OPTION.findall(" ".join(rest)):
             assert option in options, f"{command}: `memplan {name}` has no option {option}"

@@ -1,0 +1,77 @@
+"""`memplan dqn train`: train the DQN planner's network (paper 002) on traces and budgets, save its weights."""
+
+from __future__ import annotations
+
+import sys
+
+from ..units import format_bytes
+
+
+def add_parser(sub) -> None:
+    """Register `memplan dqn` and its `train` sub-command."""
+    from ..cli import (
+        add_json_flag,
+        nonnegative_int,
+        output_file,
+        positive_float,
+        positive_int,
+    )
+
+    p = sub.add_parser("dqn", help="the DQN planner of paper 002: train its network")
+    verbs = p.add_subparsers(dest="dqn_command", required=True, parser_class=type(p))
+    t = verbs.add_parser("train", help="train on traces and budgets, write the weights (JSON)",
+                         description=__doc__.splitlines()[0])
+    t.add_argument("traces", nargs="+", help="trace files (memplan JSON lines or an importable format)")
+    t.add_argument("--budgets", default="80%,60%",
+                   help="comma-separated sizes or shares of each trace's peak (default 80%%,60%%)")
+    t.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
+    t.add_argument("--episodes", type=positive_int, default=200, help="training episodes (default 200)")
+    t.add_argument("--time-limit", type=positive_float, default=None, metavar="S", help="stop after S seconds")
+    t.add_argument("--init", default=None, metavar="FILE", help="weights to start from (default: a fresh network)")
+    t.add_argument("--min-bytes", type=nonnegative_int, default=None,
+                   help="smallest activation the agent may act on (default 1 MiB)")
+    t.add_argument("--seed", type=int, default=0, help="seed for the network, exploration and minibatches")
+    t.add_argument("-o", "--output", type=output_file, required=True, help="weights file to write (JSON)")
+    add_json_flag(t)
+    t.set_defaults(func=run_train)
+
+
+def run_train(args) -> int:
+    """Train, write the weights and print what each (trace, budget) reached."""
+    from ..cli import emit_json
+    from ..planners.dqn import DEFAULT_MIN_BYTES, train_weights
+    from ..planners.dqn.net import save_weights
+    from ..planners.dqn.train import TrainConfig
+    from ..tracing.formats import load_any
+    from ..workflows.sweep import parse_budgets
+
+    problems, names = [], []
+    for path in args.traces:
+        trace = load_any(path)
+        for budget in parse_budgets(args.budgets, trace.peak_load_bytes):
+            problems.append((trace, budget))
+            names.append((path, budget, trace.peak_load_bytes))
+    config = TrainConfig(episodes=args.episodes, time_limit_s=args.time_limit, seed=args.seed)
+    min_bytes = DEFAULT_MIN_BYTES if args.min_bytes is None else args.min_bytes
+    net, report = train_weights(problems, args.device, init=args.init, config=config, min_bytes=min_bytes,
+                                progress=not args.json and sys.stderr.isatty())
+    rows = [{"trace": path, "budget_bytes": budget, "budget_share": budget / peak,
+             "best_overhead": None if best is None else best.overhead}
+            for (path, budget, peak), best in zip(names, report.best)]
+    summary = {"output": str(args.output), "episodes": report.episodes, "steps": report.steps,
+               "wall_s": report.wall_s, "device": args.device, "seed": args.seed, "problems": rows}
+    save_weights(net, args.output, meta={k: v for k, v in summary.items() if k != "output"})
+    if args.json:
+        emit_json(summary)
+    else:
+        _print(summary)
+    return 0
+
+
+def _print(summary: dict) -> None:
+    print(f"trained {summary['episodes']} episodes ({summary['steps']} steps) in {summary['wall_s']:.1f} s; "
+          f"weights written to {summary['output']}")
+    for row in summary["problems"]:
+        best = "no plan" if row["best_overhead"] is None else f"{row['best_overhead'] * 100:.2f}%"
+        print(f"  {row['trace']} at {format_bytes(row['budget_bytes'])} ({row['budget_share'] * 100:.0f}%): "
+              f"best overhead {best}")

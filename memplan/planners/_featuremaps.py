@@ -7,7 +7,7 @@ its last forward access to its first backward access. A swap's prefetch is issue
 `lead` backward layers (`Trace.layers`) before the layer that needs it: HOME's Fig. 4
 issues PRE2 when BWD4 starts for BWD3.
 
-A policy becomes decisions through one rule set (`decisions_for`), so that every policy,
+A policy becomes decisions through one rule set (`Decoder`), so that every policy,
 random ones included, is a plan the validator accepts:
 - recompute only storages the trace can rebuild, and whose lineage inputs are not written
   again before the recomputation (RECOMPUTE_INPUT_OVERWRITTEN);
@@ -31,7 +31,6 @@ from ..sim.chains import MAX_CHAIN_DEPTH
 from ..sim.memo import ProbeMemo
 
 KEEP, SWAP, RECOMPUTE = 0, 1, 2  # HOME's policy values (paper 004 §3.3)
-ACTION_NAMES = ("keep", "swap", "recompute")
 DEFAULT_MIN_BYTES = 1 << 20  # smaller activations stay resident: a copy's latency would cost more than they save
 DEFAULT_LEAD = 1  # backward layers between a prefetch and the layer that needs it (HOME Fig. 4)
 # Rebuilds nested deeper than this keep the storage instead: well inside the depth the simulator
@@ -102,11 +101,6 @@ def can_replay(trace: Trace, sid: int, before: int) -> bool:
             if r != sid and any(j < w < before for w in trace.writers[r]):
                 return False
     return True
-
-
-def decisions_for(fm: FeatureMaps, policy: np.ndarray, lead: int = DEFAULT_LEAD) -> tuple[Decision, ...]:
-    """The decisions of a policy vector, by the rules of the module docstring (see `Decoder`)."""
-    return Decoder(fm, lead)(policy)
 
 
 class Decoder:

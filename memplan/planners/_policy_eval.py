@@ -19,7 +19,7 @@ from ..sim.validate import static_load
 from ._featuremaps import DEFAULT_LEAD, Decoder, FeatureMaps
 
 INFEASIBLE = 1e3  # scores from here up are infeasible policies (overheads stay far below: 1e3 = 100,000%)
-CAP_RESOLUTION = 1 << 20  # bytes: how closely `smallest_cap` brackets the smallest budget a plan fits
+CAP_RESOLUTION = 1e-3  # how closely `smallest_cap` brackets the smallest budget a plan fits (share of its peak)
 
 
 class PolicyEvaluator:
@@ -33,7 +33,7 @@ class PolicyEvaluator:
         self.memo: dict[bytes, float] = {}
 
     def plan(self, policy: np.ndarray) -> Plan:
-        """The plan of a policy (`memplan.planners._featuremaps.decisions_for`)."""
+        """The plan of a policy (`memplan.planners._featuremaps.Decoder`)."""
         return Plan(decisions=self.decode(policy))
 
     def __call__(self, policy: np.ndarray) -> float:
@@ -55,11 +55,12 @@ class PolicyEvaluator:
         return INFEASIBLE + int(static_load(self.fm.trace, plan.decisions).max()) / self.budget_bytes
 
 
-def smallest_cap(simulator: Simulator, plan: Plan, above: int, resolution: int = CAP_RESOLUTION) -> int:
-    """About the smallest budget over `above` under which the simulator runs `plan` (bisection to
-    `resolution` bytes between `above` and the plan's peak without a cap, where it always runs):
+def smallest_cap(simulator: Simulator, plan: Plan, above: int) -> int:
+    """About the smallest budget over `above` under which the simulator runs `plan` (bisection
+    between `above` and the plan's peak without a cap, where it always runs, to CAP_RESOLUTION):
     what a planner names as the smallest load it reaches when `above` does not fit."""
     lo, hi = above, simulator.run(plan, None).peak_load_bytes
+    resolution = max(1, int(hi * CAP_RESOLUTION))
     while hi - lo > resolution:
         mid = (lo + hi) // 2
         if simulator.run(plan, mid).feasible:

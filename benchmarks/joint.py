@@ -53,6 +53,8 @@ TABLE2_PLANNERS = ("none", "superneurons", "capuchin", "home:fast")
 TABLE2_HOME = {"time_limit_s": 10.0, "particles": 100}  # ~20 batches probed per model
 TABLE2_LIMIT = 16384  # largest batch probed
 PARALLEL_PARTICLES = 100
+# What a reduced run changed (set from the command line; empty: the full benchmark as the issue asks).
+REDUCED: dict = {}
 log = logging.getLogger("joint")
 
 
@@ -95,6 +97,8 @@ def timed_plan(trace, budget, name: str, cost: Cost, **params) -> dict:
 
 
 def _pct(row: dict | None) -> str:
+    if row and not row.get("feasible") and row.get("min_feasible_bytes"):
+        return f"does not fit (from {row['min_feasible_bytes'] / GIB:.2f} GiB)"
     return "—" if not row or not row.get("feasible") else f"{row['overhead']:.1%}"
 
 
@@ -123,19 +127,30 @@ def targets(device: str) -> None:
     rows = []
     for label, budget in cases.items():
         for name in NEW:
-            row = timed_plan(trace, int(budget), name, cost)
+            row = timed_plan(trace, int(budget), name, cost, **(_home_targets() if name == "home" else {}))
             rows.append({"case": label, "budget_bytes": int(budget), "goal": goals[label], **row})
             log.info("%s %s: %s", label, name, {k: v for k, v in row.items() if k != "history"})
     home = next(r for r in rows if r["planner"] == "home" and r["case"] == "1/2 of the peak" and r.get("history"))
     plot_history("home on resnet50@256 at 1/2 of the peak (simulated, h100)", home["history"],
                  RESULTS / "joint_home_convergence.png")
-    _write("targets", {"device": device, "peak_bytes": trace.peak_load_bytes, "sqrt_n": sqrt_n, "rows": rows},
-           _targets_md(trace, sqrt_n, rows, device))
+    _write("targets", {"device": device, "peak_bytes": trace.peak_load_bytes, "sqrt_n": sqrt_n, "rows": rows,
+                       "home_params": _home_targets(), "reduced": REDUCED},
+           _targets_md(trace.peak_load_bytes, sqrt_n, rows, device))
 
 
-def _targets_md(trace, sqrt_n: dict, rows: list[dict], device: str) -> str:
-    out = [f"resnet50 batch 256, peak {trace.peak_load_bytes / GIB:.2f} GiB; sqrt-n: peak "
-           f"{sqrt_n['peak_bytes'] / GIB:.2f} GiB, overhead {sqrt_n['overhead']:.1%} (simulated, `{device}`).\n",
+def _home_targets() -> dict:
+    """home's parameters in the targets section: its defaults unless a reduced run sets particles."""
+    return {"particles": REDUCED["home_particles"]} if "home_particles" in REDUCED else {}
+
+
+def _reduced_line() -> str:
+    return f"Reduced run: {REDUCED}.\n" if REDUCED else ""
+
+
+def _targets_md(peak_bytes: int, sqrt_n: dict, rows: list[dict], device: str) -> str:
+    out = [(f"resnet50 batch 256, peak {peak_bytes / GIB:.2f} GiB; sqrt-n: peak "
+            f"{sqrt_n['peak_bytes'] / GIB:.2f} GiB, overhead {sqrt_n['overhead']:.1%} (simulated, `{device}`).\n"),
+           _reduced_line() + f"home: {_home_targets() or 'defaults (500 particles x 500 iterations)'}.\n",
            "| budget | goal | planner | overhead | met | swaps | recomputes | planning s (wall) | CPU s | load avg |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -146,6 +161,24 @@ def _targets_md(trace, sqrt_n: dict, rows: list[dict], device: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def home_defaults(device: str) -> None:
+    """home with its defaults (500 particles x 500 iterations) at 1/2 of resnet50@256's peak only:
+    the planning-time target's case, for when targets ran with fewer particles."""
+    trace = traced("resnet50", 256)
+    budget = trace.peak_load_bytes // 2
+    row = timed_plan(trace, budget, "home", Cost.for_trace(trace, device))
+    history = row.pop("history", None)
+    if history:
+        plot_history("home (defaults) on resnet50@256 at 1/2 of the peak (simulated, h100)", history,
+                     RESULTS / "joint_home_defaults_convergence.png")
+    head = f"home with its defaults on resnet50@256 at 1/2 of the peak ({budget / GIB:.2f} GiB), simulated on `{device}`.\n"
+    cells = [_pct(row), row.get("swaps"), row.get("recomputes"), row.get("wall_s"), row.get("cpu_s"), row.get("load_avg")]
+    out = [head, "| overhead | swaps | recomputes | planning s (wall) | CPU s | load avg |", "|---|---|---|---|---|---|",
+           "| " + " | ".join(map(str, cells)) + " |"]
+    _write("home_defaults", {"device": device, "budget_bytes": budget, "row": row, "history": history},
+           "\n".join(out) + "\n")
+
+
 # --- pareto --------------------------------------------------------------------------------------------
 
 
@@ -153,13 +186,13 @@ def pareto(device: str) -> None:
     """Every model and budget: the best new planner against the best baseline (and milp if present)."""
     milp = _milp_rows()
     data = []
-    for item in PARETO_MODELS:
+    for item in REDUCED.get("models", PARETO_MODELS):
         model, batch = _split(item)
         trace = traced(model, batch)
         cost = Cost.for_trace(trace, device)
-        for share in PARETO_BUDGETS:
+        for share in REDUCED.get("budgets", PARETO_BUDGETS):
             budget = int(share * trace.peak_load_bytes)
-            params = {"home:fast": PARETO_HOME}
+            params = {"home:fast": _pareto_home()}
             rows = {name: timed_plan(trace, budget, name, cost, **params.get(name, {}))
                     for name in NEW[1:] + BASELINES}  # home:fast (a time limit) stands for home here
             for row in rows.values():
@@ -168,14 +201,18 @@ def pareto(device: str) -> None:
                          "rows": rows, "milp": milp.get((item, share))})
             log.info("%s at %.0f%%: %s", item, 100 * share, {k: _pct(v) for k, v in rows.items()})
     _pareto_plot(data)
-    _write("pareto", {"device": device, "home_params": PARETO_HOME, "cells": data}, _pareto_md(data, device))
+    _write("pareto", {"device": device, "home_params": _pareto_home(), "reduced": REDUCED, "cells": data}, _pareto_md(data, device))
+
+
+def _pareto_home() -> dict:
+    return {"time_limit_s": REDUCED.get("fast_limit_s", PARETO_HOME["time_limit_s"])}
 
 
 def _best(rows: dict, names) -> tuple[str, dict | None]:
     fits = [(r["overhead"], n) for n, r in rows.items() if n in names and r.get("feasible")]
     if not fits:
         return "—", None
-    overhead, name = min(fits)
+    _, name = min(fits)
     return name, rows[name]
 
 
@@ -183,7 +220,8 @@ def _pareto_md(data: list[dict], device: str) -> str:
     with_milp = any(c["milp"] for c in data)
     head = ["model", "budget", "best new", "its overhead", "best baseline", "its overhead", "new <= baseline"]
     head += ["milp", "milp gap"] if with_milp else []
-    out = [f"Simulated on `{device}`; home:fast with a {PARETO_HOME['time_limit_s']:g} s limit stands for home.\n",
+    out = [_reduced_line() + f"Simulated on `{device}`; home:fast with a {_pareto_home()['time_limit_s']:g} s limit "
+           "stands for home.\n",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in data:
         new, new_row = _best(c["rows"], NEW)
@@ -208,9 +246,9 @@ def _milp_rows() -> dict:
 
 
 def _pareto_plot(data: list[dict]) -> None:
-    fig, axes = new_figure(12, 8)
+    fig, _ = new_figure(12, 8)
     fig.clf()
-    for i, item in enumerate(PARETO_MODELS):
+    for i, item in enumerate(REDUCED.get("models", PARETO_MODELS)):
         ax = fig.add_subplot(2, 2, i + 1)
         cells = [c for c in data if c["model"] == item]
         for name in NEW[1:] + BASELINES:
@@ -282,9 +320,9 @@ def evaluator(device: str) -> None:
     rows["  of which kernel and result"] = rows["simulate, chains reused (memplan.sim.memo)"] \
         - rows["  of which plan preparation"]
     forward = float(np.mean(fm.out_after / len(trace.ops)))
-    out = [f"resnet50@256 at 1/2 of its peak, {len(fm)} feature maps; 400 policies, each a random one with one "
-           f"entry changed (what Algorithm 3 evaluates); least CPU time of 5 passes, load average "
-           f"{os.getloadavg()[0]:.1f}.\n", "| part | ms per evaluation |", "|---|---|"]
+    out = [(f"resnet50@256 at 1/2 of its peak, {len(fm)} feature maps; 400 policies, each a random one with one "
+            f"entry changed (what Algorithm 3 evaluates); least CPU time of 5 passes, load average "
+            f"{os.getloadavg()[0]:.1f}.\n"), "| part | ms per evaluation |", "|---|---|"]
     out += [f"| {k} | {v:.3f} |" for k, v in rows.items()]
     out.append(f"\nA feature map's decision first matters at its last forward access, on average {forward:.0%} "
                f"into the ops: resuming the kernel there would skip at most that share of the kernel's time.")
@@ -325,19 +363,19 @@ def parallel(device: str) -> None:
     trace = traced("resnet50", 256)
     cost = Cost.for_trace(trace, device)
     budget = trace.peak_load_bytes // 2
-    rows = []
+    rows, particles = [], REDUCED.get("parallel_particles", PARALLEL_PARTICLES)
     real = _home_workers.make_chunks
     for label, workers in (("1 process", 1), ("2 processes", 2), ("2 threads", 2)):
         if label.endswith("threads"):
             home_module.make_chunks = lambda score, policies, w: [_ThreadChunk(score, b)
                                                                    for b in np.array_split(policies, w)]
         try:
-            row = timed_plan(trace, budget, "home", cost, particles=PARALLEL_PARTICLES, workers=workers)
+            row = timed_plan(trace, budget, "home", cost, particles=particles, workers=workers)
         finally:
             home_module.make_chunks = real
         rows.append({"mode": label, **{k: v for k, v in row.items() if k != "history"}})
         log.info("%s: %s", label, rows[-1])
-    out = [f"home, {PARALLEL_PARTICLES} particles, resnet50@256 at 1/2 of the peak: the same search three ways.\n",
+    out = [_reduced_line() + f"home, {particles} particles, resnet50@256 at 1/2 of the peak: the same search three ways.\n",
            "| mode | overhead | planning s (wall) | CPU s | load avg |", "|---|---|---|---|---|"]
     out += [f"| {r['mode']} | {_pct(r)} | {r['wall_s']} | {r['cpu_s']} | {r['load_avg']} |" for r in rows]
     _write("parallel", {"device": device, "rows": rows}, "\n".join(out) + "\n")
@@ -391,37 +429,46 @@ def table2(device: str) -> None:
     """The largest batch that fits TABLE2_MEMORY, per model and planner, with simulated throughput."""
     rows = []
     for label, (model, options) in TABLE2_MODELS.items():
+        if label not in REDUCED.get("table2_models", TABLE2_MODELS):
+            continue
         for name in TABLE2_PLANNERS:
-            fits_at: dict[int, dict] = {}
-
-            def fits(batch: int) -> bool:
-                trace = traced(model, batch, **options)
-                params = TABLE2_HOME if name.startswith("home") else {}
-                row = timed_plan(trace, TABLE2_MEMORY, name, Cost.for_trace(trace, device), **params)
-                ok = row.get("feasible", False) and row["peak_bytes"] <= TABLE2_MEMORY
-                if ok:
-                    fits_at[batch] = row
-                return ok
-
-            best = search(fits, TABLE2_LIMIT)
-            row = fits_at.get(best, {})
+            best, row = _largest_batch(model, options, name, device)
             throughput = best / row["time_s"] if best else 0.0
             rows.append({"model": label, "planner": name, "max_batch": best, "throughput": throughput,
                          "overhead": row.get("overhead"), "time_s": row.get("time_s")})
             log.info("%s %s: batch %d, %.0f samples/s", label, name, best, throughput)
-    _write("table2", {"device": device, "memory_bytes": TABLE2_MEMORY, "home_params": TABLE2_HOME, "rows": rows},
+    _write("table2", {"device": device, "memory_bytes": TABLE2_MEMORY, "home_params": TABLE2_HOME, "reduced": REDUCED,
+                      "rows": rows},
            _table2_md(rows, device))
+
+
+def _largest_batch(model, options: dict, name: str, device: str) -> tuple[int, dict]:
+    """The largest batch whose plan by `name` fits TABLE2_MEMORY, and that plan's row."""
+    fits_at: dict[int, dict] = {}
+    params = TABLE2_HOME if name.startswith("home") else {}
+
+    def fits(batch: int) -> bool:
+        trace = traced(model, batch, **options)
+        row = timed_plan(trace, TABLE2_MEMORY, name, Cost.for_trace(trace, device), **params)
+        ok = row.get("feasible", False) and row["peak_bytes"] <= TABLE2_MEMORY
+        if ok:
+            fits_at[batch] = row
+        return ok
+
+    best = search(fits, TABLE2_LIMIT)
+    return best, fits_at.get(best, {})
 
 
 def _table2_md(rows: list[dict], device: str) -> str:
     names = TABLE2_PLANNERS
     head = ["model"] + [f"max batch {n}" for n in names] + [f"samples/s {n}" for n in names]
     head += ["paper batch PyT./Cap./HOME"]
-    out = [f"Largest batch under {TABLE2_MEMORY / GIB:g} GiB, simulated on `{device}` (throughput = batch / simulated "
-           f"iteration time at that batch); home:fast with {TABLE2_HOME}.\n",
+    out = [(f"Largest batch under {TABLE2_MEMORY / GIB:g} GiB, simulated on `{device}` (throughput = batch / "
+            f"simulated iteration time at that batch); home:fast with {TABLE2_HOME}.\n"),
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out[0] = _reduced_line() + out[0]
     ratios = []
-    for label in TABLE2_MODELS:
+    for label in dict.fromkeys(r["model"] for r in rows):
         by = {r["planner"]: r for r in rows if r["model"] == label}
         line = [label] + [str(by[n]["max_batch"]) for n in names] + [f"{by[n]['throughput']:.0f}" for n in names]
         line.append("/".join(map(str, PAPER_TABLE2[label])))
@@ -430,22 +477,49 @@ def _table2_md(rows: list[dict], device: str) -> str:
             ratios.append({n: by[n]["max_batch"] / by["none"]["max_batch"] for n in names})
     if ratios:
         mean = {n: float(np.mean([r[n] for r in ratios])) for n in names}
+        if any(r["max_batch"] >= TABLE2_LIMIT for r in rows):
+            out.append(f"\n{TABLE2_LIMIT} is the largest batch probed: there the ratio is a lower bound.")
         out.append("\nMean batch over none's: " + ", ".join(f"{n} {v:.2f}x" for n, v in mean.items())
                    + " (paper: Capuchin 1.97x, HOME 2.2x).")
     return "\n".join(out) + "\n"
 
 
-SECTIONS = {"targets": targets, "pareto": pareto, "evaluator": evaluator, "parallel": parallel, "table2": table2}
+SECTIONS = {"targets": targets, "home_defaults": home_defaults, "pareto": pareto, "evaluator": evaluator, "parallel": parallel, "table2": table2}
+
+
+def render(section: str) -> None:
+    """Rewrite joint_<section>.md from its .json (targets, pareto), e.g. after a change of format."""
+    data = json.loads((RESULTS / f"joint_{section}.json").read_text())
+    REDUCED.clear()
+    REDUCED.update(data.get("reduced") or {})
+    if section == "targets":
+        md = _targets_md(data["peak_bytes"], data["sqrt_n"], data["rows"], data["device"])
+    else:
+        md = _pareto_md(data["cells"], data["device"])
+    atomic_write_text(RESULTS / f"joint_{section}.md", md)
+    print(md)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="h100")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--render", action="store_true", help="rewrite the --only sections' .md from their .json")
+    reduced = parser.add_argument_group("a reduced run (recorded in the results)")
+    reduced.add_argument("--home-particles", type=int, help="home's particles in targets (default 500)")
+    reduced.add_argument("--models", help="comma-separated model@batch for pareto")
+    reduced.add_argument("--budgets", help="comma-separated budget shares for pareto")
+    reduced.add_argument("--fast-limit-s", type=float, help="home:fast's time limit in pareto")
+    reduced.add_argument("--parallel-particles", type=int, help="particles in parallel")
+    reduced.add_argument("--table2-models", help="comma-separated HOME Table 2 models")
     args = parser.parse_args()
+    for key, value in vars(args).items():
+        if value is not None and key not in ("device", "only", "render"):
+            REDUCED[key] = value.split(",") if key in ("models", "table2_models") else \
+                [float(v) for v in value.split(",")] if key == "budgets" else value
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for name in args.only.split(","):
-        SECTIONS[name](args.device)
+        render(name) if args.render else SECTIONS[name](args.device)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ nothing that is returned, and is skipped.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

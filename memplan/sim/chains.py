@@ -75,7 +75,8 @@ def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.nd
         if memo is None:
             made = _op_chains(trace, op, targets, probe, durations)
         else:
-            made = memo.compute((op, targets), probe, lambda asked: _op_chains(trace, op, targets, asked, durations))
+            made = memo.compute((op, targets), probe,
+                                lambda asked, op=op, targets=targets: _op_chains(trace, op, targets, asked, durations))
         chains.update(zip(group, made))
     return chains
 

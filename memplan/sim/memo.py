@@ -13,14 +13,14 @@ compute, as long as it is deterministic given its key and the answers.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 MISS = object()  # what `lookup` returns when the computation has to run
 DEFAULT_LIMIT = 200_000  # nodes kept before the memo starts over (bounds its memory)
 
 
 class _Node:
-    __slots__ = ("item", "children", "value")
+    __slots__ = ("children", "item", "value")
 
     def __init__(self):
         self.item = MISS  # the probe asked here (MISS at a leaf)

@@ -9,11 +9,17 @@ Sections (all simulated on one device profile, default h100; traces with fake te
   evaluator one policy evaluation, in parts: decoding, plan preparation with the simulator's
             memos cold and warm, the kernel; and what resuming the kernel at the first changed
             decision could save at most
+  home_defaults  home with its defaults at 1/2 of resnet50@256's peak only (when targets ran reduced)
   parallel  home's particles over 1 process, 2 processes and 2 threads (same search, same result)
   table2    HOME Table 2: the largest batch under an 11 GiB budget per planner on HOME's six
             CIFAR models, with the simulated throughput there
 
-    .venv/bin/python benchmarks/joint.py [--only targets,pareto,parallel,table2] [--device h100]
+    .venv/bin/python benchmarks/joint.py [--only targets,home_defaults,pareto,evaluator,parallel,table2]
+        [--device h100] [--home-particles N] [--models M@B,...] [--budgets 0.9,...] [--fast-limit-s S]
+        [--parallel-particles N] [--table2-models NAME,...] [--render]
+
+The reduced-run options shrink a section and are recorded in its results ("reduced"); --render
+rewrites the targets or pareto markdown from its JSON.
 
 Writes benchmarks/results/joint_<section>.{json,md} (and .png). Planning times are wall-clock
 seconds on this host with the load average and the CPU seconds (process and workers) next to them.

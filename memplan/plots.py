@@ -59,3 +59,24 @@ def plot_load_curves(title: str, trace, cost, results: dict, path: str | os.Path
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)
     save_figure(fig, path)
+
+
+def plot_history(title: str, history: dict, path: str | os.PathLike) -> None:
+    """A search's convergence (`Plan.history`): every series against the search step, in percent.
+
+    Args:
+        title: figure title.
+        history: {"xlabel", "ylabel", "series": {name: values (None where undefined)}, "converged_at"}.
+        path: PNG file to write.
+    """
+    fig, ax = new_figure(7.0, 4.0)
+    for name, values in history["series"].items():
+        y = np.array([np.nan if v is None else 100.0 * v for v in values])
+        ax.plot(np.arange(1, len(y) + 1), y, lw=1.2, label=name)
+    if history.get("converged_at"):
+        ax.axvline(history["converged_at"], color="grey", ls=":", lw=1, label="no particle moves from here")
+    ax.set_xlabel(history.get("xlabel", "step"))
+    ax.set_ylabel(f"{history.get('ylabel', 'score')} (%)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)

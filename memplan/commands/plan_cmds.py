@@ -30,6 +30,8 @@ def add_parser(sub) -> None:
                    help="planner hyper-parameters (int, float, true/false, else string)")
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
     p.add_argument("-o", "--output", type=output_file, required=True, help="plan file to write (JSON)")
+    p.add_argument("--plot", type=output_file, default=None,
+                   help="write a PNG of the planner's search convergence (planners that search record one, e.g. home)")
     add_json_flag(p)
     p.set_defaults(func=run_plan)
 
@@ -105,7 +107,16 @@ def run_plan(args) -> int:
         head = "; ".join(str(v) for v in violations[:SHOWN_VIOLATIONS])
         return _internal_error(args, summary, f"it produced an invalid plan ({len(violations)} violations; "
                                               f"not written): {head}", violations=violations)
+    if args.plot and not result.history.get("series"):
+        raise MemplanError(f"planner {args.planner!r} records no search history to plot (search planners such as "
+                           f"home do); nothing written")
     write_plan(result, args.output)
+    if args.plot:
+        from ..plots import plot_history
+
+        plot_history(f"{args.planner} at {_budget(result.budget_bytes, trace.peak_load_bytes)}", result.history,
+                     args.plot)
+        summary["plot"] = str(args.plot)
     summary["output"] = str(args.output)
     if args.json:
         emit_json(summary)

@@ -22,11 +22,13 @@ runs.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..model import Decision, Trace
+from ..model import Trace
+from .memo import ProbeMemo
 
 MAX_CHAIN_DEPTH = 64  # rebuilds nested deeper than this are not followed (a broken plan, not a real chain)
 
@@ -51,52 +53,68 @@ class Chain:
     transient_bytes: int  # freed as soon as it is done (the largest replayed op's discarded outputs)
     frees: tuple[int, ...] = ()  # temporary inputs (its own or earlier chains') last read by it
     free_bytes: int = 0  # freed when it is done: transient_bytes plus the bytes of `frees`
+    inputs: frozenset = frozenset()  # resident storages it reads (everything read that it does not rebuild)
 
 
-def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.ndarray) -> dict[int, Chain]:
-    """The chain of every recompute decision (by index), in the order the simulator runs them."""
+def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.ndarray,
+                memo: ProbeMemo | None = None) -> dict[int, Chain]:
+    """The chain of every recompute decision (by index), in the order the simulator runs them.
+
+    The chains due at one op depend on the rest of the plan only through which storages
+    are resident there; with `memo` (one per trace and durations), they are reused while
+    those answers are the same.
+    """
     recomputes = [k for k, d in enumerate(decisions) if d.action == "recompute"]
     away = _recompute_gaps([decisions[k] for k in recomputes])
     order = sorted(recomputes, key=lambda k: (decisions[k].back_before, producers[decisions[k].storage], k))
     chains: dict[int, Chain] = {}
-    done: dict[int, set] = {}  # per op: storages its chains rebuilt so far
-    pending: dict[int, set] = {}  # per op: targets whose chain has not run yet
-    for k in order:
-        pending.setdefault(decisions[k].back_before, set()).add(decisions[k].storage)
-    for k in order:
-        d = decisions[k]
-        rebuilt, waiting = done.setdefault(d.back_before, set()), pending[d.back_before]
-        waiting.discard(d.storage)
-        if d.storage in rebuilt:  # an earlier chain's replay made it
-            chains[k] = Chain(steps=(), adopted=(), seconds=0.0, alloc_bytes=0, transient_bytes=0)
+    for op, group in itertools.groupby(order, key=lambda k: decisions[k].back_before):
+        group = list(group)
+        targets = tuple(decisions[k].storage for k in group)
+        probe = _resident_probe(trace, op, away, memo.facts if memo is not None else {})
+        if memo is None:
+            made = _op_chains(trace, op, targets, probe, durations)
+        else:
+            made = memo.compute((op, targets), probe,
+                                lambda asked, op=op, targets=targets: _op_chains(trace, op, targets, asked, durations))
+        chains.update(zip(group, made))
+    return chains
+
+
+def _op_chains(trace: Trace, op: int, targets: tuple[int, ...], resident_at, durations) -> tuple[Chain, ...]:
+    """The chains of the recomputations due at `op`, in the order they run (they share rebuilt inputs)."""
+    rebuilt: set = set()  # storages the chains so far rebuilt
+    waiting = set(targets)  # targets whose chain has not run yet
+    out = []
+    for sid in targets:
+        waiting.discard(sid)
+        if sid in rebuilt:  # an earlier chain's replay made it
+            out.append(Chain(steps=(), adopted=(), seconds=0.0, alloc_bytes=0, transient_bytes=0))
             continue
-        chains[k] = _chain(trace, d, away, rebuilt, waiting, durations)
-    return _with_frees(trace, chains, order, decisions)
+        out.append(_chain(trace, sid, op, resident_at, rebuilt, waiting, durations))
+    return _with_frees(trace, out)
 
 
-def _with_frees(trace: Trace, chains: dict[int, Chain], order: list[int], decisions) -> dict[int, Chain]:
-    """Each temporary input freed after the last chain of its op that reads it."""
-    frees: dict[int, list[int]] = {}
-    last: dict[int, int] = {}  # temporary storage of the current op -> the chain that reads it last
-    for i, k in enumerate(order):
-        chain = chains[k]
+def _with_frees(trace: Trace, chains: list[Chain]) -> tuple[Chain, ...]:
+    """Each temporary input of one op's chains freed after the last of them that reads it."""
+    frees: list[list[int]] = [[] for _ in chains]
+    last: dict[int, int] = {}  # temporary storage -> the chain that reads it last
+    for i, chain in enumerate(chains):
         made = {s.storage for s in chain.steps if s.temporary}
         for storage in made | (chain_reads(trace, chain) & set(last)):
-            last[storage] = k
-        if i + 1 == len(order) or decisions[order[i + 1]].back_before != decisions[k].back_before:
-            for storage, owner in last.items():
-                frees.setdefault(owner, []).append(storage)
-            last = {}
+            last[storage] = i
+    for storage, owner in last.items():
+        frees[owner].append(storage)
     nbytes = trace.nbytes
-    return {k: replace(c, frees=tuple(sorted(frees.get(k, ()))),
-                       free_bytes=c.transient_bytes + sum(int(nbytes[s]) for s in frees.get(k, ())))
-            for k, c in chains.items()}
+    return tuple(replace(c, frees=tuple(sorted(f)), free_bytes=c.transient_bytes + sum(int(nbytes[s]) for s in f),
+                         inputs=frozenset(chain_reads(trace, c) - {step.storage for step in c.steps}))
+                 for c, f in zip(chains, frees))
 
 
-def _chain(trace: Trace, d: Decision, away, rebuilt: set, waiting: set, durations) -> Chain:
+def _chain(trace: Trace, sid: int, op: int, resident_at, rebuilt: set, waiting: set, durations) -> Chain:
     steps: list[ChainStep] = []
-    rebuilt.add(d.storage)
-    _visit(trace, d.storage, d.back_before, away, steps, rebuilt, temporary=False, depth=0)
+    rebuilt.add(sid)
+    _visit(trace, sid, op, resident_at, steps, rebuilt, temporary=False, depth=0)
     nbytes = trace.nbytes
     adopted, transient = [], 0
     for step in steps:
@@ -113,18 +131,19 @@ def _chain(trace: Trace, d: Decision, away, rebuilt: set, waiting: set, duration
                     made += int(nbytes[w])
             transient = max(transient, made)
     temporary = sum(int(nbytes[s.storage]) for s in steps if s.temporary)
-    kept = int(nbytes[d.storage]) + sum(int(nbytes[w]) for w in adopted)
+    kept = int(nbytes[sid]) + sum(int(nbytes[w]) for w in adopted)
     return Chain(steps=tuple(steps), adopted=tuple(adopted), seconds=float(sum(durations[j] for s in steps for j in s.ops)),
                  alloc_bytes=kept + temporary + transient, transient_bytes=transient)
 
 
-def _visit(trace: Trace, sid: int, before: int, away, steps: list, seen: set, *, temporary: bool, depth: int) -> None:
+def _visit(trace: Trace, sid: int, before: int, resident_at, steps: list, seen: set, *, temporary: bool,
+           depth: int) -> None:
     ops, inputs = trace.lineage(sid, before)
-    if depth < MAX_CHAIN_DEPTH:
-        for r in inputs:
-            if r not in seen and not resident(trace, r, before, away):
+    if depth < MAX_CHAIN_DEPTH and inputs:
+        for r, here in zip(inputs, resident_at(inputs)):  # one question for all inputs (memplan.sim.memo)
+            if r not in seen and not here:
                 seen.add(r)
-                _visit(trace, r, before, away, steps, seen, temporary=True, depth=depth + 1)
+                _visit(trace, r, before, resident_at, steps, seen, temporary=True, depth=depth + 1)
     steps.append(ChainStep(storage=sid, ops=ops, temporary=temporary))
 
 
@@ -134,23 +153,30 @@ def _made_by(trace: Trace, sid: int, op: int) -> bool:
     return not s.persistent and s.alloc_op == op
 
 
-def resident(trace: Trace, sid: int, op: int, away) -> bool:
-    """Alive at `op` and not recomputed away there (swapped-away inputs are the plan's
-    business: the validator rejects a recomputation that reads one)."""
-    s = trace.storages[sid]
-    if not s.alloc_op <= op < s.free_op:
-        return False
-    return not any(lo < op < hi for lo, hi in away.get(sid, ()))
-
-
 def chain_reads(trace: Trace, chain: Chain) -> set[int]:
     """Every storage the chain's replayed ops read."""
     return {r for step in chain.steps for j in step.ops for r in trace.ops[j].reads}
 
 
-def chain_inputs(trace: Trace, chain: Chain) -> set[int]:
-    """Resident storages the chain reads (everything read that it does not rebuild)."""
-    return chain_reads(trace, chain) - {step.storage for step in chain.steps}
+def _resident_probe(trace: Trace, op: int, away, alive: dict):
+    """The memo's probe at `op`: for each of a tuple of storages, whether it is resident then: alive
+    and not recomputed away there (swapped-away inputs are the plan's business: the validator
+    rejects a recomputation that reads one).
+
+    `alive` caches, per (op, storages), whether each is in its lifetime then (it never changes):
+    for the usual tuple, none of which a recompute takes away, that is the answer.
+    """
+    storages = trace.storages
+
+    def probe(sids: tuple[int, ...]) -> tuple[bool, ...]:
+        here = alive.get((op, sids))
+        if here is None:
+            here = alive[(op, sids)] = tuple(storages[s].alloc_op <= op < storages[s].free_op for s in sids)
+        if away.keys().isdisjoint(sids):
+            return here
+        return tuple(a and not any(lo < op < hi for lo, hi in away.get(s, ())) for s, a in zip(sids, here))
+
+    return probe
 
 
 def _recompute_gaps(decisions) -> dict[int, list[tuple[int, int]]]:

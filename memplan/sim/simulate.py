@@ -44,6 +44,7 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -55,10 +56,12 @@ from ..units import parse_budget
 from . import _kernel as K
 from .chains import chain_inputs, plan_chains
 from .convview import conv_view
+from .memo import ProbeMemo
 from .result import SimResult
 
 UNLIMITED = np.iinfo(np.int64).max // 4
 NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
+RECENT_CHAINS = 4096  # plans' recompute chains kept by their recompute decisions
 
 
 def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile = "h100",
@@ -122,6 +125,9 @@ class Simulator:
         # Recomputes at one op run in producer order, so a chain finds its inputs rebuilt.
         self._producers = np.array([-1 if trace.producer(s) is None else trace.producer(s)
                                     for s in range(len(trace.storages))], dtype=np.int64)
+        # Chains of plans that differ in a few decisions are mostly the same (memplan.sim.memo).
+        self._chain_memo = ProbeMemo()
+        self._recent_chains: dict[tuple, dict] = {}
         # Sequential sum, exactly as the kernel accumulates time: no plan gives time == baseline.
         self.baseline_time_s = float(self._prefix[-1])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
@@ -174,9 +180,12 @@ class Simulator:
         """Flat per-decision arrays and per-op event lists for the kernel (vectorised), and the
         recompute chains by decision."""
         trace, cost, n = self.trace, self.cost, self.trace.num_steps
-        fields = np.array([(d.storage, d.action == "recompute", d.out_after, d.back_before,
-                            NO_TRIGGER if d.trigger is None else d.trigger, d.sync, d.compress_ratio or 0.0)
-                           for d in decisions], dtype=np.float64).reshape(-1, 7)
+        # One flat iterator: numpy converts it much faster than a list of tuples (search planners
+        # prepare thousands of plans).
+        fields = np.fromiter(itertools.chain.from_iterable(
+            (d.storage, d.action == "recompute", d.out_after, d.back_before,
+             NO_TRIGGER if d.trigger is None else d.trigger, d.sync, d.compress_ratio or 0.0) for d in decisions),
+            dtype=np.float64, count=7 * len(decisions)).reshape(-1, 7)
         sid, is_rec, out_after, back, trigger = (fields[:, j].astype(np.int64) for j in range(5))
         sync, ratio = fields[:, 5].astype(np.bool_), fields[:, 6]
         trigger = np.where((trigger == NO_TRIGGER) | (is_rec == 1), back, trigger)  # = Decision.prefetch_at
@@ -193,7 +202,7 @@ class Simulator:
         absent = np.zeros(len(trace.storages), dtype=np.bool_)
         absent[sid[wrap == K.HEAD_WRAP]] = True
         chain, chain_alloc, chain_free, chains = self._chains_for(decisions, kind)
-        wait_first = self._wait_first(decisions, kind, back, chains)
+        wait_first = self._wait_first(decisions, chains)
         ids = np.arange(len(sid))
         rank = np.where(swap, -1, self._producers[sid])
         return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, chain_alloc, chain_free,
@@ -204,26 +213,33 @@ class Simulator:
 
     def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Per decision: chain seconds, bytes allocated when it starts and freed when it is done;
-        and the chains of the recompute decisions (memplan.sim.chains)."""
+        and the chains of the recompute decisions (memplan.sim.chains), reused for a plan with the
+        same recompute decisions as a recent one (search planners vary the others too)."""
+        key = tuple((k, d.storage, d.out_after, d.back_before) for k, d in enumerate(decisions)
+                    if d.action == "recompute")
+        chains = self._recent_chains.get(key)
+        if chains is None:
+            chains = plan_chains(self.trace, decisions, self._durations, self._producers, self._chain_memo) \
+                if key else {}
+            if len(self._recent_chains) >= RECENT_CHAINS:
+                self._recent_chains.clear()
+            self._recent_chains[key] = chains
         n = len(kind)
         seconds, alloc, freed = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-        chains = plan_chains(self.trace, decisions, self._durations, self._producers) \
-            if np.any(kind == K.RECOMPUTE) else {}
         for k, chain in chains.items():
             seconds[k], alloc[k], freed[k] = chain.seconds, chain.alloc_bytes, chain.free_bytes
         return seconds, alloc, freed, chains
 
-    def _wait_first(self, decisions, kind, back, chains: dict) -> np.ndarray:
+    @staticmethod
+    def _wait_first(decisions, chains: dict) -> np.ndarray:
         """Swaps whose storage lands at an op where a recomputation reads it: they land first."""
-        flags = np.zeros(len(kind), dtype=np.bool_)
         if not chains:
-            return flags
+            return np.zeros(len(decisions), dtype=np.bool_)
         read_at: dict[int, set[int]] = {}
         for k, chain in chains.items():
-            read_at.setdefault(int(back[k]), set()).update(chain_inputs(self.trace, chain))
-        for k in np.flatnonzero(kind == K.SWAP):
-            flags[k] = decisions[k].storage in read_at.get(int(back[k]), ())
-        return flags
+            read_at.setdefault(decisions[k].back_before, set()).update(chain.inputs)
+        return np.fromiter((d.action == "swap" and d.storage in read_at.get(d.back_before, ()) for d in decisions),
+                           dtype=np.bool_, count=len(decisions))
 
     # --- results ---------------------------------------------------------------------------------
 

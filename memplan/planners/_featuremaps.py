@@ -1,0 +1,188 @@
+"""Feature maps and keep/swap/recompute policies over them (HOME, Capuchin, SuperNeurons).
+
+A feature map is an activation made in forward and read again in backward (what autograd
+saved), at least `min_bytes` large; it is one storage, and one entry of a policy vector:
+KEEP (0), SWAP (1) or RECOMPUTE (2), HOME's numbering (paper 004 §3.3). Its gap runs from
+its last forward access to its first backward access. A swap's prefetch is issued
+`lead` backward layers (`Trace.layers`) before the layer that needs it: HOME's Fig. 4
+issues PRE2 when BWD4 starts for BWD3.
+
+A policy becomes decisions through one rule set (`Decoder`), so that every policy,
+random ones included, is a plan the validator accepts:
+- recompute only storages the trace can rebuild, and whose lineage inputs are not written
+  again before the recomputation (RECOMPUTE_INPUT_OVERWRITTEN);
+- a recomputation reads its lineage inputs at its op: an input recomputed away there (or
+  freed by the framework) is rebuilt with it, recursively (`memplan.sim.chains`); an input
+  swapped away there is brought back for it (its swap's gap ends at that op, HOME's
+  executor fetching the dependency the recomputation needs); a lineage that cannot be
+  rebuilt, or only deeper than the simulator follows, keeps the storage instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Decision, Trace
+from ..sim.chains import MAX_CHAIN_DEPTH
+from ..sim.memo import ProbeMemo
+
+KEEP, SWAP, RECOMPUTE = 0, 1, 2  # HOME's policy values (paper 004 §3.3)
+DEFAULT_MIN_BYTES = 1 << 20  # smaller activations stay resident: a copy's latency would cost more than they save
+DEFAULT_LEAD = 1  # backward layers between a prefetch and the layer that needs it (HOME Fig. 4)
+# Rebuilds nested deeper than this keep the storage instead: well inside the depth the simulator
+# follows, whatever order it walks a lineage in.
+MAX_DEPTH = MAX_CHAIN_DEPTH // 2
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FeatureMaps:
+    """The policy's dimensions: one entry per feature map, in forward order of production."""
+
+    trace: Trace  # the iteration
+    storage: np.ndarray  # storage ids
+    out_after: np.ndarray  # last forward access
+    back_before: np.ndarray  # first backward access
+    nbytes: np.ndarray  # sizes
+    recomputable: np.ndarray  # bool: RECOMPUTE is allowed (rebuildable, inputs not overwritten)
+    layer_starts: tuple[int, ...]  # first op of every backward layer, ascending (prefetch triggers)
+
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    def allowed(self) -> np.ndarray:
+        """(n, 3) bool: which of KEEP, SWAP, RECOMPUTE each feature map may take."""
+        out = np.ones((len(self), 3), dtype=np.bool_)
+        out[:, RECOMPUTE] = self.recomputable
+        return out
+
+    def trigger(self, k: int, back: int, lead: int = DEFAULT_LEAD) -> int:
+        """The prefetch op of feature map `k` when it must be back before op `back`."""
+        starts = self.layer_starts
+        here = bisect.bisect_right(starts, back) - 1  # the backward layer holding `back`
+        op = starts[here - lead] if here - lead >= 0 else back
+        return int(min(max(op, self.out_after[k] + 1), back))
+
+
+def feature_maps(trace: Trace, min_bytes: int = DEFAULT_MIN_BYTES) -> FeatureMaps:
+    """The feature maps of `trace`: saved activations of at least `min_bytes` with a gap."""
+    rows = []
+    for s in trace.storages:
+        if s.kind != "activation" or s.nbytes < max(min_bytes, 1):
+            continue
+        back = next((i for i in trace.accesses[s.id] if trace.ops[i].phase == "backward"), None)
+        if back is None:
+            continue
+        accesses = trace.accesses[s.id]
+        out = accesses[bisect.bisect_left(accesses, back) - 1]
+        if out + 1 < back:  # an empty gap saves nothing
+            rows.append((trace.producer(s.id) or 0, s.id, out, back))
+    rows.sort()
+    sid = np.array([r[1] for r in rows], dtype=np.int64)
+    back = np.array([r[3] for r in rows], dtype=np.int64)
+    starts = tuple(sorted(layer.ops[0] for layer in trace.layers if layer.phase == "backward"))
+    return FeatureMaps(trace=trace, storage=sid, out_after=np.array([r[2] for r in rows], dtype=np.int64),
+                       back_before=back, nbytes=trace.nbytes[sid] if len(sid) else np.zeros(0, np.int64),
+                       recomputable=np.array([can_replay(trace, int(s), int(b)) for s, b in zip(sid, back)],
+                                             dtype=np.bool_),
+                       layer_starts=starts or (0,))
+
+
+def can_replay(trace: Trace, sid: int, before: int) -> bool:
+    """True when `sid` can be rebuilt before op `before` by replaying its writers: it has a
+    producer, and no input of those writers is written again before `before`."""
+    if not trace.recomputable(sid):
+        return False
+    for j in trace.lineage(sid, before)[0]:
+        for r in trace.ops[j].reads:
+            if r != sid and any(j < w < before for w in trace.writers[r]):
+                return False
+    return True
+
+
+class Decoder:
+    """Turns policies over one trace's feature maps into decisions, by the rules of the module
+    docstring; whether a recomputation can be rebuilt is reused between policies that agree
+    on what it looks at (memplan.sim.memo), and Decision objects are made once."""
+
+    def __init__(self, fm: FeatureMaps, lead: int = DEFAULT_LEAD):
+        self.fm, self.lead = fm, lead
+        self.index = {int(s): k for k, s in enumerate(fm.storage)}
+        self._out, self._back = fm.out_after.tolist(), fm.back_before.tolist()
+        self.memo = ProbeMemo()
+        self._made: dict[tuple, Decision] = {}  # (feature map, back_before or -1 for recompute, trigger override)
+        self._replayable: dict[tuple[int, int], bool] = {}
+
+    def __call__(self, policy: np.ndarray, triggers: dict[int, int] | None = None) -> tuple[Decision, ...]:
+        """The decisions of `policy` (one of KEEP, SWAP, RECOMPUTE per feature map; RECOMPUTE only where
+        allowed); `triggers` overrides the prefetch op of some swapped feature maps (kept inside their gap)."""
+        policy = [int(a) for a in policy]  # plain lists: this runs for every policy a search scores
+        back = list(self._back)
+        recomputes = []
+        for k, action in enumerate(policy):
+            if action != RECOMPUTE:
+                continue
+            op = self._back[k]
+            probe = functools.partial(self._states, policy, op)
+            fetched = self.memo.compute(k, probe, functools.partial(self._fetched, k, op))
+            if fetched is None:
+                policy[k] = KEEP  # its lineage cannot be rebuilt: it stays, and later chains find it
+                continue
+            for j in fetched:
+                back[j] = min(back[j], op)
+            recomputes.append(k)
+        swaps = [k for k, action in enumerate(policy) if action == SWAP and self._out[k] + 1 < back[k]]
+        triggers = triggers or {}
+        return tuple([self._decision(k, -1, None) for k in recomputes]
+                     + [self._decision(k, back[k], triggers.get(k)) for k in swaps])
+
+    def _decision(self, k: int, back: int, trigger: int | None) -> Decision:
+        made = self._made.get((k, back, trigger))
+        if made is None:
+            fm = self.fm
+            if back < 0:
+                made = Decision(storage=int(fm.storage[k]), action="recompute", out_after=self._out[k],
+                                back_before=self._back[k])
+            else:
+                op = fm.trigger(k, back, self.lead) if trigger is None else min(max(trigger, self._out[k] + 1), back)
+                made = Decision(storage=int(fm.storage[k]), action="swap", out_after=self._out[k],
+                                back_before=back, trigger=op)
+            self._made[(k, back, trigger)] = made
+        return made
+
+    def _states(self, policy: list[int], op: int, ks: tuple[int, ...]) -> tuple[int, ...]:
+        """The memo's probe: per feature map, its action if it is away at `op`, else KEEP."""
+        out, back = self._out, self._back
+        return tuple(policy[k] if out[k] < op < back[k] else KEEP for k in ks)
+
+    def _fetched(self, k: int, op: int, states) -> tuple[int, ...] | None:
+        """The swapped feature maps a recomputation of feature map `k` before `op` needs back, or
+        None when its lineage cannot be rebuilt there (within MAX_DEPTH). `states` answers `_states`."""
+        trace, fetched = self.fm.trace, []
+        stack, seen = [(int(self.fm.storage[k]), 0)], {int(self.fm.storage[k])}
+        while stack:
+            node, depth = stack.pop()
+            inputs = [r for r in trace.lineage(node, op)[1] if r not in seen]
+            seen.update(inputs)
+            mapped = tuple(self.index[r] for r in inputs if r in self.index)
+            state = dict(zip(mapped, states(mapped))) if mapped else {}
+            for r in inputs:
+                s, action = trace.storages[r], state.get(self.index.get(r), KEEP)
+                alive = s.alloc_op <= op < s.free_op
+                if alive and action != RECOMPUTE:
+                    if action == SWAP:
+                        fetched.append(self.index[r])
+                    continue
+                if depth + 1 >= MAX_DEPTH or not self._can_replay(r, op):
+                    return None
+                stack.append((r, depth + 1))
+        return tuple(fetched)
+
+    def _can_replay(self, sid: int, op: int) -> bool:
+        key = (sid, op)
+        if key not in self._replayable:
+            self._replayable[key] = can_replay(self.fm.trace, sid, op)
+        return self._replayable[key]

@@ -107,7 +107,7 @@ def _with_frees(trace: Trace, chains: list[Chain]) -> tuple[Chain, ...]:
         frees[owner].append(storage)
     nbytes = trace.nbytes
     return tuple(replace(c, frees=tuple(sorted(f)), free_bytes=c.transient_bytes + sum(int(nbytes[s]) for s in f),
-                         inputs=frozenset(chain_reads(trace, c) - {step.storage for step in c.steps}))
+                         inputs=frozenset(chain_inputs(trace, c)))
                  for c, f in zip(chains, frees))
 
 
@@ -156,6 +156,11 @@ def _made_by(trace: Trace, sid: int, op: int) -> bool:
 def chain_reads(trace: Trace, chain: Chain) -> set[int]:
     """Every storage the chain's replayed ops read."""
     return {r for step in chain.steps for j in step.ops for r in trace.ops[j].reads}
+
+
+def chain_inputs(trace: Trace, chain: Chain) -> set[int]:
+    """Resident storages the chain reads (everything read that it does not rebuild)."""
+    return chain_reads(trace, chain) - {step.storage for step in chain.steps}
 
 
 def _resident_probe(trace: Trace, op: int, away, alive: dict):

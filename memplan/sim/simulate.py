@@ -54,7 +54,7 @@ from ..cost.profiles import DeviceProfile
 from ..model import Plan, Trace, check_plan, expect_trace
 from ..units import parse_budget
 from . import _kernel as K
-from .chains import chain_inputs, plan_chains
+from .chains import plan_chains
 from .convview import conv_view
 from .memo import ProbeMemo
 from .result import SimResult

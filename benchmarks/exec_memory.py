@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -116,27 +117,27 @@ def _plain(name, batch, config, steps) -> tuple[list, float]:
     return [p.detach().clone() for p in w.model.parameters()], statistics.median(r["time_s"] for r in records)
 
 
-def dispatch_cost(spec: str, steps: int = 5) -> dict:
+def dispatch_cost(spec: str, rounds: int = 9) -> dict:
     """Median step time of plain training and of the same steps under the `none` program (the
-    executor's dispatch-level points with nothing to do), neither with a memory meter."""
+    executor's dispatch-level points with nothing to do), neither with a memory meter; the two
+    alternate step by step so that a busy host slows both alike."""
     name, batch = spec.rsplit("@", 1)
     batch, config = int(batch), CONFIGS.get(name, {})
-    times = {}
-    for planned in (False, True):
-        w = get_workload(name, batch, seed=SEED, **config)
-        step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, measure=False) if planned else w.step
-        x = w.make_inputs(batch, seed=SEED + 1)
-        step(*x)  # warm-up
-        samples = []
-        for _ in range(steps):
+    plain, w = get_workload(name, batch, seed=SEED, **config), get_workload(name, batch, seed=SEED, **config)
+    planned = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, measure=False)
+    x = plain.make_inputs(batch, seed=SEED + 1)
+    samples = {"plain_s": [], "planned_s": []}
+    for k in range(rounds + 1):
+        for key, step in (("plain_s", plain.step), ("planned_s", planned)):
             started = time.perf_counter()
             step(*x)
-            samples.append(time.perf_counter() - started)
-        times["planned_s" if planned else "plain_s"] = statistics.median(samples)
-    ops = len(optimize(*(lambda w: (w.step, *w.inputs))(get_workload(name, batch, seed=SEED, **config)),
-                       measure=False).trace.ops)
-    return {"model": spec, "ops": ops, **times,
-            "per_op_us": (times["planned_s"] - times["plain_s"]) / ops * 1e6}
+            if k:  # the first round warms up
+                samples[key].append(time.perf_counter() - started)
+    ops = len(planned.trace.ops)
+    planned.close()
+    times = {key: statistics.median(v) for key, v in samples.items()}
+    return {"model": spec, "ops": ops, **times, "per_op_us": (times["planned_s"] - times["plain_s"]) / ops * 1e6,
+            "ratio": times["planned_s"] / times["plain_s"], "load_avg": os.getloadavg()[0]}
 
 
 def _diff(model, reference) -> float:
@@ -175,12 +176,12 @@ def to_markdown(rows: list[dict], costs: list[dict]) -> str:
              "| model | planner | budget | budget MiB | simulated MiB | measured MiB (per step) | within | "
              "max param diff | overhead plan / program (sim.) | step s (plain s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    head = ["| model | ops per step | plain step s | under the `none` program s | cost per op (us) |",
-            "|---|---|---|---|---|"]
-    head += [f"| {c['model']} | {c['ops']} | {c['plain_s']:.3f} | {c['planned_s']:.3f} | {c['per_op_us']:.1f} |"
-             for c in costs]
-    lines = lines[:1] + [summary(rows), "Run-time cost of the executor's dispatch-level points (median of 5 steps, no meter):\n"] \
-        + head + [""] + lines[1:]
+    head = ["| model | ops per step | plain step s | under the `none` program s | ratio | cost per op (us) | "
+            "load avg |", "|---|---|---|---|---|---|---|"]
+    head += [f"| {c['model']} | {c['ops']} | {c['plain_s']:.3f} | {c['planned_s']:.3f} | {c.get('ratio', 0):.3f} | "
+             f"{c['per_op_us']:.1f} | {c.get('load_avg', 0):.1f} |" for c in costs]
+    lines = lines[:1] + [summary(rows), "Run-time cost of the executor's dispatch-level points (median of 9 steps "
+                         "each, plain and planned alternating, no meter; one thread):\n"] + head + [""] + lines[1:]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['planner']} | {r['budget']} | error: {r['error']} |||||||")
@@ -206,6 +207,8 @@ def main() -> None:
     ap.add_argument("--planners", default="")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--out", default=str(RESULTS / "exec_memory"))
+    ap.add_argument("--dispatch-only", action="store_true",
+                    help="re-measure only the dispatch cost, keeping the rows in the output JSON")
     ap.add_argument("--resume", action="store_true",
                     help="keep the (model, planner) rows already in the output JSON; run the rest")
     args = ap.parse_args()
@@ -213,11 +216,14 @@ def main() -> None:
     torch.set_num_threads(1)
     planners = args.planners.split(",") if args.planners else sorted(known_planners())
     rows, costs, started = [], [], time.perf_counter()
-    if args.resume and Path(args.out + ".json").exists():
+    if (args.resume or args.dispatch_only) and Path(args.out + ".json").exists():
         saved = json.loads(Path(args.out + ".json").read_text())
         costs, rows = saved["dispatch_cost"], saved["rows"]
     write = lambda: atomic_write_text(args.out + ".json",  # noqa: E731
                                       json.dumps({"dispatch_cost": costs, "rows": rows}, indent=1) + "\n")
+    if args.dispatch_only:
+        costs[:], planners = [dispatch_cost(spec) for spec in args.models.split(",")], []
+        write()
     for spec in args.models.split(","):
         if not any(c["model"] == spec for c in costs):
             costs.append(dispatch_cost(spec))

@@ -118,7 +118,7 @@ def plan_summary(result) -> dict:
         "decisions": len(result.decisions), "swaps": actions.get("swap", 0),
         "recomputes": actions.get("recompute", 0), "pool_bytes": result.pool_bytes,
         "microbatches": len(result.microbatches), "planning_s": result.planning_s,
-        "predicted": result.predicted or None, "valid": True,
+        "predicted": result.predicted or None, "report": result.report or None, "valid": True,
     }
 
 
@@ -142,6 +142,7 @@ def _plan_rows(summary: dict) -> list[tuple[str, object]]:
     if summary["microbatches"]:
         rows.append(("micro-batched layers", summary["microbatches"]))
     rows.append(("planning time", f"{summary['planning_s']:.3f} s"))
+    rows += [(f"planner: {k}", _scalar(v)) for k, v in (summary["report"] or {}).items()]
     predicted = summary["predicted"]
     if predicted:
         rows += _prediction_rows(predicted)
@@ -162,6 +163,10 @@ def _prediction_rows(p: dict) -> list[tuple[str, object]]:
             ("link traffic", format_bytes(p.get("link_bytes", 0)))]
     rows += [(f"  {k}", f"{v * 1e3:.2f} ms") for k, v in p.get("breakdown", {}).items()]
     return rows
+
+
+def _scalar(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _budget(budget: int | None, peak: int) -> str:

@@ -19,11 +19,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 import memplan.pool as mp
-from memplan.pool.greedy import _range_max, conflict_graph
-from memplan.pool.search import FOUND, NS_PER_S, PREORDERS, _Searcher, compile_kernel
+from memplan.pool.greedy import conflict_graph
+from memplan.pool.search import FOUND, PREORDERS, _Searcher, compile_kernel
 from memplan.fileio import atomic_write_text
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
@@ -36,20 +34,14 @@ def screen_file(path: Path, seconds: float) -> tuple[str, dict]:
     """Seconds to a layout at peak load for every order that found one within `seconds`."""
     compile_kernel()
     problem = mp.read_minimalloc_csv(path)
-    searcher = _Searcher(problem, conflict_graph(problem))
-    length = problem.ends - problem.starts
-    keys = {"A": problem.sizes * length, "C": searcher.sec_hi - searcher.sec_lo, "L": problem.starts,
-            "O": np.diff(searcher.indptr), "T": _range_max(searcher.section_total, searcher.sec_lo, searcher.sec_hi),
-            "U": problem.ends, "W": length, "Z": problem.sizes}
-    ids = np.arange(problem.n)
+    orders = ["".join(letters) for letters in itertools.permutations(LETTERS, 3)]
+    searcher = _Searcher(problem, conflict_graph(problem), preorders=tuple(orders))
     found = {}
-    for letters in itertools.permutations(LETTERS, 3):
-        rank = np.empty(problem.n, np.int64)
-        rank[np.lexsort((ids, *(-keys[k] for k in reversed(letters))))] = ids
+    for k, letters in enumerate(orders):
         started = time.perf_counter()
-        status, _ = searcher.run(problem.peak_load_bytes, rank, 2**62, time.monotonic_ns() + int(seconds * NS_PER_S))
+        status, _ = searcher.run(problem.peak_load_bytes, k, 2**62, time.monotonic() + seconds)
         if status == FOUND:
-            found["".join(letters)] = round(time.perf_counter() - started, 3)
+            found[letters] = round(time.perf_counter() - started, 3)
     return path.name.split(".")[0], found
 
 

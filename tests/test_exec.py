@@ -17,7 +17,6 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.exec.compress import compress, decompress
 from memplan.exec.engine import ThreadCopyEngine
 from memplan.exec.meter import MemoryMeter
-from memplan.exec.runtime import PlanRuntime
 from memplan.exec.slab import host_layout
 from memplan.planners.base import known_planners, plan as make_plan
 from memplan.sim.program import compile_program
@@ -313,3 +312,13 @@ def test_runtime_on_a_fake_trace_plan_runs_real_training(tiny_reference):
     got, stats = _planned(tiny_workload, plan=plan, trace=fake)
     _same_state(got, tiny_reference)
     _kept_budget(stats)
+
+
+def test_the_meter_catches_an_executor_that_keeps_what_its_program_frees(tiny_trace, monkeypatch):
+    # A deliberately wrong executor: swap-outs are copied but their memory is never released.
+    import memplan.exec.runner as runner
+
+    monkeypatch.setattr(runner.StepRunner, "_release", lambda self, entry, k, found=None: None)
+    plan = swap_all_plan(tiny_trace)
+    _, stats = _planned(tiny_workload, plan=plan, trace=tiny_trace)
+    assert all(s["measured_peak_bytes"] > stats["simulated_peak_bytes"] for s in stats["steps_measured"])

@@ -156,11 +156,8 @@ def tiled_problem(rng, tiles=6, per_tile=30, spanning=4):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_large_problems_are_decomposed_validly(monkeypatch, seed):
-    from memplan.pool import smart
-
+def test_problems_are_decomposed_validly(seed):
     problem = tiled_problem(random.Random(seed))
-    monkeypatch.setattr(smart, "DECOMPOSE_ABOVE", 10)
     result = mp.solve(problem, "smartpool", time_limit_s=1.0)
     assert result.details.get("decomposed") and result.details["time_ranges"] >= 6  # a tile may split further
     assert_no_overlap(problem.starts, problem.ends, problem.sizes, result.offsets)

@@ -15,7 +15,7 @@ from memplan.pool.greedy import conflict_graph
 from memplan.pool.search import FOUND, NOT_FOUND, PREORDERS, _Searcher, improve
 
 CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
-FAR_FUTURE_NS = 2**62
+FAR_FUTURE = float("inf")
 
 
 def optimum_by_cp_sat(problem) -> int:
@@ -66,9 +66,9 @@ def test_every_preorder_finds_the_optimum_and_refutes_one_less(seed):
         best = optimum_by_cp_sat(problem)
         searcher = _Searcher(problem, conflict_graph(problem))
         for k in range(len(PREORDERS)):
-            status, offsets = searcher.run(best, searcher.ranks[k], 10**7, FAR_FUTURE_NS)
+            status, offsets = searcher.run(best, k, 10**7)
             assert status == FOUND and layout_is_valid(problem, offsets, best)
-            assert searcher.run(best - 1, searcher.ranks[k], 10**7, FAR_FUTURE_NS)[0] == NOT_FOUND
+            assert searcher.run(best - 1, k, 10**7)[0] == NOT_FOUND
 
 
 def test_improve_reaches_the_optimum_and_proves_it():
@@ -78,7 +78,7 @@ def test_improve_reaches_the_optimum_and_proves_it():
         best = optimum_by_cp_sat(problem)
         worst = np.cumsum(problem.sizes) - problem.sizes  # every buffer stacked: valid, far from optimal
         offsets, footprint, facts = improve(problem, conflict_graph(problem), worst, int(problem.sizes.sum()),
-                                            time.perf_counter() + 60)
+                                            time.monotonic() + 60)
         assert footprint == best and layout_is_valid(problem, offsets, best)
         assert facts["optimal"] and facts["lower_bound"] == best
 
@@ -86,9 +86,9 @@ def test_improve_reaches_the_optimum_and_proves_it():
 def test_attempt_is_deterministic_across_threads():
     problem = mp.read_minimalloc_csv(CHALLENGING / "K.1048576.csv")
     searcher = _Searcher(problem, conflict_graph(problem))
-    runs = [searcher.attempt(problem.peak_load_bytes, FAR_FUTURE_NS) for _ in range(3)]
-    assert all(status == FOUND for status, _ in runs)
-    assert all(np.array_equal(runs[0][1], off) for _, off in runs[1:])
+    runs = [searcher.attempt(problem.peak_load_bytes, FAR_FUTURE, threads) for threads in (1, 2, 3)]
+    assert all(run.status == FOUND for run in runs)
+    assert all(np.array_equal(runs[0].offsets, run.offsets) for run in runs[1:])
 
 
 @pytest.mark.parametrize("name", ["F", "G", "H", "K"])
@@ -99,3 +99,31 @@ def test_challenging_files_reach_peak_load(name):
     assert result.footprint_bytes == problem.peak_load_bytes == 1048576
     assert result.details["optimal"]
     assert layout_is_valid(problem, result.offsets, 1048576)
+
+
+def split_problem(rng):
+    """Whole-range buffers, and two or three independent time ranges, each with its own."""
+    starts, ends, sizes = [0, 0], [30, 30], [rng.randrange(1, 6), rng.randrange(1, 6)]
+    for lo in range(0, 30, 10 * rng.choice([1, 2])):
+        starts.append(lo), ends.append(lo + 10), sizes.append(rng.randrange(1, 6))  # spans its range
+        for _ in range(rng.randrange(3, 7)):
+            s = rng.randrange(lo, lo + 9)
+            starts.append(s), ends.append(rng.randrange(s + 1, lo + 11)), sizes.append(rng.randrange(1, 9))
+    return mp.make_problem(starts, ends, sizes)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_smartpool_reaches_the_optimum_of_split_problems(seed):
+    # Stacking whole-range buffers and separating time ranges must not lose the optimum.
+    rng = random.Random(seed)
+    problem = split_problem(rng) if seed % 2 else small_problem(rng)
+    result = mp.solve(problem, "smartpool", time_limit_s=30)
+    best = optimum_by_cp_sat(problem)
+    assert result.footprint_bytes == best and layout_is_valid(problem, result.offsets, best)
+    assert result.details["optimal"] and result.details["lower_bound"] == best
+
+
+def test_smartpool_layout_does_not_depend_on_threads():
+    problem = mp.read_minimalloc_csv(CHALLENGING / "K.1048576.csv")
+    layouts = [mp.solve(problem, "smartpool", threads=threads).offsets for threads in (1, 3)]
+    assert np.array_equal(*layouts)

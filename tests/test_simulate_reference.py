@@ -59,7 +59,7 @@ class Reference:
         self.peak = max(self.peak, self.load())
 
     def run(self):
-        trace, cost = self.trace, self.cost
+        trace = self.trace
         for s in trace.storages:
             if s.alloc_op == 0 and s.free_op > 0:
                 self.alloc(s.id, s.nbytes, 0)

@@ -18,7 +18,8 @@ def add_parser(sub):
                         "caching-expandable, vdnnpp-highend")
     p.add_argument("--plan", help="a plan file: swapped-out buffers free memory while on the host")
     p.add_argument("--time-limit", type=positive_float, default=10.0,
-                   help="seconds for smartpool's search (default 10)")
+                   help="smartpool: wall-clock seconds for the whole command up to a validated layout, start-up "
+                        "and loading included (default 10)")
     p.add_argument("--order", choices=("prefetch-first", "derivative-first"), default=None,
                    help="vdnnpp-highend: allocation order at one step (paper 001)")
     p.add_argument("--device", default="h100", help="cost profile used to time swap-out completion")
@@ -52,12 +53,13 @@ def load_problem(path: str, plan_path: str | None, device: str):
 def run(args) -> int:
     """Solve, validate (inside `solve`), write outputs, print."""
     from ..pool.api import solve
+    from ..pool.budget import command_limit_s
 
     problem = load_problem(args.input, args.plan, args.device)
     options = {"order": args.order} if args.order else {}
     if options and args.allocator != "vdnnpp-highend":
         raise MemplanError("--order applies to --allocator vdnnpp-highend only")
-    result = solve(problem, args.allocator, time_limit_s=args.time_limit, seed=args.seed, **options)
+    result = solve(problem, args.allocator, time_limit_s=command_limit_s(args.time_limit), seed=args.seed, **options)
     if (args.offsets_out or args.plot) and result.offsets is None:
         raise MemplanError(f"allocator {args.allocator!r} has no single address space: no offsets to write or plot")
     if args.offsets_out:

@@ -23,7 +23,6 @@ touching a storage left on the host (a wrap-around gap) brings it back.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import torch
@@ -33,11 +32,11 @@ from torch.utils._pytree import tree_leaves
 from ..model import Trace
 from ..model.program import Action, StepProgram
 from ..tracing.opinfo import counts_as_op, storage_roles
-from .compress import Compressed, compress, compressible, decompress
 from .engine import CopyEngine, blocked_s
 from .owners import resolve_owner
 from .replay import Replayer, adopt, byte_view
-from .slab import ALIGN, HostSlab
+from .hostcopy import load, store, typed_bytes
+from .slab import HostSlab
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +77,7 @@ class _Entry:
     decision: int = -1  # the decision of its current gap (its host region)
     d2h: object = None  # ticket of the last swap-out
     h2d: object = None  # ticket of the last prefetch
-    packed: dict | None = None  # where the host copy is and how it is laid out (see `_store`)
+    packed: dict | None = None  # where the host copy is and how it is laid out (hostcopy.store)
 
 
 class StepRunner(TorchDispatchMode):
@@ -102,6 +101,7 @@ class StepRunner(TorchDispatchMode):
         self.model = model
         self.optimizer = optimizer
         self.names = [op.name for op in trace.ops]
+        self._named: dict = {}  # OpOverload -> its name (str() of an overload formats it every time)
         self.at = program.actions_at()
         self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt)
         self.recomputed_at = {}  # op -> storages recomputed before it
@@ -158,7 +158,7 @@ class StepRunner(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         i = self.pos
-        if self.active and not self.off and i < len(self.names) and str(func) == self.names[i]:
+        if self.active and not self.off and i < len(self.names) and self._name(func) == self.names[i]:
             return self._run(i, func, args, kwargs)
         self._guard(func, args, kwargs)
         if not self.active or self.off:
@@ -167,6 +167,12 @@ class StepRunner(TorchDispatchMode):
         if counts_as_op(func, args, kwargs, out):
             self.diverge(f"op {i} is {func}, the trace's {self.names[i] if i < len(self.names) else 'end of step'}")
         return out
+
+    def _name(self, func) -> str:
+        name = self._named.get(func)
+        if name is None:
+            name = self._named[func] = str(func)
+        return name
 
     def _run(self, i: int, func, args, kwargs):
         for action in self.at.get((i, False), ()):
@@ -278,10 +284,10 @@ class StepRunner(TorchDispatchMode):
         region = self.slab.region(k)
         src = byte_view(storage)
         self._leave(entry, storage, k, LEAVING)
-        typed = _typed(src, entry.dtype) if d.compress_ratio is not None else None
+        typed = typed_bytes(src, entry.dtype) if d.compress_ratio is not None else None
 
         def job():
-            entry.packed = _store(src, typed, region)
+            entry.packed = store(src, typed, region)
 
         entry.d2h = self.engine.submit("d2h", job)
         self.stats.swapped_out += 1
@@ -296,7 +302,7 @@ class StepRunner(TorchDispatchMode):
         dst = byte_view(entry.storage)
 
         def job():
-            _load(dst, entry.packed)
+            load(dst, entry.packed)
 
         entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
         entry.state = COMING
@@ -353,54 +359,3 @@ class StepRunner(TorchDispatchMode):
             log.debug("storage %d not found as traced: kept resident", entry.sid)
             return None
         return storage
-
-
-def _typed(src: torch.Tensor, dtype: str | None) -> torch.Tensor | None:
-    """The bytes as elements of the storage's dtype, when they can be compressed."""
-    dt = getattr(torch, dtype, None) if dtype else None
-    if not isinstance(dt, torch.dtype) or src.numel() % dt.itemsize:
-        return None
-    typed = src.view(dt)
-    return typed if compressible(typed) else None
-
-
-def _store(src: torch.Tensor, typed: torch.Tensor | None, region: torch.Tensor) -> dict:
-    """Copy the bytes to the host, compressed when that is smaller; returns where and how.
-
-    The host copy goes to the decision's region, or, when it does not fit there (the data
-    compresses worse than the plan's ratio), to a buffer of its own (`"overflow"`).
-    """
-    packed = compress(typed) if typed is not None else None
-    if packed is not None:
-        bits_at = -(-packed.bits.numel() // ALIGN) * ALIGN
-        values = packed.values.view(torch.uint8)
-        if bits_at + values.numel() < src.numel():
-            dest = _room(region, bits_at + values.numel())
-            dest[: packed.bits.numel()].copy_(packed.bits, non_blocking=True)
-            dest[bits_at: bits_at + values.numel()].copy_(values, non_blocking=True)
-            return {"dest": dest, "bits": packed.bits.numel(), "bits_at": bits_at, "nnz": packed.values.numel(),
-                    "values_dtype": packed.values.dtype, "numel": packed.numel, "overflow": dest is not region}
-    dest = _room(region, src.numel())
-    dest[: src.numel()].copy_(src, non_blocking=True)
-    return {"dest": dest, "overflow": dest is not region}
-
-
-def _room(region: torch.Tensor, nbytes: int) -> torch.Tensor:
-    """The region, or a host buffer of its own when `nbytes` do not fit in it."""
-    if nbytes <= region.numel():
-        return region
-    log.warning("a compressed host copy needs %d bytes, its region %d: allocated apart", nbytes, region.numel())
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=region.is_pinned())
-
-
-def _load(dst: torch.Tensor, layout: dict) -> None:
-    """Copy the host copy back into the storage's bytes (decompressing)."""
-    src = layout["dest"]
-    if "bits" not in layout:
-        dst.copy_(src[: dst.numel()], non_blocking=True)
-        return
-    width = torch.empty((), dtype=layout["values_dtype"]).element_size()
-    bits = src[: layout["bits"]].to(dst.device, non_blocking=True)
-    values = src[layout["bits_at"]: layout["bits_at"] + layout["nnz"] * width].view(layout["values_dtype"])
-    out = dst.view(layout["values_dtype"])
-    decompress(Compressed(bits=bits, values=values.to(dst.device, non_blocking=True), numel=layout["numel"]), out)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import numba
+import bisect
+
 import numpy as np
 
 from .problem import PoolProblem
@@ -44,10 +45,10 @@ def check_layout(problem: PoolProblem, offsets: np.ndarray, footprint: int | Non
     return need
 
 
-@numba.njit(cache=True)
-def _first_clash(order, offsets, tops):
+def _first_clash(order: np.ndarray, offsets: np.ndarray, tops: np.ndarray) -> tuple[int, int]:
     """Sweep over time keeping the live buffers sorted by offset: a new buffer clashes with some
-    live one iff it clashes with its neighbour below or above (live buffers are disjoint).
+    live one iff it clashes with its neighbour below or above (live buffers are disjoint, so
+    their offsets are distinct).
 
     Args:
         order: event order; event e < n frees buffer e, event e >= n allocates buffer e - n.
@@ -56,27 +57,19 @@ def _first_clash(order, offsets, tops):
         (a, b), two buffers alive together at overlapping addresses, or (-1, -1).
     """
     n = len(offsets)
-    live_off = np.empty(n, np.int64)
-    live_idx = np.empty(n, np.int64)
-    m = 0
-    for e in order:
+    offsets, tops = offsets.tolist(), tops.tolist()
+    live_off: list[int] = []
+    live_idx: list[int] = []
+    for e in order.tolist():
         i = e % n
-        pos = np.searchsorted(live_off[:m], offsets[i])
-        if e < n:  # a free
-            while pos < m and live_idx[pos] != i:
-                pos += 1
-            if pos < m:
-                live_off[pos:m - 1] = live_off[pos + 1:m].copy()
-                live_idx[pos:m - 1] = live_idx[pos + 1:m].copy()
-                m -= 1
+        pos = bisect.bisect_left(live_off, offsets[i])
+        if e < n:  # a free: the live buffer at this offset is i
+            del live_off[pos], live_idx[pos]
             continue
         if pos > 0 and tops[live_idx[pos - 1]] > offsets[i]:
             return live_idx[pos - 1], i
-        if pos < m and live_off[pos] < tops[i]:
+        if pos < len(live_off) and live_off[pos] < tops[i]:
             return live_idx[pos], i
-        live_off[pos + 1:m + 1] = live_off[pos:m].copy()
-        live_idx[pos + 1:m + 1] = live_idx[pos:m].copy()
-        live_off[pos] = offsets[i]
-        live_idx[pos] = i
-        m += 1
+        live_off.insert(pos, offsets[i])
+        live_idx.insert(pos, i)
     return -1, -1

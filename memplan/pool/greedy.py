@@ -9,57 +9,11 @@ gap too (it is free for this lifetime and costs no growth).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from . import native
 from .problem import PoolProblem
-
-NO_OFFSET = -1
-
-
-@numba.njit(cache=True)
-def _conflict_counts(starts, ends, order):
-    n = len(starts)
-    deg = np.zeros(n, np.int64)
-    active = np.empty(n, np.int64)
-    na = 0
-    for i in order:
-        m = 0
-        for a in range(na):
-            j = active[a]
-            if ends[j] > starts[i]:
-                active[m] = j
-                m += 1
-                deg[i] += 1
-                deg[j] += 1
-        na = m
-        active[na] = i
-        na += 1
-    return deg
-
-
-@numba.njit(cache=True)
-def _conflict_fill(starts, ends, order, indptr):
-    n = len(starts)
-    indices = np.empty(indptr[n], np.int32)
-    fill = indptr[:-1].copy()
-    active = np.empty(n, np.int64)
-    na = 0
-    for i in order:
-        m = 0
-        for a in range(na):
-            j = active[a]
-            if ends[j] > starts[i]:
-                active[m] = j
-                m += 1
-                indices[fill[i]] = j
-                fill[i] += 1
-                indices[fill[j]] = i
-                fill[j] += 1
-        na = m
-        active[na] = i
-        na += 1
-    return indices
+from .sections import sections
 
 
 def conflict_graph(problem: PoolProblem) -> tuple[np.ndarray, np.ndarray]:
@@ -69,47 +23,15 @@ def conflict_graph(problem: PoolProblem) -> tuple[np.ndarray, np.ndarray]:
         indptr (int64, n+1) and indices (int32): the neighbours of buffer i are
         indices[indptr[i]:indptr[i+1]].
     """
-    order = np.argsort(problem.starts, kind="stable")
-    deg = _conflict_counts(problem.starts, problem.ends, order)
+    lib = native.library()
+    starts, ends = native.i64(problem.starts), native.i64(problem.ends)
+    order = native.i64(np.argsort(starts, kind="stable"))
     indptr = np.zeros(problem.n + 1, np.int64)
-    np.cumsum(deg, out=indptr[1:])
-    return indptr, _conflict_fill(problem.starts, problem.ends, order, indptr)
-
-
-@numba.njit(cache=True)
-def _greedy(order, sizes, indptr, indices, best_fit):
-    n = len(sizes)
-    off = np.full(n, NO_OFFSET, np.int64)
-    max_deg = 0
-    for i in range(n):
-        max_deg = max(max_deg, indptr[i + 1] - indptr[i])
-    lo = np.empty(max_deg, np.int64)
-    hi = np.empty(max_deg, np.int64)
-    footprint = 0
-    for i in order:
-        k = 0
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            if off[j] != NO_OFFSET:
-                lo[k] = off[j]
-                hi[k] = off[j] + sizes[j]
-                k += 1
-        size = sizes[i]
-        chosen = NO_OFFSET
-        chosen_gap = np.int64(0)
-        cur = np.int64(0)
-        for t in np.argsort(lo[:k]):
-            if lo[t] - cur >= size and (chosen == NO_OFFSET or lo[t] - cur < chosen_gap):
-                chosen, chosen_gap = cur, lo[t] - cur
-                if not best_fit:
-                    break
-            cur = max(cur, hi[t])
-        top_gap = footprint - cur
-        if chosen == NO_OFFSET or (best_fit and size <= top_gap < chosen_gap):
-            chosen = cur
-        off[i] = chosen
-        footprint = max(footprint, chosen + size)
-    return off, footprint
+    entries = lib.mp_conflict_count(problem.n, native.ptr(starts), native.ptr(ends), native.ptr(order), native.ptr(indptr))
+    indices = np.empty(entries, np.int32)
+    lib.mp_conflict_fill(problem.n, native.ptr(starts), native.ptr(ends), native.ptr(order), native.ptr(indptr),
+                         native.ptr(indices))
+    return indptr, indices
 
 
 def greedy_place(problem: PoolProblem, order: np.ndarray, best_fit: bool = True,
@@ -127,7 +49,10 @@ def greedy_place(problem: PoolProblem, order: np.ndarray, best_fit: bool = True,
     if problem.n == 0:
         return np.zeros(0, np.int64), 0
     indptr, indices = graph if graph is not None else conflict_graph(problem)
-    off, footprint = _greedy(np.asarray(order, np.int64), problem.sizes, indptr, indices, best_fit)
+    order, sizes = native.i64(order), native.i64(problem.sizes)
+    off = np.empty(problem.n, np.int64)
+    footprint = native.library().mp_greedy(problem.n, native.ptr(order), native.ptr(sizes), native.ptr(indptr),
+                                           native.ptr(indices), int(best_fit), native.ptr(off))
     return off, int(footprint)
 
 
@@ -135,21 +60,22 @@ def greedy_place(problem: PoolProblem, order: np.ndarray, best_fit: bool = True,
 
 def section_totals(problem: PoolProblem) -> np.ndarray:
     """Per buffer, the largest load (sum of live sizes) at any time in its lifetime."""
-    times = np.unique(np.concatenate([problem.starts, problem.ends]))
-    lo = np.searchsorted(times, problem.starts)
-    hi = np.searchsorted(times, problem.ends)
-    delta = np.zeros(len(times) + 1, np.int64)
-    np.add.at(delta, lo, problem.sizes)
-    np.add.at(delta, hi, -problem.sizes)
-    load = np.cumsum(delta)[:-1]
-    return _range_max(load, lo, hi)
+    sec = sections(problem)
+    return range_max(sec.total, sec.lo, sec.hi)
 
 
-@numba.njit(cache=True)
-def _range_max(load, lo, hi):
-    out = np.empty(len(lo), np.int64)
-    for i in range(len(lo)):
-        out[i] = load[lo[i]:hi[i]].max()
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[i]:hi[i]]) for every i (all ranges non-empty), by a sparse table."""
+    lengths = hi - lo
+    table = [np.asarray(values)]  # table[k][j] = max(values[j:j + 2**k])
+    while len(lengths) and 2 ** len(table) <= lengths.max():
+        half = 2 ** (len(table) - 1)
+        table.append(np.maximum(table[-1][:-half], table[-1][half:]))
+    level = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    out = np.empty(len(lo), table[0].dtype)
+    for k in np.unique(level):
+        pick = level == k
+        out[pick] = np.maximum(table[k][lo[pick]], table[k][hi[pick] - 2**k])
     return out
 
 

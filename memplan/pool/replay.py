@@ -1,29 +1,22 @@
 """Build and drive the C replay allocator (replay.c).
 
 The shared library is compiled at first use with the system C compiler into a cache
-directory ($MEMPLAN_CACHE_DIR or ~/.cache/memplan), never into the package tree. The
-`host` backend uses malloc/free (for tests on CPU); the `cuda` backend resolves
-cudaMalloc/cudaFree from the CUDA runtime loaded in the process and plugs into PyTorch
-through `torch.cuda.memory.CUDAPluggableAllocator` and `torch.cuda.MemPool`.
+directory (see cbuild.py), never into the package tree. The `host` backend uses malloc/free
+(for tests on CPU); the `cuda` backend resolves cudaMalloc/cudaFree from the CUDA runtime
+loaded in the process and plugs into PyTorch through
+`torch.cuda.memory.CUDAPluggableAllocator` and `torch.cuda.MemPool`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import MemplanError
-
-log = logging.getLogger(__name__)
+from .cbuild import build_library
 
 SOURCE = Path(__file__).with_name("replay.c")
 BACKENDS = ("host", "cuda")
@@ -35,11 +28,6 @@ class _Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in STATS_FIELDS]
 
 
-def cache_dir() -> Path:
-    """Where built libraries go."""
-    return Path(os.environ.get("MEMPLAN_CACHE_DIR") or Path.home() / ".cache" / "memplan")
-
-
 def build(backend: str = "host") -> Path:
     """Compile replay.c for `backend` (cached by source hash); returns the .so path.
 
@@ -48,25 +36,8 @@ def build(backend: str = "host") -> Path:
     """
     if backend not in BACKENDS:
         raise MemplanError(f"unknown replay backend {backend!r}; known: {', '.join(BACKENDS)}")
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + backend.encode()).hexdigest()[:12]
-    out = cache_dir() / f"libmemplan_replay_{backend}_{digest}.so"
-    if out.exists():
-        return out
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise MemplanError("the replay allocator needs a C compiler (cc or gcc, or set CC)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    flags = ["-DMEMPLAN_HOST_BACKEND"] if backend == "host" else []
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_out = Path(tmp) / out.name
-        cmd = [compiler, "-O2", "-shared", "-fPIC", *flags, "-o", str(tmp_out), str(SOURCE), "-ldl", "-lpthread"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise MemplanError(f"building the replay allocator failed: {proc.stderr.strip().splitlines()[-1:]}")
-        os.replace(tmp_out, out)  # atomic: concurrent builders never see a half-written library
-    log.info("built %s", out)
-    return out
+    flags = ("-DMEMPLAN_HOST_BACKEND",) if backend == "host" else ()
+    return build_library(SOURCE, f"memplan_replay_{backend}", flags, ("-ldl", "-lpthread"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,9 +1,13 @@
 """SmartPool: the paper's greedy allocators, and `smartpool` that goes beyond them.
 
 `smartpool-bestfit` / `smartpool-firstfit` are paper 000 §III-C exactly: size descending,
-best / first gap. `smartpool` runs a portfolio of orderings with both fits (so it is never
-worse than best-fit), then an exact search over canonical solutions (in the spirit of
-minimalloc) for a smaller pool, under a time limit, keeping the best valid layout found.
+best / first gap. `smartpool`:
+  1. splits the problem into atoms without losing optimality (split.py);
+  2. gives every atom a first layout from a portfolio of heuristics (construct.py), so it is
+     never worse than the paper's best-fit where that is affordable;
+  3. spends the rest of the time limit on the exact search (search.py) of the atom that sets
+     the footprint, until it is proven optimal, beaten by another atom, or time runs out.
+Everything, validation included, fits in `time_limit_s` of wall time; `details` says what ran.
 """
 
 from __future__ import annotations
@@ -14,14 +18,17 @@ import time
 import numpy as np
 
 from .api import AllocatorOutcome, register_allocator
-from .greedy import conflict_graph, greedy_place, orderings
+from .budget import reserve_s
+from .construct import affordable_graph, construct
+from .greedy import greedy_place
 from .problem import PoolProblem
+from .search import default_threads, improve
+from .split import Atom, split
 
 log = logging.getLogger(__name__)
 
-# Above this many buffers smartpool splits the problem first (its exact search is skipped
-# there anyway, and the conflict graph of whole-horizon buffers grows quadratically).
-DECOMPOSE_ABOVE = 4000
+SEARCH_MAX_BUFFERS = 20_000  # the search's nodes cost O(buffers): larger atoms keep their first layout
+CONSTRUCT_SHARE = 0.4  # share of the time limit after which no further first-layout heuristic starts
 
 
 def _size_order(problem: PoolProblem) -> np.ndarray:
@@ -42,90 +49,121 @@ def firstfit(problem: PoolProblem, *, time_limit_s: float = 0.0, seed: int = 0) 
     return AllocatorOutcome(footprint_bytes=footprint, offsets=offsets)
 
 
-def portfolio(problem: PoolProblem, graph=None, deadline: float = float("inf")) -> tuple[np.ndarray, int, str]:
-    """Best greedy layout over all orderings x {best-fit, first-fit}, stopping at `deadline`
-    (a perf_counter time) once the paper's size-descending best-fit has run.
+class _AtomState:
+    """One atom: its problem, graph, best layout, and what the search proved."""
 
-    Returns:
-        (offsets, footprint, label of the winning ordering and fit).
+    def __init__(self, problem: PoolProblem, atom: Atom, deadline: float, threads: int):
+        self.atom, self.problem = atom, problem.subset(atom.index)
+        self.graph = affordable_graph(self.problem)
+        self.searchable = self.problem.n <= SEARCH_MAX_BUFFERS and self.graph is not None
+        # Below the whole problem's peak load, an atom's top does not matter.
+        good_enough = problem.peak_load_bytes - atom.base
+        self.first = construct(self.problem, deadline, threads, self.graph, good_enough)
+        self.offsets, self.footprint = self.first.offsets, self.first.footprint
+        self.lower = self.problem.peak_load_bytes
+        self.facts: dict = {}
+
+    @property
+    def top(self) -> int:
+        return self.atom.base + self.footprint
+
+    @property
+    def done(self) -> bool:
+        return self.footprint <= self.lower or not self.searchable or self.facts.get("finished", False)
+
+
+@register_allocator("smartpool", "portfolio of heuristics, then exact canonical search under a wall-clock time limit")
+def smartpool(problem: PoolProblem, *, time_limit_s: float = 10.0, seed: int = 0,
+              threads: int | None = None) -> AllocatorOutcome:
+    """SmartPool beyond the paper: split, first layouts, then search for a smaller pool.
+
+    Args:
+        problem: the buffers.
+        time_limit_s: wall-clock seconds for everything up to a validated result.
+        seed: unused (the search is deterministic).
+        threads: threads for heuristics and search (default: the cores this process may use).
     """
-    graph = graph if graph is not None else conflict_graph(problem)
-    best = None
-    for name, order in orderings(problem).items():
-        for best_fit in (True, False):
-            offsets, footprint = greedy_place(problem, order, best_fit, graph)
-            if best is None or footprint < best[1]:
-                best = (offsets, footprint, f"{name}/{'best' if best_fit else 'first'}-fit")
-            if time.perf_counter() > deadline:
-                return best
-    return best
-
-
-@register_allocator("smartpool", "portfolio of orderings, then exact canonical search under a time limit")
-def smartpool(problem: PoolProblem, *, time_limit_s: float = 10.0, seed: int = 0) -> AllocatorOutcome:
-    """SmartPool beyond the paper: portfolio, then search for a smaller pool until the time limit.
-
-    Problems above DECOMPOSE_ABOVE buffers are first split (see `decompose`) and each part gets
-    the portfolio only (the exact search is for small problems), which keeps large problems
-    near-linear; an optimal layout of the parts is optimal for the whole.
-    """
-    if problem.n > DECOMPOSE_ABOVE:
-        spanning, parts = decompose(problem)
-        if len(spanning) or len(parts) > 1:
-            return _solve_parts(problem, spanning, parts, time_limit_s, seed)
-    return _smartpool_whole(problem, time_limit_s, seed)
-
-
-def decompose(problem: PoolProblem) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Buffers alive over the whole horizon, and the others split into independent time ranges.
-
-    Whole-horizon buffers conflict with every other buffer, so stacking them at the bottom
-    loses nothing: compacting any valid layout's other buffers down past them keeps it valid.
-    Between two time ranges that no buffer crosses, layouts are independent.
-
-    Returns:
-        (indices of whole-horizon buffers, list of index arrays, one per time range).
-    """
-    spanning = (problem.starts == problem.starts.min()) & (problem.ends == problem.ends.max())
-    rest = np.flatnonzero(~spanning)
-    order = rest[np.argsort(problem.starts[rest], kind="stable")]
-    if order.size == 0:
-        return np.flatnonzero(spanning), []
-    reach = np.maximum.accumulate(problem.ends[order])
-    cuts = np.flatnonzero(reach[:-1] <= problem.starts[order][1:]) + 1
-    return np.flatnonzero(spanning), np.split(order, cuts)
-
-
-def _solve_parts(problem: PoolProblem, spanning: np.ndarray, parts: list[np.ndarray], time_limit_s: float,
-                 seed: int) -> AllocatorOutcome:
-    """Stack the whole-horizon buffers, then solve every time range on top of them."""
-    offsets = np.zeros(problem.n, np.int64)
-    stacked = spanning[np.argsort(-problem.sizes[spanning], kind="stable")]
-    offsets[stacked] = np.concatenate([[0], np.cumsum(problem.sizes[stacked])[:-1]]) if stacked.size else []
-    base = int(problem.sizes[spanning].sum())
-    top = 0
-    for part in parts:
-        share = time_limit_s * len(part) / max(1, problem.n - len(spanning))
-        outcome = _smartpool_whole(problem.subset(part), share, seed, search=False)
-        offsets[part] = base + outcome.offsets
-        top = max(top, outcome.footprint_bytes)
-    return AllocatorOutcome(footprint_bytes=base + top, offsets=offsets,
-                            details={"decomposed": True, "spanning_buffers": int(len(spanning)),
-                                     "time_ranges": len(parts)})
-
-
-def _smartpool_whole(problem: PoolProblem, time_limit_s: float, seed: int, search: bool = True) -> AllocatorOutcome:
-    """Portfolio, then (if `search`) the exact search, on one problem as a whole."""
-    started = time.perf_counter()
+    started = time.monotonic()
     if problem.n == 0:
         return AllocatorOutcome(footprint_bytes=0, offsets=np.zeros(0, np.int64))
-    graph = conflict_graph(problem)
-    offsets, footprint, label = portfolio(problem, graph, started + time_limit_s)
-    details = {"portfolio": label, "portfolio_footprint": footprint, "optimal": footprint == problem.peak_load_bytes}
-    if search and not details["optimal"]:
-        from .search import improve
-
-        deadline = started + time_limit_s
-        offsets, footprint, found = improve(problem, graph, offsets, footprint, deadline, seed)
-        details.update(found)
+    threads = threads or default_threads()
+    deadline = started + max(time_limit_s - reserve_s(problem.n), 0.0)
+    parts = split(problem)
+    atoms = [_AtomState(problem, atom, started + CONSTRUCT_SHARE * (deadline - started), threads) for atom in parts.atoms]
+    searched = _search_worst(atoms, deadline, threads)
+    offsets = np.zeros(problem.n, np.int64)
+    offsets[parts.stacked] = parts.stacked_offsets
+    for a in atoms:
+        offsets[a.atom.index] = a.atom.base + a.offsets
+    footprint = int((offsets + problem.sizes).max())
+    details = _details(problem, parts, atoms, searched, footprint, threads, time.monotonic() - started)
     return AllocatorOutcome(footprint_bytes=footprint, offsets=offsets, details=details)
+
+
+def _search_worst(atoms: list[_AtomState], deadline: float, threads: int) -> list[_AtomState]:
+    """Search the atom with the highest top until the footprint cannot drop further or time is out;
+    returns the atoms searched, in order."""
+    searched = []
+    while atoms and time.monotonic() < deadline:
+        worst = max(atoms, key=lambda a: a.top)
+        # No atom needs to go below the highest lower bound of all: that is the footprint's.
+        worst.lower = max(worst.lower, max(a.atom.base + a.lower for a in atoms) - worst.atom.base)
+        if worst.done:
+            break
+        # Once below another atom's top, that atom sets the footprint (with a tie, neither alone does).
+        others = max((a.top for a in atoms if a is not worst), default=0)
+        worst.offsets, worst.footprint, facts = improve(
+            worst.problem, worst.graph, worst.offsets, worst.footprint, deadline, threads=threads,
+            good_enough=others - worst.atom.base - 1, lower=worst.lower)
+        worst.lower = facts["lower_bound"]
+        _merge_facts(worst.facts, facts)
+        if worst not in searched:
+            searched.append(worst)
+    return searched
+
+
+def _merge_facts(total: dict, facts: dict) -> None:
+    for key in ("search_nodes", "search_s"):
+        total[key] = total.get(key, 0) + facts.get(key, 0)
+    total.update({k: v for k, v in facts.items() if k not in ("search_nodes", "search_s")})
+
+
+def _details(problem: PoolProblem, parts, atoms: list[_AtomState], searched: list[_AtomState], footprint: int,
+             threads: int, seconds: float) -> dict:
+    """What ran: the split, the first layout and the search, in facts a reader can check."""
+    worst = max(atoms, key=lambda a: a.top) if atoms else None
+    lower = max([problem.peak_load_bytes] + [a.atom.base + a.lower for a in atoms])
+    details = {"portfolio": worst.first.label if worst else "stacked",
+               "portfolio_footprint": _first_footprint(problem, parts, atoms),
+               "optimal": footprint <= lower, "lower_bound": lower, "threads": threads, "seconds": round(seconds, 3)}
+    if len(parts.stacked) or len(atoms) > 1:
+        details.update({"decomposed": True, "spanning_buffers": int(len(parts.stacked)), "time_ranges": len(atoms)})
+    if worst is not None:
+        details["heuristics"] = f"{worst.first.tried} run, {worst.first.skipped} not run or given up"
+    details["search"] = _search_summary(worst, searched)
+    nodes = sum(a.facts.get("search_nodes", 0) for a in searched)
+    search_s = sum(a.facts.get("search_s", 0.0) for a in searched)
+    if searched:
+        details.update({"search_nodes": nodes, "search_s": round(search_s, 3),
+                        "nodes_per_s": int(nodes / search_s) if search_s > 0 else 0})
+    return details
+
+
+def _first_footprint(problem: PoolProblem, parts, atoms: list[_AtomState]) -> int:
+    stacked_top = int((parts.stacked_offsets + problem.sizes[parts.stacked]).max()) if len(parts.stacked) else 0
+    return max([a.atom.base + a.first.footprint for a in atoms] + [stacked_top])
+
+
+def _search_summary(worst: _AtomState | None, searched: list[_AtomState]) -> str:
+    """One line on the search of the atom that sets the footprint (never silent when it did not run)."""
+    if worst is None:
+        return "not needed (only buffers alive the whole time)"
+    if worst.first.footprint <= worst.lower:
+        return "not needed (first layout at the lower bound)"
+    if not worst.searchable:
+        why = f"{worst.problem.n} buffers > {SEARCH_MAX_BUFFERS}" if worst.problem.n > SEARCH_MAX_BUFFERS \
+            else "conflict graph too large"
+        return f"not run: the atom setting the footprint is too large for it ({why})"
+    if worst not in searched:
+        return "not run: no time left after the first layouts"
+    return worst.facts.get("search", "ran")

@@ -133,3 +133,53 @@ def test_bad_parameters_are_one_error_line(capsys, trace_file, tmp_path, param, 
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("memplan: error:") and message in err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_time_limit_option_is_the_time_limit_parameter(capsys, trace_file, tmp_path):
+    code, out, err = _run(capsys, "plan", trace_file, "--planner", "milp", "--budget", "70%", "--time-limit", "5",
+                          "-o", tmp_path / "p.json", "--json")
+    assert code == 0, err
+    assert json.loads(out)["params"]["time_limit_s"] == 5.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--planner", "milp", "--time-limit", "5", "--param", "time_limit_s=3"], "disagree"),
+    (["--planner", "milp", "--time-limit", "-1"], "--time-limit"),
+    (["--planner", "sqrt-n", "--time-limit", "5"], "has no parameter"),
+])
+def test_bad_time_limits_are_one_error_line(capsys, trace_file, tmp_path, argv, message):
+    code, out, err = _run(capsys, "plan", trace_file, "--budget", "70%", *argv, "-o", tmp_path / "p.json")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("memplan: error:") and message in err
+
+
+def test_a_time_limit_still_gives_a_valid_plan_within_the_budget():
+    """Stopped long before HiGHS can prove anything, milp returns its best plan (or every feature
+    map swapped), valid and within the budget, and says it is not proven optimal."""
+    trace = chain_trace(12, sizes=[(16 + 24 * (i % 4)) * MIB for i in range(12)])
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(0.6 * trace.peak_load_bytes)
+    plan = make_plan(trace, budget, planner="milp", cost=cost, time_limit_s=1e-3, window=0)
+    assert validate(trace, plan, budget) == []
+    result = Simulator(trace, cost).run(plan, budget)
+    assert result.feasible and result.peak_load_bytes <= budget
+    report = plan.report
+    assert report["simulated_overhead"] == pytest.approx(result.overhead)
+    if report["status"] != "optimal":  # the usual case: HiGHS has not closed the gap in a millisecond
+        assert report["optimal_s"] is None
+        assert report["mip_gap"] is None or report["mip_gap"] >= 0
+
+
+def test_a_milp_plan_mixing_swaps_and_recomputes_trains_exactly_within_its_budget():
+    """Executed for real on CPU: the same parameters as plain training, bit for bit, and the
+    measured peak within the budget (test_exec's oracle: plain training from the same seed)."""
+    from test_exec import _kept_budget, _planned, _plain, _same_state, tiny_workload, trace_step
+
+    w = tiny_workload()
+    trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
+    plan = make_plan(trace, 0.6, planner="milp", min_bytes=1024, window=2, time_limit_s=600.0)
+    assert plan.report["status"] == "optimal"
+    assert {d.action for d in plan.decisions} == {"swap", "recompute"}
+    got, stats = _planned(tiny_workload, plan=plan, trace=trace)
+    _same_state(got, _plain(tiny_workload), tol=0.0)  # bit for bit
+    _kept_budget(stats)

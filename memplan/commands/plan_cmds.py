@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, nonnegative_int, output_file
+from ..cli import add_json_flag, emit_json, nonnegative_int, output_file, positive_float
 from ..errors import MemplanError
 from ..units import format_bytes
 
@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed for search planners (default 0)")
     p.add_argument("--param", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="planner hyper-parameters (int, float, true/false, else string)")
+    p.add_argument("--time-limit", type=positive_float, default=None, metavar="SECONDS",
+                   help="wall-clock limit of a planner that takes one (milp, home:fast): --param time_limit_s=SECONDS")
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
     p.add_argument("-o", "--output", type=output_file, required=True, help="plan file to write (JSON)")
     add_json_flag(p)
@@ -88,6 +90,10 @@ def run_plan(args) -> int:
 
     trace = load_any(args.trace, args.format)
     params = parse_params(args.param)
+    if args.time_limit is not None:
+        if params.get("time_limit_s", args.time_limit) != args.time_limit:
+            raise MemplanError("--time-limit and --param time_limit_s disagree: give one")
+        params["time_limit_s"] = args.time_limit
     if params.get("objective") == "measured":
         from ..workflows.run import measured_objective
 

@@ -94,10 +94,10 @@ def _pct(r: dict | None) -> str:
 
 def to_markdown(rows: list[dict], device: str, time_limit_s: float) -> str:
     """Two tables: milp's own figures, then every planner's overhead and gap to milp."""
-    out = [f"Simulated on the `{device}` profile; `milp` under a {time_limit_s:g} s limit "
-           f"(wall-clock on a loaded 2-core host: load average in the last column).\n",
-           "| trace | budget | feature maps | positions | variables | status | milp overhead (simulated) "
-           "| MILP objective | proven bound | gap | time to optimality | solve s | swaps | recomputes | load avg |",
+    out = [(f"Simulated on the `{device}` profile; `milp` under a {time_limit_s:g} s limit "
+            f"(wall-clock on a loaded 2-core host: load average in the last column).\n"),
+           ("| trace | budget | feature maps | positions | variables | status | milp overhead (simulated) "
+            "| MILP objective | proven bound | gap | time to optimality | solve s | swaps | recomputes | load avg |"),
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["milp"]

@@ -55,9 +55,9 @@ def _brute_force(trace, cost, budget) -> float | None:
     for combo in itertools.product(*_options(trace)):
         plan = Plan(decisions=tuple(sorted((d for d in combo if d), key=lambda d: (d.back_before, d.storage))))
         result = simulator.run(plan, budget)
-        if result.feasible and result.peak_load_bytes <= budget and (best is None or result.time_s < best):
-            if not validate(trace, plan, budget):
-                best = result.time_s
+        better = result.feasible and result.peak_load_bytes <= budget and (best is None or result.time_s < best)
+        if better and not validate(trace, plan, budget):
+            best = result.time_s
     return best
 
 
@@ -173,7 +173,7 @@ def test_a_time_limit_still_gives_a_valid_plan_within_the_budget():
 def test_a_milp_plan_mixing_swaps_and_recomputes_trains_exactly_within_its_budget():
     """Executed for real on CPU: the same parameters as plain training, bit for bit, and the
     measured peak within the budget (test_exec's oracle: plain training from the same seed)."""
-    from test_exec import _kept_budget, _planned, _plain, _same_state, tiny_workload, trace_step
+    from test_exec import _kept_budget, _plain, _planned, _same_state, tiny_workload, trace_step  # noqa: I001
 
     w = tiny_workload()
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)

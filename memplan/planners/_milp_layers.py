@@ -141,9 +141,10 @@ def _rebuild(trace: Trace, op: int, targets, units, unit_of: dict) -> Rebuild:
         if sid not in index:
             index[sid] = len(nodes)
             ops = trace.lineage(sid, op)[0]
-            nodes.append(dict(storage=sid, unit=unit, ops=ops, nbytes=int(trace.nbytes[sid]), children=[],
-                              depth=depth, rebuildable=bool(ops) and trace.recomputable(sid) and depth < MAX_DEPTH
-                              and not overwritten_input(trace, sid, op)))
+            rebuildable = bool(ops) and trace.recomputable(sid) and depth < MAX_DEPTH \
+                and not overwritten_input(trace, sid, op)
+            nodes.append({"storage": sid, "unit": unit, "ops": ops, "nbytes": int(trace.nbytes[sid]), "children": [],
+                          "depth": depth, "rebuildable": rebuildable})
         return index[sid]
 
     for k in targets:

@@ -16,6 +16,7 @@ minus the baseline.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,7 +183,7 @@ class _Builder:
 
     def _cumulative(self, positions, s_col) -> list[tuple[int, int]]:
         cols = self.c.add(len(positions), ub=1, integer=True)
-        for a, b in zip(cols, cols[1:]):
+        for a, b in itertools.pairwise(cols):
             self.c.ge([(b, 1), (a, -1)], 0)
         self.c.le([(cols[-1], 1), (s_col, -1)], 0)
         return list(zip(positions.tolist(), cols.tolist()))

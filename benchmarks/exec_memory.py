@@ -45,8 +45,8 @@ MIB = 2**20
 log = logging.getLogger("exec_memory")
 
 
-def model_rows(spec: str, planners: list[str], steps: int) -> list[dict]:
-    """Every (planner, budget) run of one model."""
+def model_rows(spec: str, planners: list[str], steps: int, save=lambda rows: None) -> list[dict]:
+    """Every (planner, budget) run of one model; `save(rows)` after each planner."""
     name, batch = spec.rsplit("@", 1)
     batch, config = int(batch), CONFIGS.get(name, {})
     reference, plain_s = _plain(name, batch, config, steps)
@@ -66,6 +66,7 @@ def model_rows(spec: str, planners: list[str], steps: int) -> list[dict]:
             rows.append(row)
             log.info("%s %s %s: measured %.1f MiB, simulated %.1f MiB, budget %.1f MiB", spec, planner, budget,
                      row["measured_peak_bytes"] / MIB, row["simulated_peak_bytes"] / MIB, row["budget_bytes"] / MIB)
+        save(rows)
     return rows
 
 
@@ -185,15 +186,32 @@ def main() -> None:
     ap.add_argument("--planners", default="")
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--out", default=str(RESULTS / "exec_memory"))
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the (model, planner) rows already in the output JSON; run the rest")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
     planners = args.planners.split(",") if args.planners else sorted(known_planners())
     rows, costs, started = [], [], time.perf_counter()
+    if args.resume and Path(args.out + ".json").exists():
+        saved = json.loads(Path(args.out + ".json").read_text())
+        costs, rows = saved["dispatch_cost"], saved["rows"]
+    write = lambda: atomic_write_text(args.out + ".json",  # noqa: E731
+                                      json.dumps({"dispatch_cost": costs, "rows": rows}, indent=1) + "\n")
     for spec in args.models.split(","):
-        costs.append(dispatch_cost(spec))
-        rows += model_rows(spec, planners, args.steps)
-        atomic_write_text(args.out + ".json", json.dumps({"dispatch_cost": costs, "rows": rows}, indent=1) + "\n")
+        if not any(c["model"] == spec for c in costs):
+            costs.append(dispatch_cost(spec))
+        kept = [r for r in rows if r["model"] != spec]
+        todo = [p for p in planners if not any(r["model"] == spec and r["planner"] == p for r in rows)]
+        if not todo:
+            continue
+        earlier = [r for r in rows if r["model"] == spec]
+
+        def save(new, kept=kept, earlier=earlier):
+            rows[:] = kept + earlier + new
+            write()
+
+        model_rows(spec, todo, args.steps, save)
     log.info("done in %.0f s", time.perf_counter() - started)
     atomic_write_text(args.out + ".md", to_markdown(rows, costs))
 

@@ -303,6 +303,42 @@ def test_thread_engine_orders_after_ticket():
     engine.close()
 
 
+def _alive(weak) -> bool:
+    return not torch.UntypedStorage._expired(weak)
+
+
+def _copy(dst, src, done=None):
+    """A copy job that holds `src` (as the executor's swap-out jobs do)."""
+    return lambda: (done if done is not None else []).append(dst.copy_(src))
+
+
+def test_a_finished_copy_holds_no_reference_to_what_it_copied():
+    engine = ThreadCopyEngine()
+    src, dst = torch.ones(1024), torch.empty(1024)
+    weak = src.untyped_storage()._weak_ref()
+    engine.sync(engine.submit("d2h", _copy(dst, src)))
+    del src
+    assert not _alive(weak)  # nothing on the worker outlives the completed job
+    engine.close()
+
+
+def test_a_cancelled_copy_lets_go_of_its_storage_before_the_lane_reaches_it():
+    # A swap-out whose storage is fetched before its release never leaves: when the framework
+    # then frees that storage, a queued copy must not keep it alive (memory the plan lacks).
+    gate, ran = threading.Event(), []
+    engine = ThreadCopyEngine(before_job=lambda lane: gate.wait())
+    src, dst = torch.ones(1024), torch.empty(1024)
+    weak = src.untyped_storage()._weak_ref()
+    ticket = engine.submit("d2h", _copy(dst, src, ran))
+    engine.cancel(ticket)
+    del src
+    assert not _alive(weak) and not engine.done(ticket)
+    gate.set()
+    engine.drain()
+    assert ran == []
+    engine.close()
+
+
 def test_runtime_on_a_fake_trace_plan_runs_real_training(tiny_reference):
     # A plan made from a fake-tensor trace runs on the real model (the op sequences agree).
     from memplan.workflows.workloads import trace_workload

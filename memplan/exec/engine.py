@@ -21,11 +21,16 @@ NOTE stream safety -- the whole argument, in one place:
  6. A host region is rewritten by a later swap-out only after the prefetch that read it
     landed: regions are laid out offline over [swap-out, wait] intervals (slab.py), and
     the later swap-out is submitted after the compute side waited (rule 4).
+ 7. A job holds what it copies only while it runs: a CPU lane drops the job before it
+    reports completion, and `cancel` drops a job that has not started (a swap-out whose
+    storage stayed resident). Otherwise a storage the framework freed would live on in a
+    queued job, memory the program does not have (seen under load: +9% on vgg11).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
@@ -60,6 +65,10 @@ class CopyEngine:
         """True when the job behind `ticket` has finished."""
         raise NotImplementedError
 
+    def cancel(self, ticket: Any) -> None:
+        """The job's result is not wanted: drop it if it has not started, else let it finish."""
+        raise NotImplementedError
+
     def drain(self) -> None:
         """Block the host until every queued job has completed."""
         raise NotImplementedError
@@ -69,8 +78,23 @@ class CopyEngine:
         self.drain()
 
 
+class _Job:
+    """A queued CPU copy: the function lives here until a worker takes it (see rule 7)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn: Callable[[], Any] | None = fn
+        self.lock = threading.Lock()
+        self.future: Future | None = None
+
+    def take(self) -> Callable[[], Any] | None:
+        """The function, handed out once (None when cancelled or already taken)."""
+        with self.lock:
+            fn, self.fn = self.fn, None
+        return fn
+
+
 class ThreadCopyEngine(CopyEngine):
-    """CPU engine: one single-thread worker per lane.
+    """CPU engine: one single-thread worker per lane; tickets are `_Job`s.
 
     Args:
         before_job: called on the worker as `before_job(lane)` before each job; tests use
@@ -81,36 +105,45 @@ class ThreadCopyEngine(CopyEngine):
         self.before_job = before_job
         self._pools = {lane: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"memplan-{lane}")
                        for lane in LANES}
-        self._last: dict[str, Future | None] = {lane: None for lane in LANES}
+        self._last: dict[str, _Job | None] = {lane: None for lane in LANES}
 
     def submit(self, lane, fn, *, after=None):
-        def job():
+        ticket = _Job(fn)
+
+        def run() -> None:
             if after is not None:
-                after.result()
+                after.future.result()
             if self.before_job is not None:
                 self.before_job(lane)
-            with torch.no_grad():
-                return fn()
+            work = ticket.take()
+            if work is not None:
+                with torch.no_grad():
+                    work()
+            # returning drops `work` before the future completes (rule 7)
 
-        fut = self._pools[lane].submit(job)
-        self._last[lane] = fut
-        return fut
+        ticket.future = self._pools[lane].submit(run)
+        self._last[lane] = ticket
+        return ticket
 
     def wait(self, ticket):
         if ticket is not None:
-            ticket.result()
+            ticket.future.result()
 
     def sync(self, ticket):
         if ticket is not None:
-            ticket.result()
+            ticket.future.result()
 
     def done(self, ticket):
-        return ticket is None or ticket.done()
+        return ticket is None or ticket.future.done()
+
+    def cancel(self, ticket):
+        if ticket is not None and ticket.take() is None:
+            ticket.future.result()  # started: its reference to the storage ends with it
 
     def drain(self):
         for lane in LANES:
             if self._last[lane] is not None:
-                self._last[lane].result()
+                self._last[lane].future.result()
 
     def close(self):
         try:
@@ -148,6 +181,9 @@ class CudaCopyEngine(CopyEngine):
 
     def done(self, ticket):
         return ticket is None or ticket.query()
+
+    def cancel(self, ticket):
+        pass  # a queued stream copy holds no reference; its host copy is simply never read
 
     def drain(self):
         for stream in self._streams.values():

@@ -236,6 +236,7 @@ class StepRunner(TorchDispatchMode):
 
     def _prefetch(self, entry: _Entry, k: int, found=None) -> None:
         if entry.state == LEAVING:  # fetched before its swap-out was released: it never left
+            self.engine.cancel(entry.d2h)
             self._resident(entry)
             self.stats.kept += 1
         if entry.state != AWAY:

@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, nonnegative_int, output_file
+from ..cli import add_json_flag, emit_json, nonnegative_int, output_file, positive_float
 from ..errors import MemplanError
 from ..units import format_bytes
 
@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed for search planners (default 0)")
     p.add_argument("--param", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="planner hyper-parameters (int, float, true/false, else string)")
+    p.add_argument("--time-limit", type=positive_float, default=None, metavar="SECONDS",
+                   help="wall-clock limit of a planner that takes one (milp, home:fast): --param time_limit_s=SECONDS")
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
     p.add_argument("-o", "--output", type=output_file, required=True, help="plan file to write (JSON)")
     p.add_argument("--plot", type=output_file, default=None,
@@ -90,6 +92,10 @@ def run_plan(args) -> int:
 
     trace = load_any(args.trace, args.format)
     params = parse_params(args.param)
+    if args.time_limit is not None:
+        if params.get("time_limit_s", args.time_limit) != args.time_limit:
+            raise MemplanError("--time-limit and --param time_limit_s disagree: give one")
+        params["time_limit_s"] = args.time_limit
     if params.get("objective") == "measured":
         from ..workflows.run import measured_objective
 
@@ -136,7 +142,7 @@ def plan_summary(result) -> dict:
         "decisions": len(result.decisions), "swaps": actions.get("swap", 0),
         "recomputes": actions.get("recompute", 0), "pool_bytes": result.pool_bytes,
         "microbatches": len(result.microbatches), "planning_s": result.planning_s,
-        "predicted": result.predicted or None, "valid": True,
+        "predicted": result.predicted or None, "report": result.report or None, "valid": True,
     }
 
 
@@ -169,6 +175,7 @@ def _plan_rows(summary: dict) -> list[tuple[str, object]]:
     if summary["microbatches"]:
         rows.append(("micro-batched layers", summary["microbatches"]))
     rows.append(("planning time", f"{summary['planning_s']:.3f} s"))
+    rows += [(f"planner: {k}", _scalar(v)) for k, v in (summary["report"] or {}).items()]
     predicted = summary["predicted"]
     if predicted:
         rows += _prediction_rows(predicted)
@@ -189,6 +196,10 @@ def _prediction_rows(p: dict) -> list[tuple[str, object]]:
             ("link traffic", format_bytes(p.get("link_bytes", 0)))]
     rows += [(f"  {k}", f"{v * 1e3:.2f} ms") for k, v in p.get("breakdown", {}).items()]
     return rows
+
+
+def _scalar(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _budget(budget: int | None, peak: int) -> str:

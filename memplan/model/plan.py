@@ -100,6 +100,7 @@ class Plan:
     predicted: dict = field(default_factory=dict)  # simulator summary at planning time
     planning_s: float = 0.0  # wall-clock seconds the planner took
     history: dict = field(default_factory=dict)  # a search's convergence per step, for `memplan plan --plot`
+    report: dict = field(default_factory=dict)  # what the planner says of its answer (a solver's objective, bound, gap)
 
     def with_meta(self, **changes) -> "Plan":
         """A copy with some fields replaced."""
@@ -145,7 +146,8 @@ _NUMBER = (int, float)
 # JSON types of the fields `from_json` reads (bool is refused where an int is meant).
 _PLAN_FIELDS = {"decisions": (list,), "pool": (list,), "pool_bytes": _OPT_INT, "microbatches": (list,),
                 "planner": (str,), "params": (dict,), "seed": _OPT_INT, "budget_bytes": _OPT_INT,
-                "trace_digest": (str, type(None)), "predicted": (dict,), "planning_s": _NUMBER, "history": (dict,)}
+                "trace_digest": (str, type(None)), "predicted": (dict,), "planning_s": _NUMBER, "history": (dict,),
+                "report": (dict,)}
 _DECISION_FIELDS = {"storage": _INT, "action": (str,), "out_after": _INT, "back_before": _INT,
                     "trigger": _OPT_INT, "sync": (bool,), "compress_ratio": (int, float, type(None))}
 _SLOT_FIELDS = {"storage": _INT, "start": _INT, "offset": _INT}

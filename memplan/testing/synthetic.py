@@ -50,6 +50,53 @@ def chain_trace(n_layers: int = 8, act_bytes: int = 64 * MIB, param_bytes: int =
     return b.build(meta={"source": "synthetic", "model": f"chain{n_layers}"})
 
 
+def residual_trace(n_blocks: int = 3, act_bytes: int = 64 * MIB, param_bytes: int = 4 * MIB,
+                   flops_per_block: float = 2e11) -> Trace:
+    """The iteration of n residual blocks h_i = h_{i-1} + g(f(h_{i-1})).
+
+    f (a weighted, compute-bound op) makes y_i, saved for backward; g (a cheap elementwise
+    op) makes t_i, which only the add reads, so the framework frees it in forward and a
+    recomputation of h_i must rebuild it from y_i; h_i is read by the next block and by its
+    add (the skip connection).
+
+    Args:
+        n_blocks: number of blocks.
+        act_bytes: size of every activation.
+        param_bytes: size of every block's weight (and its gradient).
+        flops_per_block: FLOPs of each f (its backward does twice as much).
+    Returns:
+        The trace; storage names say what each one is ("h0" is the input, "y2", "t2", "h2").
+    """
+    b = _Builder()
+    hs = [b.storage("h0", act_bytes, "input", pre=True)]
+    weights = [b.storage(f"w{i}", param_bytes, "param", pre=True, persistent=True) for i in range(1, n_blocks + 1)]
+    ys = []
+    for i in range(1, n_blocks + 1):
+        y, t, h = (b.storage(f"{name}{i}", act_bytes, kind) for name, kind in
+                   (("y", "activation"), ("t", "temp"), ("h", "activation")))
+        b.op("aten.linear", "forward", f"block{i}.f", reads=[hs[-1], weights[i - 1]], writes=[y], flops=flops_per_block)
+        b.op("aten.gelu", "forward", f"block{i}.g", reads=[y], writes=[t], flops=0)
+        b.op("aten.add", "forward", f"block{i}", reads=[t, hs[-1]], writes=[h], flops=0)
+        ys.append(y)
+        hs.append(h)
+    grad = b.storage("loss_grad", act_bytes, "temp")
+    b.op("aten.mse_loss_backward", "backward", "loss", reads=[hs[-1]], writes=[grad], flops=0)
+    grads = []
+    for i in reversed(range(1, n_blocks + 1)):
+        g_y, g_f, g_h, dw = (b.storage(name, size, kind) for name, size, kind in
+                             ((f"gy{i}", act_bytes, "temp"), (f"gf{i}", act_bytes, "temp"),
+                              (f"gh{i - 1}", act_bytes, "temp"), (f"dw{i}", param_bytes, "grad")))
+        b.op("aten.gelu_backward", "backward", f"block{i}.g", reads=[grad, ys[i - 1]], writes=[g_y], flops=0)
+        b.op("aten.linear_backward", "backward", f"block{i}.f", reads=[g_y, hs[i - 1], weights[i - 1]],
+             writes=[g_f, dw], flops=2 * flops_per_block)
+        b.op("aten.add", "backward", f"block{i}", reads=[g_f, grad], writes=[g_h], flops=0)
+        grad = g_h
+        grads.append((i, dw))
+    for i, dw in grads:
+        b.op("aten.add_", "optimizer", "", reads=[weights[i - 1], dw], writes=[weights[i - 1]], flops=0)
+    return b.build(meta={"source": "synthetic", "model": f"residual{n_blocks}"})
+
+
 class _Builder:
     """Collects storages and ops, then derives lifetimes from first write and last access."""
 

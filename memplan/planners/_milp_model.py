@@ -1,0 +1,397 @@
+"""The keep/swap/recompute MILP over a LayerProblem (see `memplan.planners.milp` for what it
+models and what it approximates).
+
+Units: time in milliseconds, memory in MiB, so that HiGHS' absolute tolerances (1e-7) are far
+below a nanosecond and a byte.
+
+Variables, per feature map k: s_k (swap), r_k (recompute), binary; F_k and G_k, when its
+device-to-host and host-to-device copies end; u_kq (released by position q) and v_kq
+(prefetch issued by position q), binary and non-decreasing in q over its release and trigger
+windows. Per position i: t_i (its ops may start: the previous segment is done) and o_i (its
+first op starts: after recomputation and prefetch waits). Per recompute point p and node x:
+z_px (x is rebuilt before p), per replayed op j: w_pj (j runs again), and the largest
+replayed op's discarded outputs. The objective is the overhead: the end of the last segment
+minus the baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_matrix
+
+from ..model import Decision
+from ._milp_layers import LayerProblem
+
+MS = 1e3  # model time unit: milliseconds per second
+MIB = 2.0**20  # model memory unit: bytes per MiB
+INF = np.inf
+MAX_POSITIONS = 0  # window value meaning "the whole gap"
+
+
+class _Columns:
+    """Columns and sparse rows of a MILP, assembled for scipy.optimize.milp."""
+
+    def __init__(self):
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.integer: list[int] = []
+        self.rows: list[list[tuple[int, float]]] = []
+        self.row_lb: list[float] = []
+        self.row_ub: list[float] = []
+
+    def add(self, n: int = 1, ub: float = INF, integer: bool = False) -> np.ndarray:
+        """`n` new columns with bounds [0, ub]; returns their indices."""
+        first = len(self.lb)
+        self.lb += [0.0] * n
+        self.ub += [ub] * n
+        self.integer += [int(integer)] * n
+        return np.arange(first, first + n)
+
+    def ge(self, terms, rhs: float) -> None:
+        """sum(coef * x[col]) >= rhs."""
+        self._row(terms, rhs, INF)
+
+    def le(self, terms, rhs: float) -> None:
+        """sum(coef * x[col]) <= rhs."""
+        self._row(terms, -INF, rhs)
+
+    def eq(self, terms, rhs: float) -> None:
+        """sum(coef * x[col]) == rhs."""
+        self._row(terms, rhs, rhs)
+
+    def _row(self, terms, lb: float, ub: float) -> None:
+        self.rows.append([(int(c), float(v)) for c, v in terms])
+        self.row_lb.append(lb)
+        self.row_ub.append(ub)
+
+    def matrix(self) -> csr_matrix:
+        """The constraint matrix (duplicate entries of a row are summed)."""
+        data = [(i, c, v) for i, row in enumerate(self.rows) for c, v in row]
+        i, c, v = (np.array(a) for a in zip(*data)) if data else (np.zeros(0),) * 3
+        return csr_matrix((v, (i, c)), shape=(len(self.rows), len(self.lb)))
+
+
+@dataclass
+class Model:
+    """A built MILP and where its variables are."""
+
+    problem: LayerProblem  # what it was built from
+    cols: _Columns  # columns and rows
+    objective: np.ndarray = None  # cost per column
+    s: np.ndarray = None  # swap, per feature map
+    r: np.ndarray = None  # recompute, per feature map
+    triggers: dict = field(default_factory=dict)  # feature map -> [(position, v column)]
+
+    def solve(self, time_limit_s: float, mip_rel_gap: float):
+        """scipy.optimize.milp's result (HiGHS) within `time_limit_s`."""
+        c = self.cols
+        return milp(self.objective, integrality=np.array(c.integer), bounds=Bounds(c.lb, c.ub),
+                    constraints=LinearConstraint(c.matrix(), c.row_lb, c.row_ub),
+                    options={"time_limit": max(time_limit_s, 1e-3), "mip_rel_gap": mip_rel_gap, "disp": False})
+
+    def decisions(self, x: np.ndarray) -> tuple[Decision, ...]:
+        """The plan's decisions in a solution, in order of first backward access (the prefetch order)."""
+        out = []
+        for k, u in enumerate(self.problem.units):
+            if x[self.s[k]] > 0.5:
+                issued = next(q for q, col in self.triggers[k] if x[col] > 0.5)
+                out.append(Decision(storage=u.storage, action="swap", out_after=u.out_after,
+                                    back_before=u.back_before, trigger=int(self.problem.positions[issued])))
+            elif x[self.r[k]] > 0.5:
+                out.append(Decision(storage=u.storage, action="recompute", out_after=u.out_after,
+                                    back_before=u.back_before))
+        return tuple(sorted(out, key=lambda d: (d.back_before, d.storage)))
+
+
+def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=()) -> Model:
+    """The MILP of `problem` under `budget_bytes`.
+
+    Args:
+        problem: the layer view.
+        budget_bytes: the memory cap.
+        window: positions a swap may be released and prefetched at (the first and the last
+            of its gap); 0 for the whole gap.
+        forbidden: (feature map, action) pairs the model may not choose.
+    """
+    m = Model(problem=problem, cols=_Columns())
+    _Builder(m, budget_bytes, window, set(forbidden)).build()
+    return m
+
+
+class _Builder:
+    """Adds the variables and constraints of one Model (see the module docstring)."""
+
+    def __init__(self, model: Model, budget_bytes: int, window: int, forbidden: set):
+        self.m, self.p, self.c = model, model.problem, model.cols
+        self.budget, self.window, self.forbidden = budget_bytes, window, forbidden
+        p = self.p
+        self.need = sorted(range(len(p.units)), key=lambda k: (p.units[k].back_before, p.units[k].storage))
+        # Longer than any schedule: every copy and every possible replay after the baseline.
+        replays = sum(float(p.op_s[list(rb.transient)].sum()) for rb in p.rebuilds.values())
+        self.big_m = MS * (p.baseline_s + sum(u.d2h_s + u.h2d_s for u in p.units) + replays) + 1.0
+
+    def build(self) -> None:
+        """Variables, then time, copy lanes, recomputation, memory and the objective."""
+        m, c, p = self.m, self.c, self.p
+        n_units, n_pos = len(p.units), len(p.positions)
+        m.s = c.add(n_units, ub=1, integer=True)
+        m.r = c.add(n_units, ub=1, integer=True)
+        for k in range(n_units):
+            c.le([(m.s[k], 1), (m.r[k], 1)], 1)
+            for action, col in (("swap", m.s[k]), ("recompute", m.r[k])):
+                if (k, action) in self.forbidden:
+                    c.ub[col] = 0
+        self.t, self.o = c.add(n_pos), c.add(n_pos)
+        c.ub[self.t[0]] = 0
+        self.F, self.G = c.add(n_units), c.add(n_units)
+        self.overhead = c.add(1)[0]
+        self._windows()
+        self._recompute()
+        self._compute_stream()
+        self._lanes()
+        self._memory()
+        self._lane_cuts()
+        m.objective = np.zeros(len(c.lb))
+        m.objective[self.overhead] = 1.0
+
+    # --- swap windows ------------------------------------------------------------------------------
+
+    def _gap_positions(self, k: int) -> np.ndarray:
+        u, pos = self.p.units[k], self.p.positions
+        return np.flatnonzero((pos > u.out_after) & (pos <= u.back_before))
+
+    def _windows(self) -> None:
+        """Trigger (v) and release (u, and l where a position has a pre-phase) columns per feature map.
+
+        v_kq: the prefetch was issued at or before q. u_kq: the swap-out was released before q's
+        pre-phase (its prefetches and recomputations); l_kq: released at q, after its pre-phase,
+        before its op. Both non-decreasing over the first `window` positions of the gap.
+        """
+        m, c = self.m, self.c
+        gaps = {k: self._gap_positions(k) for k in range(len(self.p.units))}
+        sizes = {k: len(g) if self.window == MAX_POSITIONS else min(self.window, len(g)) for k, g in gaps.items()}
+        for k, gap in gaps.items():
+            m.triggers[k] = self._cumulative(gap[len(gap) - sizes[k]:], m.s[k])
+            c.eq([(m.triggers[k][-1][1], 1), (m.s[k], -1)], 0)  # issued by back_before at the latest
+        self.two_phase = {self.p.position_of(op) for op in self.p.rebuilds} | \
+            {q for k in gaps for q, _ in m.triggers[k]}
+        self.release = {k: self._releases(gap[:sizes[k]], m.s[k]) for k, gap in gaps.items()}
+
+    def _cumulative(self, positions, s_col) -> list[tuple[int, int]]:
+        cols = self.c.add(len(positions), ub=1, integer=True)
+        for a, b in itertools.pairwise(cols):
+            self.c.ge([(b, 1), (a, -1)], 0)
+        self.c.le([(cols[-1], 1), (s_col, -1)], 0)
+        return list(zip(positions.tolist(), cols.tolist()))
+
+    def _releases(self, positions, s_col) -> list[tuple[int, int, int | None]]:
+        c, out = self.c, []
+        for q in positions.tolist():
+            u = int(c.add(1, ub=1, integer=True)[0])
+            late = int(c.add(1, ub=1, integer=True)[0]) if q in self.two_phase else None
+            if out:
+                _, u_before, late_before = out[-1]
+                c.ge([(u, 1), (u_before, -1)] + ([(late_before, -1)] if late_before is not None else []), 0)
+            out.append((q, u, late))
+        _, u, late = out[-1]
+        c.le([(u, 1), (s_col, -1)] + ([(late, 1)] if late is not None else []), 0)
+        return out
+
+    def _released(self, k: int, q: int, late: bool) -> list[tuple[int, float]]:
+        """Columns whose sum says feature map k's swap-out is released at position q: before its
+        pre-phase, or (late) also before its op."""
+        terms = []
+        for pos, u, l_col in self.release[k]:
+            if pos > q:
+                break
+            terms = [(u, 1.0)] + ([(l_col, 1.0)] if l_col is not None and (late or pos < q) else [])
+        return terms
+
+    def _at(self, cumulative: list[tuple[int, int]], q: int) -> int | None:
+        """The column of a cumulative variable at position q (None: before its window)."""
+        col = None
+        for pos, c in cumulative:
+            if pos > q:
+                break
+            col = c
+        return col
+
+    # --- recomputation -----------------------------------------------------------------------------
+
+    def _recompute(self) -> None:
+        """z (node rebuilt), w (op replayed), the largest transient, and R (replay ms) per point."""
+        m, c, p = self.m, self.c, self.p
+        self.z: dict[int, np.ndarray] = {}
+        self.replay_terms: dict[int, list[tuple[int, float]]] = {}
+        self.transient: dict[int, int] = {}
+        for op, rb in p.rebuilds.items():
+            z = c.add(len(rb.nodes), ub=1)
+            self.z[op] = z
+            for i, node in enumerate(rb.nodes):
+                if not node.rebuildable:
+                    c.ub[z[i]] = 0
+                if i < len(rb.targets):
+                    c.ge([(z[i], 1), (m.r[node.unit], -1)], 0)
+                for child in node.children:
+                    unit = rb.nodes[child].unit
+                    if unit is None:
+                        c.ge([(z[child], 1), (z[i], -1)], 0)
+                    else:  # kept: resident; recomputed away: rebuilt too; swapped away: not allowed
+                        c.ge([(z[child], 1), (z[i], -1), (m.r[unit], -1)], -1)
+                        c.le([(m.s[unit], 1), (z[i], 1)], 1)
+            ops = sorted(rb.transient)
+            w = dict(zip(ops, c.add(len(ops), ub=1).tolist()))
+            for i, node in enumerate(rb.nodes):
+                for j in node.ops:
+                    c.ge([(w[j], 1), (z[i], -1)], 0)
+            self.transient[op] = c.add(1)[0]
+            for j in ops:
+                c.ge([(self.transient[op], 1), (w[j], -rb.transient[j] / MIB)], 0)
+            self.replay_terms[op] = [(w[j], MS * float(p.op_s[j])) for j in ops]
+
+    # --- compute stream ------------------------------------------------------------------------------
+
+    def _compute_stream(self) -> None:
+        """Segments run in order; recomputation runs before its op; an op waits for its prefetches."""
+        m, c, p = self.m, self.c, self.p
+        pos = p.positions
+        for i in range(len(pos)):
+            replay = self.replay_terms.get(int(pos[i]), [])
+            c.ge([(self.o[i], 1), (self.t[i], -1)] + [(col, -v) for col, v in replay], 0)
+            if i + 1 < len(pos):
+                c.ge([(self.t[i + 1], 1), (self.o[i], -1)], MS * p.seg_s[i])
+        last = len(pos) - 1
+        c.ge([(self.overhead, 1), (self.o[last], -1)], MS * (p.seg_s[last] - p.baseline_s))
+        for k, u in enumerate(p.units):
+            i = p.position_of(u.back_before)
+            c.ge([(self.o[i], 1), (self.G[k], -1)], 0)
+            rb = p.rebuilds[u.back_before]
+            if u.storage in rb.reads:  # it lands before the recomputations that read it run
+                replay = self.replay_terms[u.back_before]
+                c.ge([(self.o[i], 1), (self.G[k], -1), (m.s[k], -self.big_m)] + [(col, -v) for col, v in replay],
+                     -self.big_m)
+
+    # --- copy lanes ----------------------------------------------------------------------------------
+
+    def _lanes(self) -> None:
+        """FIFO device-to-host copies in swap-out order, host-to-device in prefetch order."""
+        m, c, p = self.m, self.c, self.p
+        rank = {k: i for i, k in enumerate(self.need)}
+        previous = None
+        for k in sorted(range(len(p.units)), key=lambda k: (p.units[k].out_after, rank[k])):
+            u = p.units[k]
+            d2h = MS * u.d2h_s
+            i = p.position_of(u.out_after)
+            c.ge([(self.F[k], 1), (self.o[i], -1), (m.s[k], -d2h)], MS * p.seg_s[i])
+            if previous is not None:
+                c.ge([(self.F[k], 1), (self.F[previous], -1), (m.s[k], -d2h)], 0)
+            for q, u, late in self.release[k]:  # released at q: its copy was done by then
+                c.ge([(self.t[q], 1), (self.F[k], -1), (u, -self.big_m)], -self.big_m)
+                if late is not None:
+                    c.ge([(self.o[q], 1), (self.F[k], -1), (late, -self.big_m)], -self.big_m)
+            previous = k
+        previous = None
+        for k in self.need:
+            h2d = MS * p.units[k].h2d_s
+            c.ge([(self.G[k], 1), (self.F[k], -1), (m.s[k], -self.big_m)], h2d - self.big_m)
+            if previous is not None:
+                c.ge([(self.G[k], 1), (self.G[previous], -1), (m.s[k], -h2d)], 0)
+            before = None
+            for q, col in m.triggers[k]:  # issued at the first q with v = 1: copied from t_q on
+                terms = [(self.G[k], 1), (self.t[q], -1), (m.s[k], -self.big_m)]
+                c.ge(terms + ([(before, self.big_m)] if before is not None else []), h2d - self.big_m)
+                before = col
+            previous = k
+        self._prefetch_order()
+
+    def _prefetch_order(self) -> None:
+        """Triggers follow the order of first backward access (the simulator's FIFO order)."""
+        m, c = self.m, self.c
+        n_pos = len(self.p.positions)
+        for a_i, a in enumerate(self.need):
+            last_a = m.triggers[a][-1][0]
+            for b in self.need[a_i + 1:]:
+                if m.triggers[b][0][0] >= last_a:
+                    continue
+                # T_a <= T_b + n_pos (2 - s_a - s_b), T_k = back position - (v columns set before it).
+                terms = [(col, 1) for _, col in m.triggers[a][:-1]] + [(col, -1) for _, col in m.triggers[b][:-1]]
+                terms += [(m.s[a], -n_pos), (m.s[b], -n_pos)]
+                c.ge(terms, last_a - m.triggers[b][-1][0] - 2 * n_pos)
+
+    def _lane_cuts(self) -> None:
+        """Valid inequalities without big-M, so that the LP relaxation pays for copies.
+
+        Swap-outs released by position q were all copied one after another, after the op of
+        the earliest of them ended: t_q >= end(out_j) + sum of d2h over those with out >= out_j.
+        Prefetches due by q and issued at or after position a were all copied one after another
+        from t_a on: o_q >= t_a + sum of h2d over them.
+        """
+        p, c, m = self.p, self.c, self.m
+        by_out = sorted(range(len(p.units)), key=lambda k: p.units[k].out_after)
+        for q in np.flatnonzero(np.maximum(p.seg_load, p.pre_load) > self.budget):
+            op = int(p.positions[q])
+            inside = [k for k in by_out if p.units[k].out_after < op <= p.units[k].back_before]
+            for a, j in enumerate(inside):
+                i = p.position_of(p.units[j].out_after)
+                terms = [(self.t[q], 1), (self.o[i], -1)]
+                for k in inside[a:]:
+                    terms += [(col, -MS * p.units[k].d2h_s * coef) for col, coef in self._released(k, q, late=False)]
+                c.ge(terms, MS * p.seg_s[i])
+        for k_last in {p.units[k].back_before for k in range(len(p.units))}:
+            q = p.position_of(k_last)
+            for a in range(max(0, q - self._cut_reach()), q + 1):
+                op_a = int(p.positions[a])
+                due = [k for k, u in enumerate(p.units) if op_a <= u.back_before <= k_last]
+                terms = [(self.o[q], 1), (self.t[a], -1)]
+                for k in due:
+                    h2d = MS * p.units[k].h2d_s
+                    terms.append((m.s[k], -h2d))
+                    issued = self._at(m.triggers[k], a - 1)
+                    if issued is not None:
+                        terms.append((issued, h2d))
+                if due:
+                    c.ge(terms, 0)
+
+    def _cut_reach(self) -> int:
+        """How many positions before a due op the prefetch cuts start from."""
+        return len(self.p.positions) if self.window == MAX_POSITIONS else self.window
+
+    # --- memory --------------------------------------------------------------------------------------
+
+    def _memory(self) -> None:
+        """The load at every segment and in every pre-phase (prefetches issued, recomputations
+        running) stays within the budget."""
+        p = self.p
+        for i in range(len(p.positions)):
+            self._cap(self._away_terms(i, pre=False), p.seg_load[i])
+        for i in sorted(self.two_phase):
+            terms = self._away_terms(i, pre=True)
+            rb = p.rebuilds.get(int(p.positions[i]))
+            if rb is not None:
+                terms += [(col, node.nbytes / MIB) for col, node in zip(self.z[rb.op], rb.nodes)]
+                terms.append((self.transient[rb.op], 1.0))
+            self._cap(terms, p.pre_load[i])
+
+    def _away_terms(self, i: int, pre: bool) -> list[tuple[int, float]]:
+        """Load change at position i: swapped maps released and not yet prefetched, recomputed maps
+        dropped (before their own recomputation, in the pre-phase of their back op)."""
+        m, p = self.m, self.p
+        op = int(p.positions[i])
+        terms = []
+        for k, u in enumerate(p.units):
+            size = u.nbytes / MIB
+            if u.out_after < op < u.back_before or (pre and op == u.back_before):
+                terms.append((m.r[k], -size))
+            if u.out_after < op <= u.back_before:
+                terms += [(col, -size * coef) for col, coef in self._released(k, i, late=not pre)]
+                issued = self._at(m.triggers[k], i)
+                if issued is not None:
+                    terms.append((issued, size))
+        return terms
+
+    def _cap(self, terms: list[tuple[int, float]], base_bytes: float) -> None:
+        self.c.le(terms, (self.budget - base_bytes) / MIB)

@@ -1,0 +1,209 @@
+"""`milp`: the optimum of keep / swap / recompute per feature map, as a 0-1 MILP solved by HiGHS.
+
+In the spirit of Checkmate (recomputation as a MILP over the schedule), extended with
+swap-out and prefetch decisions on the two copy lanes, at the layer granularity of HOME
+(paper 004): the decision units are feature maps (`_milp_layers`: saved activations of at
+least `min_bytes`), each kept, swapped to the host after its last forward access and
+prefetched before its first backward access, or dropped then and recomputed right before it.
+Time and memory are tracked at positions: the first op of every layer, plus the ops where a
+feature map may leave or must be back.
+
+What the MILP models of the simulator's semantics (memplan.sim.simulate):
+- the compute stream: segments run in order; before the op a feature map is due at, the
+  recomputations there run (every op of their chains once: chains at one op share what they
+  rebuild), then the op waits for the prefetches due there (and prefetches that those chains
+  read land before the chains run);
+- the device-to-host lane: FIFO in swap-out order, each copy starting when its op ends;
+  the host-to-device lane: FIFO in prefetch order, a copy starting at its trigger, after the
+  previous one and after its own swap-out reached the host;
+- memory at every segment and before every recomputation, within the budget: a swapped map
+  holds its bytes until it is released at a position whose start is after its copy ended (the
+  simulator releases at the first such op, or waits there for the copy when memory is needed:
+  the MILP charges that wait), and again from its trigger on (twice, when the trigger comes
+  before the release: the simulator allocates the prefetch while the swap-out still holds its
+  bytes); a recomputed map holds none during its gap; before an op, the chains' targets,
+  their temporarily rebuilt inputs and the largest replayed op's discarded outputs count.
+What it approximates (the simulator is the judge of every plan, and reports the overhead):
+- within a segment the decisions are fixed: releases and triggers happen only at positions
+  (`window` of them at each end of a gap, or the whole gap with window=0), and a segment's
+  load is its largest op's; on traces whose every op starts a layer this is exact;
+- a wait for memory is charged at the start of a position, before its prefetches are issued
+  (the simulator may wait later, at the allocation that needs the room);
+- the chains before one op are charged as if all ran at once (their temporaries all alive
+  with the largest discarded output), an upper bound on the simulator's chain-by-chain load;
+- prefetch triggers follow the order of first backward access (the FIFO order of the lane);
+- a recomputation may not read a feature map that is swapped away at that op (the validator
+  forbids it: the data is on the host).
+So the simulated overhead of the chosen plan is at most the MILP objective when no wait is
+charged early, and both are reported. The proven lower bound and gap are the MILP's: a bound
+on the best plan in the model, not on every schedule the simulator could run.
+
+The plan is validated and simulated at the budget; a plan the validator rejects has the
+offending action forbidden and is solved again, one whose simulated peak exceeds the budget
+is solved again under a budget lowered by the excess (at most `MAX_ROUNDS` solves in all).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from ..cost.model import Cost
+from ..errors import MemplanError
+from ..model import Decision, Plan, Trace
+from ..sim.simulate import Simulator
+from ..sim.validate import OVER_BUDGET, static_load, validate
+from ._milp_layers import LayerProblem, layer_problem
+from ._milp_model import MS, build
+from .base import infeasible, register
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MIN_BYTES = 2**20  # smaller saved activations (batch-norm statistics, biases) are kept
+DEFAULT_WINDOW = 16  # release and trigger positions per swapped feature map
+DEFAULT_TIME_LIMIT_S = 60.0
+DEFAULT_GAP = 1e-4  # HiGHS stops when the overhead is proven within this share of the optimum
+MAX_ROUNDS = 4  # solves per plan: the first, then after a rejected or overshooting plan
+OPTIMAL = 0  # scipy.optimize.milp's status code for a proven optimum
+
+
+@register("milp", "keep/swap/recompute per feature map, the MILP optimum (HiGHS) on the layer view",
+          decides=("swap", "recompute"))
+def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
+              time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_gap: float = DEFAULT_GAP,
+              min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW) -> Plan:
+    """The plan of least overhead in the MILP, checked by the validator and the simulator.
+
+    Args:
+        trace, budget_bytes, cost, seed: see `memplan.planners.base` (HiGHS is deterministic;
+            the seed is not used).
+        time_limit_s: wall-clock limit for all solves; the best plan found by then is returned,
+            with its bound and gap (every feature map swapped when HiGHS found none).
+        mip_rel_gap: relative gap on the overhead at which the solver stops.
+        min_bytes: smaller feature maps are kept.
+        window: positions at each end of a gap where a swap may be released and prefetched
+            (0: the whole gap).
+    Returns:
+        The plan; `plan.report` holds the MILP's objective, bound and gap, the solve time
+        and the simulated overhead.
+    Raises:
+        InfeasibleBudgetError: the budget is below the floor: the load with every feature map
+            away for its whole gap (no plan over these feature maps goes lower).
+        MemplanError: a bad parameter.
+    """
+    _check(time_limit_s, mip_rel_gap)
+    problem = layer_problem(trace, cost, min_bytes)
+    if budget_bytes >= trace.peak_load_bytes:
+        return Plan(report=_trivial_report(problem))
+    fallback = swap_everything(problem)
+    floor = int(static_load(trace, list(fallback)).max())
+    if budget_bytes < floor:
+        raise infeasible(budget_bytes, floor, "milp")
+    return _Search(trace, cost, problem, budget_bytes, window, mip_rel_gap, time_limit_s).run(fallback)
+
+
+def swap_everything(problem: LayerProblem) -> tuple[Decision, ...]:
+    """Every feature map swapped, prefetched at the op that needs it: the lowest load any plan
+    over these feature maps reaches, and a valid plan that fits any budget above it."""
+    return tuple(Decision(storage=u.storage, action="swap", out_after=u.out_after, back_before=u.back_before,
+                          trigger=u.back_before) for u in sorted(problem.units, key=lambda u: (u.back_before, u.storage)))
+
+
+def _check(time_limit_s: float, mip_rel_gap: float) -> None:
+    if not time_limit_s > 0:
+        raise MemplanError(f"planner 'milp': parameter time_limit_s must be positive, got {time_limit_s!r}")
+    if not mip_rel_gap < 1:
+        raise MemplanError(f"planner 'milp': parameter mip_rel_gap must be below 1, got {mip_rel_gap!r}")
+
+
+class _Search:
+    """Solve, check with the validator and the simulator, tighten and solve again."""
+
+    def __init__(self, trace: Trace, cost: Cost, problem: LayerProblem, budget_bytes: int, window: int,
+                 gap: float, time_limit_s: float):
+        self.trace, self.problem, self.budget = trace, problem, budget_bytes
+        self.window, self.gap = window, gap
+        self.deadline = time.perf_counter() + time_limit_s
+        self.simulator = Simulator(trace, cost)
+        self.unit_of = {u.storage: k for k, u in enumerate(problem.units)}
+        self.forbidden: set = set()
+        self.solve_s = 0.0
+
+    def run(self, fallback: tuple[Decision, ...]) -> Plan:
+        """The first MILP plan that validates and fits the budget in the simulator; `fallback`
+        when HiGHS finds none in time (or the rounds run out)."""
+        model_budget = self.budget
+        for rounds in range(1, MAX_ROUNDS + 1):
+            model = build(self.problem, model_budget, self.window, self.forbidden)
+            result = self._solve(model)
+            if result.x is None:
+                log.warning("milp: %s; every feature map is swapped instead", result.message.strip())
+                break
+            plan = Plan(decisions=model.decisions(result.x))
+            excess = self._excess(plan)
+            if excess == 0:
+                return plan.with_meta(report=self._report(model, result, plan, model_budget, rounds))
+            if excess is not None:
+                model_budget -= excess
+            log.info("milp round %d: %s; solving again", rounds,
+                     "the validator rejected actions" if excess is None else f"{excess} bytes over the budget")
+        else:
+            log.warning("milp: no plan within the budget after %d solves; every feature map is swapped instead",
+                        MAX_ROUNDS)
+        plan = Plan(decisions=fallback)
+        return plan.with_meta(report=self._report(model, result, plan, model_budget, rounds, fallback=True))
+
+    def _solve(self, model):
+        started = time.perf_counter()
+        result = model.solve(self.deadline - started, self.gap)
+        self.solve_s += time.perf_counter() - started
+        return result
+
+    def _excess(self, plan: Plan) -> int | None:
+        """0 when the plan validates and fits; None when the validator rejected actions (now
+        forbidden); else the bytes by which it exceeds the budget."""
+        violations = validate(self.trace, plan, self.budget)
+        rejected = [v for v in violations if v.kind != OVER_BUDGET]
+        for v in rejected:
+            d = next((d for d in plan.decisions if d.storage == v.storage), None)
+            if d is None:
+                raise MemplanError(f"planner 'milp' made an invalid plan: {v}")
+            self.forbidden.add((self.unit_of[d.storage], d.action))
+        if rejected:
+            return None
+        if violations:
+            return int(static_load(self.trace, list(plan.decisions)).max()) - self.budget
+        result = self.simulator.run(plan, self.budget)
+        if not result.feasible:
+            return int(result.shortfall_bytes)
+        return max(0, result.peak_load_bytes - self.budget)
+
+    def _report(self, model, result, plan: Plan, model_budget: int, rounds: int, fallback: bool = False) -> dict:
+        baseline_ms = MS * self.problem.baseline_s
+        optimal = result.status == OPTIMAL and not fallback
+        bound = getattr(result, "mip_dual_bound", None)
+        return {
+            "status": "optimal" if optimal else "time limit" if not fallback else "no MILP plan: every map swapped",
+            "milp_overhead": None if fallback else float(result.fun) / baseline_ms,
+            "milp_bound": None if bound is None or not np.isfinite(bound) else max(0.0, float(bound)) / baseline_ms,
+            "mip_gap": None if fallback else float(getattr(result, "mip_gap", 0.0) or 0.0),
+            "simulated_overhead": self.simulator.run(plan, self.budget).overhead,
+            "solve_s": self.solve_s,
+            "optimal_s": self.solve_s if optimal else None,
+            "rounds": rounds,
+            "model_budget_bytes": model_budget,
+            "feature_maps": len(self.problem.units),
+            "positions": len(self.problem.positions),
+            "variables": len(model.cols.lb),
+            "constraints": len(model.cols.rows),
+        }
+
+
+def _trivial_report(problem: LayerProblem) -> dict:
+    """Nothing needs to move: keeping everything is optimal."""
+    return {"status": "optimal", "milp_overhead": 0.0, "milp_bound": 0.0, "mip_gap": 0.0, "simulated_overhead": 0.0,
+            "solve_s": 0.0, "optimal_s": 0.0, "rounds": 0, "model_budget_bytes": None,
+            "feature_maps": len(problem.units), "positions": len(problem.positions), "variables": 0,
+            "constraints": 0}

@@ -111,6 +111,14 @@ def test_wd_ilp_with_and_without_pruning_has_the_same_optimum(seed):
         wd.solve(fronts, smallest - 1)
 
 
+def test_wd_plans_a_trace_without_convolutions():
+    # Found by the planner property suite: HiGHS refuses an ILP with no variables.
+    from memplan.testing.synthetic import chain_trace
+
+    made = make_plan(chain_trace(4), None, planner="ucudnn:wd")
+    assert wd.solve([], 0) == [] and made.microbatches == ()
+
+
 def test_wd_is_never_slower_than_wr_at_the_same_total_workspace():
     rng = random.Random(7)
     kernels = [_random_options(rng, 6) for _ in range(4)]

@@ -58,6 +58,8 @@ def solve(fronts: list[list[Config]], limit: int) -> list[int]:
     Raises:
         MemplanError: even the smallest configurations exceed the limit.
     """
+    if not fronts:  # no kernels: nothing to choose (HiGHS refuses an empty problem)
+        return []
     need = sum(min(c.memory_bytes for c in f) for f in fronts)
     if need > limit:
         raise MemplanError(f"a total workspace of {limit} bytes is below the {need} bytes the kernels need at least")

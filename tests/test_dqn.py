@@ -3,6 +3,7 @@ weights files, and the planners' conformance."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from dataclasses import replace
@@ -219,6 +220,19 @@ def test_fitted_q_updates_decrease_the_td_error_on_a_fixed_replay_buffer():
     for _ in range(40):
         fit_step(net, optimizer, replay, [inst], 0.9)
     assert float(td_loss(net, replay, [inst], 0.9).detach()) < 0.5 * before
+
+
+def test_training_stops_inside_an_episode_once_its_time_limit_passes(monkeypatch):
+    # A clock that ticks one second per reading: the limit (2.5 s) passes at the second step of
+    # the first episode, which is dropped (an episode on a large graph must not overrun the limit).
+    train_module = importlib.import_module("memplan.planners.dqn.train")  # the package re-exports `train`
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(train_module.time, "perf_counter", lambda: float(next(ticks)))
+    trace = chain_trace(6)
+    graph = build_graph(trace, Cost.for_trace(trace, "h100"), int(0.6 * trace.peak_load_bytes), min_bytes=0)
+    config = train_module.TrainConfig(episodes=50, time_limit_s=2.5, seed=0)
+    report = train_module.train(fresh_network(0), [Instance.of(graph)], config, progress=False)
+    assert report.episodes == 0 and report.steps == 1
 
 
 # --- weights files ----------------------------------------------------------------------------------

@@ -136,6 +136,10 @@ def greedy(net: QNet, inst: Instance) -> Outcome:
         return run_episode(net, inst, 0.0, np.random.default_rng(0))[0]
 
 
+class _OutOfTime(Exception):
+    """Raised from a training step once the time limit has passed."""
+
+
 def train(net: QNet, instances: list[Instance], config: TrainConfig, progress: bool = True) -> TrainReport:
     """Alg. 1 over the instances in turn; returns the best outcomes and the history."""
     rng = np.random.default_rng(config.seed)
@@ -143,8 +147,11 @@ def train(net: QNet, instances: list[Instance], config: TrainConfig, progress: b
     replay: list[Transition] = []
     report = TrainReport(best=[None] * len(instances), history=[])
     started = time.perf_counter()
+    deadline = started + config.time_limit_s if config.time_limit_s is not None else float("inf")
 
     def update():
+        if time.perf_counter() > deadline:  # a long episode on a large graph must not overrun the limit
+            raise _OutOfTime
         report.steps += 1
         if len(replay) >= config.batch_size and report.steps % config.update_every == 0:
             fit_step(net, optimizer, [replay[i] for i in rng.choice(len(replay), config.batch_size, replace=False)],
@@ -152,11 +159,14 @@ def train(net: QNet, instances: list[Instance], config: TrainConfig, progress: b
 
     with one_thread(), progress_bar("dqn", total=config.episodes, unit="episode", enabled=progress) as bar:
         for episode in range(config.episodes):
-            if config.time_limit_s is not None and time.perf_counter() - started > config.time_limit_s:
+            if time.perf_counter() > deadline:
                 break
             index = episode % len(instances)
             epsilon = config.epsilon * (1.0 - episode / config.episodes)
-            outcome, states = run_episode(net, instances[index], epsilon, rng, on_step=update)
+            try:
+                outcome, states = run_episode(net, instances[index], epsilon, rng, on_step=update)
+            except _OutOfTime:  # the episode in progress is dropped
+                break
             _remember(replay, index, states, outcome, config.replay)
             row = {"episode": episode, "instance": index, "elapsed_s": time.perf_counter() - started,
                    "epsilon": epsilon, "return": float(outcome.rewards.sum()), "overhead": outcome.overhead}

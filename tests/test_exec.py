@@ -359,3 +359,15 @@ def test_the_meter_catches_an_executor_that_keeps_what_its_program_frees(tiny_tr
     plan = swap_all_plan(tiny_trace)
     _, stats = _planned(tiny_workload, plan=plan, trace=tiny_trace)
     assert all(s["measured_peak_bytes"] > stats["simulated_peak_bytes"] for s in stats["steps_measured"])
+
+
+def test_actions_that_find_no_storage_are_counted_and_warned_about(tiny_trace, monkeypatch, caplog):
+    # An executor that cannot find the traced storages (a user's step that differs from its trace).
+    import memplan.exec.runner as runner
+
+    monkeypatch.setattr(runner.StepRunner, "_found", lambda self, entry, found: self._usable(entry, None))
+    with caplog.at_level("WARNING", logger="memplan.exec.runtime"):
+        _, stats = _planned(tiny_workload, plan=swap_all_plan(tiny_trace), trace=tiny_trace)
+    assert stats["unresolved"] > 0
+    assert all(s["unresolved"] > 0 for s in stats["steps_measured"])
+    assert sum("planned actions found no storage" in r.getMessage() for r in caplog.records) == STEPS

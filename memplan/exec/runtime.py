@@ -61,6 +61,7 @@ class PlanRuntime:
         self.steps: list[dict] = []  # one record per step run
         self._idle_guards: list = []
         self._in_step = False
+        self._unresolved_before = 0  # the runner's count when the current step began
         self._closed = False
 
     def host_buffers(self) -> tuple:
@@ -78,6 +79,7 @@ class PlanRuntime:
         """Start one training iteration (ends the previous one if it is still open)."""
         self.end_step()
         self.runner.begin_step()
+        self._unresolved_before = self.runner.stats.unresolved
         if self.meter is not None:
             self.meter.track((self._persistent(), inputs))
             self.meter.reset_peak()
@@ -90,7 +92,12 @@ class PlanRuntime:
         self._in_step = False
         diverged = self.runner.stats.diverged_steps
         self.runner.end_step()
-        record = {"step": len(self.steps), "diverged": self.runner.stats.diverged_steps > diverged}
+        record = {"step": len(self.steps), "diverged": self.runner.stats.diverged_steps > diverged,
+                  "unresolved": self.runner.stats.unresolved - self._unresolved_before}
+        if record["unresolved"]:
+            log.warning("step %d: %d planned actions found no storage of the traced size where the trace put it; "
+                        "those storages stayed resident (more memory than planned)", record["step"],
+                        record["unresolved"])
         if self.meter is not None:
             record.update(self.meter.peak())
         self.steps.append(record)

@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -43,11 +44,11 @@ from memplan.planners.dqn import (
 from memplan.planners.dqn.env import Env
 from memplan.planners.dqn.train import Instance, TrainConfig, one_thread, train
 from memplan.sim.simulate import simulate
-from memplan.tracing.io import read_trace, write_trace
-from memplan.workflows.workloads import trace_workload
+
+sys.path.insert(0, str(Path(__file__).parent))
+from autoswap import get_trace  # noqa: E402  (the sibling benchmark's trace cache)
 
 RESULTS = Path(__file__).parent / "results"
-CACHE = Path("/tmp/memplan-bench-traces")  # traced iterations, reused between runs (not committed)
 DEVICE = "gtx1080ti"  # the paper's GPU
 # (model, batch): ResNet and VGG at two depths (CIFAR-10), UNet, char-LSTM, k-means, SD ResNet.
 FIG5_MODELS = (("resnet18-cifar", 128), ("resnet34-cifar", 128), ("vgg11-cifar", 128), ("vgg16-cifar", 128),
@@ -69,19 +70,6 @@ TRANSFER_TARGETS = (("vgg16-cifar", 128), ("resnet34-cifar", 128))
 TRANSFER_SHARES = (0.8, 0.6)
 
 log = logging.getLogger("dqn-bench")
-
-
-def get_trace(model: str, batch: int):
-    """Trace one iteration with fake tensors (cached on disk)."""
-    path = CACHE / f"{model}-b{batch}.jsonl"
-    if path.exists():
-        return read_trace(path)
-    started = time.perf_counter()
-    trace = trace_workload(model, batch, fake=True)
-    log.info("traced %s batch %d in %.1f s: %d ops", model, batch, time.perf_counter() - started, len(trace.ops))
-    CACHE.mkdir(parents=True, exist_ok=True)
-    write_trace(trace, path)
-    return trace
 
 
 def point(trace, cost, planner: str, budget, **params) -> dict | None:

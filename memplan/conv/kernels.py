@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, fields, replace
 
 from ..errors import MemplanError
-from ..model import CONV_KERNELS, ConvParams, Trace
+from ..model import CONV_KERNELS, ConvParams, Trace, conv_output_size
 
 # Bytes per element of the dtypes convolutions run in.
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -64,12 +64,12 @@ class Kernel:
     @property
     def p(self) -> int:
         """Output height."""
-        return (self.h + 2 * self.pad_h - self.dil_h * (self.r - 1) - 1) // self.stride_h + 1
+        return conv_output_size(self.h, self.r, self.pad_h, self.stride_h, self.dil_h)
 
     @property
     def q(self) -> int:
         """Output width."""
-        return (self.w + 2 * self.pad_w - self.dil_w * (self.s - 1) - 1) // self.stride_w + 1
+        return conv_output_size(self.w, self.s, self.pad_w, self.stride_w, self.dil_w)
 
     @property
     def element_bytes(self) -> int:

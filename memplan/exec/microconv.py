@@ -31,6 +31,8 @@ import logging
 import torch
 from torch import nn
 
+from ..model import conv_output_size
+
 log = logging.getLogger(__name__)
 
 aten = torch.ops.aten
@@ -62,7 +64,7 @@ def forward(x, weight, bias, stride, padding, dilation, transposed, output_paddi
     geometry = (stride, padding, dilation, transposed, output_padding, groups)
     if not sizes or len(sizes) == 1 or transposed:
         return aten.convolution.default(x, weight, bias, *geometry)
-    out_hw = [(x.shape[2 + d] + 2 * padding[d] - dilation[d] * (weight.shape[2 + d] - 1) - 1) // stride[d] + 1
+    out_hw = [conv_output_size(x.shape[2 + d], weight.shape[2 + d], padding[d], stride[d], dilation[d])
               for d in range(2)]
     out = torch.empty((x.shape[0], weight.shape[0], *out_hw), dtype=x.dtype, device=x.device, memory_format=_layout(x))
     for start, size in _slices(sizes):

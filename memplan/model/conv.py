@@ -14,6 +14,11 @@ from dataclasses import dataclass
 CONV_KERNELS = ("fwd", "bwd_data", "bwd_filter")
 
 
+def conv_output_size(size: int, kernel: int, pad: int, stride: int, dilation: int) -> int:
+    """One spatial dimension of a convolution's output (PyTorch's formula)."""
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class ConvParams:
     """A 2-D convolution as traced: NCHW input, KCRS weight (C per group), and its kernels."""
@@ -48,12 +53,12 @@ class ConvParams:
     @property
     def out_h(self) -> int:
         """Output height."""
-        return (self.h + 2 * self.pad_h - self.dil_h * (self.r - 1) - 1) // self.stride_h + 1
+        return conv_output_size(self.h, self.r, self.pad_h, self.stride_h, self.dil_h)
 
     @property
     def out_w(self) -> int:
         """Output width."""
-        return (self.w + 2 * self.pad_w - self.dil_w * (self.s - 1) - 1) // self.stride_w + 1
+        return conv_output_size(self.w, self.s, self.pad_w, self.stride_w, self.dil_w)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -112,6 +112,7 @@ class Reference:
         for k, d in enumerate(self.decisions):  # (4) wait for the other prefetches, decompress
             if d.action == "swap" and d.back_before == i and k not in first:
                 self._land(k)
+        op_start = self.t
         self.t += self.durations[i]  # (5); the temporary was never added to `resident`: released now
         for s in trace.storages:  # (6) frees, swap-outs, recompute drops
             if s.free_op == i + 1:
@@ -124,7 +125,8 @@ class Reference:
                 continue
             self._kernel(d)
             link = self._link(d)
-            start = max(self.t, self.d2h_free)
+            began = op_start if d.overlap and not d.compress_ratio else self.t  # a copy beside op i
+            start = max(began, self.d2h_free)
             self.on_host[k] = self.d2h_free = start + cost.d2h_s(link)
             self.host_events.append((start, link))
             self.link += link
@@ -176,6 +178,7 @@ def _random_plan(trace, rng):
                 decisions.append(Decision(
                     storage=sid, action="swap", out_after=out_after, back_before=back,
                     trigger=rng.randrange(out_after + 1, back + 1), sync=rng.random() < 0.2,
+                    overlap=sid not in trace.ops[out_after].writes and rng.random() < 0.3,
                     compress_ratio=rng.choice((None, None, None, 0.5))))
     return Plan(decisions=tuple(_no_recursive_chains(trace, decisions)), microbatches=_random_microbatches(trace, rng))
 

@@ -5,7 +5,9 @@ one storage out of device memory for one gap between two of its accesses:
 
     swap       after op `out_after` the storage is copied to host (device-to-host engine)
                and its device memory is released when the copy completes (or, if `sync`,
-               the compute stream waits for that copy before the next op). At op `trigger`
+               the compute stream waits for that copy before the next op). With `overlap`
+               the copy starts already when op `out_after` starts, beside it (that op only
+               reads the storage: vDNN offloads a layer's input during the layer). At op `trigger`
                the prefetch is issued: its bytes are allocated then, the copy runs on the
                host-to-device engine, and op `back_before` waits for it to land.
     recompute  after op `out_after` the storage is freed at once; right before op
@@ -43,6 +45,7 @@ class Decision:
     back_before: int  # the next op that touches it (wraps around when <= out_after)
     trigger: int | None = None  # swap only: op at whose start the prefetch is issued (default back_before)
     sync: bool = False  # swap only: the compute stream waits for the swap-out (vDNN)
+    overlap: bool = False  # swap only: the copy may start when op out_after starts (it only reads the storage)
     compress_ratio: float | None = None  # zero-value compression: compressed/original bytes; None = off
 
     def __post_init__(self):
@@ -149,7 +152,7 @@ _PLAN_FIELDS = {"decisions": (list,), "pool": (list,), "pool_bytes": _OPT_INT, "
                 "trace_digest": (str, type(None)), "predicted": (dict,), "planning_s": _NUMBER, "history": (dict,),
                 "report": (dict,)}
 _DECISION_FIELDS = {"storage": _INT, "action": (str,), "out_after": _INT, "back_before": _INT,
-                    "trigger": _OPT_INT, "sync": (bool,), "compress_ratio": (int, float, type(None))}
+                    "trigger": _OPT_INT, "sync": (bool,), "overlap": (bool,), "compress_ratio": (int, float, type(None))}
 _SLOT_FIELDS = {"storage": _INT, "start": _INT, "offset": _INT}
 _MICROBATCH_FIELDS = {"op": _INT, "kernel": (str,), "sizes": (list,), "algos": (list,), "time_s": _NUMBER,
                       "workspace_bytes": _INT, "accumulator_bytes": _INT, "source": (str,), "module": (str,)}

@@ -18,6 +18,7 @@ SWAP, RECOMPUTE = 0, 1
 NO_WRAP, HEAD_WRAP, TAIL_WRAP = 0, 1, 2
 D2H_COPY, H2D_COPY, EXTRA_WORK = 0, 1, 2  # kinds of recorded intervals (third column of `copies`)
 # Indices into the float result vector.
+SYNC, OVERLAP = 1, 2  # bits of d_sync: the compute stream waits; the copy may start with its op
 R_TIME, R_COMPUTE, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE, R_SYNC_STALL, R_COPY_BUSY = range(7)
 N_FLOAT_RESULTS = 7
 # Indices into the int result vector.
@@ -316,7 +317,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             n_copies = _extra_work(copies, n_copies, t, d_comp_s[d], record)
             t += d_comp_s[d]
             floats[R_RECOMPUTE] += d_comp_s[d]
-            start = max(t, d2h_free)
+            start = max(op_start[i] if d_sync[d] & OVERLAP and d_comp_s[d] == 0.0 else t, d2h_free)
             d2h_free = start + d_d2h_s[d]
             on_host_at[s] = d2h_free
             floats[R_COPY_BUSY] += d_d2h_s[d]
@@ -328,7 +329,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 copies[n_copies, 0] = start
                 copies[n_copies, 1] = d2h_free
                 n_copies += 1
-            if d_sync[d]:
+            if d_sync[d] & SYNC:
                 if d2h_free > t:
                     floats[R_SYNC_STALL] += d2h_free - t
                     t = d2h_free

@@ -20,7 +20,8 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
   allocated; (4) op i waits for its other prefetches to land (prefetch_stall_s) and
   decompresses them; (5) op i runs; (6) storages whose lifetime ends are released, and
   swap-outs after op i start: compressed (a kernel on the compute stream) and enqueued on
-  the device-to-host engine; their memory is released when the copy completes, or, if
+  the device-to-host engine (an uncompressed `overlap` swap-out is enqueued as of op i's
+  start: it ran beside op i, which only read it); their memory is released when the copy completes, or, if
   `sync`, the compute stream waits for it (sync_stall_s). Recompute decisions release at once.
 - A swap-out's memory is released lazily: at the start of the first op after its copy
   completed, or earlier, waiting for it, when an allocation needs the room. These release
@@ -184,10 +185,10 @@ class Simulator:
         # prepare thousands of plans).
         fields = np.fromiter(itertools.chain.from_iterable(
             (d.storage, d.action == "recompute", d.out_after, d.back_before,
-             NO_TRIGGER if d.trigger is None else d.trigger, d.sync, d.compress_ratio or 0.0) for d in decisions),
-            dtype=np.float64, count=7 * len(decisions)).reshape(-1, 7)
+             NO_TRIGGER if d.trigger is None else d.trigger, d.sync + K.OVERLAP * d.overlap, d.compress_ratio or 0.0)
+            for d in decisions), dtype=np.float64, count=7 * len(decisions)).reshape(-1, 7)
         sid, is_rec, out_after, back, trigger = (fields[:, j].astype(np.int64) for j in range(5))
-        sync, ratio = fields[:, 5].astype(np.bool_), fields[:, 6]
+        sync, ratio = fields[:, 5].astype(np.int64), fields[:, 6]  # sync: K.SYNC and K.OVERLAP bits
         trigger = np.where((trigger == NO_TRIGGER) | (is_rec == 1), back, trigger)  # = Decision.prefetch_at
         kind = np.where(is_rec == 1, K.RECOMPUTE, K.SWAP).astype(np.int64)
         swap = kind == K.SWAP

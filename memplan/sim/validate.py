@@ -12,6 +12,7 @@ Rules (one `Violation.kind` constant each):
   storage (BAD_WRAP); the plan was made for this trace (WRONG_TRACE);
 - READ_WHILE_ABSENT: no op reads or writes a storage strictly inside one of its gaps;
 - BAD_TRIGGER: a swap's prefetch trigger lies in (out_after, back_before] (circularly);
+- OVERLAP_WRITES: a swap whose copy overlaps op out_after (`overlap`) is not written by it;
 - OVERLAPPING_GAPS: the gaps of one storage are disjoint;
 - NOT_RECOMPUTABLE: recompute only storages with a producer (`Trace.recomputable`);
 - RECOMPUTE_INPUT_ABSENT: the lineage inputs of a recompute are resident at back_before,
@@ -60,10 +61,12 @@ POOL_OUT_OF_RANGE = "pool_out_of_range"
 OVER_BUDGET = "over_budget"
 POOL_OVER_BUDGET = "pool_over_budget"
 BAD_CONV_DECISION = "bad_conv_decision"
+OVERLAP_WRITES = "overlap_writes"
 
 KINDS = (UNKNOWN_STORAGE, OUT_OF_LIFETIME, BAD_WRAP, WRONG_TRACE, READ_WHILE_ABSENT, BAD_TRIGGER,
          OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, POOL_MISSING_SLOT,
-         POOL_STRAY_SLOT, POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET, POOL_OVER_BUDGET, BAD_CONV_DECISION)
+         POOL_STRAY_SLOT, POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET, POOL_OVER_BUDGET, BAD_CONV_DECISION,
+         OVERLAP_WRITES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +105,7 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
     for d in good:
         _check_accesses(trace, d, out)
         _check_trigger(trace, d, out)
+        _check_overlap_copy(trace, d, out)
     for sid, decisions in by_storage.items():
         _check_overlaps(trace, sid, decisions, out)
     _check_recomputes(trace, good, by_storage, out)
@@ -179,6 +183,14 @@ def _check_trigger(trace: Trace, d: Decision, out: list[Violation]) -> None:
         out.append(Violation(kind=BAD_TRIGGER, storage=d.storage, op=t,
                              message=f"storage {d.storage}: trigger {t} is not in "
                                      f"({d.out_after}, {d.back_before}]"))
+
+
+def _check_overlap_copy(trace: Trace, d: Decision, out: list[Violation]) -> None:
+    """A copy that starts beside op out_after must not race a write of that op."""
+    if d.overlap and (d.action != "swap" or d.storage in trace.ops[d.out_after].writes):
+        out.append(Violation(kind=OVERLAP_WRITES, storage=d.storage, op=d.out_after,
+                             message=f"storage {d.storage}: its copy overlaps op {d.out_after}, which "
+                                     f"{'writes it' if d.action == 'swap' else 'is before a recompute'}"))
 
 
 def _check_overlaps(trace: Trace, sid: int, decisions: list[Decision], out: list[Violation]) -> None:

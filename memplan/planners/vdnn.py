@@ -1,0 +1,197 @@
+"""vDNN and vDNN++ (paper 001): layer-wise offload of each chosen layer's input X.
+
+Registered names: `vdnn:{all,conv,aconv,dyn}` and `vdnn++:{all,conv,aconv,dyn}`, each with
+`algo=m` (memory-optimal convolution algorithms: no workspace) or `algo=p`
+(performance-optimal: the fastest algorithm whatever its workspace), and `vdnn++:...+highend`
+(the plan's buffers laid out in one pool by paper 001's non-offloaded high-end heuristic).
+
+- Which layers offload (§II-B): `all` every layer, `conv` every convolution layer, `aconv`
+  every other convolution layer (the first, third, ...). A layer's X is what it reads that
+  an earlier layer made and backward reads again (a saved activation whose last forward
+  reader is this layer); it leaves after that read and is back before its first backward use.
+- Both start the offload with the layer's last forward op, beside it (`Decision.overlap`:
+  that op only reads X). vDNN synchronises at the end of every layer: the compute stream
+  waits for the offload (`Decision.sync`), Fig. 4's forward stall. vDNN++ (§IV-A) does not:
+  the next layer starts at once and an allocation waits only when the budget needs the
+  offloaded bytes (the simulator's lazy release).
+- Both prefetch X of a layer when the backward layer before it starts (vDNN's "prefetch of
+  layer n overlapped with layer m > n", m the next backward layer) and wait for it only at
+  its use. With one layer of lead vDNN's wait at the end of layer m is the wait at layer
+  n's start, so the two differ in forward only.
+- `dyn`: the paper's profile passes: every fixed mode (and no offload) with both algorithm
+  choices is simulated at the budget; the fastest that fits wins.
+- `compress`: zero-value compression ratio for every offload (0 = off; §IV-C's host
+  compression is measured by benchmarks/vdnn.py).
+
+A fixed mode ignores the budget (the rule is the method); a budget it does not fit raises
+the infeasible-budget error naming the smallest budget at which the simulator runs it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from ..conv.decide import decide
+from ..cost.model import Cost
+from ..errors import MemplanError
+from ..model import Decision, Plan, Trace
+from ..sim.simulate import Simulator
+from ._activations import saved_gaps
+from .base import infeasible, register
+
+OFFLOAD_MODES = ("all", "conv", "aconv")  # fixed layer choices (§II-B); `dyn` picks among them
+ALGOS = ("m", "p")  # memory-optimal or performance-optimal convolution algorithms
+UNLIMITED_WORKSPACE = 1 << 50  # (p): the fastest algorithm, whatever its workspace
+BISECT_STEPS = 24  # smallest-budget search: simulator runs between infeasible and feasible
+CONV_OPS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution", "conv2d"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offload:
+    """One layer's input X leaving after the layer's forward."""
+
+    storage: int  # X's storage id
+    out_after: int  # the layer's last forward op reading it
+    back_before: int  # its first backward access
+    conv: bool  # the layer is a convolution
+
+
+def offloads(trace: Trace, mode: str) -> list[Offload]:
+    """The offloads of `mode` ("all", "conv" or "aconv"), in forward order."""
+    gaps = {g.storage: g for g in saved_gaps(trace)}
+    out: list[Offload] = []
+    for layer in trace.layers:
+        if layer.phase != "forward":
+            continue
+        is_conv = any(_is_conv(trace, j) for j in layer.ops)
+        for sid in layer.inputs:
+            gap = gaps.get(sid)
+            if gap is not None and gap.last_forward in layer.ops:
+                out.append(Offload(storage=sid, out_after=gap.last_forward, back_before=gap.back_before, conv=is_conv))
+    if mode == "all":
+        return out
+    convs = [o for o in out if o.conv]
+    if mode == "conv":
+        return convs
+    layers = sorted({o.out_after for o in convs})  # one offloading op per conv layer
+    kept = set(layers[::2])
+    return [o for o in convs if o.out_after in kept]
+
+
+def _is_conv(trace: Trace, j: int) -> bool:
+    op = trace.ops[j]
+    base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
+    return op.conv is not None or base in CONV_OPS
+
+
+def backward_layer_starts(trace: Trace) -> list[int]:
+    """First op of every backward layer, ascending."""
+    return [layer.ops[0] for layer in trace.layers if layer.phase == "backward"]
+
+
+def prefetch_trigger(starts: list[int], o: Offload) -> int:
+    """Issue the prefetch when the backward layer before X's layer starts (one layer of lead)."""
+    here = bisect.bisect_right(starts, o.back_before) - 1
+    op = starts[here - 1] if here >= 1 else o.back_before
+    return min(max(op, o.out_after + 1), o.back_before)
+
+
+def mode_plan(trace: Trace, cost: Cost, mode: str, algo: str, *, sync: bool, compress: float = 0.0) -> Plan:
+    """The plan of one fixed mode: offload decisions and convolution algorithms."""
+    if mode not in OFFLOAD_MODES + ("none",):
+        raise MemplanError(f"unknown vDNN offload mode {mode!r}; known: {', '.join(OFFLOAD_MODES)}, dyn")
+    starts = backward_layer_starts(trace)
+    chosen = offloads(trace, mode) if mode != "none" else []
+    decisions = tuple(sorted((Decision(storage=o.storage, action="swap", out_after=o.out_after,
+                                       back_before=o.back_before, trigger=prefetch_trigger(starts, o), sync=sync,
+                                       overlap=o.storage not in trace.ops[o.out_after].writes,
+                                       compress_ratio=compress or None) for o in chosen),
+                             key=lambda d: (d.back_before, d.storage)))
+    return Plan(decisions=decisions, microbatches=conv_algorithms(trace, cost, algo))
+
+
+def conv_algorithms(trace: Trace, cost: Cost, algo: str):
+    """Undivided convolution kernels with memory-optimal (m) or performance-optimal (p) algorithms."""
+    if algo not in ALGOS:
+        raise MemplanError(f"unknown vDNN algorithm choice {algo!r}; known: m (memory-optimal), p (performance-optimal)")
+    if not any(op.conv is not None for op in trace.ops):
+        return ()
+    workspace = 0 if algo == "m" else UNLIMITED_WORKSPACE
+    return decide(trace, cost.profile, mode="wr", workspace=workspace, policy="undivided")
+
+
+def smallest_budget(simulator: Simulator, plan: Plan, budget_bytes: int) -> int:
+    """The smallest budget above `budget_bytes` at which the simulator runs `plan` (bisection
+    between `budget_bytes` and the plan's unconstrained peak, which it always fits)."""
+    lo, hi = budget_bytes, max(simulator.run(plan, None).peak_load_bytes, budget_bytes + 1)
+    for _ in range(BISECT_STEPS):
+        if hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if simulator.run(plan, mid).feasible else (mid, hi)
+    return hi
+
+
+def fitted(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, name: str) -> tuple[Plan, float]:
+    """`plan` and its simulated time if it fits `budget_bytes`; else the infeasible-budget error."""
+    simulator = Simulator(trace, cost)
+    result = simulator.run(plan, budget_bytes)
+    if not result.feasible:
+        raise infeasible(budget_bytes, smallest_budget(simulator, plan, budget_bytes), name)
+    return plan, result.time_s
+
+
+def dyn_plan(trace: Trace, budget_bytes: int, cost: Cost, *, sync: bool, compress: float, name: str) -> Plan:
+    """The fastest of every fixed mode and algorithm choice (and no offload) that fits the budget."""
+    best, lowest = None, None
+    for mode in ("none",) + OFFLOAD_MODES:
+        for algo in ALGOS:
+            candidate = mode_plan(trace, cost, mode, algo, sync=sync, compress=compress)
+            try:
+                plan, time_s = fitted(trace, budget_bytes, cost, candidate, name)
+            except MemplanError as exc:  # InfeasibleBudgetError
+                needed = getattr(exc, "min_feasible_bytes", None)
+                lowest = needed if lowest is None or (needed is not None and needed < lowest) else lowest
+                continue
+            if best is None or time_s < best[1]:
+                best = (plan.with_meta(report={"mode": mode, "algo": algo}), time_s)
+    if best is None:
+        raise infeasible(budget_bytes, lowest, name)
+    return best[0]
+
+
+def _vdnn(trace, budget_bytes, cost, *, mode: str, sync: bool, name: str, algo: str, compress: float) -> Plan:
+    if not 0.0 <= compress <= 1.0:
+        raise MemplanError(f"planner {name!r}: compress must be a ratio in [0, 1] (0 = off), got {compress}")
+    if mode == "dyn":
+        return dyn_plan(trace, budget_bytes, cost, sync=sync, compress=compress, name=name)
+    plan, _ = fitted(trace, budget_bytes, cost, mode_plan(trace, cost, mode, algo, sync=sync, compress=compress),
+                     name)
+    return plan.with_meta(report={"mode": mode, "algo": algo})
+
+
+def _register_family(family: str, sync: bool, what: str):
+    def planner(trace, budget_bytes, cost, *, seed=0, mode="all", sync=False, family="vdnn", algo: str = "m",
+                compress: float = 0.0) -> Plan:
+        """Offload each chosen layer's input X after its forward (paper 001).
+
+        Args:
+            algo: "m" memory-optimal or "p" performance-optimal convolution algorithms
+                (ignored by `dyn`, which tries both).
+            compress: zero-value compression ratio of every offload (0 = off).
+        Raises:
+            InfeasibleBudgetError: the mode does not fit the budget (names the smallest that fits).
+            MemplanError: an unknown `algo`, or `compress` outside [0, 1].
+        """
+        return _vdnn(trace, budget_bytes, cost, mode=mode, sync=sync, name=f"{family}:{mode}", algo=algo,
+                     compress=compress)
+
+    for mode in OFFLOAD_MODES + ("dyn",):
+        planner = register(f"{family}:{mode}", f"{what} offload of {mode} layers' inputs (paper 001)",
+                           decides=("swap", "microbatch"), mode=mode, sync=sync, family=family)(planner)
+    return planner
+
+
+vdnn_planner = _register_family("vdnn", True, "vDNN: synchronous")
+vdnnpp_planner = _register_family("vdnn++", False, "vDNN++: asynchronous")

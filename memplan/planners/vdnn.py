@@ -142,11 +142,12 @@ def fitted(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, name: str) -
     return plan, result.time_s
 
 
-def dyn_plan(trace: Trace, budget_bytes: int, cost: Cost, *, sync: bool, compress: float, name: str) -> Plan:
-    """The fastest of every fixed mode and algorithm choice (and no offload) that fits the budget."""
+def dyn_plan(trace: Trace, budget_bytes: int, cost: Cost, *, sync: bool, compress: float, name: str,
+             algos=ALGOS) -> Plan:
+    """The fastest of every fixed mode and algorithm choice in `algos` (and no offload) that fits the budget."""
     best, lowest = None, None
     for mode in ("none",) + OFFLOAD_MODES:
-        for algo in ALGOS:
+        for algo in algos:
             candidate = mode_plan(trace, cost, mode, algo, sync=sync, compress=compress)
             try:
                 plan, time_s = fitted(trace, budget_bytes, cost, candidate, name)
@@ -164,21 +165,25 @@ def dyn_plan(trace: Trace, budget_bytes: int, cost: Cost, *, sync: bool, compres
 def _vdnn(trace, budget_bytes, cost, *, mode: str, sync: bool, name: str, algo: str, compress: float) -> Plan:
     if not 0.0 <= compress <= 1.0:
         raise MemplanError(f"planner {name!r}: compress must be a ratio in [0, 1] (0 = off), got {compress}")
+    if algo not in ALGOS + ("",):
+        raise MemplanError(f"planner {name!r}: unknown algo {algo!r}; known: m (memory-optimal), "
+                           f"p (performance-optimal)")
     if mode == "dyn":
-        return dyn_plan(trace, budget_bytes, cost, sync=sync, compress=compress, name=name)
+        return dyn_plan(trace, budget_bytes, cost, sync=sync, compress=compress, name=name, algos=algo or ALGOS)
+    algo = algo or "m"
     plan, _ = fitted(trace, budget_bytes, cost, mode_plan(trace, cost, mode, algo, sync=sync, compress=compress),
                      name)
     return plan.with_meta(report={"mode": mode, "algo": algo})
 
 
 def _register_family(family: str, sync: bool, what: str):
-    def planner(trace, budget_bytes, cost, *, seed=0, mode="all", sync=False, family="vdnn", algo: str = "m",
+    def planner(trace, budget_bytes, cost, *, seed=0, mode="all", sync=False, family="vdnn", algo: str = "",
                 compress: float = 0.0) -> Plan:
         """Offload each chosen layer's input X after its forward (paper 001).
 
         Args:
-            algo: "m" memory-optimal or "p" performance-optimal convolution algorithms
-                (ignored by `dyn`, which tries both).
+            algo: "m" memory-optimal or "p" performance-optimal convolution algorithms;
+                "" (default): "m" for a fixed mode, both for `dyn`, which tries them all.
             compress: zero-value compression ratio of every offload (0 = off).
         Raises:
             InfeasibleBudgetError: the mode does not fit the budget (names the smallest that fits).

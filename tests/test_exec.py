@@ -85,7 +85,8 @@ def _tiny_params(name) -> dict:
 
 
 def _plans(trace, name, **params) -> list:
-    """The planner's plans at 100%, 70% and its smallest feasible budget (those it can make)."""
+    """The planner's plans at 100%, 70% and its smallest feasible budget (those it can make);
+    without a budget when it fits none of them."""
     plans = {}
     budgets = [trace.peak_load_bytes, int(0.7 * trace.peak_load_bytes), 1]
     while budgets:
@@ -95,6 +96,8 @@ def _plans(trace, name, **params) -> list:
         except InfeasibleBudgetError as exc:
             if budget == 1 and exc.min_feasible_bytes < trace.peak_load_bytes:
                 budgets.append(exc.min_feasible_bytes)
+    if not plans:  # a pool that fragments above the peak (vdnn++:...+highend's CNMeM-like best-fit)
+        plans[None] = make_plan(trace, None, planner=name, **params)
     return list(plans.values())
 
 

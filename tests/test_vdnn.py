@@ -17,7 +17,6 @@ from memplan.exec import hostzvc
 from memplan.exec.engine import ThreadCopyEngine
 from memplan.planners.base import plan as make_plan
 from memplan.planners.vdnn import offloads
-from memplan.sim.simulate import simulate
 from memplan.sim.validate import validate
 from memplan.testing.synthetic import _Builder
 from memplan.tracing.io import write_trace
@@ -137,6 +136,22 @@ def test_compressed_offloads_move_fewer_bytes(conv_trace):
     assert packed.predicted["link_bytes"] < plain.predicted["link_bytes"]
 
 
+@pytest.mark.parametrize("order", ["prefetch-first", "derivative-first"])
+def test_the_high_end_variant_lays_offloaded_inputs_out_above_the_rest(conv_trace, order):
+    plan = make_plan(conv_trace, None, planner="vdnn++:all+highend", order=order)
+    assert plan.decisions and plan.pool_bytes >= plan.predicted["peak_load_bytes"]
+    assert validate(conv_trace, plan) == []
+    offloaded = {d.storage for d in plan.decisions}
+    first_slot = {}
+    for slot in sorted(plan.pool, key=lambda s: s.start):
+        first_slot.setdefault(slot.storage, slot.offset)
+    # where forward puts them: offloaded inputs from the top down, everything else best-fit from the bottom
+    high = np.mean([first_slot[s] for s in offloaded])
+    low = np.mean([off for s, off in first_slot.items()
+                   if s not in offloaded and conv_trace.storages[s].kind == "activation"])
+    assert high > low
+
+
 # --- execution ---------------------------------------------------------------------------------
 
 STEPS = 2
@@ -244,6 +259,7 @@ def fig4_file(tmp_path):
     ("vdnn++:all", ["algo=x"], "algo"),
     ("vdnn:conv", ["compress=2"], "compress"),
     ("vdnn:all", ["threads=2"], "threads"),
+    ("vdnn++:all+highend", ["order=sideways"], "sideways"),
 ])
 def test_a_bad_mode_or_parameter_is_one_error_line(capsys, tmp_path, fig4_file, planner, params, says):
     out = tmp_path / "p.json"

@@ -2,8 +2,10 @@
 
 Registered names: `vdnn:{all,conv,aconv,dyn}` and `vdnn++:{all,conv,aconv,dyn}`, each with
 `algo=m` (memory-optimal convolution algorithms: no workspace) or `algo=p`
-(performance-optimal: the fastest algorithm whatever its workspace), and `vdnn++:...+highend`
-(the plan's buffers laid out in one pool by paper 001's non-offloaded high-end heuristic).
+(performance-optimal: the fastest algorithm whatever its workspace), and
+`vdnn++:{all,conv,aconv}+highend` (the plan's buffers laid out in one pool by paper 001's
+non-offloaded high-end heuristic, allocator `vdnnpp-highend`, with `order=prefetch-first` or
+`derivative-first`).
 
 - Which layers offload (§II-B): `all` every layer, `conv` every convolution layer, `aconv`
   every other convolution layer (the first, third, ...). A layer's X is what it reads that
@@ -200,3 +202,39 @@ def _register_family(family: str, sync: bool, what: str):
 
 vdnn_planner = _register_family("vdnn", True, "vDNN: synchronous")
 vdnnpp_planner = _register_family("vdnn++", False, "vDNN++: asynchronous")
+
+
+def _highend(trace, budget_bytes, cost, *, seed=0, mode="all", algo: str = "m", compress: float = 0.0,
+             order: str = "prefetch-first") -> Plan:
+    """vDNN++ with its buffers in one pool: offloaded inputs at the high end, the rest best-fit (§IV-B).
+
+    Args:
+        algo, compress: as for `vdnn++:<mode>`.
+        order: at one step, allocate prefetched inputs before ("prefetch-first") or after
+            ("derivative-first") the gradients.
+    Raises:
+        InfeasibleBudgetError: the offload plan or its pool does not fit; names a budget at
+            which both do.
+    """
+    name = f"vdnn++:{mode}+highend"
+    swaps = mode_plan(trace, cost, mode, algo or "m", sync=False, compress=compress)
+    pooled = _pool(trace, swaps, cost, order)
+    simulator = Simulator(trace, cost)
+    fits = simulator.run(pooled, budget_bytes).feasible and pooled.pool_bytes <= budget_bytes
+    if not fits:
+        needed = max(pooled.pool_bytes, budget_bytes + 1)
+        if not simulator.run(pooled, needed).feasible:
+            needed = smallest_budget(simulator, pooled, needed)
+        raise infeasible(budget_bytes, needed, name)
+    return pooled.with_meta(report={"mode": mode, "algo": algo or "m", "order": order})
+
+
+def _pool(trace: Trace, plan: Plan, cost: Cost, order: str) -> Plan:
+    from ..pool.api import with_pool
+
+    return with_pool(trace, plan, allocator="vdnnpp-highend", cost=cost, order=order)
+
+
+for _mode in OFFLOAD_MODES:
+    register(f"vdnn++:{_mode}+highend", f"vDNN++ {_mode} with the high-end pool heuristic (paper 001 §IV-B)",
+             decides=("swap", "microbatch", "pool"), mode=_mode)(_highend)

@@ -148,18 +148,18 @@ def layout(trace: Trace, plan: Plan | None = None, allocator: str = "smartpool",
 
 
 def with_pool(trace: Trace, plan: Plan, allocator: str = "smartpool", time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-              seed: int = 0, cost=None) -> Plan:
+              seed: int = 0, cost=None, **options) -> Plan:
     """A copy of `plan` with `pool` and `pool_bytes` filled by `layout`.
 
     Args:
         trace: the trace the plan was made for.
         plan: any plan (its decisions decide the residency intervals).
         allocator: an allocator that returns offsets (smartpool family, cnmem, caching...).
-        time_limit_s, seed, cost: as for `layout`.
+        time_limit_s, seed, cost, options: as for `layout`.
     Returns:
         The plan with pool slots and pool size; its metadata is otherwise unchanged.
     """
-    result = layout(trace, plan, allocator=allocator, time_limit_s=time_limit_s, seed=seed, cost=cost)
+    result = layout(trace, plan, allocator=allocator, time_limit_s=time_limit_s, seed=seed, cost=cost, **options)
     return plan.with_meta(pool=result.slots + _kept_gap_slots(plan, result), pool_bytes=result.footprint_bytes)
 
 

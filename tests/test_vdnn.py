@@ -18,6 +18,7 @@ from memplan.exec.engine import ThreadCopyEngine
 from memplan.planners.base import plan as make_plan
 from memplan.planners.vdnn import offloads
 from memplan.sim.validate import validate
+from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import _Builder
 from memplan.tracing.io import write_trace
 from memplan.workflows.optimize import optimize, trace_step
@@ -285,3 +286,25 @@ def test_host_zero_value_compression_round_trips_bit_exactly(threads):
     nnz = int(np.count_nonzero(a.view(np.uint32)))
     assert c.nbytes == sum((p.numel + 7) // 8 for p in c.parts) + 4 * nnz
     assert hostzvc.density(a) == nnz / a.size
+
+
+# --- conformance ---------------------------------------------------------------------------------
+
+
+class TestVdnnAllConformance(PlannerConformance):
+    planner = "vdnn:all"
+
+
+class TestVdnnPlusPlusConvConformance(PlannerConformance):
+    planner = "vdnn++:conv"
+    params = {"algo": "p"}
+
+
+class TestVdnnPlusPlusDynConformance(PlannerConformance):
+    planner = "vdnn++:dyn"
+
+
+class TestVdnnPlusPlusHighEndConformance(PlannerConformance):
+    planner = "vdnn++:aconv+highend"
+    params = {"order": "derivative-first"}
+    must_fit = ()  # the CNMeM-like pool fragments above the peak

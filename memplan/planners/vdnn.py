@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from ..conv.decide import decide
 from ..cost.model import Cost
-from ..errors import MemplanError
+from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from ._activations import saved_gaps
@@ -153,9 +153,8 @@ def dyn_plan(trace: Trace, budget_bytes: int, cost: Cost, *, sync: bool, compres
             candidate = mode_plan(trace, cost, mode, algo, sync=sync, compress=compress)
             try:
                 plan, time_s = fitted(trace, budget_bytes, cost, candidate, name)
-            except MemplanError as exc:  # InfeasibleBudgetError
-                needed = getattr(exc, "min_feasible_bytes", None)
-                lowest = needed if lowest is None or (needed is not None and needed < lowest) else lowest
+            except InfeasibleBudgetError as exc:
+                lowest = exc.min_feasible_bytes if lowest is None else min(lowest, exc.min_feasible_bytes)
                 continue
             if best is None or time_s < best[1]:
                 best = (plan.with_meta(report={"mode": mode, "algo": algo}), time_s)
@@ -164,12 +163,16 @@ def dyn_plan(trace: Trace, budget_bytes: int, cost: Cost, *, sync: bool, compres
     return best[0]
 
 
-def _vdnn(trace, budget_bytes, cost, *, mode: str, sync: bool, name: str, algo: str, compress: float) -> Plan:
+def _check(name: str, algo: str, compress: float) -> None:
     if not 0.0 <= compress <= 1.0:
         raise MemplanError(f"planner {name!r}: compress must be a ratio in [0, 1] (0 = off), got {compress}")
     if algo not in ALGOS + ("",):
         raise MemplanError(f"planner {name!r}: unknown algo {algo!r}; known: m (memory-optimal), "
                            f"p (performance-optimal)")
+
+
+def _vdnn(trace, budget_bytes, cost, *, mode: str, sync: bool, name: str, algo: str, compress: float) -> Plan:
+    _check(name, algo, compress)
     if mode == "dyn":
         return dyn_plan(trace, budget_bytes, cost, sync=sync, compress=compress, name=name, algos=algo or ALGOS)
     algo = algo or "m"
@@ -209,7 +212,7 @@ def _highend(trace, budget_bytes, cost, *, seed=0, mode="all", algo: str = "m", 
     """vDNN++ with its buffers in one pool: offloaded inputs at the high end, the rest best-fit (§IV-B).
 
     Args:
-        algo, compress: as for `vdnn++:<mode>`.
+        algo, compress: as for `vdnn++:<mode>` ((p) workspaces are held outside the pool).
         order: at one step, allocate prefetched inputs before ("prefetch-first") or after
             ("derivative-first") the gradients.
     Raises:
@@ -217,6 +220,7 @@ def _highend(trace, budget_bytes, cost, *, seed=0, mode="all", algo: str = "m", 
             which both do.
     """
     name = f"vdnn++:{mode}+highend"
+    _check(name, algo, compress)
     swaps = mode_plan(trace, cost, mode, algo or "m", sync=False, compress=compress)
     pooled = _pool(trace, swaps, cost, order)
     simulator = Simulator(trace, cost)

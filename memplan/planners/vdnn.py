@@ -181,6 +181,10 @@ def _vdnn(trace, budget_bytes, cost, *, mode: str, sync: bool, name: str, algo: 
     return plan.with_meta(report={"mode": mode, "algo": algo})
 
 
+_WHAT = {"all": "offload of every layer's input", "conv": "offload of every convolution's input",
+         "aconv": "offload of every other convolution's input", "dyn": "offload in the fastest mode that fits"}
+
+
 def _register_family(family: str, sync: bool, what: str):
     def planner(trace, budget_bytes, cost, *, seed=0, mode="all", sync=False, family="vdnn", algo: str = "",
                 compress: float = 0.0) -> Plan:
@@ -198,7 +202,7 @@ def _register_family(family: str, sync: bool, what: str):
                      compress=compress)
 
     for mode in OFFLOAD_MODES + ("dyn",):
-        planner = register(f"{family}:{mode}", f"{what} offload of {mode} layers' inputs (paper 001)",
+        planner = register(f"{family}:{mode}", f"{what} {_WHAT[mode]} (paper 001)",
                            decides=("swap", "microbatch"), mode=mode, sync=sync, family=family)(planner)
     return planner
 

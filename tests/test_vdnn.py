@@ -186,6 +186,8 @@ def test_every_mode_trains_exactly_like_plain_training(conv_trace, name, params)
     expected, _ = _train()
     got, stats = _train(plan, trace=conv_trace)
     assert stats["diverged_steps"] == 0 and stats["released"] == STEPS * len(plan.decisions)
+    beside = sum(d.overlap and d.compress_ratio is None for d in plan.decisions)  # copies started with their op
+    assert (beside > 0 or "compress" in params) and stats["copied_beside"] == STEPS * beside
     for key, value in expected.items():
         assert torch.equal(got[key], value), key
 

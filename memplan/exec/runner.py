@@ -3,7 +3,9 @@
 It counts the step's ops exactly as the tracer numbered them (`counts_as_op`) and checks
 each one's name against the trace; before and after op i it runs the program's actions for
 that point (memplan.model.program): swap-outs, releases, prefetches, waits, drops and
-recomputations. A storage is found at the op the program acts after (it is among that
+recomputations. A swap-out whose decision lets its copy run beside its op (`overlap`: the
+op only reads it) starts the copy before the op and releases after it. A storage is found
+at the op the program acts after (it is among that
 op's tensors: `storage_roles` pairs them with the trace's storage ids), or, for gaps that
 start before any op of the step (wrap-around swaps), through its owner (a parameter, a
 buffer, a gradient or optimizer state, `Trace.owners`).
@@ -52,6 +54,7 @@ class ExecStats:
     steps: int = 0  # steps begun
     swapped_out: int = 0  # swap-outs started
     swapped_out_bytes: int = 0  # their bytes
+    copied_beside: int = 0  # of them, copies started before the op they follow (Decision.overlap)
     released: int = 0  # swap-outs whose device memory was freed
     release_wait_s: float = 0.0  # host time spent waiting for a swap-out copy at a release
     prefetched: int = 0  # prefetches issued at their point
@@ -105,6 +108,9 @@ class StepRunner(TorchDispatchMode):
         self.names = [op.name for op in trace.ops]
         self._named: dict = {}  # OpOverload -> its name (str() of an overload formats it every time)
         self.at = program.actions_at()
+        # vDNN's offload beside the op (Decision.overlap): swap-outs whose copy starts before op i
+        self.early = {op: [a for a in acts if a.kind == "swap_out" and _beside(program.decisions[a.decision])]
+                      for (op, after), acts in self.at.items() if after}
         self.splits = program.splits()  # convolution op -> micro-batch sizes per kernel
         self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt, call=self._call)
         self.recomputed_at = {}  # op -> storages recomputed before it
@@ -186,6 +192,8 @@ class StepRunner(TorchDispatchMode):
             return func(*args, **kwargs)
         captured = i in self.replayer.ops
         rng = self.replayer.rng_before(func, args) if captured else None
+        if self.early.get(i):
+            self._copy_beside(i, func, args, kwargs)
         out = self._call(i, func, args, kwargs)
         self.pos = i + 1
         if captured:
@@ -229,10 +237,26 @@ class StepRunner(TorchDispatchMode):
         getattr(self, f"_{action.kind}")(entry, action.decision, found)
 
     def _swap_out(self, entry: _Entry, k: int, found) -> None:
+        if entry.state == LEAVING and entry.decision == k:  # its copy started beside the op
+            if self.program.decisions[k].sync:
+                self._release(entry, k)
+            return
         storage = self._found(entry, found)
         if storage is None or entry.state != RESIDENT:
             return
         self._copy_out(entry, storage, k)
+
+    def _copy_beside(self, i: int, func, args, kwargs) -> None:
+        """Start the copies of storages op i only reads before it runs (the swap-out after it
+        then only releases): on a GPU they run beside the op, as vDNN overlaps a layer's offload
+        with its computation (the simulator's `overlap`)."""
+        reads = dict(zip(self.trace.ops[i].reads, storage_roles(func, args, kwargs, None)[0]))
+        for action in self.early[i]:
+            entry = self.entries[self.program.decisions[action.decision].storage]
+            storage = self._found(entry, reads) if entry.sid in reads else None
+            if storage is not None and entry.state == RESIDENT:
+                self._copy_out(entry, storage, action.decision, release=False)
+                self.stats.copied_beside += 1
 
     def _release(self, entry: _Entry, k: int, found=None) -> None:
         if entry.state != LEAVING:
@@ -287,8 +311,9 @@ class StepRunner(TorchDispatchMode):
 
     # --- moving bytes ---------------------------------------------------------------------------
 
-    def _copy_out(self, entry: _Entry, storage: torch.UntypedStorage, k: int) -> None:
-        """Start the swap-out of `storage` into decision k's host region."""
+    def _copy_out(self, entry: _Entry, storage: torch.UntypedStorage, k: int, release: bool = True) -> None:
+        """Start the swap-out of `storage` into decision k's host region (a `sync` decision's
+        release follows at once unless `release` is false)."""
         d = self.program.decisions[k]
         region = self.slab.region(k)
         src = byte_view(storage)
@@ -302,7 +327,7 @@ class StepRunner(TorchDispatchMode):
         self.stats.swapped_out += 1
         self.stats.swapped_out_bytes += entry.nbytes
         self.stats.link_bytes += entry.nbytes
-        if d.sync:
+        if d.sync and release:
             self._release(entry, k)
 
     def _copy_in(self, entry: _Entry) -> None:
@@ -368,3 +393,8 @@ class StepRunner(TorchDispatchMode):
             log.debug("storage %d not found as traced: kept resident", entry.sid)
             return None
         return storage
+
+
+def _beside(d) -> bool:
+    """The decision's copy may start with its op: the op only reads it, and it is copied as it is."""
+    return d.action == "swap" and d.overlap and d.compress_ratio is None

@@ -42,6 +42,7 @@ class StorageTable:
 
     def lookup(self, t: torch.Tensor) -> StorageEntry | None:
         """The live entry of `t`'s storage, or None if unseen."""
+        t = local_tensor(t)
         key = storage_key(t)
         return self._live.get(key) or self._pinned.get(key)
 
@@ -53,6 +54,7 @@ class StorageTable:
                 optimizer state, the inputs), so the storage is never swept: sweeping
                 costs one check per live storage per op.
         """
+        t = local_tensor(t)
         storage = t.untyped_storage()
         entry = StorageEntry(sid=len(self.entries), ref=StorageWeakRef(storage), nbytes=int(storage.nbytes()),
                              alloc_op=op, born_phase=phase, dtype=str(t.dtype).removeprefix("torch."),
@@ -76,6 +78,11 @@ class StorageTable:
         """Entries still alive now."""
         live = [e for e in self._live.values() if not e.ref.expired()]
         return live + [e for e in self._pinned.values() if not e.ref.expired()]
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a DTensor's local shard (FSDP2 parameters, their state), else `t`."""
+    return getattr(t, "_local_tensor", t)
 
 
 # StorageWeakRef.expired() without its Python wrapper: the sweep is the tracer's hot loop.

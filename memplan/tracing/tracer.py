@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 import torch
 from torch._guards import detect_fake_mode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
 
 from ..errors import MemplanError
 from ..model import Op, Owner, Trace
@@ -110,6 +111,10 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
+            # A tensor subclass (FSDP2's DTensor parameters): it runs its ops on its local
+            # tensors, which come back through this mode; the rank's memory is theirs.
+            return NotImplemented
         if not is_recorded(func):
             return func(*args, **kwargs)
         index = len(self.ops)

@@ -1,0 +1,113 @@
+"""Tracing one rank of a DDP / FSDP2 job with fake tensors and PyTorch's fake process group."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from memplan.cli import main
+from memplan.errors import MemplanError
+from memplan.tracing.collectives import collective_totals
+from memplan.tracing.io import read_trace
+from memplan.workflows.distributed import shard_units, trace_rank, wrap_model
+from memplan.zoo.workload import Workload
+
+MLP = "test_distributed_trace:mlp_workload"  # tests/ is on sys.path under pytest
+WIDTH = 64
+FLOAT = 4
+
+
+def mlp_workload(batch, input_size=None, device="cpu", seed=0):
+    """A 3-layer MLP trained with SGD + momentum (one state tensor per parameter)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+                          nn.Linear(WIDTH, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    inputs = (torch.randn(batch, WIDTH), torch.randint(0, 8, (batch,)))
+    return Workload(name="mlp", model=model, optimizer=optimizer, inputs=inputs, batch=batch, input_size=None,
+                    device=torch.device(device), seed=seed, config={},
+                    loss_fn=lambda m, x, y: nn.functional.cross_entropy(m(x), y))
+
+
+def paramless(batch):
+    """A step function without a model: nothing to replicate or shard."""
+    x = torch.randn(batch, 4, requires_grad=True)
+    return (lambda t: (t * 2).sum().backward()), (x,)
+
+
+PARAM_BYTES = (2 * (WIDTH * WIDTH + WIDTH) + WIDTH * 8 + 8) * FLOAT
+
+
+@pytest.fixture(scope="module")
+def ddp_trace():
+    return trace_rank(MLP, 4, "ddp", 8)
+
+
+@pytest.fixture(scope="module")
+def fsdp_trace():
+    return trace_rank(MLP, 4, "fsdp", 8)
+
+
+def test_ddp_all_reduces_every_gradient_byte_once(ddp_trace):
+    totals = collective_totals(ddp_trace)
+    assert totals["all_reduce"]["bytes"] == PARAM_BYTES  # one bucket set covering all gradients
+    assert all(r["phase"] == "backward" for r in ddp_trace.meta["collectives"] if r["kind"] == "all_reduce")
+    assert ddp_trace.meta["engine"] == "ddp" and ddp_trace.meta["world_size"] == 8
+
+
+def test_fsdp_gathers_in_both_passes_and_reduce_scatters_gradients(fsdp_trace):
+    records = fsdp_trace.meta["collectives"]
+    gathers = [r for r in records if r["kind"] == "all_gather"]
+    scatters = [r for r in records if r["kind"] == "reduce_scatter"]
+    assert {r["phase"] for r in gathers} == {"forward", "backward"}  # re-gathered for backward
+    assert len(scatters) == 3 and {r["phase"] for r in scatters} == {"backward"}
+    # Each reduce-scatter takes one unit's whole gradient (padded to a multiple of the world size).
+    assert PARAM_BYTES <= sum(r["bytes"] for r in scatters) <= PARAM_BYTES + 3 * 2 * 8 * FLOAT
+
+
+def test_fsdp_shards_optimizer_state_across_ranks(ddp_trace, fsdp_trace):
+    replicated = ddp_trace.bytes_by_kind()["optimizer_state"]
+    sharded = fsdp_trace.bytes_by_kind()["optimizer_state"]
+    assert replicated == PARAM_BYTES
+    assert replicated / 8 <= sharded <= replicated / 8 + 6 * 8 * FLOAT  # one shard per rank, padding
+
+
+def test_shard_units_are_the_blocks_innermost_first():
+    blocks = [nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)) for _ in range(2)]
+    model = nn.Sequential(nn.ModuleList(blocks), nn.Linear(2, 1))
+    units = shard_units(model)
+    assert units[:2] == blocks[::-1] or set(map(id, units)) >= set(map(id, blocks))
+    assert all(not any(u is not v and any(m is u for m in v.modules()) for v in units) for u in units)
+
+
+def test_cli_traces_a_rank_and_reports_collectives(capsys, tmp_path):
+    out = tmp_path / "fsdp.jsonl"
+    rc = main(["trace", MLP, "--batch", "4", "--fsdp", "--world-size", "64", "-o", str(out), "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert rc == 0 and summary["meta"]["world_size"] == 64
+    tr = read_trace(out)
+    assert collective_totals(tr)["reduce_scatter"]["count"] == 3
+    assert any(op.name == "c10d._allgather_base_.default" for op in tr.ops)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fsdp", "--world-size", "0"], "world size must be a positive integer"),
+    (["--ddp"], "--ddp needs --world-size"),
+    (["--world-size", "4"], "--world-size needs --ddp or --fsdp"),
+])
+def test_cli_rejects_bad_distributed_options(capsys, tmp_path, argv, message):
+    out = tmp_path / "x.jsonl"
+    rc = main(["trace", MLP, "--batch", "2", *argv, "-o", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_a_model_without_parameters_cannot_shard(capsys, tmp_path):
+    out = tmp_path / "x.jsonl"
+    rc = main(["trace", "test_distributed_trace:paramless", "--batch", "2", "--fsdp", "--world-size", "2",
+               "-o", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "cannot be wrapped in FSDP" in err and len(err.splitlines()) == 1 and not out.exists()
+    with pytest.raises(MemplanError, match="no trainable parameters"):
+        wrap_model(nn.ReLU(), "ddp", fake=True)

@@ -111,3 +111,13 @@ def test_a_model_without_parameters_cannot_shard(capsys, tmp_path):
     assert rc == 2 and "cannot be wrapped in FSDP" in err and len(err.splitlines()) == 1 and not out.exists()
     with pytest.raises(MemplanError, match="no trainable parameters"):
         wrap_model(nn.ReLU(), "ddp", fake=True)
+
+
+def test_fsdp_unsharded_parameters_live_only_around_their_block(fsdp_trace):
+    # FSDP2 frees them by resizing their storage to 0; each all-gather fills a fresh allocation.
+    n = len(fsdp_trace.ops)
+    gathered = [fsdp_trace.storages[sid] for r in fsdp_trace.meta["collectives"] if r["kind"] == "all_gather"
+                for sid in fsdp_trace.ops[r["op"]].writes]
+    assert len({s.id for s in gathered}) == len(gathered)  # one allocation per all-gather
+    assert all(s.free_op < n for s in gathered)  # every one freed before the step ends
+    assert fsdp_trace.bytes_by_kind()["param"] < PARAM_BYTES / 2  # what persists is the shard

@@ -63,6 +63,24 @@ class StorageTable:
         (self._pinned if pinned else self._live)[storage_key(t)] = entry
         return entry
 
+    def resized(self, storage: torch.UntypedStorage, nbytes: int, op: int, phase: str | None) -> None:
+        """A storage was resized in place (FSDP2 frees and re-allocates unsharded parameters so).
+
+        Each allocation is one storage of the trace: the live entry ends at `op`, and a new one
+        of `nbytes` is born at `op` unless the new size is 0.
+        """
+        key = storage._cdata
+        if key in self._pinned:
+            return  # held for the whole step: its size at registration stands
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            entry.free_op = op
+        if nbytes > 0:
+            born = StorageEntry(sid=len(self.entries), ref=StorageWeakRef(storage), nbytes=int(nbytes), alloc_op=op,
+                                born_phase=phase, dtype="uint8", shape=(int(nbytes),))
+            self.entries.append(born)
+            self._live[key] = born
+
     def get_or_add(self, t: torch.Tensor, op: int, phase: str | None) -> StorageEntry:
         """The live entry of `t`'s storage, registering it if unseen."""
         return self.lookup(t) or self.add(t, op, phase)

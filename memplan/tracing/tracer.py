@@ -104,10 +104,29 @@ class _Recorder(TorchDispatchMode):
 
     def run(self, step_fn: Callable, inputs: tuple) -> None:
         """Run the step once under the mode and the module hooks."""
-        with self.context.installed(), self:
+        with self.context.installed(), self, self._watching_resizes():
             step_fn(*inputs)
         self.alive_at_end = {e.sid for e in self.table.alive()}
         self.table.sweep(len(self.ops))
+
+    @contextlib.contextmanager
+    def _watching_resizes(self):
+        """See `UntypedStorage.resize_` calls: FSDP2 frees unsharded parameters by resizing
+        their storage to 0 (and back before the next all-gather), which no op shows."""
+        original = torch.UntypedStorage.resize_
+        recorder = self
+
+        def resize_(storage, size):
+            out = original(storage, size)
+            phase = recorder.context.phase()
+            recorder.table.resized(storage, storage.nbytes(), len(recorder.ops), phase)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        try:
+            yield
+        finally:
+            torch.UntypedStorage.resize_ = original
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -19,10 +19,10 @@ FLOAT = 4
 
 
 def mlp_workload(batch, input_size=None, device="cpu", seed=0):
-    """A 3-layer MLP trained with SGD + momentum (one state tensor per parameter)."""
+    """A 3-layer MLP (two Linear+ReLU blocks and a head) trained with SGD + momentum."""
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
-                          nn.Linear(WIDTH, 8))
+    model = nn.Sequential(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()),
+                          nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU()), nn.Linear(WIDTH, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     inputs = (torch.randn(batch, WIDTH), torch.randint(0, 8, (batch,)))
     return Workload(name="mlp", model=model, optimizer=optimizer, inputs=inputs, batch=batch, input_size=None,
@@ -121,3 +121,19 @@ def test_fsdp_unsharded_parameters_live_only_around_their_block(fsdp_trace):
     assert len({s.id for s in gathered}) == len(gathered)  # one allocation per all-gather
     assert all(s.free_op < n for s in gathered)  # every one freed before the step ends
     assert fsdp_trace.bytes_by_kind()["param"] < PARAM_BYTES / 2  # what persists is the shard
+
+
+def test_the_engines_storages_are_never_planned(fsdp_trace):
+    from memplan.model import Decision, Plan
+    from memplan.sim.validate import ENGINE_OWNED, validate
+
+    gather = next(r for r in fsdp_trace.meta["collectives"] if r["kind"] == "all_gather")
+    owned = fsdp_trace.ops[gather["op"]].writes[0]
+    assert owned in fsdp_trace.engine_owned and not fsdp_trace.recomputable(owned)
+    s = fsdp_trace.storages[owned]
+    swap = Decision(storage=owned, action="swap", out_after=s.alloc_op, back_before=s.free_op - 1)
+    kinds = {v.kind for v in validate(fsdp_trace, Plan(decisions=(swap,), planner="test"))}
+    assert ENGINE_OWNED in kinds
+    # A Linear's output reads the unsharded weight FSDP2 frees after forward: not recomputable.
+    addmm = next(op for op in fsdp_trace.ops if op.name == "aten.addmm.default" and op.phase == "forward")
+    assert not fsdp_trace.recomputable(addmm.writes[0])

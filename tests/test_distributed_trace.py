@@ -137,3 +137,14 @@ def test_the_engines_storages_are_never_planned(fsdp_trace):
     # A Linear's output reads the unsharded weight FSDP2 frees after forward: not recomputable.
     addmm = next(op for op in fsdp_trace.ops if op.name == "aten.addmm.default" and op.phase == "forward")
     assert not fsdp_trace.recomputable(addmm.writes[0])
+
+
+@pytest.mark.parametrize("planner", ["save-on-cpu", "tflms", "sqrt-n", "capuchin", "autoswap:doa"])
+def test_planners_leave_the_engines_storages_alone(fsdp_trace, ddp_trace, planner):
+    from memplan.planners.base import plan
+    from memplan.sim.validate import validate
+
+    for trace in (fsdp_trace, ddp_trace):
+        made = plan(trace, "100%", planner=planner, seed=0, **({"min_bytes": 0} if planner == "autoswap:doa" else {}))
+        assert validate(trace, made) == []
+        assert not {d.storage for d in made.decisions} & trace.engine_owned

@@ -49,6 +49,8 @@ LINKS = {
     "pcie3": Link(name="pcie3", bytes_per_s=15.75 * GBPS, latency_s=5e-6),
     "pcie4": Link(name="pcie4", bytes_per_s=31.5 * GBPS, latency_s=5e-6),
     "pcie5": Link(name="pcie5", bytes_per_s=63 * GBPS, latency_s=5e-6),
+    # InfiniBand FDR 4x: 56 Gb/s signalling, 54.5 Gb/s of data = 6.8 GB/s (DeepBench's cluster).
+    "ib-fdr": Link(name="ib-fdr", bytes_per_s=6.8 * GBPS, latency_s=8e-6),
     # InfiniBand one NIC per GPU: HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s (NVIDIA ConnectX-6/7).
     "ib-hdr": Link(name="ib-hdr", bytes_per_s=25 * GBPS, latency_s=8e-6),
     "ib-ndr": Link(name="ib-ndr", bytes_per_s=50 * GBPS, latency_s=8e-6),

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.slow  # two spawned processes importing torch: about 25 s in all
+
 WORLD = 2
 STEPS = 3
 BATCH = 8

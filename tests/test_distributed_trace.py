@@ -148,3 +148,15 @@ def test_planners_leave_the_engines_storages_alone(fsdp_trace, ddp_trace, planne
         made = plan(trace, "100%", planner=planner, seed=0, **({"min_bytes": 0} if planner == "autoswap:doa" else {}))
         assert validate(trace, made) == []
         assert not {d.storage for d in made.decisions} & trace.engine_owned
+
+
+def test_simulate_reports_communication_for_a_rank_trace(capsys, tmp_path):
+    out = tmp_path / "ddp.jsonl"
+    assert main(["trace", MLP, "--batch", "4", "--ddp", "--world-size", "16", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(out), "--device", "a100", "--json"]) == 0
+    comm = json.loads(capsys.readouterr().out)["communication"]
+    # 16 ranks are two 8-GPU nodes: the all-reduces cross InfiniBand; each bucket is one collective.
+    assert comm["link"] == "ib-hdr" and comm["world_size"] == 16
+    assert comm["collectives"] == len(read_trace(out).meta["collectives"])
+    assert comm["iteration_s"] >= comm["compute_s"] and comm["comm_s"] > 0

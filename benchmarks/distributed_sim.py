@@ -31,6 +31,11 @@ DEEPBENCH_ALLREDUCE = [(16777216, 8, 13.42), (16777216, 16, 46.53), (16777216, 3
                        (64500000, 8, 51.29), (64500000, 16, 87.47), (64500000, 32, 97.34)]
 DEEPBENCH_GPUS_PER_NODE = 8
 MLP_WIDTH, MLP_BATCH = 256, 32
+# nccl-tests all_reduce_perf bus bandwidth at large sizes on 8 GPUs of one node, as a reference table
+# publishes it ("NCCL-tests in practice", Alaya NeW tech blog, 2026-05-06,
+# https://docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests): (profile, low, high) GB/s.
+NCCL_BUSBW = [("h100", 460, 480), ("a100", 230, 250)]
+BUSBW_BYTES = 8 * 2**30  # nccl-tests' largest size in that sweep (-e 8G)
 
 
 def trace7b() -> dict:
@@ -119,9 +124,24 @@ def allreduce() -> list[dict]:
     return rows
 
 
+def busbw() -> list[dict]:
+    from memplan.cost.network import bus_bandwidth, collective_s, get_link
+    from memplan.cost.profiles import get_profile
+
+    rows = []
+    for name, low, high in NCCL_BUSBW:
+        link = get_link(get_profile(name).intra_link)
+        seconds = collective_s("all_reduce", BUSBW_BYTES, 8, link)
+        predicted = bus_bandwidth("all_reduce", BUSBW_BYTES, 8, seconds) / 1e9
+        rows.append({"device": name, "link": link.name, "published_low_gbps": low, "published_high_gbps": high,
+                     "predicted_gbps": predicted, "error_low": predicted / high - 1, "error_high": predicted / low - 1})
+    return rows
+
+
 def markdown(results: dict, command: str) -> str:
     lines = ["# Distributed planning: tracing at scale, per-rank peak, all-reduce model", "",
-             f"Produced by `{command}` on this 2-core CPU host.", ""]
+             f"Produced by `{command}` on this 2-core CPU host (sections from earlier runs keep their "
+             "command in distributed_sim.json).", ""]
     if "trace7b" in results:
         r = results["trace7b"]
         lines += ["## hf:llama-7b, FSDP2, world size 64, fake tensors (batch 1, sequence 128)", "",
@@ -146,20 +166,39 @@ def markdown(results: dict, command: str) -> str:
         lines += [f"| {r['floats']} | {r['ranks']} | {r['link']} | {r['measured_ms']:.2f} | "
                   f"{r['predicted_ms']:.2f} | {r['error']:+.0%} |" for r in results["allreduce"]]
         lines.append("")
+    if "busbw" in results:
+        lines += ["## Ring all-reduce bus bandwidth against published nccl-tests figures (8 GPUs, one node)", "",
+                  "Published: nccl-tests `all_reduce_perf` busbw at large sizes, from the table in "
+                  "\"NCCL-tests in practice\" (Alaya NeW tech blog, 2026-05-06; a secondary source, "
+                  "measured by its authors); predicted: memplan.cost.network at 8 GiB (simulated).", "",
+                  "| profile | link | published busbw GB/s | predicted busbw GB/s (simulated) | error |",
+                  "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['device']} | {r['link']} | {r['published_low_gbps']}-{r['published_high_gbps']} | "
+                  f"{r['predicted_gbps']:.0f} | {r['error_low']:+.0%} to {r['error_high']:+.0%} |"
+                  for r in results["busbw"]]
+        lines.append("")
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="trace7b,peak,allreduce")
+    parser.add_argument("--only", default="trace7b,peak,allreduce,busbw")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
     wanted = args.only.split(",")
-    jobs = {"trace7b": trace7b, "peak": peak, "allreduce": allreduce}
-    results = {name: jobs[name]() for name in jobs if name in wanted}
+    jobs = {"trace7b": trace7b, "peak": peak, "allreduce": allreduce, "busbw": busbw}
+    path = RESULTS / "distributed_sim.json"
+    # A partial run (--only) updates its sections and keeps the others, each with its command.
+    results = json.loads(path.read_text()) if path.exists() else {}
+    commands = results.pop("commands", {})
     command = "python benchmarks/distributed_sim.py" + (f" --only {args.only}" if args.only != parser.get_default("only") else "")
+    for name in jobs:
+        if name in wanted:
+            results[name] = jobs[name]()
+            commands[name] = command
+    results.pop("command", None)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "distributed_sim.json").write_text(json.dumps({"command": command, **results}, indent=2) + "\n")
+    path.write_text(json.dumps({"commands": commands, **results}, indent=2) + "\n")
     (RESULTS / "distributed_sim.md").write_text(markdown(results, command))
     print(markdown(results, command))
     return 0

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "memplan.commands.pool_cmd",       # pool
     "memplan.commands.sweep_cmd",      # sweep
     "memplan.commands.run_cmds",       # run, maxbatch
+    "memplan.commands.fit_cmd",        # fit
     "memplan.commands.demo_cmd",       # demo
     "memplan.commands.convdb_cmd",     # conv-db fill|show|import
     "memplan.commands.dqn_cmd",        # dqn train

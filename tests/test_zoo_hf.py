@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 # Published sizes (model cards / papers), rounded; matched to a relative tolerance.
 PUBLISHED_PARAMS = {"hf:bert-base": 110e6, "hf:bert-large": 336e6, "hf:gpt2": 124e6, "hf:gpt2-medium": 355e6,
                     "hf:gpt2-large": 774e6, "hf:vit-base": 86.6e6, "hf:convnext-tiny": 28.6e6,
-                    "hf:resnet-50": 25.6e6}
+                    "hf:resnet-50": 25.6e6, "hf:llama-7b": 6.74e9}
 TOLERANCE = 0.01
 TINY_GPT2 = dict(n_layer=2, n_embd=32, n_head=2, seq_len=8, vocab_size=97)
 

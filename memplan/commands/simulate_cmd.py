@@ -42,6 +42,10 @@ def run(args) -> int:
     if args.plot and result.feasible:
         _plot(trace, sim, result, budget, args)
     summary = {"trace": args.trace, "device": args.device, **result.summary()}
+    if trace.meta.get("world_size"):  # one rank of a DDP/FSDP2 job: its collectives beside compute
+        from ..sim.comm import simulate_comm
+
+        summary["communication"] = simulate_comm(trace, cost=sim.cost).to_json()
     if args.json:
         emit_json(summary)
     else:
@@ -64,6 +68,11 @@ def _print(summary: dict) -> None:
     print(f"host peak   {format_bytes(summary['host_peak_bytes']):>13}   link {format_bytes(summary['link_bytes'])}")
     for key, value in summary["breakdown"].items():
         print(f"  {key:<18}{value * 1e3:10.2f} ms")
+    comm = summary.get("communication")
+    if comm:
+        print(f"with comm   {comm['iteration_s'] * 1e3:10.2f} ms   ({comm['collectives']} collectives on "
+              f"{comm['world_size']} ranks over {comm['link']}: {comm['comm_s'] * 1e3:.2f} ms, "
+              f"{comm['exposed_comm_s'] * 1e3:.2f} ms not hidden by compute; unplanned)")
 
 
 def _plot(trace, sim, result, budget, args) -> None:

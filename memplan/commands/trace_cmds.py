@@ -32,6 +32,13 @@ def add_parser(sub) -> None:
     p.add_argument("--device", type=torch_device, default="cpu",
                    help="where model and inputs live (e.g. cuda with --real)")
     p.add_argument("--warmup", type=nonnegative_int, default=1, help="untraced iterations first (default 1)")
+    engine = p.add_mutually_exclusive_group()
+    engine.add_argument("--ddp", dest="engine", action="store_const", const="ddp", default=None,
+                        help="trace rank 0 of a DistributedDataParallel job (fake process group)")
+    engine.add_argument("--fsdp", dest="engine", action="store_const", const="fsdp",
+                        help="trace rank 0 of an FSDP2 (fully_shard) job (fake process group)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks in the --ddp/--fsdp job (any number: nothing is allocated)")
     p.add_argument("-o", "--output", type=output_file, required=True, help="trace file to write (JSON lines)")
     add_json_flag(p)
     p.set_defaults(func=run_trace)
@@ -60,10 +67,18 @@ def run_trace(args) -> int:
         # and we report the error in one line instead.
         logging.getLogger(_FAKE_TENSOR_LOGGER).setLevel(logging.CRITICAL)
     what = f"{args.model} at batch {args.batch}"
+    _check_engine_options(args)
     with _spinner(f"tracing {args.model}") as bar, fits_or_says_so(what, args.device):
-        trace = trace_workload(args.model, args.batch, fake=args.fake, input_size=args.input_size,
-                               warmup=args.warmup, progress=lambda n: bar.update(n - bar.n),
-                               **_device_option(args.device), **config)
+        if args.engine:
+            from ..workflows.distributed import trace_rank
+
+            sizes = {} if args.input_size is None else {"input_size": args.input_size}
+            trace = trace_rank(args.model, args.batch, args.engine, args.world_size, warmup=args.warmup,
+                               progress=lambda n: bar.update(n - bar.n), **sizes, **config)
+        else:
+            trace = trace_workload(args.model, args.batch, fake=args.fake, input_size=args.input_size,
+                                   warmup=args.warmup, progress=lambda n: bar.update(n - bar.n),
+                                   **_device_option(args.device), **config)
     write_trace(trace, args.output)
     summary = {"output": str(args.output), **summarise(trace)}
     if args.json:
@@ -71,6 +86,21 @@ def run_trace(args) -> int:
     else:
         _print_table(summary)
     return 0
+
+
+def _check_engine_options(args) -> None:
+    from ..errors import MemplanError
+    from ..workflows.distributed import check_world_size
+
+    if args.engine is None:
+        if args.world_size is not None:
+            raise MemplanError("--world-size needs --ddp or --fsdp")
+        return
+    if args.world_size is None:
+        raise MemplanError(f"--{args.engine} needs --world-size")
+    check_world_size(args.world_size)
+    if not args.fake or args.device != "cpu":
+        raise MemplanError(f"--{args.engine} traces with fake tensors on the CPU (no --real, no --device)")
 
 
 def _device_option(device: str) -> dict:

@@ -46,6 +46,9 @@ class DeviceProfile:
     memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY  # achieved / peak HBM bandwidth
     link_efficiency: float = DEFAULT_LINK_EFFICIENCY  # achieved / peak link bandwidth
     calibrated: bool = False  # True when the numbers were measured by `memplan calibrate`
+    intra_link: str = "pcie4"  # GPU-to-GPU link inside a node (a memplan.cost.network.LINKS name)
+    inter_link: str = "ib-hdr"  # network between nodes, one NIC per GPU (a LINKS name)
+    gpus_per_node: int = 8  # GPUs sharing the intra-node link
 
     def peak_flops(self, dtype: str | None, allow_tf32: bool = False) -> float:
         """Peak FLOP/s for ops of `dtype` (tensor cores for 16-bit types, TF32 if allowed)."""
@@ -100,6 +103,14 @@ BUILTIN = {
                                memory_bytes=11 * GIB, hbm_bytes_per_s=484 * GBPS, h2d_bytes_per_s=_PCIE3,
                                d2h_bytes_per_s=_PCIE3, launch_s=5e-6),
 }
+
+
+# Interconnects of the usual 8-GPU servers: DGX H100/H200 (NVLink 4, ConnectX-7 NDR), DGX A100
+# (NVLink 3, ConnectX-6 HDR), DGX-1 V100 (NVLink 2); consumer and PCIe cards talk over PCIe.
+_LINKS = {"h100": ("nvlink4", "ib-ndr"), "h200": ("nvlink4", "ib-ndr"), "a100": ("nvlink3", "ib-hdr"),
+          "v100": ("nvlink2", "ib-hdr"), "p100": ("pcie3", "ib-hdr"), "rtx2080ti": ("pcie3", "ib-hdr"),
+          "gtx1080ti": ("pcie3", "ib-hdr")}
+BUILTIN = {name: replace(p, intra_link=_LINKS[name][0], inter_link=_LINKS[name][1]) for name, p in BUILTIN.items()}
 
 
 def get_profile(name_or_path: str | DeviceProfile) -> DeviceProfile:

@@ -19,7 +19,7 @@ a mode runs inside its handler goes to the modes entered before it).
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 _expired = torch.UntypedStorage._expired
@@ -85,6 +85,9 @@ class MemoryMeter(TorchDispatchMode):
         return {"measured_peak_bytes": int(self.peak_bytes), "measured_peak_reserved_bytes": None}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
+            # A tensor subclass (FSDP2's DTensor): its ops on its local tensors come back here.
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
         if not self.cuda:
             for t in tree_leaves((args, kwargs, out)):
@@ -94,6 +97,7 @@ class MemoryMeter(TorchDispatchMode):
         return out
 
     def _see(self, t: torch.Tensor) -> None:
+        t = getattr(t, "_local_tensor", t)  # a DTensor holds this rank's shard
         if t.device != self.device:
             return
         storage = t.untyped_storage()

@@ -21,6 +21,8 @@ from .conv import ConvParams
 KINDS = ("param", "grad", "optimizer_state", "input", "activation", "temp", "workspace")
 PHASES = ("forward", "backward", "optimizer")
 OWNER_KINDS = ("param", "buffer", "grad", "state")
+# Ops of the data-parallel engines (DDP, FSDP2) and their collectives: what they write is theirs.
+ENGINE_OP_PREFIXES = ("c10d.", "_c10d_functional.", "fsdp.")
 SCHEMA = "memplan.trace"
 SCHEMA_VERSION = 2
 
@@ -203,9 +205,21 @@ class Trace:
         return ops, tuple(inputs)
 
     def recomputable(self, sid: int) -> bool:
-        """True when `sid` has a producer op inside the trace (so it can be rebuilt)."""
+        """True when `sid` has a producer op inside the trace (so it can be rebuilt), and neither
+        it nor what its producers read belongs to a data-parallel engine (see `engine_owned`)."""
         s = self.storages[sid]
-        return bool(self.writers[sid]) and not s.persistent and s.kind not in ("input", "param")
+        if not self.writers[sid] or s.persistent or s.kind in ("input", "param"):
+            return False
+        owned = self.engine_owned
+        return not owned or (sid not in owned and not any(r in owned for i in self.writers[sid]
+                                                           for r in self.ops[i].reads))
+
+    @cached_property
+    def engine_owned(self) -> frozenset[int]:
+        """Storages DDP or FSDP2 manage themselves: written by a collective or an FSDP op (gradient
+        buckets, all-gather and reduce-scatter buffers, unsharded parameters, which FSDP2 frees and
+        gathers again itself). No plan may swap or recompute them, nor replay an op reading them."""
+        return frozenset(w for op in self.ops if op.name.startswith(ENGINE_OP_PREFIXES) for w in op.writes)
 
     # --- layer view -------------------------------------------------------------------------
 

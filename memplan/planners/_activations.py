@@ -36,7 +36,7 @@ def saved_gaps(trace: Trace, min_bytes: int = 0) -> list[SavedGap]:
     phases = [op.phase for op in trace.ops]
     out = []
     for s in trace.storages:
-        if s.kind != "activation" or s.nbytes < min_bytes or s.persistent:
+        if s.kind != "activation" or s.nbytes < min_bytes or s.persistent or s.id in trace.engine_owned:
             continue
         accesses = trace.accesses[s.id]
         back = next((i for i in accesses if phases[i] == "backward"), None)

@@ -71,7 +71,7 @@ def feature_maps(trace: Trace, min_bytes: int = DEFAULT_MIN_BYTES) -> FeatureMap
     """The feature maps of `trace`: saved activations of at least `min_bytes` with a gap."""
     rows = []
     for s in trace.storages:
-        if s.kind != "activation" or s.nbytes < max(min_bytes, 1):
+        if s.kind != "activation" or s.nbytes < max(min_bytes, 1) or s.id in trace.engine_owned:
             continue
         back = next((i for i in trace.accesses[s.id] if trace.ops[i].phase == "backward"), None)
         if back is None:

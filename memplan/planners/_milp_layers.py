@@ -111,7 +111,7 @@ def feature_maps(trace: Trace, cost: Cost, min_bytes: int) -> tuple[FeatureMap, 
     """Saved activations of at least `min_bytes` with a non-empty gap before backward, by id."""
     out = []
     for s in trace.storages:
-        if s.kind != "activation" or s.persistent or s.nbytes < max(min_bytes, 1):
+        if s.kind != "activation" or s.persistent or s.nbytes < max(min_bytes, 1) or s.id in trace.engine_owned:
             continue
         accesses = trace.accesses[s.id]
         back = next((i for i in accesses if trace.ops[i].phase == "backward"), None)

@@ -139,7 +139,8 @@ def _read_outside(trace: Trace, sid: int, block: object, block_of: dict[int, obj
 def _backward_activations(trace: Trace) -> list[int]:
     """Activations with at least one backward access (those autograd saved), by id."""
     return [s.id for s in trace.storages
-            if s.kind == "activation" and _first_backward_access(trace, s.id) is not None]
+            if s.kind == "activation" and s.id not in trace.engine_owned  # DDP/FSDP2 manage those
+            and _first_backward_access(trace, s.id) is not None]
 
 
 def _first_backward_access(trace: Trace, sid: int) -> int | None:

@@ -15,6 +15,8 @@ Rules (one `Violation.kind` constant each):
 - OVERLAP_WRITES: a swap whose copy overlaps op out_after (`overlap`) is not written by it;
 - OVERLAPPING_GAPS: the gaps of one storage are disjoint;
 - NOT_RECOMPUTABLE: recompute only storages with a producer (`Trace.recomputable`);
+- ENGINE_OWNED: no decision on a storage DDP or FSDP2 owns (`Trace.engine_owned`: gradient
+  buckets, collective buffers, unsharded parameters);
 - RECOMPUTE_INPUT_ABSENT: the lineage inputs of a recompute are resident at back_before,
   or can themselves be rebuilt there from resident storages;
 - RECOMPUTE_INPUT_OVERWRITTEN: no input of an op that rebuilds a recomputed storage is
@@ -62,11 +64,12 @@ OVER_BUDGET = "over_budget"
 POOL_OVER_BUDGET = "pool_over_budget"
 BAD_CONV_DECISION = "bad_conv_decision"
 OVERLAP_WRITES = "overlap_writes"
+ENGINE_OWNED = "engine_owned"
 
 KINDS = (UNKNOWN_STORAGE, OUT_OF_LIFETIME, BAD_WRAP, WRONG_TRACE, READ_WHILE_ABSENT, BAD_TRIGGER,
          OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, POOL_MISSING_SLOT,
          POOL_STRAY_SLOT, POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET, POOL_OVER_BUDGET, BAD_CONV_DECISION,
-         OVERLAP_WRITES)
+         OVERLAP_WRITES, ENGINE_OWNED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +101,7 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
     if plan.trace_digest is not None and plan.trace_digest != trace.digest:
         out.append(Violation(kind=WRONG_TRACE, storage=None, op=None,
                              message=f"plan is for trace {plan.trace_digest}, not {trace.digest}"))
-    good = [d for d in plan.decisions if not _check_structure(trace, d, out)]
+    good = [d for d in plan.decisions if not _check_structure(trace, d, out) and not _check_engine(trace, d, out)]
     by_storage: dict[int, list[Decision]] = {}
     for d in sorted(good, key=lambda d: (d.storage, d.out_after, d.back_before)):
         by_storage.setdefault(d.storage, []).append(d)
@@ -117,6 +120,17 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
         _check_budget(trace, good, budget_bytes, out, temps)
         _check_pool_budget(plan.pool_bytes, budget_bytes, out)
     return out
+
+
+def _check_engine(trace: Trace, d: Decision, out: list) -> bool:
+    """A storage DDP or FSDP2 owns (buckets, collective buffers, unsharded parameters) is theirs."""
+    if d.storage not in trace.engine_owned:
+        return False
+    out.append(Violation(kind=ENGINE_OWNED, storage=d.storage, op=None,
+                         message=f"storage {d.storage} belongs to the data-parallel engine: it cannot be {d.action}ped"
+                         if d.action == "swap" else f"storage {d.storage} belongs to the data-parallel engine: "
+                         f"it cannot be {d.action}d"))
+    return True
 
 
 # --- gaps -------------------------------------------------------------------------------------

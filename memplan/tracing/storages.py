@@ -42,6 +42,7 @@ class StorageTable:
 
     def lookup(self, t: torch.Tensor) -> StorageEntry | None:
         """The live entry of `t`'s storage, or None if unseen."""
+        t = local_tensor(t)
         key = storage_key(t)
         return self._live.get(key) or self._pinned.get(key)
 
@@ -53,6 +54,7 @@ class StorageTable:
                 optimizer state, the inputs), so the storage is never swept: sweeping
                 costs one check per live storage per op.
         """
+        t = local_tensor(t)
         storage = t.untyped_storage()
         entry = StorageEntry(sid=len(self.entries), ref=StorageWeakRef(storage), nbytes=int(storage.nbytes()),
                              alloc_op=op, born_phase=phase, dtype=str(t.dtype).removeprefix("torch."),
@@ -60,6 +62,24 @@ class StorageTable:
         self.entries.append(entry)
         (self._pinned if pinned else self._live)[storage_key(t)] = entry
         return entry
+
+    def resized(self, storage: torch.UntypedStorage, nbytes: int, op: int, phase: str | None) -> None:
+        """A storage was resized in place (FSDP2 frees and re-allocates unsharded parameters so).
+
+        Each allocation is one storage of the trace: the live entry ends at `op`, and a new one
+        of `nbytes` is born at `op` unless the new size is 0.
+        """
+        key = storage._cdata
+        if key in self._pinned:
+            return  # held for the whole step: its size at registration stands
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            entry.free_op = op
+        if nbytes > 0:
+            born = StorageEntry(sid=len(self.entries), ref=StorageWeakRef(storage), nbytes=int(nbytes), alloc_op=op,
+                                born_phase=phase, dtype="uint8", shape=(int(nbytes),))
+            self.entries.append(born)
+            self._live[key] = born
 
     def get_or_add(self, t: torch.Tensor, op: int, phase: str | None) -> StorageEntry:
         """The live entry of `t`'s storage, registering it if unseen."""
@@ -76,6 +96,11 @@ class StorageTable:
         """Entries still alive now."""
         live = [e for e in self._live.values() if not e.ref.expired()]
         return live + [e for e in self._pinned.values() if not e.ref.expired()]
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a DTensor's local shard (FSDP2 parameters, their state), else `t`."""
+    return getattr(t, "_local_tensor", t)
 
 
 # StorageWeakRef.expired() without its Python wrapper: the sweep is the tracer's hot loop.

@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 import torch
 from torch._guards import detect_fake_mode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_leaves
 
 from ..errors import MemplanError
 from ..model import Op, Owner, Trace
@@ -103,13 +104,36 @@ class _Recorder(TorchDispatchMode):
 
     def run(self, step_fn: Callable, inputs: tuple) -> None:
         """Run the step once under the mode and the module hooks."""
-        with self.context.installed(), self:
+        with self.context.installed(), self, self._watching_resizes():
             step_fn(*inputs)
         self.alive_at_end = {e.sid for e in self.table.alive()}
         self.table.sweep(len(self.ops))
 
+    @contextlib.contextmanager
+    def _watching_resizes(self):
+        """See `UntypedStorage.resize_` calls: FSDP2 frees unsharded parameters by resizing
+        their storage to 0 (and back before the next all-gather), which no op shows."""
+        original = torch.UntypedStorage.resize_
+        recorder = self
+
+        def resize_(storage, size):
+            out = original(storage, size)
+            phase = recorder.context.phase()
+            recorder.table.resized(storage, storage.nbytes(), len(recorder.ops), phase)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        try:
+            yield
+        finally:
+            torch.UntypedStorage.resize_ = original
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
+            # A tensor subclass (FSDP2's DTensor parameters): it runs its ops on its local
+            # tensors, which come back through this mode; the rank's memory is theirs.
+            return NotImplemented
         if not is_recorded(func):
             return func(*args, **kwargs)
         index = len(self.ops)

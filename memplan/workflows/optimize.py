@@ -215,12 +215,25 @@ def trace_step(step_fn: Callable, inputs: tuple, model, optimizer) -> Trace:
     """
     from ..tracing.tracer import trace as run_tracer
 
+    warmup = _warmup_for(model)
     if _is_fake(inputs, model):
-        return run_tracer(step_fn, *inputs, fake=True, model=model, optimizer=optimizer)
+        return run_tracer(step_fn, *inputs, fake=True, model=model, optimizer=optimizer, warmup=warmup)
     if optimizer is None:
         log.warning("no optimizer found for the step: its state is not restored after tracing")
     with restored(model, optimizer):
-        return run_tracer(step_fn, *inputs, fake=False, model=model, optimizer=optimizer)
+        return run_tracer(step_fn, *inputs, fake=False, model=model, optimizer=optimizer, warmup=warmup)
+
+
+DDP_WARMUP = 2  # DDP rebuilds its gradient buckets in the second forward: trace the third step
+
+
+def _warmup_for(model) -> int:
+    """Untraced steps before the traced one: the steady state starts later under DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ..tracing.tracer import DEFAULT_WARMUP
+
+    return DDP_WARMUP if isinstance(model, DistributedDataParallel) else DEFAULT_WARMUP
 
 
 class restored:

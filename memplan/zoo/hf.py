@@ -57,6 +57,12 @@ PRESETS = {
     "gpt2-large": HFPreset(config_class="GPT2Config", model_class="GPT2LMHeadModel", task="clm",
                            fields={"n_embd": 1280, "n_layer": 36, "n_head": 20},
                            summary="GPT-2 large (774M) causal LM"),
+    # Llama 2 7B's shape (Touvron et al. 2023, table 1 / its config.json); built from the config only.
+    "llama-7b": HFPreset(config_class="LlamaConfig", model_class="LlamaForCausalLM", task="clm",
+                         fields={"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                                 "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+                                 "max_position_embeddings": 4096},
+                         summary="Llama-style 7B (6.7B) causal LM, config only"),
     "vit-base": HFPreset(config_class="ViTConfig", model_class="ViTForImageClassification", task="image",
                          fields=_IMAGE_FIELDS, summary="ViT-B/16 (86M), 224x224, 1000 classes"),
     "convnext-tiny": HFPreset(config_class="ConvNextConfig", model_class="ConvNextForImageClassification",

@@ -1,0 +1,48 @@
+"""`memplan fit`: MODEL on N x DEVICE: the largest batch per rank per planner, time, memory."""
+
+from __future__ import annotations
+
+from ..cli import add_json_flag, emit_json, positive_int, use_working_dir
+from ..units import format_bytes
+
+
+def add_parser(sub) -> None:
+    """Register `fit`."""
+    p = sub.add_parser("fit", help="largest batch per rank of a DDP/FSDP2 job per planner, with time and memory")
+    p.add_argument("model", help="zoo model name, hf:<name>, tv:<name> or module:function")
+    p.add_argument("--world-size", type=int, required=True, help="ranks (GPUs) in the job")
+    p.add_argument("--device", default="h100", help="device profile: its memory per rank and its links")
+    engine = p.add_mutually_exclusive_group()
+    engine.add_argument("--fsdp", dest="engine", action="store_const", const="fsdp", default="fsdp",
+                        help="FSDP2 (default)")
+    engine.add_argument("--ddp", dest="engine", action="store_const", const="ddp", help="DistributedDataParallel")
+    p.add_argument("--planners", default=None, help="comma-separated planner names "
+                   "(default none,checkpoint-all,sqrt-n,save-on-cpu)")
+    p.add_argument("--limit", type=positive_int, default=1 << 12, help="largest batch per rank tried")
+    p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="model options")
+    add_json_flag(p)
+    p.set_defaults(func=run_fit)
+
+
+def run_fit(args) -> int:
+    """Search each planner's batch and print the table."""
+    from ..workflows.fit import DEFAULT_PLANNERS, fit
+    from ..zoo import parse_config
+
+    use_working_dir()
+    planners = tuple(args.planners.split(",")) if args.planners else DEFAULT_PLANNERS
+    out = fit(args.model, args.world_size, args.device, engine=args.engine, planners=planners, limit=args.limit,
+              **parse_config(args.config))
+    if args.json:
+        emit_json(out)
+        return 0
+    print(f"{out['model']} on {out['world_size']} x {out['device']} ({out['engine']}, "
+          f"{format_bytes(out['memory_bytes'])} per rank; simulated)")
+    for row in out["planners"]:
+        if not row["max_batch"]:
+            print(f"  {row['planner']:<16} does not fit at batch 1")
+            continue
+        memory = ", ".join(f"{k} {format_bytes(v)}" for k, v in row["memory"].items() if v)
+        print(f"  {row['planner']:<16} batch/rank {row['max_batch']:<6} step {row['iteration_s'] * 1e3:.2f} ms  "
+              f"{row['samples_per_s']:.1f} samples/s  peak {format_bytes(row['peak_bytes'])}  [{memory}]")
+    return 0

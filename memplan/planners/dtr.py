@@ -9,9 +9,9 @@ validator checks, the simulator times and the executor runs.
 
 DTR's own bookkeeping counts what is resident, not the transient memory of a replay (a
 replayed op's discarded outputs, inputs rebuilt along the way), so its plan at cap c can
-need a little more than c in the simulator. The planner therefore runs DTR at the budget
-and, while the simulator does not fit the plan under the budget, again at a cap lowered by
-the shortfall (at most MAX_TRIES runs). Evictions whose replay cannot run (an input gone
+need more than c in the simulator. The planner therefore runs DTR at the budget and,
+while the simulator does not fit the plan under the budget, again at lower caps (a fixed
+grid of shares of the trace's peak, at most MAX_TRIES runs). Evictions whose replay cannot run (an input gone
 or overwritten by then: `memplan.planners._replay`) are kept instead.
 """
 
@@ -22,13 +22,13 @@ from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import static_load
 from ._dtr_sim import DtrRun
-from ._policy_eval import smallest_cap
 from ._replay import replayable
 from .base import infeasible, register
 
-MAX_TRIES = 6  # DTR runs at lowered caps before the budget counts as out of reach
-MIN_STEP = 0.01  # a lowered cap drops by at least this share of the budget
-NAMING_TRIES = 4  # loads tried for the smallest feasible one an infeasible budget names
+MAX_TRIES = 10  # DTR runs (the budget, then lower caps) before the budget counts as out of reach
+GRID_STEP = 0.025  # the lower caps: multiples of this share of the trace's peak
+NAMING_CAPS = 3  # caps tried per load while searching the smallest feasible load an infeasible budget names
+NAMING_RESOLUTION = 0.01  # that search stops this share of the trace's peak from the answer
 
 
 @register("dtr", "Dynamic Tensor Rematerialization (ICLR'21): greedy online eviction by h_DTR = cost / "
@@ -44,10 +44,10 @@ def plan_dtr(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> P
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
     simulator = Simulator(trace, cost)
-    found, best = _fitting(trace, cost, simulator, budget_bytes)
+    found = _fitting(trace, cost, simulator, budget_bytes)
     if found is not None:
         return found
-    raise infeasible(budget_bytes, _feasible_load(trace, cost, simulator, best, budget_bytes), "dtr")
+    raise infeasible(budget_bytes, _feasible_load(trace, cost, simulator, budget_bytes), "dtr")
 
 
 def dtr_decisions(trace: Trace, cost: Cost, cap_bytes: int) -> tuple[Decision, ...]:
@@ -57,32 +57,39 @@ def dtr_decisions(trace: Trace, cost: Cost, cap_bytes: int) -> tuple[Decision, .
     return tuple(sorted(replayable(trace, decisions), key=lambda d: (d.back_before, d.storage)))
 
 
-def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int) -> tuple[Plan | None, Plan]:
-    """(a DTR plan that fits `budget`, or None; the last plan tried)."""
-    cap, plan = budget, Plan()
-    for _ in range(MAX_TRIES):
+def _caps(budget: int, peak: int) -> list[int]:
+    """The caps DTR runs at for `budget`: the budget, then a grid of shares of the trace's peak below it.
+
+    The grid does not depend on the budget, so a plan found for one budget comes from a cap
+    that a higher budget tries too (what makes the load an infeasible budget names plannable).
+    """
+    step = max(1, int(peak * GRID_STEP))
+    below = [peak - k * step for k in range(1, int(1 / GRID_STEP) + 1) if 0 < peak - k * step < budget]
+    return [budget] + below[:MAX_TRIES - 1]
+
+
+def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int, tries: int = MAX_TRIES) -> Plan | None:
+    """The first DTR plan over the first `tries` of `_caps` that fits `budget`, or None."""
+    for cap in _caps(budget, trace.peak_load_bytes)[:tries]:
         plan = Plan(decisions=dtr_decisions(trace, cost, cap))
-        result = simulator.run(plan, budget)
-        if result.feasible and static_load(trace, plan.decisions).max() <= budget:
-            return plan, plan
-        cap -= max(int(result.shortfall_bytes or 0), int(budget * MIN_STEP))
-        if cap <= 0:
-            break
-    return None, plan
+        if simulator.run(plan, budget).feasible and static_load(trace, plan.decisions).max() <= budget:
+            return plan
+    return None
 
 
-def _feasible_load(trace: Trace, cost: Cost, simulator: Simulator, plan: Plan, budget: int) -> int:
+def _feasible_load(trace: Trace, cost: Cost, simulator: Simulator, budget: int) -> int:
     """A load above `budget` at which this planner returns a plan (its promise when refusing `budget`).
 
-    Starts from the smallest cap the last plan fits, and checks that the planner, run there,
-    finds a plan; the trace's own peak (where nothing is evicted) always works.
+    Bisection between the budget and the trace's peak (where nothing is evicted) down to
+    NAMING_RESOLUTION of the peak; a load counts as fitting when DTR at its first
+    NAMING_CAPS caps fits, which the planner, trying the same caps first, then finds too.
     """
-    load = budget
-    for _ in range(NAMING_TRIES):
-        load = max(load + 1, smallest_cap(simulator, plan, load))
-        if load >= trace.peak_load_bytes:
-            break
-        found, plan = _fitting(trace, cost, simulator, load)
-        if found is not None:
-            return load
-    return trace.peak_load_bytes
+    lo, hi = budget, trace.peak_load_bytes
+    resolution = max(1, int(hi * NAMING_RESOLUTION))
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        if _fitting(trace, cost, simulator, mid, NAMING_CAPS) is not None:
+            hi = mid
+        else:
+            lo = mid
+    return hi

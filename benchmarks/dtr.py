@@ -27,7 +27,7 @@ from memplan.planners.base import plan
 from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
-MODELS = ("resnet18-cifar@128", "vgg11-cifar@128", "resnet50@32", "mobilenet_v2@32", "transformer-encoder@16")
+MODELS = ("resnet18-cifar@128", "vgg11-cifar@512", "resnet50@32", "mobilenet_v2@32", "transformer-encoder@16")
 BUDGETS = (0.7, 0.5, 0.3)
 PLANNERS = ("dtr", "milp", "capuchin", "home:fast", "checkpoint-all", "sqrt-n")
 

@@ -28,7 +28,6 @@ from .base import infeasible, register
 MAX_TRIES = 10  # DTR runs (the budget, then lower caps) before the budget counts as out of reach
 GRID_STEP = 0.025  # the lower caps: multiples of this share of the trace's peak
 NAMING_CAPS = 3  # caps tried per load while searching the smallest feasible load an infeasible budget names
-NAMING_RESOLUTION = 0.01  # that search stops this share of the trace's peak from the answer
 
 
 @register("dtr", "Dynamic Tensor Rematerialization (ICLR'21): greedy online eviction by h_DTR = cost / "
@@ -80,16 +79,14 @@ def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int, tries:
 def _feasible_load(trace: Trace, cost: Cost, simulator: Simulator, budget: int) -> int:
     """A load above `budget` at which this planner returns a plan (its promise when refusing `budget`).
 
-    Bisection between the budget and the trace's peak (where nothing is evicted) down to
-    NAMING_RESOLUTION of the peak; a load counts as fitting when DTR at its first
-    NAMING_CAPS caps fits, which the planner, trying the same caps first, then finds too.
+    DTR's plans do not change monotonically with the cap, so loads are scanned upward from
+    the budget in steps of the grid (GRID_STEP of the peak); a load counts when DTR at its first
+    NAMING_CAPS caps fits it, which the planner, trying the same caps first, then finds too.
+    The trace's own peak (nothing evicted) always does.
     """
-    lo, hi = budget, trace.peak_load_bytes
-    resolution = max(1, int(hi * NAMING_RESOLUTION))
-    while hi - lo > resolution:
-        mid = (lo + hi) // 2
-        if _fitting(trace, cost, simulator, mid, NAMING_CAPS) is not None:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    peak = trace.peak_load_bytes
+    step = max(1, int(peak * GRID_STEP))
+    for load in range(budget + step, peak, step):
+        if _fitting(trace, cost, simulator, load, NAMING_CAPS) is not None:
+            return load
+    return peak

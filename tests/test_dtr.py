@@ -75,8 +75,10 @@ def test_an_unreachable_budget_names_a_load_where_dtr_plans():
     assert validate(trace, plan(trace, named, planner="dtr")) == []
 
 
-def test_runs_exactly_on_cpu_within_its_budget(capsys):
-    assert main(["run", "resnet18-cifar", "--batch", "64", "--planner", "dtr", "--budget", "70%",
+@pytest.mark.slow
+@pytest.mark.parametrize("model, batch, budget", [("transformer-encoder", 4, "70%"), ("resnet18-cifar", 32, "80%")])
+def test_runs_exactly_on_cpu_within_its_budget(capsys, model, batch, budget):
+    assert main(["run", model, "--batch", str(batch), "--planner", "dtr", "--budget", budget,
                  "--steps", "2", "--check", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["planner"] == "dtr" and out["executor"]["recomputed"] > 0

@@ -9,6 +9,7 @@ largest batch of each planner under the fixed cap. Every figure names its source
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ..fileio import atomic_write_text
@@ -50,7 +51,10 @@ def write_report(result: dict, out_dir: str | Path, command: str) -> dict:
              "Simulated figures come from the simulator on the named profile with fake-tensor traces; measured "
              "figures from real training on this machine's CPU (peak by the memory meter, time the median step "
              "after the first). PyTorch's tools run only measured (the simulator prices plans, and "
-             "`checkpoint-all` / `save-on-cpu` are their simulated counterparts).", ""]
+             "`checkpoint-all` / `save-on-cpu` are their simulated counterparts).", "",
+             f"Measured step times depend on what else the host runs ({os.cpu_count()} CPUs, load average "
+             f"{os.getloadavg()[0]:.1f} when this report was written): on a shared host they are noisy, measured "
+             "peaks are not.", ""]
     plots = []
     for model in models:
         mine = [p for p in result["points"] if p["model"] == model]

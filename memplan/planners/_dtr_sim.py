@@ -18,8 +18,10 @@ An access to an evicted storage rematerializes it before the op (its evicted inp
 rebuilt for the replay and dropped again, as `memplan.sim.chains` runs a recompute chain).
 Each eviction becomes one recompute gap: from the storage's last access before the
 eviction to its next access. Evictable: non-persistent activations with a producer in the
-trace (`Trace.recomputable`) that some later op reads; parameters, gradients, optimizer
-state and inputs stay. The op's own operands are locked while it runs.
+trace (`Trace.recomputable`) that some later op reads, and whose replay there would read the
+values its producer read (no input written again in between: `memplan.planners._replay`'s rule
+2); parameters, gradients, optimizer state and inputs stay. The op's own operands are locked
+while it runs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import bisect
 import numpy as np
 
 from ..model import Trace
+from ._rebuild import Rebuilder
 
 MIN_STALENESS_S = 1e-12  # a storage used by the op just before still has a non-zero staleness
 
@@ -42,6 +45,7 @@ class DtrRun:
         self.evictable = np.array([s.kind == "activation" and s.nbytes > 0 and trace.recomputable(s.id)
                                    for s in trace.storages], dtype=bool)
         self.children = _children(trace)
+        self.rebuilder = Rebuilder(trace)  # only its static rule: inputs overwritten before the replay
         self.resident: set[int] = set()  # alive and in memory
         self.evicted: dict[int, int] = {}  # alive, evicted -> its last access before the eviction
         self.last_used = np.zeros(len(trace.storages))  # clock of the last access
@@ -105,7 +109,10 @@ class DtrRun:
         """The evictable resident storage with the smallest h_DTR (ties: the lowest id)."""
         best, best_h = None, np.inf
         for sid in sorted(self.resident - locked):
-            if not self.evictable[sid] or not self._used_again(sid, op):
+            if not self.evictable[sid]:
+                continue
+            back = self._next_access(sid, op)
+            if back is None or self.rebuilder.overwritten(sid, back):  # its replay there would read new values
                 continue
             staleness = max(self.clock - self.last_used[sid], MIN_STALENESS_S)
             h = self._neighbourhood_cost(sid, op) / (int(self.nbytes[sid]) * staleness)
@@ -113,11 +120,11 @@ class DtrRun:
                 best, best_h = sid, h
         return best
 
-    def _used_again(self, sid: int, op: int) -> bool:
-        """Some op after `op` (inside its lifetime) accesses `sid`, and it was accessed before `op`."""
+    def _next_access(self, sid: int, op: int) -> int | None:
+        """The first access to `sid` after `op`, when it was also accessed before `op` (else None)."""
         accesses = self.trace.accesses[sid]
         k = bisect.bisect_right(accesses, op)
-        return 0 < k < len(accesses) and accesses[k - 1] < op
+        return accesses[k] if 0 < k < len(accesses) and accesses[k - 1] < op else None
 
     def _neighbourhood_cost(self, sid: int, op: int) -> float:
         """Compute seconds of `sid` and its evicted neighbourhood e*."""

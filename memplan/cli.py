@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "memplan.commands.plan_cmds",      # plan, planners, calibrate
     "memplan.commands.pool_cmd",       # pool
     "memplan.commands.sweep_cmd",      # sweep
+    "memplan.commands.compare_cmd",    # compare
     "memplan.commands.run_cmds",       # run, maxbatch
     "memplan.commands.fit_cmd",        # fit
     "memplan.commands.demo_cmd",       # demo

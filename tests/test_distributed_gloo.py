@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # two spawned processes importing torch: about 25
 WORLD = 2
 STEPS = 3
 BATCH = 8
-TIMEOUT_S = 120
+TIMEOUT_S = 300  # generous: CI runs it beside another test worker on 2 cores
 # (engine, planner, budget): swap plans must train exactly like plain training, recompute within 1e-6.
 SWAP = [("ddp", "save-on-cpu", None), ("fsdp", "save-on-cpu", None)]
 RECOMPUTE = [("ddp", "sqrt-n", None), ("fsdp", "sqrt-n", None)]

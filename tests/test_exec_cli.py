@@ -46,7 +46,7 @@ class _null:
         return False
 
 
-@pytest.mark.parametrize("baseline", ["save-on-cpu", "torch-checkpoint"])
+@pytest.mark.parametrize("baseline", ["save-on-cpu", "torch-checkpoint", "sac-compute"])
 def test_pytorch_baselines_train_like_plain_training(baseline):
     ref, got = _train(), _train(baseline)
     diffs = state_diffs(got, ref)
@@ -71,9 +71,47 @@ def test_compile_budget_is_wired_and_undone():
     assert functorch_config.activation_memory_budget == before and "forward" not in model.__dict__
 
 
-def test_unknown_baseline_is_one_clear_error(capsys):
-    assert main(["run", "vgg11-cifar", "--batch", "1", "--baseline", "magic"]) == 2
-    assert "unknown baseline 'magic'" in capsys.readouterr().err
+def test_compile_budget_takes_its_own_fraction():
+    import torch._functorch.config as functorch_config
+
+    with baseline_installed("compile-budget:0.3", tiny_workload().model, 0.9, torch.device("cpu")):
+        assert functorch_config.activation_memory_budget == pytest.approx(0.3)
+
+
+def test_sac_compute_saves_compute_ops_and_recomputes_the_rest():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from memplan.workflows.torch_tools import _save_compute_policy
+
+    aten = torch.ops.aten
+    assert _save_compute_policy(None, aten.convolution.default) == CheckpointPolicy.MUST_SAVE
+    assert _save_compute_policy(None, aten.addmm.default) == CheckpointPolicy.MUST_SAVE
+    assert _save_compute_policy(None, aten.relu.default) == CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.parametrize("name", ["magic", "compile-budget:0", "compile-budget:1.5", "compile-budget:x",
+                                  "sac-compute:0.5"])
+def test_unknown_baseline_is_one_clear_error(capsys, name):
+    assert main(["run", "vgg11-cifar", "--batch", "1", "--baseline", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and repr(name) in err[0]
+
+
+@pytest.mark.parametrize("baseline", ["sac-compute", "compile-budget:0.5"])
+def test_baseline_runs_train_and_report_a_measured_peak(capsys, baseline):
+    assert main(["run", "vgg11-cifar", "--batch", "2", "--steps", "2", "--baseline", baseline, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["baseline"] == baseline and out["measured_peak_bytes"] > 0
+    assert len(out["steps"]) == 2 and all(s["measured_peak_bytes"] > 0 for s in out["steps"])
+
+
+def test_sac_compute_trains_a_real_model():
+    w = tiny_workload()
+    before = [p.detach().clone() for p in w.model.parameters()]
+    with baseline_installed("sac-compute", w.model, 1.0, torch.device("cpu")):
+        loss = w.step(*w.make_inputs(w.batch, seed=5))
+    assert torch.isfinite(loss)
+    assert all(not torch.equal(a, p) for a, p in zip(before, w.model.parameters()))
 
 
 def test_maxbatch_answers_from_planning_on_cpu(capsys):

@@ -57,7 +57,7 @@ def _add_run(sub):
     p.add_argument("--check", action="store_true",
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
                         "peak exceeds the budget by more than 2%%")
-    p.add_argument("--baseline", default=None, help="torch-checkpoint | save-on-cpu | compile-budget")
+    p.add_argument("--baseline", default=None, help="torch-checkpoint | sac-compute | save-on-cpu | compile-budget | compile-budget:F (F in (0, 1])")
     p.add_argument("--seed", type=int, default=0)
     add_json_flag(p)
     p.set_defaults(func=run)

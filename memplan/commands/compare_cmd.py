@@ -1,0 +1,81 @@
+"""`memplan compare`: every planner and PyTorch tool, simulated and measured, in one report."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from ..units import format_bytes, parse_bytes
+
+
+def add_parser(sub):
+    """Register `memplan compare`."""
+    from ..cli import add_json_flag, positive_int
+    from ..workflows import compare as c
+
+    p = sub.add_parser("compare", help="Pareto fronts (peak vs overhead) of every planner and PyTorch tool, "
+                                       "simulated and measured on CPU, and the largest batch of each")
+    p.add_argument("--out", default="benchmarks/results/compare",
+                   help="folder of the report, the plots and the cache of finished points")
+    p.add_argument("--models", default=",".join(c.DEFAULT_MODELS), help="comma-separated zoo model names")
+    p.add_argument("--planners", default=",".join(c.DEFAULT_SIM_PLANNERS), help="planners simulated")
+    p.add_argument("--run-planners", default=",".join(c.DEFAULT_RUN_PLANNERS),
+                   help="planners measured on CPU (none is always measured); empty for none")
+    p.add_argument("--baselines", default=",".join(c.DEFAULT_BASELINES),
+                   help="PyTorch tools measured on CPU; empty for none")
+    p.add_argument("--maxbatch-planners", default=",".join(c.DEFAULT_MAXBATCH_PLANNERS),
+                   help="planners whose largest batch under --maxbatch-memory is searched; empty for none")
+    p.add_argument("--budgets", default=",".join(c.DEFAULT_BUDGETS), help="shares of the unplanned peak")
+    p.add_argument("--sim-batch", type=positive_int, default=64, help="batch of the simulated traces")
+    p.add_argument("--run-batch", type=positive_int, default=8, help="batch of the measured runs")
+    p.add_argument("--steps", type=positive_int, default=5, help="measured steps per run (the first warms up)")
+    p.add_argument("--profile", default="h100", help="cost-model profile of the simulated points")
+    p.add_argument("--maxbatch-memory", default=None,
+                   help="memory cap of the largest-batch search (default: the unplanned peak at --sim-batch)")
+    p.add_argument("--maxbatch-limit", type=positive_int, default=256, help="largest batch the search tries")
+    add_json_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Compute the missing points, write the report, print where it is."""
+    from ..cli import emit_json
+    from ..workflows.compare import CompareSettings, compare
+    from ..workflows.compare_report import write_report
+
+    settings = CompareSettings(
+        models=_names(args.models), sim_planners=_names(args.planners), run_planners=_names(args.run_planners),
+        baselines=_names(args.baselines), maxbatch_planners=_names(args.maxbatch_planners),
+        budgets=_names(args.budgets), sim_batch=args.sim_batch, run_batch=args.run_batch, steps=args.steps,
+        profile=args.profile, maxbatch_limit=args.maxbatch_limit,
+        maxbatch_memory=parse_bytes(args.maxbatch_memory) if args.maxbatch_memory else None)
+    result = compare(settings, args.out, progress=not args.json and sys.stderr.isatty())
+    files = write_report(result, args.out, _command(args))
+    if args.json:
+        emit_json({**result, **files})
+        return 0
+    print(f"{result['computed']} points computed, {result['cached']} from the cache")
+    print(f"report: {files['report']}")
+    for p in result["points"]:
+        if p["kind"] == "maxbatch" and "max_batch" in p:
+            print(f"  {p['model']}: {p['method']} reaches batch {p['max_batch']} under "
+                  f"{format_bytes(p['memory_bytes'])}")
+    return 0
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+_OPTIONS = ("out", "models", "planners", "run_planners", "baselines", "maxbatch_planners", "budgets", "sim_batch",
+            "run_batch", "steps", "profile", "maxbatch_memory", "maxbatch_limit")
+
+
+def _command(args) -> str:
+    """The command that reproduces this report, every option spelled out."""
+    words = ["memplan", "compare"]
+    for name in _OPTIONS:
+        value = getattr(args, name)
+        if value is not None:
+            words += [f"--{name.replace('_', '-')}", str(value)]
+    return shlex.join(words)

@@ -1,0 +1,92 @@
+"""`dtr`: Dynamic Tensor Rematerialization (Kirisame et al., ICLR 2021) as a peer planner.
+
+DTR is an online rematerializer: it runs the program under a memory cap and, when an
+allocation does not fit, evicts the activation with the smallest h_DTR = cost / (size x
+staleness), rematerializing an evicted tensor when it is used again
+(`memplan.planners._dtr_sim` has the policy). Replayed over the trace with the cost
+model's op times, its evictions become an ordinary plan of recompute decisions that the
+validator checks, the simulator times and the executor runs.
+
+DTR's own bookkeeping counts what is resident, not the transient memory of a replay (a
+replayed op's discarded outputs, inputs rebuilt along the way), so its plan at cap c can
+need more than c in the simulator. The planner therefore runs DTR at the budget and,
+while the simulator does not fit the plan under the budget, again at lower caps (a fixed
+grid of shares of the trace's peak, at most MAX_TRIES runs). Evictions whose replay cannot run (an input gone
+or overwritten by then: `memplan.planners._replay`) are kept instead.
+"""
+
+from __future__ import annotations
+
+from ..cost.model import Cost
+from ..model import Decision, Plan, Trace
+from ..sim.simulate import Simulator
+from ..sim.validate import static_load
+from ._dtr_sim import DtrRun
+from ._replay import replayable
+from .base import infeasible, register
+
+MAX_TRIES = 10  # DTR runs (the budget, then lower caps) before the budget counts as out of reach
+GRID_STEP = 0.025  # the lower caps: multiples of this share of the trace's peak
+NAMING_CAPS = 3  # caps tried per load while searching the smallest feasible load an infeasible budget names
+
+
+@register("dtr", "Dynamic Tensor Rematerialization (ICLR'21): greedy online eviction by h_DTR = cost / "
+                 "(size x staleness), rematerialized on access", decides=("recompute",))
+def plan_dtr(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+    """DTR's evictions under `budget_bytes`, as recompute decisions.
+
+    Args:
+        trace, budget_bytes, cost, seed: see `memplan.planners.base` (DTR is deterministic).
+    Raises:
+        InfeasibleBudgetError: no DTR run fits under the budget; names a load at which it does.
+    """
+    if budget_bytes >= trace.peak_load_bytes:
+        return Plan()
+    simulator = Simulator(trace, cost)
+    found = _fitting(trace, cost, simulator, budget_bytes)
+    if found is not None:
+        return found
+    raise infeasible(budget_bytes, _feasible_load(trace, cost, simulator, budget_bytes), "dtr")
+
+
+def dtr_decisions(trace: Trace, cost: Cost, cap_bytes: int) -> tuple[Decision, ...]:
+    """The replayable recompute decisions of one DTR run at `cap_bytes`."""
+    gaps = DtrRun(trace, cost.durations, cap_bytes).gaps()
+    decisions = [Decision(storage=s, action="recompute", out_after=o, back_before=b) for s, o, b in gaps]
+    return tuple(sorted(replayable(trace, decisions), key=lambda d: (d.back_before, d.storage)))
+
+
+def _caps(budget: int, peak: int) -> list[int]:
+    """The caps DTR runs at for `budget`: the budget, then a grid of shares of the trace's peak below it.
+
+    The grid does not depend on the budget, so a plan found for one budget comes from a cap
+    that a higher budget tries too (what makes the load an infeasible budget names plannable).
+    """
+    step = max(1, int(peak * GRID_STEP))
+    below = [peak - k * step for k in range(1, int(1 / GRID_STEP) + 1) if 0 < peak - k * step < budget]
+    return [budget] + below[:MAX_TRIES - 1]
+
+
+def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int, tries: int = MAX_TRIES) -> Plan | None:
+    """The first DTR plan over the first `tries` of `_caps` that fits `budget`, or None."""
+    for cap in _caps(budget, trace.peak_load_bytes)[:tries]:
+        plan = Plan(decisions=dtr_decisions(trace, cost, cap))
+        if simulator.run(plan, budget).feasible and static_load(trace, plan.decisions).max() <= budget:
+            return plan
+    return None
+
+
+def _feasible_load(trace: Trace, cost: Cost, simulator: Simulator, budget: int) -> int:
+    """A load above `budget` at which this planner returns a plan (its promise when refusing `budget`).
+
+    DTR's plans do not change monotonically with the cap, so loads are scanned upward from
+    the budget in steps of the grid (GRID_STEP of the peak); a load counts when DTR at its first
+    NAMING_CAPS caps fits it, which the planner, trying the same caps first, then finds too.
+    The trace's own peak (nothing evicted) always does.
+    """
+    peak = trace.peak_load_bytes
+    step = max(1, int(peak * GRID_STEP))
+    for load in range(budget + step, peak, step):
+        if _fitting(trace, cost, simulator, load, NAMING_CAPS) is not None:
+            return load
+    return peak

@@ -1,0 +1,221 @@
+"""`memplan compare`: every planner and PyTorch tool on the same models, simulated and measured.
+
+Three kinds of point, each one entry of a resumable cache (`compare.json` in the output
+folder, rewritten whole after every point, so an interrupted run loses at most the point
+it was on and a rerun skips every finished one):
+
+- simulated: a fake-tensor trace at `sim_batch`, planned by each planner at each budget
+  share and scored by the simulator on `profile` ("simulated (<profile>)");
+- measured: real training on CPU at `run_batch` for `steps` steps through the run
+  workflow (`memplan run`), under each measured planner at each budget share, and under
+  each PyTorch tool; peak by the memory meter, time the median step after the first
+  ("measured (CPU)"); overhead against the measured `none` run;
+- maxbatch: the largest batch each planner reaches under one fixed memory cap (by
+  default the unplanned peak at `sim_batch`), by planning and simulating fake traces
+  (`memplan.workflows.maxbatch`; measuring it needs a GPU).
+
+A planner that cannot meet a budget gives a point with its error (it is finished too).
+The report (Markdown and one PNG per model) is `memplan.workflows.compare_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import MemplanError
+from ..fileio import atomic_write_text, read_text
+from ..progress import progress_bar
+
+log = logging.getLogger(__name__)
+
+CACHE_NAME = "compare.json"
+CACHE_SCHEMA = "memplan.compare"
+DEFAULT_MODELS = ("resnet18-cifar", "vgg11-cifar")
+DEFAULT_SIM_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "save-on-cpu", "autoswap:doa", "autoswap:swdoa",
+                        "capuchin", "superneurons", "home:fast", "dtr", "milp")
+DEFAULT_RUN_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
+DEFAULT_BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu", "compile-budget:0.5")
+DEFAULT_MAXBATCH_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
+DEFAULT_BUDGETS = ("70%", "50%")
+# Search planners get a short limit so the default comparison stays bounded.
+PLANNER_PARAMS = {"home:fast": {"time_limit_s": 5.0}, "home": {"time_limit_s": 5.0}, "milp": {"time_limit_s": 10.0}}
+NO_BUDGET = "-"  # the budget of a PyTorch tool that ignores it
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareSettings:
+    """What one comparison covers."""
+
+    models: tuple[str, ...] = DEFAULT_MODELS  # zoo model names
+    sim_planners: tuple[str, ...] = DEFAULT_SIM_PLANNERS  # planners simulated on fake traces
+    run_planners: tuple[str, ...] = DEFAULT_RUN_PLANNERS  # planners measured on CPU (none always added)
+    baselines: tuple[str, ...] = DEFAULT_BASELINES  # PyTorch tools measured on CPU
+    maxbatch_planners: tuple[str, ...] = DEFAULT_MAXBATCH_PLANNERS  # planners whose largest batch is searched
+    budgets: tuple[str, ...] = DEFAULT_BUDGETS  # shares of the unplanned peak
+    sim_batch: int = 64  # batch of the simulated traces
+    run_batch: int = 8  # batch of the measured runs
+    steps: int = 5  # measured steps per run (the first is a warm-up)
+    profile: str = "h100"  # cost-model profile
+    maxbatch_memory: int | None = None  # the cap of the maxbatch search; None: the unplanned peak at sim_batch
+    maxbatch_limit: int = 256  # largest batch the search tries
+    seed: int = 0  # planner and training seed
+
+
+@dataclass(frozen=True)
+class Task:
+    """One point to compute: its cache key and the arguments of its kind."""
+
+    key: str
+    kind: str  # "simulated", "measured" or "maxbatch"
+    model: str
+    method: str  # planner or PyTorch tool
+    budget: str  # a share of the peak, NO_BUDGET, or bytes (maxbatch)
+    batch: int
+
+
+@dataclass
+class Cache:
+    """Finished points by key, kept in `path` (JSON)."""
+
+    path: Path
+    points: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, folder: Path) -> "Cache":
+        """The cache in `folder` (empty when there is none yet).
+
+        Raises:
+            MemplanError: the file exists but is not a memplan comparison cache.
+        """
+        path = folder / CACHE_NAME
+        if not path.exists():
+            return cls(path)
+        try:
+            data = json.loads(read_text(path, "a comparison cache"))
+        except json.JSONDecodeError as exc:
+            raise MemplanError(f"{path}: not a comparison cache ({exc}); remove it to start afresh") from None
+        if not isinstance(data, dict) or data.get("schema") != CACHE_SCHEMA or not isinstance(data.get("points"), dict):
+            raise MemplanError(f"{path}: not a memplan comparison cache; remove it to start afresh")
+        return cls(path, data["points"])
+
+    def add(self, key: str, point: dict) -> None:
+        """Record a finished point and rewrite the file whole."""
+        self.points[key] = point
+        atomic_write_text(self.path, json.dumps({"schema": CACHE_SCHEMA, "version": 1, "points": self.points},
+                                                indent=1, sort_keys=True))
+
+
+def tasks(settings: CompareSettings) -> list[Task]:
+    """Every point the settings ask for, in the order they run (cheap simulated ones first)."""
+    s, out = settings, []
+    for model in s.models:
+        for planner in s.sim_planners:  # `none` keeps everything: its one point is the unconstrained run
+            budgets = (NO_BUDGET,) if planner == "none" else s.budgets
+            out += [_task("simulated", model, planner, b, s.sim_batch) for b in budgets]
+        run_planners = ("none",) + tuple(p for p in s.run_planners if p != "none")
+        out.append(_task("measured", model, "none", NO_BUDGET, s.run_batch, s.steps))
+        for planner in run_planners[1:]:
+            out += [_task("measured", model, planner, b, s.run_batch, s.steps) for b in s.budgets]
+        for tool in s.baselines:
+            budgets = s.budgets if tool == "compile-budget" else (NO_BUDGET,)
+            out += [_task("measured", model, tool, b, s.run_batch, s.steps) for b in budgets]
+        memory = str(s.maxbatch_memory) if s.maxbatch_memory else f"peak@{s.sim_batch}"
+        out += [_task("maxbatch", model, p, memory, s.maxbatch_limit) for p in s.maxbatch_planners]
+    return out
+
+
+def _task(kind, model, method, budget, batch, steps=None) -> Task:
+    extra = f"|steps={steps}" if steps else ""
+    return Task(f"{kind}|{model}|{method}|{budget}|{batch}{extra}", kind, model, method, budget, batch)
+
+
+def compare(settings: CompareSettings, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Compute every point not in the cache of `out_dir`, then return all of them.
+
+    Returns:
+        {"points": [point dicts in task order], "computed": n new, "cached": n reused}.
+    """
+    from ..planners.base import get_planner
+    from .run import check_baseline
+
+    for tool in settings.baselines:
+        check_baseline(tool)
+    for name in {*settings.sim_planners, *settings.run_planners, *settings.maxbatch_planners}:
+        get_planner(name)  # an unknown name fails before any work
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = Cache.open(folder)
+    todo = tasks(settings)
+    pending = [t for t in todo if t.key not in cache.points]
+    with progress_bar("compare", total=len(pending), unit=" points", enabled=progress) as bar:
+        for task in pending:
+            bar.set_postfix_str(f"{task.kind} {task.model} {task.method} {task.budget}")
+            cache.add(task.key, {"kind": task.kind, "model": task.model, "method": task.method,
+                                 "budget": task.budget, "batch": task.batch, "source": _source(task, settings),
+                                 **compute_point(task, settings)})
+            bar.update()
+    return {"points": [cache.points[t.key] for t in todo], "computed": len(pending),
+            "cached": len(todo) - len(pending)}
+
+
+def _source(task: Task, s: CompareSettings) -> str:
+    """How the point's figures were obtained, as every figure must say."""
+    return "measured (CPU)" if task.kind == "measured" else f"simulated ({s.profile})"
+
+
+def compute_point(task: Task, settings: CompareSettings) -> dict:
+    """The measurements of one point; {"error": ...} when its planner or tool cannot give one."""
+    compute = {"simulated": _simulated, "measured": _measured, "maxbatch": _maxbatch}[task.kind]
+    try:
+        return compute(task, settings)
+    except MemplanError as exc:
+        log.info("%s: %s", task.key, exc)
+        return {"error": str(exc).splitlines()[0]}
+
+
+def _simulated(task: Task, s: CompareSettings) -> dict:
+    from ..planners.base import plan
+    from .workloads import trace_workload
+
+    trace = trace_workload(task.model, task.batch, fake=True)
+    budget = None if task.budget == NO_BUDGET else task.budget
+    result = plan(trace, budget, planner=task.method, device=s.profile, seed=s.seed,
+                  **PLANNER_PARAMS.get(task.method, {}))
+    p = result.predicted
+    return {"peak_bytes": p["peak_load_bytes"], "overhead": p["overhead"], "time_s": p["time_s"],
+            "trace_peak_bytes": trace.peak_load_bytes, "planning_s": result.planning_s}
+
+
+def _measured(task: Task, s: CompareSettings) -> dict:
+    from ..planners.base import get_planner
+    from .run import run_workload
+
+    baseline = None if _is_planner(task.method, get_planner) else task.method
+    budget = None if task.budget == NO_BUDGET else task.budget
+    out = run_workload(task.model, task.batch, planner="none" if baseline else task.method, budget=budget,
+                       steps=s.steps, device="cpu", profile=s.profile, seed=s.seed, baseline=baseline)
+    times = out["step_time_s"][1:] or out["step_time_s"]  # the first step warms up
+    return {"peak_bytes": out["measured_peak_bytes"], "step_s": statistics.median(times),
+            "simulated_peak_bytes": out["simulated_peak_bytes"], "trace_peak_bytes": out["trace_peak_bytes"],
+            "budget_bytes": out["budget_bytes"]}
+
+
+def _is_planner(name: str, get_planner) -> bool:
+    try:
+        get_planner(name)
+        return True
+    except MemplanError:
+        return False
+
+
+def _maxbatch(task: Task, s: CompareSettings) -> dict:
+    from .maxbatch import max_batch
+    from .workloads import trace_workload
+
+    memory = s.maxbatch_memory or trace_workload(task.model, s.sim_batch, fake=True).peak_load_bytes
+    out = max_batch(task.model, memory, planner=task.method, device="cpu", profile=s.profile, limit=task.batch)
+    return {"max_batch": out["max_batch"], "memory_bytes": int(memory)}

@@ -1,0 +1,90 @@
+"""`memplan compare`: the report, its Pareto fronts, the resumable cache and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import memplan.workflows.compare as compare
+from memplan.cli import main
+from memplan.workflows.compare_report import pareto, with_measured_overhead
+
+SMALL = ["--models", "vgg11-cifar", "--planners", "none,sqrt-n,dtr", "--run-planners", "", "--baselines", "",
+         "--maxbatch-planners", "none,dtr", "--budgets", "70%", "--sim-batch", "8", "--run-batch", "2",
+         "--steps", "2", "--maxbatch-limit", "16", "--json"]
+
+
+def _compare(capsys, out, *extra):
+    assert main(["compare", "--out", str(out), *SMALL, *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_report_then_a_rerun_computes_nothing(capsys, tmp_path, monkeypatch):
+    first = _compare(capsys, tmp_path)
+    kinds = [(p["kind"], p["method"], p["budget"]) for p in first["points"]]
+    assert kinds == [("simulated", "none", "-"), ("simulated", "sqrt-n", "70%"), ("simulated", "dtr", "70%"),
+                     ("measured", "none", "-"), ("maxbatch", "none", "peak@8"), ("maxbatch", "dtr", "peak@8")]
+    assert first["computed"] == 6 and first["cached"] == 0
+    by = {(p["kind"], p["method"]): p for p in first["points"]}
+    assert by[("simulated", "none")]["overhead"] == 0.0 and by[("simulated", "none")]["source"] == "simulated (h100)"
+    assert by[("measured", "none")]["peak_bytes"] > 0 and by[("measured", "none")]["source"] == "measured (CPU)"
+    assert by[("maxbatch", "none")]["max_batch"] == 8  # the cap is none's own peak at batch 8
+    assert by[("maxbatch", "dtr")]["max_batch"] >= 8
+    report = (tmp_path / "compare.md").read_text()
+    assert "## vgg11-cifar" in report and "simulated (h100)" in report and "measured (CPU)" in report
+    assert (tmp_path / "compare-vgg11-cifar.png").stat().st_size > 0
+
+    def no_work(task, settings):
+        raise AssertionError(f"recomputed {task.key}")
+
+    monkeypatch.setattr(compare, "compute_point", no_work)
+    again = _compare(capsys, tmp_path)
+    assert again["computed"] == 0 and again["cached"] == 6 and again["points"] == first["points"]
+
+
+def test_a_rerun_computes_only_the_missing_points(capsys, tmp_path, monkeypatch):
+    cache = tmp_path / "compare.json"
+    cache.write_text(json.dumps({"schema": "memplan.compare", "version": 1, "points": {}}))
+    calls = []
+    monkeypatch.setattr(compare, "compute_point", lambda task, s: calls.append(task.key) or {"error": "skipped"})
+    _compare(capsys, tmp_path)
+    data = json.loads(cache.read_text())
+    dropped = sorted(data["points"])[0]
+    del data["points"][dropped]
+    cache.write_text(json.dumps(data))
+    calls.clear()
+    out = _compare(capsys, tmp_path)
+    assert calls == [dropped] and out["computed"] == 1
+
+
+def test_pareto_front_keeps_the_points_no_other_beats_on_both():
+    points = [{"peak_bytes": 100, "overhead": 0.0}, {"peak_bytes": 50, "overhead": 0.2},
+              {"peak_bytes": 60, "overhead": 0.3}, {"peak_bytes": 50, "overhead": 0.2}, {"peak_bytes": 40, "overhead": 1.0}]
+    assert pareto(points) == {0, 1, 3, 4}  # 2 is beaten by 1; equal points both stay
+
+
+def test_measured_overhead_is_against_the_measured_none_run():
+    points = [{"method": "none", "step_s": 2.0}, {"method": "dtr", "step_s": 3.0}, {"method": "x", "error": "e"}]
+    got = with_measured_overhead(points)
+    assert got[0]["overhead"] == 0.0 and got[1]["overhead"] == pytest.approx(0.5) and "overhead" not in got[2]
+
+
+@pytest.mark.parametrize("option, value, says", [("--planners", "none,magic", "magic"),
+                                                 ("--baselines", "compile-budget:7", "compile-budget:7"),
+                                                 ("--run-planners", "nope", "nope")])
+def test_bad_names_are_one_error_line_and_no_files(capsys, tmp_path, option, value, says):
+    out = tmp_path / "report"
+    args = ["compare", "--out", str(out), *SMALL]
+    args[args.index(option) + 1] = value
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+    assert not out.exists()
+
+
+def test_a_foreign_cache_is_one_error_line(capsys, tmp_path):
+    (tmp_path / "compare.json").write_text("[1, 2]")
+    assert main(["compare", "--out", str(tmp_path), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a memplan comparison cache" in err[0]

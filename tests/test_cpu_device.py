@@ -20,7 +20,7 @@ from memplan.tracing.tracer import trace
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.run import measure_steps, run_workload
 
-from test_exec_helpers import swap_all_plan, tiny_workload, workload
+from test_exec_helpers import swap_all_plan, tiny_workload
 
 # A CPU's figures as `calibrate --device cpu` would measure them (the copy is the host link).
 CPU = cal.Measurements(h2d_bytes_per_s=8e9, d2h_bytes_per_s=8e9, copy_latency_s=20e-6, launch_s=3e-6,

@@ -50,7 +50,8 @@ def op_time_source(trace) -> str:
 
 def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
                  profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
-                 baseline: str | None = None, trace=None, timed_steps: int = 0) -> dict:
+                 baseline: str | None = None, trace=None, timed_steps: int = 0,
+                 planner_params: dict | None = None) -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -61,6 +62,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         check: also train plainly from the same seed and report the largest differences.
         seed: workload, planner and training seed.
         baseline: one of `torch_tools.BASELINES` instead of a plan.
+        planner_params: the planner's hyper-parameters (e.g. {"time_limit_s": 10}).
         timed_steps: after the metered steps, this many more steps without the meter (whose
             per-op bookkeeping slows a CPU step), timed only: `measured_step_s` is their median.
         trace: a saved trace of this workload (a Trace or a path) to plan instead of tracing it.
@@ -84,7 +86,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     timed = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
-                    time_repeats=timed)
+                    time_repeats=timed, **(planner_params or {}))
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure

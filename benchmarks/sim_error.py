@@ -50,14 +50,13 @@ MIB = 2**20
 log = logging.getLogger("sim_error")
 
 
-def model_rows(spec: str, planners, budgets, steps: int, profile: str, time_limit: float, save) -> list[dict]:
-    """Every (planner, budget) run of one model; `save(row)` after each."""
+def model_rows(spec: str, planners, budgets, steps: int, profile: str, time_limit: float, rows: list, save) -> None:
+    """Every (planner, budget) run of one model, appended to `rows`; `save()` after each."""
     name, batch = spec.rsplit("@", 1)
     batch, config = int(batch), CONFIGS.get(name, {})
     w = get_workload(name, batch, seed=SEED, **config)
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer, time_repeats=TIME_REPEATS)
     del w
-    rows = []
     for planner in planners:
         for share in ((1.0,) if planner == "none" else budgets):
             params = {"time_limit_s": time_limit} if planner in TIME_LIMITED else {}
@@ -73,8 +72,7 @@ def model_rows(spec: str, planners, budgets, steps: int, profile: str, time_limi
             row.update(load_after=_load(), wall_s=round(time.perf_counter() - started, 1))
             log.info("%s", row)
             rows.append(row)
-            save(row)
-    return rows
+            save()
 
 
 def _figures(out: dict) -> dict:
@@ -87,6 +85,9 @@ def _figures(out: dict) -> dict:
             "simulated_peak_bytes": sim_p, "measured_peak_bytes": meas_p,
             "peak_error": meas_p / sim_p - 1 if sim_p else None, "op_times": out["op_times"],
             "replayed_ops": out["executor"]["replayed_ops"], "swapped_out": out["executor"]["swapped_out"],
+            # seconds the main thread waited for the copy workers, over all steps of the run
+            "prefetch_wait_s": out["executor"].get("prefetch_wait_s"),
+            "release_wait_s": out["executor"].get("release_wait_s"),
             "simulated_breakdown": out["predicted"].get("breakdown")}
 
 
@@ -160,12 +161,12 @@ def main(argv=None) -> int:
             "load_start": _load(), "load_end": None}
     rows: list[dict] = list(kept)
 
-    def save(row):
-        write(rows + [row] if row not in rows else rows, {**meta, "load_end": _load()})
+    def save():
+        write(rows, {**meta, "load_end": _load()})
 
     for spec in args.models.split(","):
-        rows += model_rows(spec, args.planners.split(","), [float(b) for b in args.budgets.split(",")], args.steps,
-                           str(profile_path), args.time_limit, save)
+        model_rows(spec, args.planners.split(","), [float(b) for b in args.budgets.split(",")], args.steps,
+                   str(profile_path), args.time_limit, rows, save)
     meta["load_end"] = _load()
     write(rows, meta)
     ok = [r for r in rows if "error" not in r]

@@ -54,7 +54,7 @@ _MS = 1e-3
 def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn.Module | None = None,
           optimizer: torch.optim.Optimizer | None = None, warmup: int = DEFAULT_WARMUP,
           progress: Callable[[int], None] | None = None, meta: dict | None = None,
-          time_repeats: int = 0) -> Trace:
+          time_repeats: int = 0, time_clock: str = "wall") -> Trace:
     """Trace one training iteration `step_fn(*example_inputs)`.
 
     Args:
@@ -71,6 +71,7 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         time_repeats: real CPU tensors only: run this many more iterations after the traced
             one and give every op its median measured duration (0: no durations). The
             iterations train the model on: restore it afterwards where that matters.
+        time_clock: "wall" or "cpu" (this thread's CPU time), see `optimes`.
     Returns:
         The trace of the last iteration.
     Raises:
@@ -91,10 +92,10 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         seconds = time.perf_counter() - start
         if time_repeats and not fake and not _on_cuda(example_inputs, model):
             recorder.cpu_durations = time_ops(step_fn, example_inputs, [op.name for op in recorder.ops],
-                                              time_repeats)
+                                              time_repeats, time_clock)
     log.info("traced %d ops, %d storages in %.2f s", len(recorder.ops), len(recorder.table.entries), seconds)
     info = {"source": "tracer", "fake": fake, "warmup": warmup, "torch": torch.__version__,
-            **({"time_repeats": time_repeats, "torch_threads": torch.get_num_threads()}
+            **({"time_repeats": time_repeats, "time_clock": time_clock, "torch_threads": torch.get_num_threads()}
                if recorder.cpu_durations else {}),
             "device": _device_of(example_inputs, model), "trace_seconds": round(seconds, 3), **(meta or {})}
     return recorder.build(info)

@@ -118,7 +118,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
              device: str = "h100", model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool = True,
-             time_repeats: int = 0, **planner_params) -> OptimizedStep:
+             time_repeats: int = 0, time_clock: str = "wall", **planner_params) -> OptimizedStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -138,6 +138,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         time_repeats: on the CPU, time every op of the real trace as the median over this many
             more iterations (undone afterwards, like the traced one), so the planner and the
             simulator price ops at their measured durations; 0: roofline estimates.
+        time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.
@@ -149,7 +150,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     if optimizer is not None and not _is_fake(example_inputs, model):
         prime_optimizer_state(optimizer)
     trace = _load_trace(trace) if trace is not None else trace_step(step_fn, example_inputs, model, optimizer,
-                                                                    time_repeats)
+                                                                    time_repeats, time_clock)
     cost = Cost.for_trace(trace, device)
     if plan is None:
         from ..planners.base import plan as make_plan
@@ -210,7 +211,8 @@ def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-def trace_step(step_fn: Callable, inputs: tuple, model, optimizer, time_repeats: int = 0) -> Trace:
+def trace_step(step_fn: Callable, inputs: tuple, model, optimizer, time_repeats: int = 0,
+               time_clock: str = "wall") -> Trace:
     """Trace one call of `step_fn`: with fake tensors if they are fake, else for real, undone
     (with `time_repeats` timed iterations after it on the CPU, undone too).
 
@@ -225,7 +227,8 @@ def trace_step(step_fn: Callable, inputs: tuple, model, optimizer, time_repeats:
     if optimizer is None:
         log.warning("no optimizer found for the step: its state is not restored after tracing")
     with restored(model, optimizer):
-        return run_tracer(step_fn, *inputs, fake=False, model=model, optimizer=optimizer, time_repeats=time_repeats)
+        return run_tracer(step_fn, *inputs, fake=False, model=model, optimizer=optimizer, time_repeats=time_repeats,
+                          time_clock=time_clock)
 
 
 class restored:

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 from ..cost.profiles import get_profile
 from ..errors import MemplanError
 from ..exec.meter import MemoryMeter
+from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
 from .optimize import model_of, optimize
 from .torch_tools import BASELINES, baseline_installed, check_baseline
@@ -51,7 +52,7 @@ def op_time_source(trace) -> str:
 def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
                  profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
                  baseline: str | None = None, trace=None, timed_steps: int = 0,
-                 planner_params: dict | None = None) -> dict:
+                 planner_params: dict | None = None, clock: str = "wall") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -63,6 +64,9 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         seed: workload, planner and training seed.
         baseline: one of `torch_tools.BASELINES` instead of a plan.
         planner_params: the planner's hyper-parameters (e.g. {"time_limit_s": 10}).
+        clock: what the timed steps (and the op times of a trace made here) measure: "wall", or
+            "cpu", the main thread's CPU time, which other work on a shared host does not inflate
+            but which leaves out waiting (for copies, say).
         timed_steps: after the metered steps, this many more steps without the meter (whose
             per-op bookkeeping slows a CPU step), timed only: `measured_step_s` is their median.
         trace: a saved trace of this workload (a Trace or a path) to plan instead of tracing it.
@@ -80,13 +84,15 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     from ..zoo.registry import get_workload
 
     config = config or {}
+    if clock not in CLOCKS:
+        raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
     if baseline:
         check_baseline(baseline)
     w = get_workload(name, batch, device=device, seed=seed, **config)
     timed = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
-                    time_repeats=timed, **(planner_params or {}))
+                    time_repeats=timed, time_clock=clock, **(planner_params or {}))
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure
@@ -100,7 +106,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         records = measure_steps(step if not baseline else w.step, make_inputs, steps, model, w.optimizer, seed,
                                 host=step.runtime.host_buffers())
         timed = time_steps(step if not baseline else w.step, make_inputs, range(steps, steps + timed_steps),
-                           model, seed)
+                           model, seed, clock)
     simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
     measured = max(r["measured_peak_bytes"] for r in records)
     out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
@@ -108,7 +114,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
            "simulated_peak_bytes": simulated, "measured_peak_bytes": measured,
            "within_budget": measured <= budget_bytes * (1 + BUDGET_TOLERANCE),
            "step_time_s": [r["time_s"] for r in records], "steps": records,
-           "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed,
+           "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed, "clock": clock,
            "simulated_step_s": None if baseline else step.program.predicted.get("time_s"),
            "profile": get_profile(profile).name, "op_times": op_time_source(step.trace),
            "predicted": {} if baseline else step.program.predicted, "executor": step.stats()}
@@ -155,8 +161,10 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
     return records
 
 
-def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: range, model, seed: int) -> list[float]:
-    """Wall seconds of steps `indices` (inputs made right before each), without a meter.
+def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: range, model, seed: int,
+               clock: str = "wall") -> list[float]:
+    """Seconds of steps `indices` (inputs made right before each), without a meter, on `clock`
+    ("wall", or "cpu": this thread's CPU time).
 
     The RNG is seeded as `measure_steps` leaves it only when no metered step ran before.
     """
@@ -164,15 +172,15 @@ def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: ran
         return []
     if indices.start == 0:
         torch.manual_seed(seed)
-    times = []
+    times, now = [], CLOCKS[clock]
     for i in indices:
         x = make_inputs(i)
         device = _device(model, x)
         _sync(device)
-        started = time.perf_counter()
+        started = now()
         step(*x)
         _sync(device)
-        times.append(time.perf_counter() - started)
+        times.append(now() - started)
         del x
     return times
 

@@ -1,7 +1,7 @@
 """The simulator's error on the CPU: simulated vs measured step time and peak, for real.
 
 This CPU is calibrated into a device profile (`memplan calibrate --device cpu`), each model
-is traced once for real with measured op times (median of 3 timed iterations), and every
+is traced once for real with measured op times (the least of 3 timed iterations per op), and every
 (planner, budget) is planned against that trace and profile and run for real: one metered
 step (warm-up; its peak is the measured peak, by the independent meter) then `--steps`
 unmetered steps whose median wall time is the measured step time. Beside them: the
@@ -135,7 +135,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['load_end']} at its end (per run in the JSON and the table). Measured step: median of "
              f"{meta['steps']} unmetered steps after one metered warm-up step; measured peak: the independent "
              f"meter in that step. Simulated: the plan's step program under the calibrated CPU profile, with the "
-             f"trace's measured op times (median of {TIME_REPEATS} iterations). A budget marked * is the "
+             f"trace's measured op times (least of {TIME_REPEATS} iterations). A budget marked * is the "
              f"planner's smallest feasible one (the asked share was infeasible).", ""]
     for clock in sorted({r.get("clock", "wall") for r in rows}, reverse=True):
         lines += _clock_table([r for r in rows if r.get("clock", "wall") == clock], clock)

@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     mode.add_argument("--fake", dest="fake", action="store_true", default=True,
                       help="fake tensors: nothing is allocated (default)")
     mode.add_argument("--real", dest="fake", action="store_false",
-                      help="real tensors, with measured op times (CUDA events; on the CPU the median wall time "
+                      help="real tensors, with measured op times (CUDA events; on the CPU the least wall time "
                            "of --time-repeats more iterations)")
     p.add_argument("--input-size", type=positive_int, default=None,
                    help="image side in pixels (image models; default: the model's)")
@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
                    help="where model and inputs live (e.g. cuda with --real)")
     p.add_argument("--warmup", type=nonnegative_int, default=1, help="untraced iterations first (default 1)")
     p.add_argument("--time-repeats", type=nonnegative_int, default=CPU_TIME_REPEATS,
-                   help=f"--real on the CPU: timed iterations after the traced one; each op gets its median "
+                   help=f"--real on the CPU: timed iterations after the traced one; each op gets its least "
                         f"(default {CPU_TIME_REPEATS}; 0: no op times)")
     p.add_argument("-o", "--output", type=output_file, required=True, help="trace file to write (JSON lines)")
     add_json_flag(p)

@@ -1,4 +1,4 @@
-"""Measured op durations on the CPU: per op, the median over a few timed iterations.
+"""Measured op durations on the CPU: per op, the least over a few timed iterations.
 
 The recorder's own bookkeeping is far heavier than plain training, so the CPU times come
 from separate iterations under a light dispatch mode that only reads the clock. An op's
@@ -6,7 +6,10 @@ duration is the wall time from the end of the op before it to its own end: on th
 op is synchronous, and the host work that leads to it (module code, autograd, dispatch) is
 part of what the step pays for it, so the durations add up to the step's wall time (less the
 timing mode's own bookkeeping, which is measured and left out).
-An iteration whose op sequence differs from the traced one is discarded.
+An iteration whose op sequence differs from the traced one is discarded. Each op keeps its
+least time over the iterations: other work on a shared host only ever adds time, and a burst
+of it during one iteration would otherwise raise every op of that iteration (seen here: the
+median of 3 doubled by one burst).
 
 Two clocks: "wall" (perf_counter), and "cpu", the calling thread's CPU time (thread_time),
 which a shared host's other work does not inflate (a descheduled thread's clock stops); it
@@ -17,7 +20,6 @@ on one thread) or a comparison where both sides use it.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Callable
 
@@ -56,7 +58,7 @@ class _OpClock(TorchDispatchMode):
 
 def time_ops(step_fn: Callable, inputs: tuple, names: list[str], repeats: int,
              clock: str = "wall") -> list[float] | None:
-    """Median seconds per op over `repeats` iterations of `step_fn(*inputs)` on the CPU.
+    """Least seconds per op over `repeats` iterations of `step_fn(*inputs)` on the CPU.
 
     Args:
         names: the traced op names, in order: iterations that run other ops are discarded.
@@ -77,4 +79,4 @@ def time_ops(step_fn: Callable, inputs: tuple, names: list[str], repeats: int,
                         len(names))
     if not runs:
         return None
-    return [statistics.median(column) for column in zip(*runs)]
+    return [min(column) for column in zip(*runs)]

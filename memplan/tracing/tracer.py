@@ -13,7 +13,7 @@ traced iteration is a steady-state one, and its optimizer state is persistent.
 
 With fake tensors (`FakeTensorMode`) nothing is allocated: a 40 GB iteration traces on a
 laptop. With real CUDA tensors each op's duration is measured with CUDA events; with real
-CPU tensors and `time_repeats`, as the median wall time over that many more iterations
+CPU tensors and `time_repeats`, as the least wall time over that many more iterations
 (`optimes`).
 
 No saved-tensor hooks are installed while tracing: with them autograd runs fewer ops (it
@@ -69,7 +69,7 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         progress: called with the number of ops recorded so far, now and then.
         meta: extra entries for `trace.meta` (model name, batch, ...).
         time_repeats: real CPU tensors only: run this many more iterations after the traced
-            one and give every op its median measured duration (0: no durations). The
+            one and give every op its least measured duration (0: no durations). The
             iterations train the model on: restore it afterwards where that matters.
         time_clock: "wall" or "cpu" (this thread's CPU time), see `optimes`.
     Returns:

@@ -135,7 +135,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         seed: planner seed.
         measure: measure each step's peak memory (a dispatch-level meter on CPU, the CUDA
             allocator's counters on a GPU).
-        time_repeats: on the CPU, time every op of the real trace as the median over this many
+        time_repeats: on the CPU, time every op of the real trace as the least over this many
             more iterations (undone afterwards, like the traced one), so the planner and the
             simulator price ops at their measured durations; 0: roofline estimates.
         time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).

@@ -143,3 +143,12 @@ def _measured_peak(step, w) -> int:
     records = measure_steps(step, lambda i: w.make_inputs(w.batch, seed=10 + i), 2, w.model, w.optimizer, 0,
                             host=step.runtime.host_buffers())
     return max(r["measured_peak_bytes"] for r in records)
+
+
+def test_cpu_clock_times_steps_and_ops_on_the_main_threads_cpu_time(cpu_profile, capsys):
+    assert main(["run", "kmeans", "--batch", "64", "--steps", "1", "--timed-steps", "2", "--clock", "cpu",
+                 "--profile", str(cpu_profile), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["clock"] == "cpu" and len(out["timed_step_s"]) == 2 and out["op_times"] == "measured"
+    assert main(["run", "kmeans", "--batch", "64", "--clock", "sundial"]) == 2
+    assert "invalid choice" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 """`memplan plan` (plan a trace under a budget), `memplan planners` (list them) and
-`memplan calibrate` (measure this GPU into a device profile)."""
+`memplan calibrate` (measure this GPU or this CPU into a device profile)."""
 
 from __future__ import annotations
 
@@ -43,10 +43,13 @@ def add_parser(sub) -> None:
     add_json_flag(q)
     q.set_defaults(func=run_planners)
 
-    c = sub.add_parser("calibrate", help="measure this CUDA GPU into a device profile (needs a GPU)")
+    c = sub.add_parser("calibrate", help="measure this CUDA GPU (or, with --device cpu, this CPU) into a device profile")
     c.add_argument("-o", "--output", type=output_file, default=None,
                    help="profile JSON to write (usable as --device FILE)")
-    c.add_argument("--name", default=None, help="profile name (default: from the GPU's name)")
+    c.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="what to measure: the CUDA GPU (default) or this CPU, as a device whose host link "
+                        "is a copy between two host buffers")
+    c.add_argument("--name", default=None, help="profile name (default: from the GPU's name; cpu: \"cpu\")")
     c.add_argument("--gpu", type=nonnegative_int, default=0, help="CUDA device index (default 0)")
     add_json_flag(c)
     c.set_defaults(func=run_calibrate)
@@ -238,12 +241,13 @@ def run_planners(args) -> int:
 
 
 def run_calibrate(args) -> int:
-    """Measure the GPU, print the profile and write it (with -o)."""
+    """Measure the GPU (or the CPU), print the profile and write it (with -o)."""
     from ..cost.calibrate import calibrate
+    from ..cost.calibrate_cpu import calibrate_cpu
     from ..cost.profiles import profile_to_json
     from ..fileio import atomic_write_text
 
-    profile = calibrate(args.gpu, name=args.name)
+    profile = calibrate_cpu(name=args.name) if args.device == "cpu" else calibrate(args.gpu, name=args.name)
     data = profile_to_json(profile)
     if args.output:
         atomic_write_text(args.output, json.dumps(data, indent=1) + "\n")
@@ -254,14 +258,19 @@ def run_calibrate(args) -> int:
     return 0
 
 
+def _flops(rate: float) -> str:
+    """TFLOP/s for a GPU, GFLOP/s for what a CPU reaches."""
+    return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
+
+
 def _profile_rows(data: dict) -> list[tuple[str, object]]:
-    tera, giga = 1e12, 1e9
+    giga = 1e9
     return [("name", data["name"]), ("device", data["description"]),
-            ("FP32", f"{data['fp32_flops'] / tera:.1f} TFLOP/s"), ("TF32", f"{data['tf32_flops'] / tera:.1f} TFLOP/s"),
-            ("BF16", f"{data['bf16_flops'] / tera:.1f} TFLOP/s"),
+            ("FP32", _flops(data["fp32_flops"])), ("TF32", _flops(data["tf32_flops"])),
+            ("BF16", _flops(data["bf16_flops"])),
             ("memory bandwidth", f"{data['hbm_bytes_per_s'] / giga:.0f} GB/s"),
             ("host->device", f"{data['h2d_bytes_per_s'] / giga:.1f} GB/s"),
             ("device->host", f"{data['d2h_bytes_per_s'] / giga:.1f} GB/s"),
             ("launch latency", f"{data['launch_s'] * 1e6:.1f} us"),
             ("copy latency", f"{data['copy_latency_s'] * 1e6:.1f} us"),
-            ("memory", format_bytes(data["memory_bytes"]))]
+            ("memory", format_bytes(data["memory_bytes"])), ("kind", data.get("kind", "gpu"))]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import add_json_flag, emit_json, fits_or_says_so, positive_int, torch_device, use_working_dir
+from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, positive_int, torch_device,
+                   use_working_dir)
 from ..errors import MemplanError
 from ..units import format_bytes, parse_bytes
 
@@ -51,9 +52,18 @@ def _add_run(sub):
     p.add_argument("--batch", type=positive_int, required=True)
     p.add_argument("--planner", default=None, help="registered planner name (default none)")
     p.add_argument("--budget", default=None, help="bytes, 8GiB or 60%% of the unplanned peak")
-    p.add_argument("--steps", type=positive_int, default=3)
+    p.add_argument("--steps", type=positive_int, default=3, help="metered steps (default 3)")
+    p.add_argument("--timed-steps", type=nonnegative_int, default=0,
+                   help="then this many steps without the meter, timed only: measured_step_s is their median "
+                        "(default 0: the metered steps after the first, less the meter's bookkeeping)")
     p.add_argument("--device", type=torch_device, default="cpu", help="where to train (cpu, cuda)")
-    p.add_argument("--profile", default="h100", help="cost-model profile the planner plans for")
+    p.add_argument("--profile", default="h100",
+                   help="cost-model profile the planner plans for and the simulator times with: a built-in name or "
+                        "a profile JSON (e.g. from `calibrate --device cpu`; with such a CPU profile and --device cpu "
+                        "every op is timed for real first, and simulated_step_s answers to measured_step_s)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="what step (and CPU op) times measure: wall time, or the main thread's CPU time, which a "
+                        "shared host's other work does not inflate (but which leaves out waiting for copies)")
     p.add_argument("--check", action="store_true",
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
                         "peak exceeds the budget by more than 2%%")
@@ -76,7 +86,7 @@ def run(args) -> int:
     with fits_or_says_so(f"{args.model} at batch {args.batch}", args.device):
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
-                           seed=args.seed, baseline=args.baseline)
+                           seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock)
     if args.json:
         emit_json(out)
     else:
@@ -93,6 +103,8 @@ def _print_run(out: dict) -> None:
     rows = [("model", f"{out['model']} batch {out['batch']}"), ("planner", out["planner"]),
             ("budget", format_bytes(out["budget_bytes"] or 0)),
             ("step time (s)", ", ".join(f"{t:.3f}" for t in out["step_time_s"])),
+            ("measured step (s)", f"{out['measured_step_s']:.3f} ({_step_source(out)})"),
+            ("simulated step (s)", _s(out["simulated_step_s"], out["profile"], out["op_times"])),
             ("measured peak", ", ".join(format_bytes(r["measured_peak_bytes"]) for r in out["steps"])),
             ("simulated peak", _b(out["simulated_peak_bytes"])),
             ("within budget", "yes" if out["within_budget"] else "NO"),
@@ -114,6 +126,16 @@ def _predicted(summary: dict) -> str:
     parts = [f"{k} {format_bytes(v) if k.endswith('bytes') else v:}" for k, v in summary.items()
              if isinstance(v, (int, float)) and (k.endswith("bytes") or k.endswith("_s"))]
     return ", ".join(parts[:4]) or "-"
+
+
+def _step_source(out: dict) -> str:
+    n = len(out["timed_step_s"])
+    what = f"median of {n} unmetered steps" if n else "median of the metered steps after the first"
+    return what + (", main thread's CPU time" if out["clock"] == "cpu" else "")
+
+
+def _s(seconds, profile: str, op_times: str) -> str:
+    return "-" if seconds is None else f"{seconds:.3f} ({profile}, {op_times} op times)"
 
 
 def _b(n) -> str:

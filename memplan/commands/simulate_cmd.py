@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("trace", help="trace file (memplan JSON lines or an importable format)")
     p.add_argument("--format", help="trace format, when detection is not wanted")
     p.add_argument("--plan", help="plan JSON written by `memplan plan` (default: keep everything)")
-    p.add_argument("--device", default="h100", help="GPU profile name or profile file (default h100)")
+    p.add_argument("--device", default="h100", help="device profile name or profile file, e.g. from `calibrate --device cpu` (default h100)")
     p.add_argument("--budget", help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or "
                    "none (no cap); default: the plan's own budget, no cap without a plan")
     p.add_argument("--plot", type=output_file, help="write the memory-load timeline and stream lanes to this PNG")

@@ -13,6 +13,7 @@ from ..units import format_bytes
 _LONG_META = ("pack_order", "pack_ops", "hook_events", "owners")
 PHASE_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
 GIB = 2**30
+CPU_TIME_REPEATS = 3  # timed iterations of `trace --real` on the CPU
 _FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 
 
@@ -24,7 +25,9 @@ def add_parser(sub) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--fake", dest="fake", action="store_true", default=True,
                       help="fake tensors: nothing is allocated (default)")
-    mode.add_argument("--real", dest="fake", action="store_false", help="real tensors (op times on CUDA)")
+    mode.add_argument("--real", dest="fake", action="store_false",
+                      help="real tensors, with measured op times (CUDA events; on the CPU the least wall time "
+                           "of --time-repeats more iterations)")
     p.add_argument("--input-size", type=positive_int, default=None,
                    help="image side in pixels (image models; default: the model's)")
     p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -39,6 +42,9 @@ def add_parser(sub) -> None:
                         help="trace rank 0 of an FSDP2 (fully_shard) job (fake process group)")
     p.add_argument("--world-size", type=int, default=None,
                    help="ranks in the --ddp/--fsdp job (any number: nothing is allocated)")
+    p.add_argument("--time-repeats", type=nonnegative_int, default=CPU_TIME_REPEATS,
+                   help=f"--real on the CPU: timed iterations after the traced one; each op gets its least "
+                        f"(default {CPU_TIME_REPEATS}; 0: no op times)")
     p.add_argument("-o", "--output", type=output_file, required=True, help="trace file to write (JSON lines)")
     add_json_flag(p)
     p.set_defaults(func=run_trace)
@@ -78,6 +84,7 @@ def run_trace(args) -> int:
         else:
             trace = trace_workload(args.model, args.batch, fake=args.fake, input_size=args.input_size,
                                    warmup=args.warmup, progress=lambda n: bar.update(n - bar.n),
+                                   time_repeats=0 if args.fake else args.time_repeats,
                                    **_device_option(args.device), **config)
     write_trace(trace, args.output)
     summary = {"output": str(args.output), **summarise(trace)}

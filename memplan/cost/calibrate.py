@@ -76,20 +76,22 @@ def calibrate(gpu: int = 0, *, name: str | None = None, repeats: int = REPEATS) 
                         memory_bytes=int(props.total_memory))
 
 
-def profile_from(m: Measurements, *, name: str, description: str, memory_bytes: int) -> DeviceProfile:
+def profile_from(m: Measurements, *, name: str, description: str, memory_bytes: int,
+                 kind: str = "gpu") -> DeviceProfile:
     """The profile for measured numbers: achieved rates as peaks, efficiencies 1.0.
 
     Args:
         m: the measurements.
         name: profile name.
-        description: the GPU's marketing name.
+        description: the device's marketing name.
         memory_bytes: device memory size.
+        kind: "gpu" or "cpu".
     """
     return DeviceProfile(name=name, description=description, fp32_flops=m.fp32_flops, tf32_flops=m.tf32_flops,
                          bf16_flops=m.bf16_flops, memory_bytes=memory_bytes, hbm_bytes_per_s=m.hbm_bytes_per_s,
                          h2d_bytes_per_s=m.h2d_bytes_per_s, d2h_bytes_per_s=m.d2h_bytes_per_s, launch_s=m.launch_s,
                          copy_latency_s=m.copy_latency_s, compute_efficiency=1.0, memory_efficiency=1.0,
-                         link_efficiency=1.0, calibrated=True)
+                         link_efficiency=1.0, calibrated=True, kind=kind)
 
 
 def slug(text: str) -> str:

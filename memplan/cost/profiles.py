@@ -1,9 +1,9 @@
-"""GPU device profiles: the numbers the roofline cost model and the simulator need.
+"""Device profiles: the numbers the roofline cost model and the simulator need.
 
 Peak numbers come from the vendors' spec sheets (cited per profile). Real kernels and
 copies reach only part of a peak; the `*_efficiency` factors say how much, and
-`memplan calibrate` measures them on a real GPU and writes a profile file that `--device`
-accepts alongside the built-in names.
+`memplan calibrate` measures them on a real GPU (or, with `--device cpu`, this machine's
+CPU) and writes a profile file that `--device` accepts alongside the built-in names.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ DEFAULT_LINK_EFFICIENCY = 0.8
 
 @dataclass(frozen=True, kw_only=True)
 class DeviceProfile:
-    """What the cost model knows about one GPU and its host link."""
+    """What the cost model knows about one device (a GPU, or the CPU) and its host link."""
 
     name: str  # short name used on the command line
     description: str  # marketing name
@@ -49,6 +49,7 @@ class DeviceProfile:
     intra_link: str = "pcie4"  # GPU-to-GPU link inside a node (a memplan.cost.network.LINKS name)
     inter_link: str = "ib-hdr"  # network between nodes, one NIC per GPU (a LINKS name)
     gpus_per_node: int = 8  # GPUs sharing the intra-node link
+    kind: str = "gpu"  # "cpu": the host itself is the device, its "link" a copy into the host slab
 
     def peak_flops(self, dtype: str | None, allow_tf32: bool = False) -> float:
         """Peak FLOP/s for ops of `dtype` (tensor cores for 16-bit types, TF32 if allowed)."""

@@ -18,6 +18,8 @@ a mode runs inside its handler goes to the modes entered before it).
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
@@ -40,6 +42,7 @@ class MemoryMeter(TorchDispatchMode):
         self._weak: dict[int, int] = {}  # storage address -> weak pointer
         self._excluded: set[int] = set()
         self.peak_bytes = 0
+        self.own_s = 0.0  # seconds spent in the meter's own bookkeeping (a step's time less this is the step's)
 
     # --- what exists outside the ops --------------------------------------------------------
 
@@ -62,6 +65,7 @@ class MemoryMeter(TorchDispatchMode):
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.peak_bytes = self.live_bytes()
+        self.own_s = 0.0
 
     def live_bytes(self) -> int:
         """Bytes of the live storages now (CUDA: allocated bytes)."""
@@ -90,10 +94,12 @@ class MemoryMeter(TorchDispatchMode):
             return NotImplemented
         out = func(*args, **(kwargs or {}))
         if not self.cuda:
+            started = time.perf_counter()
             for t in tree_leaves((args, kwargs, out)):
                 if isinstance(t, torch.Tensor):
                     self._see(t)
             self.peak_bytes = max(self.peak_bytes, self.live_bytes())
+            self.own_s += time.perf_counter() - started
         return out
 
     def _see(self, t: torch.Tensor) -> None:

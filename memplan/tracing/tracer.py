@@ -12,7 +12,9 @@ optimizer that creates its state lazily (Adam, SGD with momentum) has it already
 traced iteration is a steady-state one, and its optimizer state is persistent.
 
 With fake tensors (`FakeTensorMode`) nothing is allocated: a 40 GB iteration traces on a
-laptop. With real CUDA tensors each op's duration is measured with CUDA events.
+laptop. With real CUDA tensors each op's duration is measured with CUDA events; with real
+CPU tensors and `time_repeats`, as the least wall time over that many more iterations
+(`optimes`).
 
 No saved-tensor hooks are installed while tracing: with them autograd runs fewer ops (it
 skips the `detach` it makes of an in-place op's saved output), and the trace must be the
@@ -40,6 +42,7 @@ from .classify import kind_of, to_storage
 from .context import ProgramContext
 from .fake import new_fake_mode, quiet_fake_warnings
 from .opinfo import bytes_accessed, conv_params, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
+from .optimes import time_ops
 from .storages import StorageTable
 
 log = logging.getLogger(__name__)
@@ -51,7 +54,8 @@ _MS = 1e-3
 
 def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn.Module | None = None,
           optimizer: torch.optim.Optimizer | None = None, warmup: int = DEFAULT_WARMUP,
-          progress: Callable[[int], None] | None = None, meta: dict | None = None) -> Trace:
+          progress: Callable[[int], None] | None = None, meta: dict | None = None,
+          time_repeats: int = 0, time_clock: str = "wall") -> Trace:
     """Trace one training iteration `step_fn(*example_inputs)`.
 
     Args:
@@ -65,6 +69,10 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         warmup: untraced iterations run first (steady state; lazily created state exists).
         progress: called with the number of ops recorded so far, now and then.
         meta: extra entries for `trace.meta` (model name, batch, ...).
+        time_repeats: real CPU tensors only: run this many more iterations after the traced
+            one and give every op its least measured duration (0: no durations). The
+            iterations train the model on: restore it afterwards where that matters.
+        time_clock: "wall" or "cpu" (this thread's CPU time), see `optimes`.
     Returns:
         The trace of the last iteration.
     Raises:
@@ -83,8 +91,13 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         _hint_after_step(recorder.table, model, optimizer)
         recorder.owners = owner_records(recorder.table, model, optimizer)
         seconds = time.perf_counter() - start
+        if time_repeats and not fake and not _on_cuda(example_inputs, model):
+            recorder.cpu_durations = time_ops(step_fn, example_inputs, [op.name for op in recorder.ops],
+                                              time_repeats, time_clock)
     log.info("traced %d ops, %d storages in %.2f s", len(recorder.ops), len(recorder.table.entries), seconds)
     info = {"source": "tracer", "fake": fake, "warmup": warmup, "torch": torch.__version__,
+            **({"time_repeats": time_repeats, "time_clock": time_clock, "torch_threads": torch.get_num_threads()}
+               if recorder.cpu_durations else {}),
             "device": _device_of(example_inputs, model), "trace_seconds": round(seconds, 3), **(meta or {})}
     return recorder.build(info)
 
@@ -100,6 +113,7 @@ class _Recorder(TorchDispatchMode):
         self.alive_at_end: set[int] = set()
         self.owners: tuple[Owner, ...] = ()
         self._timer = _CudaTimer() if timed else None
+        self.cpu_durations: list[float] | None = None  # measured apart on the CPU (optimes)
         self._progress = progress
 
     def run(self, step_fn: Callable, inputs: tuple) -> None:
@@ -174,8 +188,8 @@ class _Recorder(TorchDispatchMode):
                                                touched_in=frozenset(touched.get(e.sid, ()))), n)
                          for e in self.table.entries)
         ops = tuple(self.ops)
-        if self._timer:
-            durations = self._timer.durations(n)
+        durations = self._timer.durations(n) if self._timer else self.cpu_durations
+        if durations:
             ops = tuple(_with_duration(op, d) for op, d in zip(ops, durations))
         return Trace(storages=storages, ops=ops, meta=meta, owners=self.owners)
 

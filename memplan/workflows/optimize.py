@@ -118,7 +118,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
              device: str = "h100", model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool = True,
-             **planner_params) -> OptimizedStep:
+             time_repeats: int = 0, time_clock: str = "wall", **planner_params) -> OptimizedStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -135,6 +135,10 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         seed: planner seed.
         measure: measure each step's peak memory (a dispatch-level meter on CPU, the CUDA
             allocator's counters on a GPU).
+        time_repeats: on the CPU, time every op of the real trace as the least over this many
+            more iterations (undone afterwards, like the traced one), so the planner and the
+            simulator price ops at their measured durations; 0: roofline estimates.
+        time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.
@@ -145,7 +149,8 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     optimizer = optimizer if optimizer is not None else _find(step_fn, torch.optim.Optimizer, "optimizer")
     if optimizer is not None and not _is_fake(example_inputs, model):
         prime_optimizer_state(optimizer)
-    trace = _load_trace(trace) if trace is not None else trace_step(step_fn, example_inputs, model, optimizer)
+    trace = _load_trace(trace) if trace is not None else trace_step(step_fn, example_inputs, model, optimizer,
+                                                                    time_repeats, time_clock)
     cost = Cost.for_trace(trace, device)
     if plan is None:
         from ..planners.base import plan as make_plan
@@ -206,8 +211,10 @@ def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-def trace_step(step_fn: Callable, inputs: tuple, model, optimizer) -> Trace:
-    """Trace one call of `step_fn`: with fake tensors if they are fake, else for real, undone.
+def trace_step(step_fn: Callable, inputs: tuple, model, optimizer, time_repeats: int = 0,
+               time_clock: str = "wall") -> Trace:
+    """Trace one call of `step_fn`: with fake tensors if they are fake, else for real, undone
+    (with `time_repeats` timed iterations after it on the CPU, undone too).
 
     A real trace runs the step once, unplanned; the model's parameters and gradients, the
     optimizer's state and the RNG states are restored afterwards, so the next step is the
@@ -221,7 +228,8 @@ def trace_step(step_fn: Callable, inputs: tuple, model, optimizer) -> Trace:
     if optimizer is None:
         log.warning("no optimizer found for the step: its state is not restored after tracing")
     with restored(model, optimizer):
-        return run_tracer(step_fn, *inputs, fake=False, model=model, optimizer=optimizer, warmup=warmup)
+        return run_tracer(step_fn, *inputs, fake=False, model=model, optimizer=optimizer, warmup=warmup,
+                          time_repeats=time_repeats, time_clock=time_clock)
 
 
 DDP_WARMUP = 2  # DDP rebuilds its gradient buckets in the second forward: trace the third step

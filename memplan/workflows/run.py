@@ -10,28 +10,49 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 from typing import Callable
 
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ..cost.profiles import get_profile
 from ..errors import MemplanError
 from ..exec.meter import MemoryMeter
+from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
 from .optimize import model_of, optimize
 from .torch_tools import BASELINES, baseline_installed, check_baseline
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BASELINES", "BUDGET_TOLERANCE", "check_baseline", "measure_steps", "run_workload", "state_differences"]
+__all__ = ["BASELINES", "BUDGET_TOLERANCE", "check_baseline", "measure_steps", "measured_step_s", "run_workload",
+           "state_differences"]
 
 BUDGET_TOLERANCE = 0.02  # a run is over its budget when it measures more than budget x (1 + this)
+OP_TIME_REPEATS = 3  # timed iterations per op when a CPU run traces under a CPU profile
+
+
+def measured_step_s(records: list[dict], timed: list[float]) -> float:
+    """The median of the unmetered `timed` steps; without them, the median metered step
+    after the first (warm-up) one, less the meter's own bookkeeping."""
+    if timed:
+        return statistics.median(timed)
+    times = [r["time_s"] - (r.get("meter_s") or 0.0) for r in records]
+    return statistics.median(times[1:] if len(times) > 1 else times)
+
+
+def op_time_source(trace) -> str:
+    """"measured" when every op of the trace has a measured duration, "roofline" when none does, else "mixed"."""
+    known = sum(op.duration_s is not None for op in trace.ops)
+    return "measured" if known == len(trace.ops) else "roofline" if known == 0 else "mixed"
 
 
 def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
                  profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
-                 baseline: str | None = None) -> dict:
+                 baseline: str | None = None, trace=None, timed_steps: int = 0,
+                 planner_params: dict | None = None, clock: str = "wall") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -42,21 +63,36 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         check: also train plainly from the same seed and report the largest differences.
         seed: workload, planner and training seed.
         baseline: one of `torch_tools.BASELINES` instead of a plan.
+        planner_params: the planner's hyper-parameters (e.g. {"time_limit_s": 10}).
+        clock: what the timed steps (and the op times of a trace made here) measure: "wall", or
+            "cpu", the main thread's CPU time, which other work on a shared host does not inflate
+            but which leaves out waiting (for copies, say).
+        timed_steps: after the metered steps, this many more steps without the meter (whose
+            per-op bookkeeping slows a CPU step), timed only: `measured_step_s` is their median.
+        trace: a saved trace of this workload (a Trace or a path) to plan instead of tracing it.
+            Without one, a CPU run under a CPU profile (`calibrate --device cpu`) traces with
+            measured op times, so the simulator prices every op as this machine ran it.
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
         whether the run stayed within the budget (`within_budget`, with a 2% tolerance),
+        `measured_step_s` (median step time after the first step, less the meter's own
+        bookkeeping) beside `simulated_step_s` (the simulator's time for the plan),
         the executor's counters and, with `check`, `max_param_diff` and `max_buffer_diff`
         against plain training.
     """
     from ..zoo.registry import get_workload
 
     config = config or {}
+    if clock not in CLOCKS:
+        raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
     if baseline:
         check_baseline(baseline)
     w = get_workload(name, batch, device=device, seed=seed, **config)
+    timed = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
-                    device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False)
+                    device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
+                    time_repeats=timed, time_clock=clock, **(planner_params or {}))
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure
@@ -69,6 +105,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
             else contextlib.nullcontext():
         records = measure_steps(step if not baseline else w.step, make_inputs, steps, model, w.optimizer, seed,
                                 host=step.runtime.host_buffers())
+        timed = time_steps(step if not baseline else w.step, make_inputs, range(steps, steps + timed_steps),
+                           model, seed, clock)
     simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
     measured = max(r["measured_peak_bytes"] for r in records)
     out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
@@ -76,12 +114,15 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
            "simulated_peak_bytes": simulated, "measured_peak_bytes": measured,
            "within_budget": measured <= budget_bytes * (1 + BUDGET_TOLERANCE),
            "step_time_s": [r["time_s"] for r in records], "steps": records,
+           "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed, "clock": clock,
+           "simulated_step_s": None if baseline else step.program.predicted.get("time_s"),
+           "profile": get_profile(profile).name, "op_times": op_time_source(step.trace),
            "predicted": {} if baseline else step.program.predicted, "executor": step.stats()}
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)
         ref_model = model_of(ref.step, ref.model)
-        measure_steps(ref.step, make_inputs, steps, ref_model, ref.optimizer, seed)
+        measure_steps(ref.step, make_inputs, steps + timed_steps, ref_model, ref.optimizer, seed)
         out.update(state_differences(model, ref_model))
     return out
 
@@ -93,7 +134,8 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
     Args:
         host: buffers that are host memory beside the device role (the executor's slab): not counted.
     Returns:
-        Per step: "time_s", "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
+        Per step: "time_s" (wall), "meter_s" (of it, the meter's own bookkeeping: CPU only),
+        "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
     """
     torch.manual_seed(seed)
     records, meter = [], None
@@ -111,11 +153,36 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         with meter:
             step(*x)
         _sync(device)
-        records.append({"step": i, "time_s": time.perf_counter() - started, **meter.peak()})
+        wall = time.perf_counter() - started
+        records.append({"step": i, "time_s": wall, "meter_s": meter.own_s, **meter.peak()})
         del x
     if meter is not None:
         meter.close()
     return records
+
+
+def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: range, model, seed: int,
+               clock: str = "wall") -> list[float]:
+    """Seconds of steps `indices` (inputs made right before each), without a meter, on `clock`
+    ("wall", or "cpu": this thread's CPU time).
+
+    The RNG is seeded as `measure_steps` leaves it only when no metered step ran before.
+    """
+    if not indices:
+        return []
+    if indices.start == 0:
+        torch.manual_seed(seed)
+    times, now = [], CLOCKS[clock]
+    for i in indices:
+        x = make_inputs(i)
+        device = _device(model, x)
+        _sync(device)
+        started = now()
+        step(*x)
+        _sync(device)
+        times.append(now() - started)
+        del x
+    return times
 
 
 def _device(model, inputs) -> torch.device:

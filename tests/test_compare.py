@@ -88,3 +88,22 @@ def test_a_foreign_cache_is_one_error_line(capsys, tmp_path):
     assert main(["compare", "--out", str(tmp_path), *SMALL]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a memplan comparison cache" in err[0]
+
+
+def test_a_pytorch_tool_named_like_a_planner_runs_as_the_tool(monkeypatch):
+    # `save-on-cpu` is both PyTorch's tool and a memplan planner: the measured point of the tool
+    # must run PyTorch's save_on_cpu (baseline=...), the planner's point memplan's plan.
+    calls = []
+
+    def fake_run(model, batch, *, planner, baseline, **_):
+        calls.append((planner, baseline))
+        return {"measured_peak_bytes": 1, "step_time_s": [1.0], "simulated_peak_bytes": None,
+                "trace_peak_bytes": 1, "budget_bytes": None}
+
+    monkeypatch.setattr("memplan.workflows.run.run_workload", fake_run)
+    s = compare.CompareSettings(models=("vgg11-cifar",), sim_planners=(), run_planners=("save-on-cpu",),
+                                baselines=("save-on-cpu",), maxbatch_planners=(), budgets=("70%",))
+    for task in compare.tasks(s):
+        compare.compute_point(task, s)
+    assert calls == [("none", None), ("save-on-cpu", None), ("none", "save-on-cpu")]
+    assert [t.method for t in compare.tasks(s)] == ["none", "save-on-cpu", "torch:save-on-cpu"]

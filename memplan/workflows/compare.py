@@ -42,6 +42,7 @@ DEFAULT_BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu", "compile-
 DEFAULT_MAXBATCH_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
 DEFAULT_BUDGETS = ("70%", "50%")
 # Search planners get a short limit so the default comparison stays bounded.
+TOOL_PREFIX = "torch:"  # a measured point of PyTorch's own tool, not of a memplan planner
 PLANNER_PARAMS = {"home:fast": {"time_limit_s": 5.0}, "home": {"time_limit_s": 5.0}, "milp": {"time_limit_s": 10.0}}
 NO_BUDGET = "-"  # the budget of a PyTorch tool that ignores it
 
@@ -120,9 +121,9 @@ def tasks(settings: CompareSettings) -> list[Task]:
         out.append(_task("measured", model, "none", NO_BUDGET, s.run_batch, s.steps))
         for planner in run_planners[1:]:
             out += [_task("measured", model, planner, b, s.run_batch, s.steps) for b in s.budgets]
-        for tool in s.baselines:
+        for tool in s.baselines:  # "torch:": `save-on-cpu` is also the name of a memplan planner
             budgets = s.budgets if tool == "compile-budget" else (NO_BUDGET,)
-            out += [_task("measured", model, tool, b, s.run_batch, s.steps) for b in budgets]
+            out += [_task("measured", model, TOOL_PREFIX + tool, b, s.run_batch, s.steps) for b in budgets]
         memory = str(s.maxbatch_memory) if s.maxbatch_memory else f"peak@{s.sim_batch}"
         out += [_task("maxbatch", model, p, memory, s.maxbatch_limit) for p in s.maxbatch_planners]
     return out
@@ -191,10 +192,9 @@ def _simulated(task: Task, s: CompareSettings) -> dict:
 
 
 def _measured(task: Task, s: CompareSettings) -> dict:
-    from ..planners.base import get_planner
     from .run import run_workload
 
-    baseline = None if _is_planner(task.method, get_planner) else task.method
+    baseline = task.method.removeprefix(TOOL_PREFIX) if task.method.startswith(TOOL_PREFIX) else None
     budget = None if task.budget == NO_BUDGET else task.budget
     out = run_workload(task.model, task.batch, planner="none" if baseline else task.method, budget=budget,
                        steps=s.steps, device="cpu", profile=s.profile, seed=s.seed, baseline=baseline)
@@ -202,14 +202,6 @@ def _measured(task: Task, s: CompareSettings) -> dict:
     return {"peak_bytes": out["measured_peak_bytes"], "step_s": statistics.median(times),
             "simulated_peak_bytes": out["simulated_peak_bytes"], "trace_peak_bytes": out["trace_peak_bytes"],
             "budget_bytes": out["budget_bytes"]}
-
-
-def _is_planner(name: str, get_planner) -> bool:
-    try:
-        get_planner(name)
-        return True
-    except MemplanError:
-        return False
 
 
 def _maxbatch(task: Task, s: CompareSettings) -> dict:

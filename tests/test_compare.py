@@ -34,6 +34,10 @@ def test_report_then_a_rerun_computes_nothing(capsys, tmp_path, monkeypatch):
     report = (tmp_path / "compare.md").read_text()
     assert "## vgg11-cifar" in report and "simulated (h100)" in report and "measured (CPU)" in report
     assert (tmp_path / "compare-vgg11-cifar.png").stat().st_size > 0
+    # measured points plan for the machine they run on: this CPU, calibrated once into the folder
+    assert json.loads((tmp_path / "cpu_profile.json").read_text())["kind"] == "cpu"
+    assert any(k.startswith("measured|") and k.endswith("|plan=cpu_profile")
+               for k in json.loads((tmp_path / "compare.json").read_text())["points"])
 
     def no_work(task, settings):
         raise AssertionError(f"recomputed {task.key}")

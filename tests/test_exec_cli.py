@@ -97,7 +97,14 @@ def test_unknown_baseline_is_one_clear_error(capsys, name):
     assert len(err) == 1 and repr(name) in err[0]
 
 
-@pytest.mark.parametrize("baseline", ["sac-compute", "compile-budget:0.5"])
+def test_compile_budget_on_the_cpu_is_refused_not_mismeasured(capsys):
+    # torch.compile skips frames under the meter's dispatch mode: the run would be eager.
+    assert main(["run", "vgg11-cifar", "--batch", "2", "--steps", "2", "--baseline", "compile-budget:0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot be measured on the CPU" in err[0]
+
+
+@pytest.mark.parametrize("baseline", ["sac-compute", "save-on-cpu"])
 def test_baseline_runs_train_and_report_a_measured_peak(capsys, baseline):
     assert main(["run", "vgg11-cifar", "--batch", "2", "--steps", "2", "--baseline", baseline, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -30,6 +30,8 @@ def add_parser(sub):
     p.add_argument("--run-batch", type=positive_int, default=8, help="batch of the measured runs")
     p.add_argument("--steps", type=positive_int, default=5, help="measured steps per run (the first warms up)")
     p.add_argument("--profile", default="h100", help="cost-model profile of the simulated points")
+    p.add_argument("--run-profile", default=c.CPU_PROFILE,
+                   help="profile the measured points plan with (default cpu: this CPU, calibrated once per --out)")
     p.add_argument("--maxbatch-memory", default=None,
                    help="memory cap of the largest-batch search (default: the unplanned peak at --sim-batch)")
     p.add_argument("--maxbatch-limit", type=positive_int, default=256, help="largest batch the search tries")
@@ -47,7 +49,7 @@ def run(args) -> int:
         models=_names(args.models), sim_planners=_names(args.planners), run_planners=_names(args.run_planners),
         baselines=_names(args.baselines), maxbatch_planners=_names(args.maxbatch_planners),
         budgets=_names(args.budgets), sim_batch=args.sim_batch, run_batch=args.run_batch, steps=args.steps,
-        profile=args.profile, maxbatch_limit=args.maxbatch_limit,
+        profile=args.profile, run_profile=args.run_profile, maxbatch_limit=args.maxbatch_limit,
         maxbatch_memory=parse_bytes(args.maxbatch_memory) if args.maxbatch_memory else None)
     result = compare(settings, args.out, progress=not args.json and sys.stderr.isatty())
     files = write_report(result, args.out, _command(args))
@@ -68,7 +70,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 _OPTIONS = ("out", "models", "planners", "run_planners", "baselines", "maxbatch_planners", "budgets", "sim_batch",
-            "run_batch", "steps", "profile", "maxbatch_memory", "maxbatch_limit")
+            "run_batch", "steps", "profile", "run_profile", "maxbatch_memory", "maxbatch_limit")
 
 
 def _command(args) -> str:

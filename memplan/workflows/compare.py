@@ -9,7 +9,10 @@ it was on and a rerun skips every finished one):
 - measured: real training on CPU at `run_batch` for `steps` steps through the run
   workflow (`memplan run`), under each measured planner at each budget share, and under
   each PyTorch tool; peak by the memory meter, time the median step after the first
-  ("measured (CPU)"); overhead against the measured `none` run;
+  ("measured (CPU)"); overhead against the measured `none` run. The plans of measured
+  points are made for the machine they run on: priced by `run_profile` (default: this CPU,
+  calibrated once per output folder into `cpu_profile.json`, and traced with measured op
+  times), not by the simulated points' GPU profile;
 - maxbatch: the largest batch each planner reaches under one fixed memory cap (by
   default the unplanned peak at `sim_batch`), by planning and simulating fake traces
   (`memplan.workflows.maxbatch`; measuring it needs a GPU).
@@ -38,10 +41,12 @@ DEFAULT_MODELS = ("resnet18-cifar", "vgg11-cifar")
 DEFAULT_SIM_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "save-on-cpu", "autoswap:doa", "autoswap:swdoa",
                         "capuchin", "superneurons", "home:fast", "dtr", "milp")
 DEFAULT_RUN_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
-DEFAULT_BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu", "compile-budget:0.5")
+DEFAULT_BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu")  # compile-budget: not measurable on CPU
 DEFAULT_MAXBATCH_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
 DEFAULT_BUDGETS = ("70%", "50%")
 # Search planners get a short limit so the default comparison stays bounded.
+CPU_PROFILE = "cpu"  # run_profile meaning "this CPU, calibrated" (`calibrate --device cpu`)
+CPU_PROFILE_FILE = "cpu_profile.json"
 TOOL_PREFIX = "torch:"  # a measured point of PyTorch's own tool, not of a memplan planner
 PLANNER_PARAMS = {"home:fast": {"time_limit_s": 5.0}, "home": {"time_limit_s": 5.0}, "milp": {"time_limit_s": 10.0}}
 NO_BUDGET = "-"  # the budget of a PyTorch tool that ignores it
@@ -60,7 +65,8 @@ class CompareSettings:
     sim_batch: int = 64  # batch of the simulated traces
     run_batch: int = 8  # batch of the measured runs
     steps: int = 5  # measured steps per run (the first is a warm-up)
-    profile: str = "h100"  # cost-model profile
+    profile: str = "h100"  # cost-model profile of the simulated points
+    run_profile: str = CPU_PROFILE  # profile the measured points plan with (CPU_PROFILE: calibrate this CPU)
     maxbatch_memory: int | None = None  # the cap of the maxbatch search; None: the unplanned peak at sim_batch
     maxbatch_limit: int = 256  # largest batch the search tries
     seed: int = 0  # planner and training seed
@@ -118,12 +124,13 @@ def tasks(settings: CompareSettings) -> list[Task]:
             budgets = (NO_BUDGET,) if planner == "none" else s.budgets
             out += [_task("simulated", model, planner, b, s.sim_batch) for b in budgets]
         run_planners = ("none",) + tuple(p for p in s.run_planners if p != "none")
-        out.append(_task("measured", model, "none", NO_BUDGET, s.run_batch, s.steps))
+        run = f"{s.steps}|plan={Path(s.run_profile).stem}"  # a point planned on another profile is another point
+        out.append(_task("measured", model, "none", NO_BUDGET, s.run_batch, run))
         for planner in run_planners[1:]:
-            out += [_task("measured", model, planner, b, s.run_batch, s.steps) for b in s.budgets]
+            out += [_task("measured", model, planner, b, s.run_batch, run) for b in s.budgets]
         for tool in s.baselines:  # "torch:": `save-on-cpu` is also the name of a memplan planner
             budgets = s.budgets if tool == "compile-budget" else (NO_BUDGET,)
-            out += [_task("measured", model, TOOL_PREFIX + tool, b, s.run_batch, s.steps) for b in budgets]
+            out += [_task("measured", model, TOOL_PREFIX + tool, b, s.run_batch, run) for b in budgets]
         memory = str(s.maxbatch_memory) if s.maxbatch_memory else f"peak@{s.sim_batch}"
         out += [_task("maxbatch", model, p, memory, s.maxbatch_limit) for p in s.maxbatch_planners]
     return out
@@ -150,6 +157,7 @@ def compare(settings: CompareSettings, out_dir: str | Path, *, progress: bool = 
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
     cache = Cache.open(folder)
+    settings = _with_run_profile(settings, folder)
     todo = tasks(settings)
     pending = [t for t in todo if t.key not in cache.points]
     with progress_bar("compare", total=len(pending), unit=" points", enabled=progress) as bar:
@@ -161,6 +169,22 @@ def compare(settings: CompareSettings, out_dir: str | Path, *, progress: bool = 
             bar.update()
     return {"points": [cache.points[t.key] for t in todo], "computed": len(pending),
             "cached": len(todo) - len(pending)}
+
+
+def _with_run_profile(s: CompareSettings, folder: Path) -> CompareSettings:
+    """`s` with `run_profile` a file: this CPU's calibration, made once per output folder (a
+    resumed comparison plans its remaining measured points on the same profile)."""
+    if s.run_profile != CPU_PROFILE:
+        return s
+    from dataclasses import replace
+
+    from ..cost.calibrate_cpu import calibrate_cpu
+    from ..cost.profiles import profile_to_json
+
+    path = folder / CPU_PROFILE_FILE
+    if not path.exists():
+        atomic_write_text(path, json.dumps(profile_to_json(calibrate_cpu()), indent=1) + "\n")
+    return replace(s, run_profile=str(path))
 
 
 def _source(task: Task, s: CompareSettings) -> str:
@@ -197,7 +221,7 @@ def _measured(task: Task, s: CompareSettings) -> dict:
     baseline = task.method.removeprefix(TOOL_PREFIX) if task.method.startswith(TOOL_PREFIX) else None
     budget = None if task.budget == NO_BUDGET else task.budget
     out = run_workload(task.model, task.batch, planner="none" if baseline else task.method, budget=budget,
-                       steps=s.steps, device="cpu", profile=s.profile, seed=s.seed, baseline=baseline)
+                       steps=s.steps, device="cpu", profile=s.run_profile, seed=s.seed, baseline=baseline)
     times = out["step_time_s"][1:] or out["step_time_s"]  # the first step warms up
     return {"peak_bytes": out["measured_peak_bytes"], "step_s": statistics.median(times),
             "simulated_peak_bytes": out["simulated_peak_bytes"], "trace_peak_bytes": out["trace_peak_bytes"],

@@ -23,7 +23,7 @@ from ..exec.meter import MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
 from .optimize import model_of, optimize
-from .torch_tools import BASELINES, baseline_installed, check_baseline
+from .torch_tools import BASELINES, baseline_installed, check_baseline, is_compiled
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,10 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
     if baseline:
         check_baseline(baseline)
+        if is_compiled(baseline) and torch.device(device).type == "cpu":
+            raise MemplanError(f"--baseline {baseline} cannot be measured on the CPU: torch.compile does not compile "
+                               f"under the memory meter's dispatch mode, and inductor's buffers bypass it "
+                               f"(on a GPU the allocator's counters measure it)")
     w = get_workload(name, batch, device=device, seed=seed, **config)
     timed = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
@@ -131,6 +135,10 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
                   seed: int, host=()) -> list[dict]:
     """Run `steps` steps, each under its own memory meter; inputs are made right before each.
 
+    On a GPU the meter is the allocator's counters and its dispatch mode is not entered:
+    torch.compile does not compile under a Python dispatch mode (the `compile-budget`
+    baseline would run eagerly).
+
     Args:
         host: buffers that are host memory beside the device role (the executor's slab): not counted.
     Returns:
@@ -150,7 +158,7 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         _sync(device)
         meter.reset_peak()
         started = time.perf_counter()
-        with meter:
+        with contextlib.nullcontext() if meter.cuda else meter:
             step(*x)
         _sync(device)
         wall = time.perf_counter() - started

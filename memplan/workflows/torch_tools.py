@@ -85,6 +85,11 @@ def top_level_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(n, m) for n, m in blocks if type(m).forward is not nn.Module.forward and any(True for _ in m.children())]
 
 
+def is_compiled(name: str | None) -> bool:
+    """True for the baselines that run torch.compile'd code (`compile-budget`, `compile-budget:F`)."""
+    return bool(name) and name.split(":")[0] == "compile-budget"
+
+
 @contextlib.contextmanager
 def baseline_installed(name: str, model: nn.Module, budget_fraction: float, device: torch.device):
     """Apply baseline `name` to `model` for the block; everything is undone on exit.

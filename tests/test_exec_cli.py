@@ -152,3 +152,14 @@ def test_run_check_fails_in_one_line_when_the_run_exceeds_its_budget(capsys, mon
     assert main(["run", "vgg11-cifar", "--batch", "1", "--planner", "none", "--steps", "1", "--check"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "check failed" in err[0]
+
+
+def test_run_takes_model_options(capsys):
+    args = ["run", "transformer-encoder", "--batch", "2", "--steps", "1", "--json", "--config", "seq_len=8"]
+    assert main(args + ["num_layers=1"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main(args + ["num_layers=2"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert 0 < one["trace_peak_bytes"] < two["trace_peak_bytes"]  # the option reached the model
+    assert main(args + ["no_such_option=1"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

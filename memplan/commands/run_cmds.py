@@ -68,6 +68,8 @@ def _add_run(sub):
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
                         "peak exceeds the budget by more than 2%%")
     p.add_argument("--baseline", default=None, help="torch-checkpoint | sac-compute | save-on-cpu | compile-budget | compile-budget:F (F in (0, 1])")
+    p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="model options, as for `trace` (e.g. n_layer=4 for hf:gpt2)")
     p.add_argument("--seed", type=int, default=0)
     add_json_flag(p)
     p.set_defaults(func=run)
@@ -82,11 +84,15 @@ def run(args) -> int:
         if args.planner is not None:
             raise MemplanError(f"--baseline {args.baseline} runs PyTorch's own tool instead of a plan; "
                                f"drop --planner {args.planner} (or drop --baseline)")
+    from ..zoo import parse_config
+
+    config = parse_config(args.config)
     use_working_dir()
     with fits_or_says_so(f"{args.model} at batch {args.batch}", args.device):
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
-                           seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock)
+                           seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock,
+                           config=config)
     if args.json:
         emit_json(out)
     else:

@@ -101,7 +101,7 @@ def test_a_pytorch_tool_named_like_a_planner_runs_as_the_tool(monkeypatch):
 
     def fake_run(model, batch, *, planner, baseline, **_):
         calls.append((planner, baseline))
-        return {"measured_peak_bytes": 1, "step_time_s": [1.0], "simulated_peak_bytes": None,
+        return {"measured_peak_bytes": 1, "measured_step_s": 1.0, "simulated_peak_bytes": None,
                 "trace_peak_bytes": 1, "budget_bytes": None}
 
     monkeypatch.setattr("memplan.workflows.run.run_workload", fake_run)

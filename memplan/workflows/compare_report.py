@@ -49,8 +49,8 @@ def write_report(result: dict, out_dir: str | Path, command: str) -> dict:
     models = list(dict.fromkeys(p["model"] for p in result["points"]))
     lines = ["# memplan compare", "", f"Produced by: `{command}`", "",
              "Simulated figures come from the simulator on the named profile with fake-tensor traces; measured "
-             "figures from real training on this machine's CPU (peak by the memory meter, time the median step "
-             "after the first). PyTorch's tools (`torch:NAME`) run only measured (the simulator prices plans, "
+             "figures from real training on this machine's CPU (peak by the memory meter over two steps, time the "
+             "median of the unmetered steps after them). PyTorch's tools (`torch:NAME`) run only measured (the simulator prices plans, "
              "and the planners `checkpoint-all` / `save-on-cpu` are their simulated counterparts).", "",
              f"Measured step times depend on what else the host runs ({os.cpu_count()} CPUs, load average "
              f"{os.getloadavg()[0]:.1f} when this report was written): on a shared host they are noisy, measured "

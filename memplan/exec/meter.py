@@ -116,3 +116,54 @@ class MemoryMeter(TorchDispatchMode):
         for weak in self._weak.values():
             torch.UntypedStorage._free_weak_ref(weak)
         self._weak.clear()
+
+
+class AllocatorMeter:
+    """Peak bytes on the CPU from the allocator's own stream of allocations and frees, for code
+    `MemoryMeter` cannot watch: torch.compile does not compile under a Python dispatch mode,
+    and inductor's buffers are allocated below the Python dispatcher.
+
+    `torch.profiler` with `profile_memory` records every allocation and free of the CPU
+    allocator with its running total since profiling began; the peak is `start_bytes` (what
+    the step starts from, counted by the caller) plus the largest running total. Unlike
+    `MemoryMeter` it also counts memory an op allocates and frees inside itself.
+
+    Args:
+        start_bytes: bytes live on the CPU role when the block starts.
+    """
+
+    def __init__(self, start_bytes: int = 0):
+        self.start_bytes = start_bytes
+        self.peak_bytes = start_bytes
+        self.own_s = 0.0
+        self._profile = None
+
+    def __enter__(self) -> "AllocatorMeter":
+        from torch.profiler import ProfilerActivity, profile
+
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._profile.__exit__(*exc)
+        if exc[0] is None:
+            totals = _cpu_allocation_totals(self._profile.profiler.kineto_results.experimental_event_tree())
+            self.peak_bytes = self.start_bytes + max([0, *totals])
+
+    def peak(self) -> dict:
+        """{"measured_peak_bytes", "measured_peak_reserved_bytes": None}, as `MemoryMeter.peak`."""
+        return {"measured_peak_bytes": int(self.peak_bytes), "measured_peak_reserved_bytes": None}
+
+
+def _cpu_allocation_totals(roots) -> list[int]:
+    """The allocator's running total after each CPU allocation or free in the profiled events."""
+    from torch._C._profiler import _EventType
+
+    totals, todo = [], list(roots)
+    while todo:
+        event = todo.pop()
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == torch.device("cpu").type:
+            totals.append(event.extra_fields.total_allocated)
+        todo.extend(event.children)
+    return totals

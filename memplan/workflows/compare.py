@@ -40,7 +40,7 @@ DEFAULT_MODELS = ("resnet18-cifar", "vgg11-cifar")
 DEFAULT_SIM_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "save-on-cpu", "autoswap:doa", "autoswap:swdoa",
                         "capuchin", "superneurons", "home:fast", "dtr", "milp")
 DEFAULT_RUN_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
-DEFAULT_BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu")  # compile-budget: not measurable on CPU
+DEFAULT_BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu", "compile-budget:0.5")
 DEFAULT_MAXBATCH_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
 DEFAULT_BUDGETS = ("70%", "50%")
 # Search planners get a short limit so the default comparison stays bounded.

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..cost.profiles import get_profile
 from ..errors import MemplanError
-from ..exec.meter import MemoryMeter
+from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
 from .optimize import model_of, optimize
@@ -88,10 +88,6 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
     if baseline:
         check_baseline(baseline)
-        if is_compiled(baseline) and torch.device(device).type == "cpu":
-            raise MemplanError(f"--baseline {baseline} cannot be measured on the CPU: torch.compile does not compile "
-                               f"under the memory meter's dispatch mode, and inductor's buffers bypass it "
-                               f"(on a GPU the allocator's counters measure it)")
     w = get_workload(name, batch, device=device, seed=seed, **config)
     timed = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
@@ -108,7 +104,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     with baseline_installed(baseline, model, fraction, torch.device(device)) if baseline \
             else contextlib.nullcontext():
         records = measure_steps(step if not baseline else w.step, make_inputs, steps, model, w.optimizer, seed,
-                                host=step.runtime.host_buffers())
+                                host=step.runtime.host_buffers(), compiled=is_compiled(baseline))
         timed = time_steps(step if not baseline else w.step, make_inputs, range(steps, steps + timed_steps),
                            model, seed, clock)
     simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
@@ -132,15 +128,16 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
 
 
 def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: int, model, optimizer,
-                  seed: int, host=()) -> list[dict]:
+                  seed: int, host=(), compiled: bool = False) -> list[dict]:
     """Run `steps` steps, each under its own memory meter; inputs are made right before each.
 
     On a GPU the meter is the allocator's counters and its dispatch mode is not entered:
-    torch.compile does not compile under a Python dispatch mode (the `compile-budget`
-    baseline would run eagerly).
+    torch.compile does not compile under a Python dispatch mode.
 
     Args:
         host: buffers that are host memory beside the device role (the executor's slab): not counted.
+        compiled: the step runs torch.compile'd code: on the CPU it is measured by the
+            allocator's own stream (`AllocatorMeter`), which lets it compile and sees inductor's buffers.
     Returns:
         Per step: "time_s" (wall), "meter_s" (of it, the meter's own bookkeeping: CPU only),
         "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
@@ -157,12 +154,16 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         meter.track((owned, _state(optimizer), x))
         _sync(device)
         meter.reset_peak()
+        active = contextlib.nullcontext(meter) if meter.cuda else AllocatorMeter(meter.live_bytes()) if compiled \
+            else meter
         started = time.perf_counter()
-        with contextlib.nullcontext() if meter.cuda else meter:
+        with active:
             step(*x)
         _sync(device)
         wall = time.perf_counter() - started
-        records.append({"step": i, "time_s": wall, "meter_s": meter.own_s, **meter.peak()})
+        used = meter if meter.cuda else active
+        records.append({"step": i, "time_s": wall, "meter_s": used.own_s, **used.peak(),
+                        "meter": "cuda" if meter.cuda else "allocator" if compiled else "dispatch"})
         del x
     if meter is not None:
         meter.close()

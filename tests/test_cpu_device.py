@@ -12,7 +12,6 @@ from memplan.cli import main
 from memplan.cost import calibrate as cal
 from memplan.cost.model import Cost
 from memplan.cost.profiles import get_profile, profile_to_json
-from memplan.exec.meter import MemoryMeter
 from memplan.exec.runner import StepRunner
 from memplan.tracing.io import write_trace
 from memplan.tracing.optimes import time_ops
@@ -20,7 +19,7 @@ from memplan.tracing.tracer import trace
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.run import measure_steps, run_workload
 
-from test_exec_helpers import swap_all_plan, tiny_workload
+from test_exec_helpers import plain_step_meter_peak, swap_all_plan, tiny_workload
 
 # A CPU's figures as `calibrate --device cpu` would measure them (the copy is the host link).
 CPU = cal.Measurements(h2d_bytes_per_s=8e9, d2h_bytes_per_s=8e9, copy_latency_s=20e-6, launch_s=3e-6,
@@ -108,14 +107,7 @@ def test_the_meter_measures_the_traced_peak_of_plain_zoo_training(name):
 
     w = get_workload(name, 2, seed=0, **config)
     traced = trace_step(w.step, w.inputs, w.model, w.optimizer)
-    w.step(*w.inputs)  # steady state, as traced
-    meter = MemoryMeter("cpu")
-    meter.track((list(w.model.parameters()), list(w.model.buffers()),
-                 [v for s in w.optimizer.state.values() for v in s.values()], w.inputs))
-    meter.reset_peak()
-    with meter:
-        w.step(*w.inputs)
-    assert meter.peak()["measured_peak_bytes"] == traced.peak_load_bytes
+    assert plain_step_meter_peak(w) == traced.peak_load_bytes
 
 
 def test_a_swap_the_executor_skips_is_caught_by_the_meter(monkeypatch):

@@ -16,14 +16,13 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.exec.compress import compress, decompress
 from memplan.exec.engine import ThreadCopyEngine
-from memplan.exec.meter import MemoryMeter
 from memplan.exec.slab import host_layout
 from memplan.planners.base import known_planners, plan as make_plan
 from memplan.sim.program import compile_program
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.run import BUDGET_TOLERANCE, run_workload
 
-from test_exec_helpers import recompute_plan, swap_all_plan, tiny_workload, workload
+from test_exec_helpers import plain_step_meter_peak, recompute_plan, swap_all_plan, tiny_workload, workload
 
 SEED = 5
 STEPS = 3
@@ -193,15 +192,7 @@ def test_the_first_planned_step_of_a_fresh_optimizer_is_planned(optimizer, tiny_
 
 
 def test_the_meter_measures_the_traced_peak_of_plain_training(tiny_trace):
-    w = tiny_workload()
-    w.step(*w.inputs)  # steady state, as traced
-    meter = MemoryMeter("cpu")
-    meter.track((list(w.model.parameters()), list(w.model.buffers()),
-                 [v for s in w.optimizer.state.values() for v in s.values()], w.inputs))
-    meter.reset_peak()
-    with meter:
-        w.step(*w.inputs)
-    assert meter.peak()["measured_peak_bytes"] == tiny_trace.peak_load_bytes
+    assert plain_step_meter_peak(tiny_workload()) == tiny_trace.peak_load_bytes
 
 
 def test_a_step_that_leaves_the_trace_brings_everything_back_and_stays_correct(tiny_trace):

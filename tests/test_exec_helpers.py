@@ -162,3 +162,18 @@ class ReadsOnlyPresentStorages(TorchDispatchMode):
                 assert t.untyped_storage().nbytes() >= extent * t.element_size(), f"{func} reads an absent storage"
         self.ops += 1
         return func(*args, **(kwargs or {}))
+
+
+def plain_step_meter_peak(w) -> int:
+    """The meter's peak over one plain step of workload `w` from the steady state (one step
+    first, as traced), the storages that exist before the step tracked."""
+    from memplan.exec.meter import MemoryMeter
+
+    w.step(*w.inputs)
+    meter = MemoryMeter("cpu")
+    meter.track((list(w.model.parameters()), list(w.model.buffers()),
+                 [v for s in w.optimizer.state.values() for v in s.values()], w.inputs))
+    meter.reset_peak()
+    with meter:
+        w.step(*w.inputs)
+    return meter.peak()["measured_peak_bytes"]

@@ -89,10 +89,10 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     if baseline:
         check_baseline(baseline)
     w = get_workload(name, batch, device=device, seed=seed, **config)
-    timed = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
+    op_repeats = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
-                    time_repeats=timed, time_clock=clock, **(planner_params or {}))
+                    time_repeats=op_repeats, time_clock=clock, **(planner_params or {}))
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure
@@ -154,15 +154,13 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         meter.track((owned, _state(optimizer), x))
         _sync(device)
         meter.reset_peak()
-        active = contextlib.nullcontext(meter) if meter.cuda else AllocatorMeter(meter.live_bytes()) if compiled \
-            else meter
+        active = meter if meter.cuda or not compiled else AllocatorMeter(meter.live_bytes())
         started = time.perf_counter()
-        with active:
+        with contextlib.nullcontext() if meter.cuda else active:  # CUDA: the allocator's counters
             step(*x)
         _sync(device)
         wall = time.perf_counter() - started
-        used = meter if meter.cuda else active
-        records.append({"step": i, "time_s": wall, "meter_s": used.own_s, **used.peak(),
+        records.append({"step": i, "time_s": wall, "meter_s": active.own_s, **active.peak(),
                         "meter": "cuda" if meter.cuda else "allocator" if compiled else "dispatch"})
         del x
     if meter is not None:

@@ -87,7 +87,7 @@ def top_level_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def is_compiled(name: str | None) -> bool:
     """True for the baselines that run torch.compile'd code (`compile-budget`, `compile-budget:F`)."""
-    return bool(name) and name.split(":")[0] == "compile-budget"
+    return bool(name) and name.split(":")[0] == COMPILE_BUDGET
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.exec.compress import compress, decompress
 from memplan.exec.engine import ThreadCopyEngine
+from memplan.exec.runner import INSERTED_LIMIT
 from memplan.exec.slab import host_layout
 from memplan.planners.base import known_planners, plan as make_plan
 from memplan.sim.program import compile_program
@@ -195,17 +196,23 @@ def test_the_meter_measures_the_traced_peak_of_plain_training(tiny_trace):
     assert plain_step_meter_peak(tiny_workload()) == tiny_trace.peak_load_bytes
 
 
-def test_a_step_that_leaves_the_trace_brings_everything_back_and_stays_correct(tiny_trace):
+def _with_extra_ops_in_step_2(extra: int):
+    """A workload whose second step runs `extra` ops after forward that the trace does not have."""
     def make():
         w = tiny_workload()
         calls = [0]
         step = w.step
 
+        def more(m, a, out):
+            for _ in range(extra):
+                out = out * 1.0
+            return out
+
         def odd_step(x, y):
             calls[0] += 1
             if calls[0] != 2:
                 return step(x, y)
-            handle = w.model.register_forward_hook(lambda m, a, out: out * 1.0)  # an extra op after forward
+            handle = w.model.register_forward_hook(more)
             try:
                 return step(x, y)
             finally:
@@ -214,6 +221,20 @@ def test_a_step_that_leaves_the_trace_brings_everything_back_and_stays_correct(t
         w.step = odd_step
         return w
 
+    return make
+
+
+def test_an_op_the_trace_does_not_have_runs_unplanned_and_the_step_stays_planned(tiny_trace):
+    make = _with_extra_ops_in_step_2(1)
+    plan = swap_all_plan(tiny_trace)
+    got, stats = _planned(make, plan=plan, trace=tiny_trace)
+    _same_state(got, _plain(make))
+    assert stats["diverged_steps"] == 0 and stats["inserted_ops"] == 2  # the extra product and its gradient
+    assert stats["swapped_out"] > 0
+
+
+def test_a_step_that_leaves_the_trace_brings_everything_back_and_stays_correct(tiny_trace):
+    make = _with_extra_ops_in_step_2(INSERTED_LIMIT + 5)
     plan = swap_all_plan(tiny_trace)
     got, stats = _planned(make, plan=plan, trace=tiny_trace)
     _same_state(got, _plain(make))

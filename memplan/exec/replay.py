@@ -100,6 +100,10 @@ class Replayer:
         self.calls[index] = _Call(func=func, args=tree_map(ref, args), kwargs=tree_map(ref, kwargs),
                                   written=written, rng=rng)
 
+    def can_rebuild(self, steps: tuple[ReplayStep, ...]) -> bool:
+        """True when every op the replay runs was recorded in this step."""
+        return all(j in self.calls for step in steps for j in step.ops)
+
     def rebuild(self, steps: tuple[ReplayStep, ...], target: torch.UntypedStorage) -> None:
         """Run `steps` again; the last one's storage ends up in `target` (dropped, 0 bytes).
 

@@ -1,7 +1,7 @@
 """The step runner: a dispatch mode that runs the step program at every op of a step.
 
-It counts the step's ops exactly as the tracer numbered them (`counts_as_op`) and checks
-each one's name against the trace; before and after op i it runs the program's actions for
+It counts the step's ops as the tracer numbered them (`counts_as_op`) and matches each one
+against the trace by name, in order; before and after op i it runs the program's actions for
 that point (memplan.model.program): swap-outs, releases, prefetches, waits, drops and
 recomputations. A swap-out whose decision lets its copy run beside its op (`overlap`: the
 op only reads it) starts the copy before the op and releases after it. A storage is found
@@ -9,6 +9,17 @@ at the op the program acts after (it is among that
 op's tensors: `storage_roles` pairs them with the trace's storage ids), or, for gaps that
 start before any op of the step (wrap-around swaps), through its owner (a parameter, a
 buffer, a gradient or optimizer state, `Trace.owners`).
+
+NOTE how the run stays in sync with a trace made elsewhere (a fake trace, another device):
+ 1. Ops that move no data and come and go between runs (`OPTIONAL_OPS`: lift_fresh, detach,
+    `.item()`) pass without being matched.
+ 2. An op the trace has a little later (within RESYNC_WINDOW) means the run skipped the trace's
+    ops before it: their actions run without their tensors (a swap-out or drop there finds no
+    storage and keeps it resident, counted `unresolved`), and the count goes on from there.
+ 3. Any other op is one the trace does not have: it runs unplanned (`inserted_ops`); more than
+    INSERTED_LIMIT of them in a row leave the program for the step.
+ 4. A storage is dropped for recomputation only when every op its replay needs was recorded in
+    this step, so a skipped op never leaves a storage that cannot be rebuilt.
 
 NOTE why storages are resized, not tensors re-pointed: every holder of a storage sees the
 change at once and sees the data again after the refill, because the StorageImpl is the
@@ -18,9 +29,9 @@ version counters are their own, so autograd's saved-tensor checks never see a sw
 touching a storage while it is away would read an empty buffer; that cannot happen while
 the run follows the trace, and it is checked: before every op, any tensor argument whose
 storage is not resident brings everything back and the rest of the step runs unplanned
-(`diverged`); so does an op the trace does not have at that position. Between steps, an op
-touching a storage left on the host (a wrap-around gap) brings it back. A convolution op the
-plan splits runs in micro-batches, as one op (memplan.exec.microconv says why not a module).
+(`diverged`). Between steps, an op touching a storage left on the host (a wrap-around gap)
+brings it back. A convolution op the plan splits runs in micro-batches, as one op
+(memplan.exec.microconv says why not a module).
 """
 
 from __future__ import annotations
@@ -32,9 +43,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..cost.device_memory import allocated_size
 from ..model import Trace
 from ..model.program import Action, StepProgram
-from ..tracing.opinfo import counts_as_op, storage_roles
+from ..tracing.opinfo import OPTIONAL_OPS, counts_as_op, storage_roles
 from . import microconv
 from .engine import CopyEngine, blocked_s
 from .owners import resolve_owner
@@ -45,6 +57,8 @@ from .slab import HostSlab
 log = logging.getLogger(__name__)
 
 RESIDENT, LEAVING, AWAY, COMING, DROPPED = "resident", "leaving", "away", "coming", "dropped"
+RESYNC_WINDOW = 32  # trace ops looked ahead for an op the run makes out of turn (rule 2)
+INSERTED_LIMIT = 64  # ops in a row the trace does not have before the step leaves the program (rule 3)
 
 
 @dataclass(kw_only=True)
@@ -66,6 +80,8 @@ class ExecStats:
     start_sent: int = 0  # storages sent to host at a step start (first step, or after a restore)
     restored: int = 0  # storages brought back outside the program (restore, divergence, close)
     diverged_steps: int = 0  # steps that left the traced program (the rest ran unplanned)
+    skipped_ops: int = 0  # trace ops the run did not make (their actions ran without their tensors)
+    inserted_ops: int = 0  # ops the run made that the trace does not have (ran unplanned)
     unresolved: int = 0  # actions not done: storage not found or not as traced (kept resident)
     link_bytes: int = 0  # bytes over the host link, both directions (before compression)
 
@@ -75,7 +91,8 @@ class _Entry:
     """One storage the program moves, and where it is now."""
 
     sid: int  # trace storage id
-    nbytes: int  # its size
+    nbytes: int  # its size in the trace (as the device's allocator counts it)
+    real_nbytes: int = 0  # its size as a storage (set when it is first found)
     dtype: str | None  # its traced dtype (for compression)
     state: str = RESIDENT
     storage: torch.UntypedStorage | None = None  # held while not resident
@@ -118,6 +135,7 @@ class StepRunner(TorchDispatchMode):
             if a.kind == "recompute":
                 self.recomputed_at.setdefault(a.op, set()).add(program.decisions[a.decision].storage)
         self.owners = {o.storage: o for o in trace.owners}
+        self.rounded = trace.meta.get("device_memory", {}).get("rounded_to", 1) > 1  # memplan.cost.device_memory
         self.entries = {d.storage: _Entry(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
                                           dtype=trace.storages[d.storage].dtype) for d in program.decisions}
         self.away: dict[int, _Entry] = {}  # storage address -> entry, for every storage not resident
@@ -125,6 +143,7 @@ class StepRunner(TorchDispatchMode):
         self.pos = 0
         self.active = False
         self.off = False
+        self._inserted_in_a_row = 0
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -140,11 +159,15 @@ class StepRunner(TorchDispatchMode):
         self.stats.steps += 1
         self.settle()  # nothing to do unless the model was used (and brought back) since the last step
         self.pos, self.off, self.active = 0, False, True
+        self._inserted_in_a_row = 0
 
     def end_step(self) -> None:
         """End the step (a step cut short brings everything back)."""
         if self.active and not self.off and self.pos != len(self.names):
-            self.diverge(f"the step ended after {self.pos} of the trace's {len(self.names)} ops")
+            if len(self.names) - self.pos <= RESYNC_WINDOW:
+                self._skip_to(len(self.names))  # the run skipped the trace's last ops (rule 2)
+            else:
+                self.diverge(f"the step ended after {self.pos} of the trace's {len(self.names)} ops")
         self.active = False
 
     def diverge(self, reason: str) -> None:
@@ -166,16 +189,52 @@ class StepRunner(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        i = self.pos
-        if self.active and not self.off and i < len(self.names) and self._name(func) == self.names[i]:
-            return self._run(i, func, args, kwargs)
+        if self.active and not self.off:
+            i = self.pos
+            if i < len(self.names) and self._name(func) == self.names[i]:
+                return self._run(i, func, args, kwargs)
+            return self._out_of_turn(func, args, kwargs)
         self._guard(func, args, kwargs)
-        if not self.active or self.off:
-            return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _out_of_turn(self, func, args, kwargs):
+        """An op that is not the trace's next one (NOTE rules 1-3)."""
+        name = self._name(func)
+        ahead = None if name in OPTIONAL_OPS else self._ahead(name, func, args, kwargs)
+        if ahead is not None:
+            self._skip_to(ahead)
+            return self._run(ahead, func, args, kwargs)
+        self._guard(func, args, kwargs)
         out = func(*args, **kwargs)
-        if counts_as_op(func, args, kwargs, out):
-            self.diverge(f"op {i} is {func}, the trace's {self.names[i] if i < len(self.names) else 'end of step'}")
+        if self.off or name in OPTIONAL_OPS or not counts_as_op(func, args, kwargs, out):
+            return out
+        self.stats.inserted_ops += 1
+        self._inserted_in_a_row += 1
+        if self._inserted_in_a_row > INSERTED_LIMIT or self.pos >= len(self.names):
+            where = self.names[self.pos] if self.pos < len(self.names) else "end of step"
+            self.diverge(f"op {self.pos} is {name}, the trace's {where}")
         return out
+
+    def _ahead(self, name: str, func, args, kwargs) -> int | None:
+        """The next trace op within the window with this name that reads storages of the sizes
+        this call reads (None: there is none, the call is one the trace does not have)."""
+        end = min(self.pos + 1 + RESYNC_WINDOW, len(self.names))
+        candidates = [j for j in range(self.pos + 1, end) if self.names[j] == name]
+        if not candidates:
+            return None
+        sizes = [self._counted(t.untyped_storage().nbytes()) for t in storage_roles(func, args, kwargs, None)[0]]
+        storages = self.trace.storages
+        return next((j for j in candidates if [storages[s].nbytes for s in self.trace.ops[j].reads] == sizes), None)
+
+    def _skip_to(self, j: int) -> None:
+        """The run did not make trace ops pos..j-1: run their actions without their tensors."""
+        for k in range(self.pos, j):
+            if self.names[k] not in OPTIONAL_OPS:
+                self.stats.skipped_ops += 1
+            for after in (False, True):
+                for action in self.at.get((k, after), ()):
+                    self._act(action, None)
+        self.pos = j
 
     def _name(self, func) -> str:
         name = self._named.get(func)
@@ -196,6 +255,7 @@ class StepRunner(TorchDispatchMode):
             self._copy_beside(i, func, args, kwargs)
         out = self._call(i, func, args, kwargs)
         self.pos = i + 1
+        self._inserted_in_a_row = 0
         if captured:
             self.replayer.record(i, func, args, kwargs, out, rng)
         after = self.at.get((i, True))
@@ -288,6 +348,9 @@ class StepRunner(TorchDispatchMode):
         storage = self._found(entry, found)
         if storage is None or entry.state != RESIDENT:
             return
+        if not self.replayer.can_rebuild(self.program.replays[k]):  # NOTE rule 4
+            self.stats.unresolved += 1
+            return
         self._leave(entry, storage, k, DROPPED)
         storage.resize_(0)
         self.stats.dropped += 1
@@ -332,7 +395,7 @@ class StepRunner(TorchDispatchMode):
 
     def _copy_in(self, entry: _Entry) -> None:
         """Allocate the storage again and start copying its bytes back."""
-        entry.storage.resize_(entry.nbytes)
+        entry.storage.resize_(entry.real_nbytes)
         dst = byte_view(entry.storage)
 
         def job():
@@ -388,11 +451,16 @@ class StepRunner(TorchDispatchMode):
         return self._usable(entry, t.untyped_storage() if isinstance(t, torch.Tensor) else None)
 
     def _usable(self, entry: _Entry, storage) -> torch.UntypedStorage | None:
-        if storage is None or storage.nbytes() != entry.nbytes or not storage.resizable():
+        if storage is None or self._counted(storage.nbytes()) != entry.nbytes or not storage.resizable():
             self.stats.unresolved += 1
             log.debug("storage %d not found as traced: kept resident", entry.sid)
             return None
+        entry.real_nbytes = storage.nbytes()
         return storage
+
+    def _counted(self, nbytes: int) -> int:
+        """`nbytes` as the trace counts it (a device view counts allocator blocks)."""
+        return allocated_size(nbytes) if self.rounded else nbytes
 
 
 def _beside(d) -> bool:

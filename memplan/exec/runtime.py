@@ -116,13 +116,19 @@ class PlanRuntime:
         with contextlib.ExitStack() as stack:
             stack.callback(self._guard_idle)
             stack.callback(self.end_step)
-            if self.meter is not None:
+            if self.meter is not None and not self.meter.cuda:  # on a GPU the allocator's counters are the meter
                 stack.enter_context(self.meter)
             stack.enter_context(self.runner)
             if auto_steps and self.model is not None:
                 handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a))
                 stack.callback(handle.remove)
             yield self
+
+    def stop_measuring(self) -> None:
+        """Measure no more steps (between steps): on the CPU the meter's bookkeeping costs time."""
+        if self.meter is not None:
+            self.meter.close()
+            self.meter = None
 
     def _persistent(self) -> list:
         """Tensors alive across steps: parameters, buffers, gradients and optimizer state."""

@@ -95,3 +95,93 @@ def quiet_fake_warnings():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=DATA_PTR_WARNING)
         yield
+
+
+@contextlib.contextmanager
+def optimizer_as_on_device(optimizer):
+    """Let a fake trace's optimizer take the kernels it takes on real tensors of its device.
+
+    torch picks an optimizer's implementation from its parameters' types and devices
+    (`_default_to_fused_or_foreach`): real CUDA parameters get the multi-tensor `_foreach_*`
+    kernels, but a fake parameter's type is FakeTensor, so a fake trace would record the
+    per-parameter loop the real step never runs (other ops, other temporaries). For the
+    block, every param group that leaves `foreach` to torch gets the value torch would pick
+    for real tensors on the same devices; the groups are put back afterwards.
+    """
+    from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+
+    supported = set(_get_foreach_kernels_supported_devices())
+    changed = []
+    for group in getattr(optimizer, "param_groups", ()):
+        if "foreach" not in group or group["foreach"] is not None or group.get("fused") or group.get("differentiable"):
+            continue
+        devices = {p.device.type for p in group["params"]}
+        if devices and devices <= supported:
+            group["foreach"] = True
+            changed.append(group)
+    try:
+        yield
+    finally:
+        for group in changed:
+            group["foreach"] = None
+
+
+@contextlib.contextmanager
+def fake_copies(model, optimizer, inputs: tuple):
+    """For the block, `model` and `optimizer` hold fake copies of their real tensors.
+
+    Tracing a real model this way allocates nothing on its device: every parameter,
+    gradient, buffer and optimizer state entry is replaced by a fake tensor of the same
+    shape, dtype, device and aliasing (one fake per real storage, so tied weights stay tied),
+    in the same places, so the step function finds them where it looks. The real tensors
+    are put back on exit, untouched.
+
+    Yields:
+        (mode, fake inputs): the FakeTensorMode to trace in and fake copies of `inputs`.
+    """
+    mode = new_fake_mode()
+    fakes: dict[int, torch.Tensor] = {}
+
+    def fake(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        if id(t) not in fakes:
+            copy = _fake_copy(mode, t.detach())
+            fakes[id(t)] = torch.nn.Parameter(copy, requires_grad=t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else copy
+            if t.grad is not None:
+                fakes[id(t)].grad = mode.from_tensor(t.grad)
+        return fakes[id(t)]
+
+    undo = []
+    try:
+        for module in model.modules() if model is not None else ():
+            for table in (module._parameters, module._buffers):
+                for name, t in list(table.items()):
+                    if t is not None:
+                        undo.append((table, name, t))
+                        table[name] = fake(t)
+        if optimizer is not None:
+            undo.append((optimizer, "state", optimizer.state))
+            state = type(optimizer.state)(dict) if hasattr(optimizer.state, "default_factory") else {}
+            for p, entries in optimizer.state.items():
+                state[fake(p)] = {k: fake(v) for k, v in entries.items()}
+            for group in optimizer.param_groups:
+                undo.append((group, "params", group["params"]))
+                group["params"] = [fake(p) for p in group["params"]]
+            optimizer.state = state
+        yield mode, tree_map(fake, inputs)
+    finally:
+        for holder, key, value in reversed(undo):
+            if isinstance(holder, dict):
+                holder[key] = value
+            else:
+                setattr(holder, key, value)
+
+
+def _fake_copy(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    """A fake copy of `t`; a 0-dim tensor (an optimizer's step count) keeps its value, as
+    optimizers read it with `.item()`."""
+    if t.dim() == 0:
+        return mode.fake_tensor_converter.from_real_tensor(mode, t.clone(), make_constant=True)  # ops on a constant run on it
+    return mode.from_tensor(t)

@@ -23,6 +23,12 @@ METADATA_NAMESPACES = frozenset({"prim"})
 # statistics, in training mode (the schema says `Tensor? running_mean`).
 UNMARKED_WRITES = {name: ("running_mean", "running_var")
                    for name in ("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm")}
+# Ops that move no device data and that one run of a step may make where another does not: a
+# fake trace lifts constants itself (`lift_fresh`), autograd skips a detach under saved-tensor
+# hooks, a real optimizer reads its CPU step counter (`.item()`). The executor lets them pass
+# and matches the step's other ops against the trace.
+OPTIONAL_OPS = frozenset({"aten.lift_fresh.default", "aten.detach.default", "aten.alias.default",
+                          "aten._local_scalar_dense.default"})
 # Factories that hand out uninitialised memory: they allocate but move no bytes.
 UNINITIALISED_FACTORIES = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 

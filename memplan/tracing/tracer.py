@@ -40,7 +40,7 @@ from ..errors import MemplanError
 from ..model import Op, Owner, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
-from .fake import new_fake_mode, quiet_fake_warnings
+from .fake import new_fake_mode, optimizer_as_on_device, quiet_fake_warnings
 from .opinfo import bytes_accessed, conv_params, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
 from .optimes import time_ops
 from .storages import StorageTable
@@ -80,7 +80,8 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
     """
     model, optimizer = _owners(step_fn, model, optimizer)
     mode = _fake_mode_for(fake, example_inputs, model)
-    with mode if mode is not None else contextlib.nullcontext(), quiet_fake_warnings():
+    with mode if mode is not None else contextlib.nullcontext(), quiet_fake_warnings(), \
+            optimizer_as_on_device(optimizer) if fake else contextlib.nullcontext():
         for _ in range(warmup):
             step_fn(*example_inputs)
         recorder = _Recorder(ProgramContext(model), timed=not fake and _on_cuda(example_inputs, model),

@@ -22,7 +22,8 @@ from ..errors import MemplanError
 from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
-from .optimize import model_of, optimize
+from .optimize import optimize
+from .step_trace import model_of
 from .torch_tools import BASELINES, baseline_installed, check_baseline, is_compiled
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,8 @@ def add_parser(sub):
 def _add_maxbatch(sub):
     p = sub.add_parser("maxbatch", help="largest batch that fits a memory cap under a planner")
     p.add_argument("model", help="zoo model name, hf:<name>, tv:<name> or module:function")
-    p.add_argument("--memory", required=True, help="memory cap, e.g. 11GiB")
+    p.add_argument("--memory", "--memory-cap", dest="memory", required=True,
+                   help="memory cap, e.g. 11GiB (on a GPU the allocator's limit while probing)")
     p.add_argument("--planner", default="none")
     p.add_argument("--device", type=torch_device, default="cpu",
                    help="cuda: measured under the cap; cpu: planned/simulated")
@@ -71,13 +72,21 @@ def _add_run(sub):
     p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="model options, as for `trace` (e.g. n_layer=4 for hf:gpt2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--memory-cap", type=parse_bytes, default=None, metavar="SIZE",
+                   help="emulate a device with SIZE of memory (e.g. 4GiB): on a GPU the allocator may use no more, "
+                        "on the CPU a step measuring more fails; without --budget a plan gets SIZE less 5%%")
+    trace_mode = p.add_mutually_exclusive_group()
+    trace_mode.add_argument("--fake", dest="fake", action="store_true", default=None,
+                            help="plan from a trace of fake copies (the default on a GPU: nothing is allocated)")
+    trace_mode.add_argument("--real", dest="fake", action="store_false",
+                            help="plan from a real trace (the default on the CPU: op times can be measured)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     """Run the measurement and print it; with --check, exit 1 when the run exceeded its budget."""
-    from ..workflows.run import BUDGET_TOLERANCE, check_baseline, run_workload
+    from ..workflows.run import BUDGET_TOLERANCE, RESERVED_TOLERANCE, check_baseline, run_workload
 
     if args.baseline:
         check_baseline(args.baseline)
@@ -92,14 +101,16 @@ def run(args) -> int:
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
                            seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock,
-                           config=config)
+                           config=config, memory_cap=args.memory_cap, fake=args.fake)
     if args.json:
         emit_json(out)
     else:
         _print_run(out)
     if args.check and not out["within_budget"]:
-        print(f"memplan: check failed: measured peak {out['measured_peak_bytes']} bytes is more than the budget of "
-              f"{out['budget_bytes']} bytes + {BUDGET_TOLERANCE:.0%}", file=sys.stderr)
+        print(f"memplan: check failed: a step under the final plan measured more than the budget of "
+              f"{out['budget_bytes']} bytes + {BUDGET_TOLERANCE:.0%} allocated (or + {RESERVED_TOLERANCE:.0%} "
+              f"reserved on a GPU): peak {out['measured_peak_bytes']} allocated, "
+              f"{out['measured_peak_reserved_bytes']} reserved", file=sys.stderr)
         return 1
     return 0
 
@@ -112,8 +123,10 @@ def _print_run(out: dict) -> None:
             ("measured step (s)", f"{out['measured_step_s']:.3f} ({_step_source(out)})"),
             ("simulated step (s)", _s(out["simulated_step_s"], out["profile"], out["op_times"])),
             ("measured peak", ", ".join(format_bytes(r["measured_peak_bytes"]) for r in out["steps"])),
+            ("measured reserved", ", ".join(_b(r.get("measured_peak_reserved_bytes")) for r in out["steps"])),
             ("simulated peak", _b(out["simulated_peak_bytes"])),
             ("within budget", "yes" if out["within_budget"] else "NO"),
+            ("kept by", _kept_by(out)),
             ("host slab", format_bytes(ex["slab_bytes"])),
             ("swapped out", f"{ex['swapped_out']} ({format_bytes(ex['swapped_out_bytes'])})"),
             ("recomputed", f"{ex['recomputed']} storages, {ex['replayed_ops']} ops replayed"),
@@ -124,6 +137,12 @@ def _print_run(out: dict) -> None:
                  ("max_buffer_diff", f"{out['max_buffer_diff']:.3g}")]
     for key, value in rows:
         print(f"{key:<22} {value}")
+
+
+def _kept_by(out: dict) -> str:
+    if not out.get("replanned"):
+        return "the first plan"
+    return f"planning again {out['replanned']}x with a margin of {format_bytes(out['margin_bytes'])}"
 
 
 def _predicted(summary: dict) -> str:

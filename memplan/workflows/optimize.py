@@ -142,6 +142,7 @@ class OptimizedStep:
         (see PlanRuntime.stats), and what keeping the budget took (`margin_bytes`, `replanned`)."""
         out = self.runtime.stats()
         out["steps_measured"] = self._earlier_steps + out["steps_measured"]
+        out["final_plan_from_step"] = len(self._earlier_steps)  # the first step the current plan ran
         out.update(self.keeper.report() if self.keeper else {"margin_bytes": 0, "replanned": 0})
         return out
 

@@ -22,6 +22,7 @@ from ..errors import MemplanError
 from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
+from .memory_cap import over_cap, prepare_device, refuse_what_cannot_fit, release_cache
 from .optimize import optimize
 from .step_trace import model_of
 from .torch_tools import BASELINES, baseline_installed, check_baseline, is_compiled
@@ -53,7 +54,8 @@ def op_time_source(trace) -> str:
 def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
                  profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
                  baseline: str | None = None, trace=None, timed_steps: int = 0,
-                 planner_params: dict | None = None, clock: str = "wall") -> dict:
+                 planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
+                 fake: bool | None = None) -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -73,14 +75,22 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         trace: a saved trace of this workload (a Trace or a path) to plan instead of tracing it.
             Without one, a CPU run under a CPU profile (`calibrate --device cpu`) traces with
             measured op times, so the simulator prices every op as this machine ran it.
+        memory_cap: emulate a device with this many bytes: on a GPU the allocator may use no
+            more (`torch.cuda.set_per_process_memory_fraction`); on the CPU a step measuring more
+            fails as running out of memory would.
+        fake: trace fake copies (None: on a GPU, where the unplanned step may not fit).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
-        whether the run stayed within the budget (`within_budget`, with a 2% tolerance),
-        `measured_step_s` (median step time after the first step, less the meter's own
-        bookkeeping) beside `simulated_step_s` (the simulator's time for the plan),
-        the executor's counters and, with `check`, `max_param_diff` and `max_buffer_diff`
-        against plain training.
+        whether the steps under the final plan stayed within the budget (`within_budget`: 2%
+        over in allocated bytes, and on a GPU 5% over in reserved bytes), what keeping it
+        took (`margin_bytes`, `replanned`, `final_plan_from_step`), `measured_step_s`
+        (median step time after the first step, less the meter's own bookkeeping) beside
+        `simulated_step_s` (the simulator's time for the plan), the executor's counters and,
+        with `check`, `max_param_diff` and `max_buffer_diff` against plain training.
+    Raises:
+        MemplanError: the unplanned step (planner none) cannot fit `memory_cap`; the error
+            names planners that fit and their budget.
     """
     from ..zoo.registry import get_workload
 
@@ -89,12 +99,17 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
     if baseline:
         check_baseline(baseline)
+    prepare_device(device, memory_cap)
+    if memory_cap is not None and budget is None and planner != "none" and not baseline:
+        budget = int(memory_cap / (1 + RESERVED_TOLERANCE))  # what the cap leaves a plan, segments included
     w = get_workload(name, batch, device=device, seed=seed, **config)
     op_repeats = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
-                    time_repeats=op_repeats, time_clock=clock, **(planner_params or {}))
+                    time_repeats=op_repeats, time_clock=clock, fake=fake, **(planner_params or {}))
     budget_bytes = resolve_budget(step.trace, budget)
+    if memory_cap is not None and not baseline:
+        refuse_what_cannot_fit(step, memory_cap, f"{name} at batch {batch}")
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure
     if model is None and (baseline or check):
@@ -102,23 +117,31 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         raise MemplanError(f"{'--baseline' if baseline else '--check'} needs the model, but {name} hides it: "
                            f"return a Workload, or keep the model in the step function's closure")
     make_inputs = lambda i: w.make_inputs(batch, seed=seed + 1 + i)  # noqa: E731
+    release_cache(device)
     with baseline_installed(baseline, model, fraction, torch.device(device)) if baseline \
             else contextlib.nullcontext():
         records = measure_steps(step if not baseline else w.step, make_inputs, steps, model, w.optimizer, seed,
-                                host=step.runtime.host_buffers(), compiled=is_compiled(baseline))
+                                host=step.runtime.host_buffers(), compiled=is_compiled(baseline),
+                                memory_cap=memory_cap)
         timed = time_steps(step if not baseline else w.step, make_inputs, range(steps, steps + timed_steps),
                            model, seed, clock)
     simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
     measured = max(r["measured_peak_bytes"] for r in records)
+    stats = step.stats()
+    settled = records[stats["final_plan_from_step"]:] or records[-1:]
     out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
            "device": str(device), "budget_bytes": budget_bytes, "trace_peak_bytes": step.trace.peak_load_bytes,
            "simulated_peak_bytes": simulated, "measured_peak_bytes": measured,
-           "within_budget": measured <= budget_bytes * (1 + BUDGET_TOLERANCE),
+           "measured_peak_reserved_bytes": _largest(r.get("measured_peak_reserved_bytes") for r in records),
+           "memory_cap_bytes": memory_cap, "within_budget": within_budget(settled, budget_bytes),
+           "margin_bytes": stats["margin_bytes"], "replanned": stats["replanned"],
+           "final_plan_from_step": stats["final_plan_from_step"],
            "step_time_s": [r["time_s"] for r in records], "steps": records,
            "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed, "clock": clock,
            "simulated_step_s": None if baseline else step.program.predicted.get("time_s"),
            "profile": get_profile(profile).name, "op_times": op_time_source(step.trace),
-           "predicted": {} if baseline else step.program.predicted, "executor": step.stats()}
+           "trace_source": "fake" if step.trace.meta.get("fake") else "real",
+           "predicted": {} if baseline else step.program.predicted, "executor": stats}
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)
@@ -128,8 +151,27 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     return out
 
 
+RESERVED_TOLERANCE = 0.05  # reserved bytes may exceed the budget by this share (allocator segments)
+
+
+def within_budget(records: list[dict], budget_bytes: int) -> bool:
+    """Every step's allocated peak within the budget + 2%, and its reserved peak (GPU) within + 5%."""
+    for r in records:
+        if r["measured_peak_bytes"] > budget_bytes * (1 + BUDGET_TOLERANCE):
+            return False
+        reserved = r.get("measured_peak_reserved_bytes")
+        if reserved is not None and reserved > budget_bytes * (1 + RESERVED_TOLERANCE):
+            return False
+    return True
+
+
+def _largest(values) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
 def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: int, model, optimizer,
-                  seed: int, host=(), compiled: bool = False) -> list[dict]:
+                  seed: int, host=(), compiled: bool = False, memory_cap: int | None = None) -> list[dict]:
     """Run `steps` steps, each under its own memory meter; inputs are made right before each.
 
     On a GPU the meter is the allocator's counters and its dispatch mode is not entered:
@@ -139,6 +181,7 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         host: buffers that are host memory beside the device role (the executor's slab): not counted.
         compiled: the step runs torch.compile'd code: on the CPU it is measured by the
             allocator's own stream (`AllocatorMeter`), which lets it compile and sees inductor's buffers.
+        memory_cap: on the CPU, a step measuring more fails (memory_cap.over_cap).
     Returns:
         Per step: "time_s" (wall), "meter_s" (of it, the meter's own bookkeeping: CPU only),
         "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
@@ -164,6 +207,7 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         records.append({"step": i, "time_s": wall, "meter_s": active.own_s, **active.peak(),
                         "meter": "cuda" if meter.cuda else "allocator" if compiled else "dispatch"})
         del x
+        over_cap(records[-1]["measured_peak_bytes"], memory_cap, device)
     if meter is not None:
         meter.close()
     return records

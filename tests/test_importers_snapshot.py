@@ -46,8 +46,9 @@ def sample_snapshot():
     return {"segments": segments, "device_traces": [events]}
 
 
-# (nbytes, alloc_op, free_op, persistent) of every storage, written out by hand.
-EXPECTED = [(512, 0, 2, False), (1024, 1, 4, False), (2048, 3, 6, False), (256, 5, 6, False),
+# (nbytes, alloc_op, free_op, persistent) of every storage, written out by hand; a request's
+# size counts as the allocator's block (at least 512 bytes, a multiple of 512): D asked for 256.
+EXPECTED = [(512, 0, 2, False), (1024, 1, 4, False), (2048, 3, 6, False), (512, 5, 6, False),
             (8192, 0, 6, True)]
 
 
@@ -71,7 +72,7 @@ def test_free_on_requested_and_without_preexisting():
     # A request whose completion is never recorded still ends the lifetime when asked to.
     ev_list.insert(-1, ev("free_requested", 0x5000, 256))
     trace = snapshot_to_trace(snap, free_on="requested", preexisting=False)
-    assert shape(trace) == [(512, 0, 2, False), (1024, 1, 4, False), (2048, 3, 7, False), (256, 5, 6, False)]
+    assert shape(trace) == [(512, 0, 2, False), (1024, 1, 4, False), (2048, 3, 7, False), (512, 5, 6, False)]
     with pytest.raises(MemplanError, match="free_on"):
         snapshot_to_trace(snap, free_on="never")
 
@@ -131,7 +132,7 @@ def test_busiest_device_is_picked():
     snap["segments"][0]["device"] = 1
     trace = snapshot_to_trace(snap)
     assert trace.meta["device"] == 1 and shape(trace) == EXPECTED
-    assert shape(snapshot_to_trace(snap, device=0)) == [(64, 0, 1, False)]
+    assert shape(snapshot_to_trace(snap, device=0)) == [(512, 0, 1, False)]  # 64 bytes asked, one block
 
 
 @pytest.mark.gpu

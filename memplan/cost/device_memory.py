@@ -3,8 +3,7 @@
 A trace counts every storage at its byte size. On a CUDA device the caching allocator's
 counters (what runs out) see more (measured on an H100, `benchmarks/gpu_unseen.py`):
 
-- rounding: every block is at least 512 bytes and a multiple of 512 (`round_size` in
-  c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize), and a request of 0 bytes takes none;
+- rounding: every block is at least 512 bytes and a multiple of 512 (memplan.model.blocks);
 - library workspaces held for the whole run: cuBLAS keeps one workspace per (handle, stream),
   and autograd runs the backward pass on its own thread, whose handle is another one, so a
   step with matrix products in both passes holds two (32 MiB each on Hopper and newer,
@@ -28,21 +27,16 @@ import re
 from dataclasses import replace
 
 from ..model import Storage, Trace
+from ..model.blocks import MIN_BLOCK, allocated_size
 
-MIN_BLOCK = 512  # kMinBlockSize: the caching allocator's smallest block and its rounding step
+__all__ = ["MIN_BLOCK", "allocated_size", "cublas_handles", "cublas_workspace_bytes", "device_view"]
+
 KIB, MIB = 1024, 1024 * 1024
 HOPPER_MAJOR = 9  # compute capability from which cuBLAS wants 32 MiB of workspace
 CUBLAS_HOPPER_BYTES = 32 * MIB  # ":4096:8"
 CUBLAS_DEFAULT_CONFIG = ":4096:2:16:8"  # PyTorch's default before Hopper (8 MiB + 128 KiB)
 WORKSPACE_KIND = "workspace"
 MATMUL_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten._addmm_activation.")
-
-
-def allocated_size(nbytes: int) -> int:
-    """Bytes the CUDA caching allocator's counters charge for a request of `nbytes`."""
-    if nbytes <= 0:
-        return 0
-    return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
 
 
 def cublas_workspace_bytes(major: int, config: str | None = None) -> int:

@@ -43,8 +43,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..cost.device_memory import allocated_size
 from ..model import Trace
+from ..model.blocks import allocated_size
 from ..model.program import Action, StepProgram
 from ..tracing.opinfo import OPTIONAL_OPS, counts_as_op, storage_roles
 from . import microconv

@@ -21,6 +21,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from ..model.blocks import allocated_size
 from ..model import Trace
 from ..tracing.formats import load_any
 from ..tracing.importers.minimalloc import write_minimalloc_csv
@@ -114,8 +115,9 @@ def snapshot(trace: Trace) -> dict:
                    if s.alloc_op == i < s.free_op and not s.persistent]
         for s in _dying_after(trace, i):
             events += [_event("free_requested", s, frames), _event("free_completed", s, frames)]
-    segments = [{"device": 0, "address": _address(s.id), "total_size": s.nbytes, "stream": 0,
-                 "blocks": [{"size": s.nbytes, "requested_size": s.nbytes, "state": "active_allocated",
+    # a block's size is the allocator's (memplan.model.blocks), its requested_size what was asked
+    segments = [{"device": 0, "address": _address(s.id), "total_size": allocated_size(s.nbytes), "stream": 0,
+                 "blocks": [{"size": allocated_size(s.nbytes), "requested_size": s.nbytes, "state": "active_allocated",
                              "frames": []}]}
                 for s in trace.storages if s.persistent]
     return {"segments": segments, "device_traces": [events]}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ...errors import MemplanError, TraceFormatError
 from ..iteration import Record
+from ...model.blocks import allocated_size
 from ...model import Op, Storage, Trace
 
 log = logging.getLogger(__name__)
@@ -228,8 +229,9 @@ def _list(value) -> list:
 
 def _trace_of(b: _Builder, snap: dict, device: int, preexisting: bool, source: str) -> Trace:
     n = len(b.ops)
-    storages = [Storage(id=sid, nbytes=size, kind="temp", alloc_op=lo, free_op=n if hi is None else hi,
-                        name=hex(addr))
+    # events give requested sizes; the allocator counts (and `memory_allocated` sums) blocks
+    storages = [Storage(id=sid, nbytes=allocated_size(size), kind="temp", alloc_op=lo,
+                        free_op=n if hi is None else hi, name=hex(addr))
                 for sid, (lo, hi, size, addr) in enumerate(b.storages)]
     if preexisting:
         for addr, size in _preexisting_blocks(snap, device, set(b.live)):

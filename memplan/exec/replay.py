@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ..model import Trace
 from ..model.program import ReplayStep
@@ -54,6 +54,7 @@ class _Call:
     kwargs: dict
     written: frozenset  # storages it writes in place (the others it writes are new outputs)
     rng: torch.Tensor | None  # generator state before the call (random ops only)
+    outputs: tuple  # (position among the output's tensors, storage id) of each new output storage
 
 
 class Replayer:
@@ -97,8 +98,14 @@ class Replayer:
                         stride=tuple(t.stride()), dtype=t.dtype, device=t.device)
 
         written = frozenset(sids[k] for k in in_place)
+        first = {}
+        for position, t in enumerate(tree_leaves(out)):
+            if isinstance(t, torch.Tensor):
+                first.setdefault(storage_key(t), position)
+        outputs = tuple((first[storage_key(t)], w) for w, t in zip(op.writes, writes)
+                        if w not in written and storage_key(t) in first)
         self.calls[index] = _Call(func=func, args=tree_map(ref, args), kwargs=tree_map(ref, kwargs),
-                                  written=written, rng=rng)
+                                  written=written, rng=rng, outputs=outputs)
 
     def can_rebuild(self, steps: tuple[ReplayStep, ...]) -> bool:
         """True when every op the replay runs was recorded in this step."""
@@ -139,10 +146,9 @@ class Replayer:
         with _rng(call.rng, args):
             out = self.call(j, call.func, args, kwargs)
         self.replayed_ops += 1
-        _, writes = storage_roles(call.func, args, kwargs, out)
-        for w, t in zip(self.trace.ops[j].writes, writes):
-            if w in call.written:
-                continue  # updated in place (or a copy of what must not be updated twice)
+        leaves = tree_leaves(out)
+        for position, w in call.outputs:  # new outputs only: what it writes in place stays as it is
+            t = leaves[position]
             if w != sid:  # another new output: taken by a recomputation due now, or dropped
                 if self.adopt is not None:
                     self.adopt(w, t.untyped_storage())

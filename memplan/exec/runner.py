@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from ..model import Trace
 from ..model.blocks import allocated_size
@@ -130,6 +129,10 @@ class StepRunner(TorchDispatchMode):
                       for (op, after), acts in self.at.items() if after}
         self.splits = program.splits()  # convolution op -> micro-batch sizes per kernel
         self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt, call=self._call)
+        # ops the program does nothing at: while nothing is away they run without the executor's work
+        busy = {op for op, _ in self.at} | set(self.splits) | set(self.replayer.ops)
+        self.plain = [i not in busy for i in range(len(self.names))]
+        self.idle = not busy and not program.start_away  # nothing to do at any op: the mode need not be entered
         self.recomputed_at = {}  # op -> storages recomputed before it
         for a in program.actions:
             if a.kind == "recompute":
@@ -163,7 +166,7 @@ class StepRunner(TorchDispatchMode):
 
     def end_step(self) -> None:
         """End the step (a step cut short brings everything back)."""
-        if self.active and not self.off and self.pos != len(self.names):
+        if self.active and not self.off and not self.idle and self.pos != len(self.names):
             if len(self.names) - self.pos <= RESYNC_WINDOW:
                 self._skip_to(len(self.names))  # the run skipped the trace's last ops (rule 2)
             else:
@@ -191,11 +194,17 @@ class StepRunner(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.active and not self.off:
             i = self.pos
-            if i < len(self.names) and self._name(func) == self.names[i]:
+            if i < len(self.names) and (self._named.get(func) or self._name(func)) == self.names[i]:
+                if self.plain[i] and not self.away:  # the fast path: nothing to do, nothing to guard
+                    self.pos = i + 1
+                    self._inserted_in_a_row = 0
+                    return func(*args, **kwargs)
                 return self._run(i, func, args, kwargs)
             return self._out_of_turn(func, args, kwargs)
         self._guard(func, args, kwargs)
         return func(*args, **kwargs)
+
+
 
     def _out_of_turn(self, func, args, kwargs):
         """An op that is not the trace's next one (NOTE rules 1-3)."""
@@ -273,8 +282,8 @@ class StepRunner(TorchDispatchMode):
     def _guard(self, func, args, kwargs) -> None:
         if not self.away:
             return
-        touched = [self.away[k] for k in {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs))
-                                          if isinstance(t, torch.Tensor)} if k in self.away]
+        touched = [self.away[k] for k in {t.untyped_storage()._cdata for t in _tensors(args, kwargs)}
+                   if k in self.away]
         if not touched:
             return
         if self.active and not self.off:
@@ -461,6 +470,15 @@ class StepRunner(TorchDispatchMode):
     def _counted(self, nbytes: int) -> int:
         """`nbytes` as the trace counts it (a device view counts allocator blocks)."""
         return allocated_size(nbytes) if self.rounded else nbytes
+
+
+def _tensors(args: tuple, kwargs: dict):
+    """The tensor arguments of an aten call (tensors, or lists of tensors, one level deep)."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (t for t in value if isinstance(t, torch.Tensor))
 
 
 def _beside(d) -> bool:

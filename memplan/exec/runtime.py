@@ -118,7 +118,8 @@ class PlanRuntime:
             stack.callback(self.end_step)
             if self.meter is not None and not self.meter.cuda:  # on a GPU the allocator's counters are the meter
                 stack.enter_context(self.meter)
-            stack.enter_context(self.runner)
+            if not self.runner.idle:  # a program without actions needs no per-op work at all
+                stack.enter_context(self.runner)
             if auto_steps and self.model is not None:
                 handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a))
                 stack.callback(handle.remove)

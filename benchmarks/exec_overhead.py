@@ -1,0 +1,151 @@
+"""The executor's own cost per op on the CPU (issue 25's CPU proxy), against another commit.
+
+A model of many tiny ops (kernels of a few microseconds, so what is measured is the
+executor's Python, as on a GPU, where kernels run asynchronously) trains under:
+
+- `plain`: no memplan;
+- `none`: memplan with nothing to do (a program without actions);
+- `guarded`: a program with one swap of a storage away for most of the step (so every op
+  is checked against storages away: the executor's busiest path without doing work);
+- `sqrt-n`: recomputation by op replay.
+
+Reported: microseconds per op of `none` and of `guarded` over plain, and microseconds per
+replayed op of `sqrt-n` over `none` (the replayed kernels included), each the median of
+alternating rounds. `--ref COMMIT` runs the same measurement on that commit's memplan (a
+temporary git worktree, in a subprocess) in the same run, so the ratios compare like with like.
+
+    python benchmarks/exec_overhead.py --ref e0c6f39 --out benchmarks/results/exec_overhead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTH, DEPTH, BATCH = 16, 48, 4  # tiny Linear+ReLU layers: ~580 ops a step
+ROUNDS, STEPS = 7, 5
+
+
+def build():
+    import torch
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(DEPTH):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    return model, opt, step, (x, y)
+
+
+def one_swap_plan(trace):
+    """A plan that swaps one activation out over the longest gap between two of its accesses."""
+    from memplan.model import Decision, Plan
+
+    gaps = []
+    for s in trace.storages:
+        if s.kind == "activation" and s.nbytes > 0:
+            acc = trace.accesses[s.id]
+            gaps += [(b - a, s.id, a, b) for a, b in zip(acc, acc[1:])]
+    _, sid, out_after, back_before = max(gaps)
+    return Plan(decisions=(Decision(storage=sid, action="swap", out_after=out_after, back_before=back_before),))
+
+
+def measure() -> dict:
+    import torch
+
+    from memplan.workflows.optimize import optimize, trace_step
+
+    torch.set_num_threads(1)
+    model, opt, step, inputs = build()
+    trace = trace_step(step, inputs, model, opt)
+    runs = {"plain": step}
+    runs["none"] = optimize(step, *inputs, trace=trace, planner="none", model=model, optimizer=opt, measure=False)
+    runs["guarded"] = optimize(step, *inputs, trace=trace, plan=one_swap_plan(trace), model=model, optimizer=opt,
+                               measure=False)
+    runs["sqrt-n"] = optimize(step, *inputs, trace=trace, planner="sqrt-n", model=model, optimizer=opt,
+                              measure=False)
+    times = {name: [] for name in runs}
+    for _ in range(ROUNDS):
+        for name, fn in runs.items():
+            fn(*inputs)  # warm
+            start = time.perf_counter()
+            for _ in range(STEPS):
+                fn(*inputs)
+            times[name].append((time.perf_counter() - start) / STEPS)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    stats = runs["sqrt-n"].stats()
+    replayed = stats["replayed_ops"] / max(stats["steps"], 1)
+    guarded = runs["guarded"].stats()
+    for name, fn in runs.items():
+        if name != "plain":
+            fn.close()
+    n = len(trace.ops)
+    return {"ops_per_step": n, "replayed_ops_per_step": replayed, "step_s": med,
+            "guarded_swaps": guarded["swapped_out"], "guarded_diverged": guarded["diverged_steps"],
+            "us_per_op_none": (med["none"] - med["plain"]) / n * 1e6,
+            "us_per_op_guarded": (med["guarded"] - med["plain"]) / n * 1e6,
+            "us_per_replayed_op": (med["sqrt-n"] - med["none"]) / max(replayed, 1) * 1e6}
+
+
+def at_commit(commit: str) -> dict:
+    """The same measurement, run by this script on `commit`'s memplan."""
+    with tempfile.TemporaryDirectory(prefix="memplan-ref-") as folder:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", folder, commit], check=True)
+        try:
+            env = {**os.environ, "PYTHONPATH": folder}
+            out = subprocess.run([sys.executable, __file__, "--measure"], env=env, check=True, capture_output=True,
+                                 text=True, cwd=folder)
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", folder], check=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ref", help="also measure this commit (e.g. e0c6f39)")
+    ap.add_argument("--out", help="write OUT.json and OUT.md")
+    ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.measure:
+        print(json.dumps(measure()))
+        return
+    rows = {"this": measure()}
+    if args.ref:
+        rows[args.ref] = at_commit(args.ref)
+    report = {"host": os.uname().nodename, "cpu_threads": 1, "model": f"{DEPTH}x(Linear({WIDTH})+ReLU), batch {BATCH}",
+              "rows": rows}
+    text = _markdown(report)
+    print(text)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
+        Path(args.out + ".md").write_text(text)
+
+
+def _markdown(report: dict) -> str:
+    lines = [f"Executor overhead on the CPU, {report['model']}, one thread (measured; median of {ROUNDS} rounds)", "",
+             "| memplan | ops/step | plain step ms | us/op none | us/op guarded | us per replayed op (sqrt-n) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in report["rows"].items():
+        lines.append(f"| {name} | {r['ops_per_step']} | {r['step_s']['plain'] * 1e3:.2f} | {r['us_per_op_none']:.1f} | "
+                     f"{r['us_per_op_guarded']:.1f} | {r['us_per_replayed_op']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

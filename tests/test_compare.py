@@ -177,3 +177,18 @@ def test_the_report_names_the_gpu_the_points_were_measured_on(tmp_path):
     report = (tmp_path / "compare.md").read_text()
     assert "### Measured (Test GPU): batch 8" in report and "training on this machine's Test GPU" in report
     assert "CPU" not in report.replace(" CPUs, load", "")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_compare_measures_on_the_gpu(capsys, tmp_path):
+    import torch
+
+    args = ["compare", "--out", str(tmp_path), *SMALL, "--device", "cuda", "--baselines", "save-on-cpu",
+            "--maxbatch-planners", ""]
+    assert main(args) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    measured = [p for p in points if p["kind"] == "measured"]
+    assert [p["method"] for p in measured] == ["none", "torch:save-on-cpu"]
+    assert all(p["source"] == f"measured ({torch.cuda.get_device_name()})" and p["peak_bytes"] > 0 for p in measured)
+    assert json.loads((tmp_path / "gpu_profile.json").read_text())["calibrated"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -138,7 +139,9 @@ def markdown(data: dict) -> str:
     hw = data["hardware"]
     lines = ["# Op times from the device", "",
              f"Produced by `{data['command']}` on {hw} (torch {data['torch']}, {data['threads']} torch threads), "
-             f"in {data['total_s']:.0f} s. Step times in seconds; x = ratio to the measured plain step.", "",
+             f"in {data['total_s']:.0f} s, load average {data['load_average'][0]} before and "
+             f"{data['load_average'][1]} after ({os.cpu_count()} CPUs: on a shared host every time here is noisy). "
+             "Step times in seconds; x = ratio to the measured plain step.", "",
              f"- measured, op benchmark: the sum of a fake trace's op times, each distinct call timed alone on "
              f"{hw} (`trace --fake --time-ops`);",
              f"- measured, as it runs: the sum of a real trace's op times on {hw};",
@@ -178,7 +181,7 @@ def main(argv=None) -> int:
         return 2
     if args.device == "cpu":
         torch.set_num_threads(1)
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
     profile = device_profile(args.device, args.profile)
     models = args.models.split(",") if args.models else (CPU_MODELS if args.device == "cpu" else GPU_MODELS)
     rows = []
@@ -196,7 +199,8 @@ def main(argv=None) -> int:
             "device": args.device, "card": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
             "hardware": (torch.cuda.get_device_name(torch.device(args.device)) if args.device != "cpu"
                          else f"{cpu_model()} CPU"),
-            "profile": profile.name, "steps": args.steps, "rows": rows, "total_s": time.perf_counter() - started}
+            "profile": profile.name, "steps": args.steps, "rows": rows, "total_s": time.perf_counter() - started,
+            "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)]}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / f"op_times_{name}.json", json.dumps(data, indent=1) + "\n")

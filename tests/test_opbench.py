@@ -133,16 +133,20 @@ def test_index_ops_get_in_bounds_indices_and_a_time():
     assert all(o.duration_s > 0 for o in tr.ops)
 
 
+def _meta(shape, stride, dtype, first=0):
+    return opbench.TensorMeta(shape=shape, stride=stride, dtype=dtype, device=torch.device("cpu"), first=first)
+
+
 def test_made_up_tensors_keep_shape_strides_dtype_and_bounds():
     gen = torch.Generator().manual_seed(0)
-    channels_last = opbench.TensorMeta((2, 3, 4, 5), (60, 1, 15, 3), torch.float32, torch.device("cpu"), 0)
+    channels_last = _meta((2, 3, 4, 5), (60, 1, 15, 3), torch.float32)
     t = opbench.random_tensor(channels_last, 7, gen)
     assert t.shape == (2, 3, 4, 5) and t.stride() == (60, 1, 15, 3) and t.dtype == torch.float32
     assert bool(((t >= 0) & (t < 1)).all())
-    expanded = opbench.TensorMeta((3, 4), (0, 1), torch.int64, torch.device("cpu"), 0)
+    expanded = _meta((3, 4), (0, 1), torch.int64)
     idx = opbench.random_tensor(expanded, 3, gen)
     assert idx.stride() == (0, 1) and int(idx.min()) >= 0 and int(idx.max()) < 3
-    leaves = (expanded, opbench.TensorMeta((9, 2, 0), (2, 1, 1), torch.float32, torch.device("cpu"), 1), 5)
+    leaves = (expanded, _meta((9, 2, 0), (2, 1, 1), torch.float32, first=1), 5)
     assert opbench.index_bound(leaves) == 2  # the smallest non-zero dimension of any tensor
 
 

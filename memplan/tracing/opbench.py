@@ -52,18 +52,18 @@ MIN_CALL_S = 1e-7  # floor of the first measurement, against a zero elapsed time
 SEED = 0  # of the private generators that fill the inputs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorMeta:
     """What a traced tensor argument is made of (its values are not known: it is fake)."""
 
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
+    shape: tuple[int, ...]  # as traced
+    stride: tuple[int, ...]  # as traced (channels-last, transposed and expanded inputs stay so)
+    dtype: torch.dtype  # as traced
+    device: torch.device  # the device the tensor stands for
     first: int  # position of the first leaf that is this very tensor (aliasing is part of the call)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Call:
     """One op call as recorded before it ran (an in-place view op changes its arguments' shapes)."""
 
@@ -109,7 +109,8 @@ class OpBench:
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 first = seen.setdefault(id(leaf), i)
-                metas.append(TensorMeta(tuple(leaf.shape), tuple(leaf.stride()), leaf.dtype, leaf.device, first))
+                metas.append(TensorMeta(shape=tuple(leaf.shape), stride=tuple(leaf.stride()), dtype=leaf.dtype,
+                                        device=leaf.device, first=first))
                 if not isinstance(leaf, FakeTensor):
                     real[i] = leaf
             else:

@@ -111,3 +111,84 @@ def test_a_pytorch_tool_named_like_a_planner_runs_as_the_tool(monkeypatch):
         compare.compute_point(task, s)
     assert calls == [("none", None), ("save-on-cpu", None), ("none", "save-on-cpu")]
     assert [t.method for t in compare.tasks(s)] == ["none", "save-on-cpu", "torch:save-on-cpu"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
+@pytest.mark.parametrize("device, says", [("cuda", "no CUDA device"), ("meta", "not supported"),
+                                          ("nonsense", "unknown device")])
+def test_device_without_a_gpu_is_one_error_line_and_no_files(capsys, tmp_path, device, says):
+    out = tmp_path / "report"
+    assert main(["compare", "--out", str(out), *SMALL, "--device", device]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
+def test_settings_that_measure_on_a_gpu_fail_before_any_work_without_one(tmp_path):
+    s = compare.CompareSettings(models=("vgg11-cifar",), device="cuda", run_profile=compare.GPU_PROFILE)
+    with pytest.raises(compare.MemplanError, match="no CUDA device"):
+        compare.compare(s, tmp_path / "report")
+    assert not (tmp_path / "report").exists()
+    with pytest.raises(compare.MemplanError, match="needs --device cuda"):
+        compare.compare(compare.CompareSettings(run_profile=compare.GPU_PROFILE), tmp_path / "report")
+
+
+def test_gpu_points_are_measured_on_the_gpu_under_other_keys(monkeypatch, tmp_path):
+    # The GPU path without a GPU: its device checks, its calibration and its training are stood in for.
+    from memplan.cost import calibrate as cal
+    from memplan.cost.profiles import get_profile
+
+    runs = []
+
+    def fake_run(model, batch, *, planner, baseline, device, profile, **_):
+        runs.append((planner, baseline, device, profile))
+        return {"measured_peak_bytes": 1, "measured_step_s": 1.0, "simulated_peak_bytes": None,
+                "trace_peak_bytes": 1, "budget_bytes": None}
+
+    monkeypatch.setattr("memplan.workflows.run.run_workload", fake_run)
+    monkeypatch.setattr(compare, "check_device", lambda s: None)
+    monkeypatch.setattr(compare, "device_name", lambda device: "Test GPU" if device == "cuda" else "CPU")
+    monkeypatch.setattr(compare, "_release_cached_memory", lambda device: None)
+    monkeypatch.setattr(cal, "calibrate", lambda gpu=0: get_profile("h100"))
+    base = dict(models=("vgg11-cifar",), sim_planners=(), run_planners=("dtr",), baselines=("torch-checkpoint",),
+                maxbatch_planners=(), budgets=("70%",))
+    gpu = compare.compare(compare.CompareSettings(**base, device="cuda", run_profile=compare.GPU_PROFILE), tmp_path,
+                          progress=False)
+    profile = str(tmp_path / compare.GPU_PROFILE_FILE)
+    assert runs == [("none", None, "cuda", profile), ("dtr", None, "cuda", profile),
+                    ("none", "torch-checkpoint", "cuda", profile)]
+    assert {p["source"] for p in gpu["points"]} == {"measured (Test GPU)"}
+    keys = json.loads((tmp_path / "compare.json").read_text())["points"]
+    assert all(k.endswith("|plan=gpu_profile|device=cuda") for k in keys)
+    runs.clear()  # the same comparison on the CPU is other points, measured there
+    monkeypatch.setattr(compare, "_with_run_profile", lambda s, folder: s)
+    cpu = compare.compare(compare.CompareSettings(**base, run_profile="h100"), tmp_path, progress=False)
+    assert cpu["computed"] == 3 and [r[2] for r in runs] == ["cpu"] * 3
+    assert {p["source"] for p in cpu["points"]} == {"measured (CPU)"}
+
+
+def test_the_report_names_the_gpu_the_points_were_measured_on(tmp_path):
+    from memplan.workflows.compare_report import write_report
+
+    points = [{"kind": "measured", "model": "m", "method": "none", "budget": "-", "batch": 8,
+               "source": "measured (Test GPU)", "peak_bytes": 2**20, "step_s": 1.0}]
+    write_report({"points": points}, tmp_path, "memplan compare --device cuda")
+    report = (tmp_path / "compare.md").read_text()
+    assert "### Measured (Test GPU): batch 8" in report and "training on this machine's Test GPU" in report
+    assert "CPU" not in report.replace(" CPUs, load", "")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_compare_measures_on_the_gpu(capsys, tmp_path):
+    import torch
+
+    args = ["compare", "--out", str(tmp_path), *SMALL, "--device", "cuda", "--baselines", "save-on-cpu",
+            "--maxbatch-planners", ""]
+    assert main(args) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    measured = [p for p in points if p["kind"] == "measured"]
+    assert [p["method"] for p in measured] == ["none", "torch:save-on-cpu"]
+    assert all(p["source"] == f"measured ({torch.cuda.get_device_name()})" and p["peak_bytes"] > 0 for p in measured)
+    assert json.loads((tmp_path / "gpu_profile.json").read_text())["calibrated"]

@@ -10,19 +10,19 @@ from ..units import format_bytes, parse_bytes
 
 def add_parser(sub):
     """Register `memplan compare`."""
-    from ..cli import add_json_flag, positive_int
+    from ..cli import add_json_flag, positive_int, torch_device
     from ..workflows import compare as c
 
     p = sub.add_parser("compare", help="Pareto fronts (peak vs overhead) of every planner and PyTorch tool, "
-                                       "simulated and measured on CPU, and the largest batch of each")
+                                       "simulated and measured (on the CPU or a GPU), and the largest batch of each")
     p.add_argument("--out", default="benchmarks/results/compare",
                    help="folder of the report, the plots and the cache of finished points")
     p.add_argument("--models", default=",".join(c.DEFAULT_MODELS), help="comma-separated zoo model names")
     p.add_argument("--planners", default=",".join(c.DEFAULT_SIM_PLANNERS), help="planners simulated")
     p.add_argument("--run-planners", default=",".join(c.DEFAULT_RUN_PLANNERS),
-                   help="planners measured on CPU (none is always measured); empty for none")
+                   help="planners measured on --device (none is always measured); empty for none")
     p.add_argument("--baselines", default=",".join(c.DEFAULT_BASELINES),
-                   help="PyTorch tools measured on CPU; empty for none")
+                   help="PyTorch tools measured on --device; empty for none")
     p.add_argument("--maxbatch-planners", default=",".join(c.DEFAULT_MAXBATCH_PLANNERS),
                    help="planners whose largest batch under --maxbatch-memory is searched; empty for none")
     p.add_argument("--budgets", default=",".join(c.DEFAULT_BUDGETS), help="shares of the unplanned peak")
@@ -30,8 +30,11 @@ def add_parser(sub):
     p.add_argument("--run-batch", type=positive_int, default=8, help="batch of the measured runs")
     p.add_argument("--steps", type=positive_int, default=5, help="measured steps per run (the first warms up)")
     p.add_argument("--profile", default="h100", help="cost-model profile of the simulated points")
-    p.add_argument("--run-profile", default=c.CPU_PROFILE,
-                   help="profile the measured points plan with (default cpu: this CPU, calibrated once per --out)")
+    p.add_argument("--device", type=torch_device, default="cpu",
+                   help="where the measured points train: cpu (default) or cuda")
+    p.add_argument("--run-profile", default=None,
+                   help=f"profile the measured points plan with (default: the --device, calibrated once per --out: "
+                        f"{c.CPU_PROFILE} for this CPU, {c.GPU_PROFILE} for this GPU)")
     p.add_argument("--maxbatch-memory", default=None,
                    help="memory cap of the largest-batch search (default: the unplanned peak at --sim-batch)")
     p.add_argument("--maxbatch-limit", type=positive_int, default=256, help="largest batch the search tries")
@@ -45,11 +48,13 @@ def run(args) -> int:
     from ..workflows.compare import CompareSettings, compare
     from ..workflows.compare_report import write_report
 
+    args.run_profile = args.run_profile or _default_run_profile(args.device)
     settings = CompareSettings(
         models=_names(args.models), sim_planners=_names(args.planners), run_planners=_names(args.run_planners),
         baselines=_names(args.baselines), maxbatch_planners=_names(args.maxbatch_planners),
         budgets=_names(args.budgets), sim_batch=args.sim_batch, run_batch=args.run_batch, steps=args.steps,
-        profile=args.profile, run_profile=args.run_profile, maxbatch_limit=args.maxbatch_limit,
+        profile=args.profile, run_profile=args.run_profile, device=args.device,
+        maxbatch_limit=args.maxbatch_limit,
         maxbatch_memory=parse_bytes(args.maxbatch_memory) if args.maxbatch_memory else None)
     result = compare(settings, args.out, progress=not args.json and sys.stderr.isatty())
     files = write_report(result, args.out, _command(args))
@@ -65,12 +70,18 @@ def run(args) -> int:
     return 0
 
 
+def _default_run_profile(device: str) -> str:
+    from ..workflows.compare import CPU_PROFILE, GPU_PROFILE
+
+    return CPU_PROFILE if device == "cpu" else GPU_PROFILE
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 _OPTIONS = ("out", "models", "planners", "run_planners", "baselines", "maxbatch_planners", "budgets", "sim_batch",
-            "run_batch", "steps", "profile", "run_profile", "maxbatch_memory", "maxbatch_limit")
+            "run_batch", "steps", "profile", "device", "run_profile", "maxbatch_memory", "maxbatch_limit")
 
 
 def _command(args) -> str:
@@ -78,6 +89,6 @@ def _command(args) -> str:
     words = ["memplan", "compare"]
     for name in _OPTIONS:
         value = getattr(args, name)
-        if value is not None:
+        if value is not None and (name, value) != ("device", "cpu"):  # the default device, left implicit
             words += [f"--{name.replace('_', '-')}", str(value)]
     return shlex.join(words)

@@ -268,6 +268,7 @@ def _profile_rows(data: dict) -> list[tuple[str, object]]:
     return [("name", data["name"]), ("device", data["description"]),
             ("FP32", _flops(data["fp32_flops"])), ("TF32", _flops(data["tf32_flops"])),
             ("BF16", _flops(data["bf16_flops"])),
+            ("FP16", _flops(data.get("fp16_flops") or data["bf16_flops"])),
             ("memory bandwidth", f"{data['hbm_bytes_per_s'] / giga:.0f} GB/s"),
             ("host->device", f"{data['h2d_bytes_per_s'] / giga:.1f} GB/s"),
             ("device->host", f"{data['d2h_bytes_per_s'] / giga:.1f} GB/s"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 
@@ -42,6 +43,9 @@ def add_parser(sub) -> None:
                         help="trace rank 0 of an FSDP2 (fully_shard) job (fake process group)")
     p.add_argument("--world-size", type=int, default=None,
                    help="ranks in the --ddp/--fsdp job (any number: nothing is allocated)")
+    p.add_argument("--time-ops", action=argparse.BooleanOptionalAction, default=None,
+                   help="fake traces: time each op alone on real random inputs of its shapes, on --device "
+                        "(identical calls once); default: on for --device cuda, off on the CPU")
     p.add_argument("--time-repeats", type=nonnegative_int, default=CPU_TIME_REPEATS,
                    help=f"--real on the CPU: timed iterations after the traced one; each op gets its least "
                         f"(default {CPU_TIME_REPEATS}; 0: no op times)")
@@ -74,6 +78,7 @@ def run_trace(args) -> int:
         logging.getLogger(_FAKE_TENSOR_LOGGER).setLevel(logging.CRITICAL)
     what = f"{args.model} at batch {args.batch}"
     _check_engine_options(args)
+    time_ops = _time_ops(args)
     with _spinner(f"tracing {args.model}") as bar, fits_or_says_so(what, args.device):
         if args.engine:
             from ..workflows.distributed import trace_rank
@@ -84,7 +89,7 @@ def run_trace(args) -> int:
         else:
             trace = trace_workload(args.model, args.batch, fake=args.fake, input_size=args.input_size,
                                    warmup=args.warmup, progress=lambda n: bar.update(n - bar.n),
-                                   time_repeats=0 if args.fake else args.time_repeats,
+                                   time_repeats=0 if args.fake else args.time_repeats, time_ops=time_ops,
                                    **_device_option(args.device), **config)
     write_trace(trace, args.output)
     summary = {"output": str(args.output), **summarise(trace)}
@@ -108,6 +113,18 @@ def _check_engine_options(args) -> None:
     check_world_size(args.world_size)
     if not args.fake or args.device != "cpu":
         raise MemplanError(f"--{args.engine} traces with fake tensors on the CPU (no --real, no --device)")
+
+
+def _time_ops(args) -> bool:
+    """Whether to time the ops of the fake trace: as asked, else on a GPU (a real trace times its own)."""
+    from ..errors import MemplanError
+
+    if args.time_ops and (not args.fake or args.engine):
+        raise MemplanError("--time-ops times the ops of a fake trace (not with --real, --ddp or --fsdp); "
+                           "--real measures them as they run")
+    if args.time_ops is None:
+        return args.fake and not args.engine and args.device.startswith("cuda")
+    return args.time_ops
 
 
 def _device_option(device: str) -> dict:

@@ -5,7 +5,8 @@ events on the current stream):
 - host<->device bandwidth each way, with large copies from/to pinned host memory;
 - the fixed cost of one small pinned copy (copy latency);
 - kernel launch latency, from a burst of tiny kernels;
-- achieved FP32, TF32 and BF16 FLOP/s, with large square matmuls;
+- achieved FP32, TF32, BF16 and FP16 FLOP/s, with large square matmuls (the roofline prices
+  each op at the one its dtype and the trace's TF32 settings say: `memplan.cost.model`);
 - device memory bandwidth, with a large device-to-device copy (bytes read + written).
 
 The profile stores the measured *achieved* rates as its peaks and sets the efficiency
@@ -48,6 +49,7 @@ class Measurements:
     tf32_flops: float  # achieved FP32 matmul FLOP/s with TF32 allowed
     bf16_flops: float  # achieved BF16 matmul FLOP/s
     hbm_bytes_per_s: float  # device copy: (read + written bytes) / s
+    fp16_flops: float | None = None  # achieved FP16 matmul FLOP/s (None: not measured, the BF16 rate stands in)
 
 
 def calibrate(gpu: int = 0, *, name: str | None = None, repeats: int = REPEATS) -> DeviceProfile:
@@ -91,7 +93,7 @@ def profile_from(m: Measurements, *, name: str, description: str, memory_bytes: 
                          bf16_flops=m.bf16_flops, memory_bytes=memory_bytes, hbm_bytes_per_s=m.hbm_bytes_per_s,
                          h2d_bytes_per_s=m.h2d_bytes_per_s, d2h_bytes_per_s=m.d2h_bytes_per_s, launch_s=m.launch_s,
                          copy_latency_s=m.copy_latency_s, compute_efficiency=1.0, memory_efficiency=1.0,
-                         link_efficiency=1.0, calibrated=True, kind=kind)
+                         link_efficiency=1.0, calibrated=True, kind=kind, fp16_flops=m.fp16_flops)
 
 
 def slug(text: str) -> str:
@@ -106,6 +108,7 @@ def measure(repeats: int = REPEATS) -> Measurements:
                         launch_s=launch_latency(repeats), fp32_flops=matmul_flops("float32", False, repeats),
                         tf32_flops=matmul_flops("float32", True, repeats),
                         bf16_flops=matmul_flops("bfloat16", False, repeats),
+                        fp16_flops=matmul_flops("float16", False, repeats),
                         hbm_bytes_per_s=memory_bandwidth(HBM_BYTES, repeats))
 
 

@@ -27,6 +27,7 @@ COPY_BYTES = 64 * 2**20  # one host copy: far beyond the caches, short enough to
 SMALL_COPY_BYTES = 4  # a copy that costs only its fixed overhead
 MATMUL_N = 1024  # FP32 square matmul: large enough to reach the BLAS kernel's rate
 BF16_MATMUL_N = 512  # BF16 is slow on CPUs without AMX: a smaller matmul keeps calibration short
+FP16_MATMUL_N = 256  # FP16 slower still (2.5 GFLOP/s on this project's 2-core host)
 TINY_OPS = 2000  # ops in one dispatch-overhead burst
 SMALL_COPIES = 200  # copies in one copy-latency burst
 REPEATS = 5
@@ -56,6 +57,7 @@ def measure_cpu(repeats: int = REPEATS) -> Measurements:
     return Measurements(h2d_bytes_per_s=copy, d2h_bytes_per_s=copy, copy_latency_s=small_copy_s(repeats),
                         launch_s=dispatch_s(repeats), fp32_flops=fp32, tf32_flops=fp32,
                         bf16_flops=matmul_flops("bfloat16", BF16_MATMUL_N, repeats),
+                        fp16_flops=matmul_flops("float16", FP16_MATMUL_N, repeats),
                         hbm_bytes_per_s=2 * copy)  # a copy reads and writes its bytes
 
 

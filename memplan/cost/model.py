@@ -1,4 +1,10 @@
-"""Per-op durations and copy times: measured where the trace has them, else a roofline."""
+"""Per-op durations and copy times: measured where the trace has them, else a roofline.
+
+The roofline prices an op at the peak of the precision it runs in: its dtype (BF16, FP16), and
+for FP32 the TF32 tensor-core peak where the math settings the trace recorded allow TF32 for it
+(`trace.meta["math"]`: cuDNN's flag for convolutions, cuBLAS's for every other op with FLOPs,
+i.e. matmuls and attention). A trace without them (older files) is priced in FP32, as before.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import numpy as np
 from ..model import Trace
 from .profiles import DeviceProfile, get_profile
 
+CONVOLUTION = "convolution"  # in the name of every aten convolution op (forward, backward, cuDNN's own)
+
 
 @dataclass(frozen=True, eq=False)
 class Cost:
@@ -18,18 +26,21 @@ class Cost:
     durations: np.ndarray  # seconds per op (float64, indexed by op index)
 
     @classmethod
-    def for_trace(cls, trace: Trace, device: str | DeviceProfile = "h100", allow_tf32: bool = False) -> "Cost":
+    def for_trace(cls, trace: Trace, device: str | DeviceProfile = "h100", allow_tf32: bool | None = None) -> "Cost":
         """Durations for every op of `trace` on `device`.
 
         Args:
             trace: the trace; ops with a measured `duration_s` keep it.
             device: a profile name, profile file or DeviceProfile.
-            allow_tf32: price FP32 matmuls/convs at the TF32 tensor-core rate.
+            allow_tf32: price FP32 matmuls/convs at the TF32 tensor-core rate (True) or the FP32 one
+                (False); None: as the math settings recorded in the trace say (`uses_tf32`).
         """
         profile = get_profile(device)
+        math = trace.meta.get("math")
         durations = np.array([
             op.duration_s if op.duration_s is not None
-            else roofline_s(op.flops, op.bytes_accessed, _dtype_of(trace, op), profile, allow_tf32)
+            else roofline_s(op.flops, op.bytes_accessed, _dtype_of(trace, op), profile,
+                            uses_tf32(op.name, math) if allow_tf32 is None else allow_tf32)
             for op in trace.ops], dtype=np.float64)
         return cls(profile=profile, durations=durations)
 
@@ -62,6 +73,14 @@ def roofline_s(flops: float, nbytes: float, dtype: str | None, profile: DevicePr
     compute = flops / (profile.peak_flops(dtype, allow_tf32) * profile.compute_efficiency)
     memory = nbytes / (profile.hbm_bytes_per_s * profile.memory_efficiency)
     return max(compute, memory) + profile.launch_s
+
+
+def uses_tf32(op_name: str, math: dict | None) -> bool:
+    """Whether an FP32 op may run on TF32 tensor cores under the recorded math settings: a
+    convolution (forward or backward) when cuDNN allows TF32, any other op when cuBLAS does."""
+    if not math:
+        return False
+    return bool(math.get("cudnn_tf32" if CONVOLUTION in op_name else "matmul_tf32"))
 
 
 def _dtype_of(trace: Trace, op) -> str | None:

@@ -35,7 +35,7 @@ class DeviceProfile:
     description: str  # marketing name
     fp32_flops: float  # peak FP32 FLOP/s (non-tensor-core)
     tf32_flops: float  # peak TF32 tensor-core FLOP/s, dense (fp32_flops where there is none)
-    bf16_flops: float  # peak 16-bit tensor-core FLOP/s, dense (BF16, or FP16 before Ampere)
+    bf16_flops: float  # peak BF16 FLOP/s, dense (tensor cores where the device has them for BF16)
     memory_bytes: int  # device memory size
     hbm_bytes_per_s: float  # device memory bandwidth
     h2d_bytes_per_s: float  # host-to-device link bandwidth (one direction)
@@ -50,11 +50,15 @@ class DeviceProfile:
     inter_link: str = "ib-hdr"  # network between nodes, one NIC per GPU (a LINKS name)
     gpus_per_node: int = 8  # GPUs sharing the intra-node link
     kind: str = "gpu"  # "cpu": the host itself is the device, its "link" a copy into the host slab
+    fp16_flops: float | None = None  # peak FP16 FLOP/s, dense; None: as bf16_flops (files before it was kept)
 
     def peak_flops(self, dtype: str | None, allow_tf32: bool = False) -> float:
-        """Peak FLOP/s for ops of `dtype` (tensor cores for 16-bit types, TF32 if allowed)."""
-        if dtype in ("bfloat16", "float16"):
+        """Peak FLOP/s for ops of `dtype`: BF16 or FP16 rate for 16-bit types; for the rest the
+        TF32 tensor-core rate when TF32 is allowed for the op, else the FP32 one."""
+        if dtype == "bfloat16":
             return self.bf16_flops
+        if dtype == "float16":
+            return self.fp16_flops if self.fp16_flops is not None else self.bf16_flops
         return self.tf32_flops if allow_tf32 else self.fp32_flops
 
 
@@ -63,7 +67,7 @@ _PCIE3, _PCIE4, _PCIE5 = 15.75 * GBPS, 31.5 * GBPS, 63.0 * GBPS
 
 BUILTIN = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TF, TF32 494.7 TF dense
-    # (989 with sparsity), BF16 989.4 TF dense, 80 GB HBM3 at 3.35 TB/s, PCIe Gen5.
+    # (989 with sparsity), BF16 and FP16 989.4 TF dense, 80 GB HBM3 at 3.35 TB/s, PCIe Gen5.
     "h100": DeviceProfile(name="h100", description="NVIDIA H100 SXM 80GB", fp32_flops=67 * TFLOPS,
                           tf32_flops=494.7 * TFLOPS, bf16_flops=989.4 * TFLOPS, memory_bytes=80 * 10**9,
                           hbm_bytes_per_s=3350 * GBPS, h2d_bytes_per_s=_PCIE5, d2h_bytes_per_s=_PCIE5,
@@ -73,34 +77,38 @@ BUILTIN = {
                           tf32_flops=494.7 * TFLOPS, bf16_flops=989.4 * TFLOPS, memory_bytes=141 * 10**9,
                           hbm_bytes_per_s=4800 * GBPS, h2d_bytes_per_s=_PCIE5, d2h_bytes_per_s=_PCIE5,
                           launch_s=4e-6),
-    # NVIDIA A100 datasheet (40GB SXM): FP32 19.5 TF, TF32 156 TF, BF16 312 TF dense,
+    # NVIDIA A100 datasheet (40GB SXM): FP32 19.5 TF, TF32 156 TF, BF16 and FP16 312 TF dense,
     # HBM2 1,555 GB/s, PCIe Gen4.
     "a100": DeviceProfile(name="a100", description="NVIDIA A100 40GB", fp32_flops=19.5 * TFLOPS,
                           tf32_flops=156 * TFLOPS, bf16_flops=312 * TFLOPS, memory_bytes=40 * 10**9,
                           hbm_bytes_per_s=1555 * GBPS, h2d_bytes_per_s=_PCIE4, d2h_bytes_per_s=_PCIE4,
                           launch_s=5e-6),
-    # NVIDIA Tesla V100 datasheet (SXM2 16GB): FP32 15.7 TF, tensor (FP16) 125 TF, no TF32,
-    # HBM2 900 GB/s, PCIe Gen3.
+    # NVIDIA Tesla V100 datasheet (SXM2 16GB): FP32 15.7 TF, tensor (FP16) 125 TF, no TF32 and
+    # no BF16 tensor cores (BF16 runs at most at the FP32 rate), HBM2 900 GB/s, PCIe Gen3.
     "v100": DeviceProfile(name="v100", description="NVIDIA V100 16GB", fp32_flops=15.7 * TFLOPS,
-                          tf32_flops=15.7 * TFLOPS, bf16_flops=125 * TFLOPS, memory_bytes=16 * 10**9,
+                          tf32_flops=15.7 * TFLOPS, bf16_flops=15.7 * TFLOPS, fp16_flops=125 * TFLOPS,
+                          memory_bytes=16 * 10**9,
                           hbm_bytes_per_s=900 * GBPS, h2d_bytes_per_s=_PCIE3, d2h_bytes_per_s=_PCIE3,
                           launch_s=5e-6),
-    # NVIDIA Tesla P100 datasheet (PCIe 16GB): FP32 9.3 TF, FP16 18.7 TF, no tensor cores,
+    # NVIDIA Tesla P100 datasheet (PCIe 16GB): FP32 9.3 TF, FP16 18.7 TF, no tensor cores, no BF16,
     # HBM2 732 GB/s, PCIe Gen3. (DeepBench's P100 results, paper 003's P100-SXM2 runs 10.6 TF.)
     "p100": DeviceProfile(name="p100", description="NVIDIA Tesla P100 16GB", fp32_flops=9.3 * TFLOPS,
-                          tf32_flops=9.3 * TFLOPS, bf16_flops=18.7 * TFLOPS, memory_bytes=16 * 10**9,
+                          tf32_flops=9.3 * TFLOPS, bf16_flops=9.3 * TFLOPS, fp16_flops=18.7 * TFLOPS,
+                          memory_bytes=16 * 10**9,
                           hbm_bytes_per_s=732 * GBPS, h2d_bytes_per_s=_PCIE3, d2h_bytes_per_s=_PCIE3,
                           launch_s=5e-6),
     # NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti (reference): FP32 13.4 TF,
-    # FP16 tensor with FP32 accumulate 53.8 TF, 11 GB GDDR6 at 616 GB/s, PCIe Gen3.
+    # FP16 tensor with FP32 accumulate 53.8 TF, no BF16, 11 GB GDDR6 at 616 GB/s, PCIe Gen3.
     "rtx2080ti": DeviceProfile(name="rtx2080ti", description="NVIDIA GeForce RTX 2080 Ti",
-                               fp32_flops=13.4 * TFLOPS, tf32_flops=13.4 * TFLOPS, bf16_flops=53.8 * TFLOPS,
+                               fp32_flops=13.4 * TFLOPS, tf32_flops=13.4 * TFLOPS, bf16_flops=13.4 * TFLOPS,
+                               fp16_flops=53.8 * TFLOPS,
                                memory_bytes=11 * GIB, hbm_bytes_per_s=616 * GBPS, h2d_bytes_per_s=_PCIE3,
                                d2h_bytes_per_s=_PCIE3, launch_s=5e-6),
-    # NVIDIA GeForce GTX 1080 Ti spec page: FP32 11.3 TF (boost), no tensor cores,
-    # 11 GB GDDR5X at 484 GB/s, PCIe Gen3.
+    # NVIDIA GeForce GTX 1080 Ti spec page: FP32 11.3 TF (boost), no tensor cores, FP16 at 1/64
+    # of the FP32 rate (GP102), 11 GB GDDR5X at 484 GB/s, PCIe Gen3.
     "gtx1080ti": DeviceProfile(name="gtx1080ti", description="NVIDIA GeForce GTX 1080 Ti",
                                fp32_flops=11.3 * TFLOPS, tf32_flops=11.3 * TFLOPS, bf16_flops=11.3 * TFLOPS,
+                               fp16_flops=11.3 / 64 * TFLOPS,
                                memory_bytes=11 * GIB, hbm_bytes_per_s=484 * GBPS, h2d_bytes_per_s=_PCIE3,
                                d2h_bytes_per_s=_PCIE3, launch_s=5e-6),
 }

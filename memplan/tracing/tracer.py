@@ -12,9 +12,11 @@ optimizer that creates its state lazily (Adam, SGD with momentum) has it already
 traced iteration is a steady-state one, and its optimizer state is persistent.
 
 With fake tensors (`FakeTensorMode`) nothing is allocated: a 40 GB iteration traces on a
-laptop. With real CUDA tensors each op's duration is measured with CUDA events; with real
-CPU tensors and `time_repeats`, as the least wall time over that many more iterations
-(`optimes`).
+laptop, and with `time_ops` each op is timed alone on real random inputs of its shapes, on
+the device the trace stands for (`opbench`). With real CUDA tensors each op's duration is
+measured with CUDA events as it runs; with real CPU tensors and `time_repeats`, as the least
+wall time over that many more iterations (`optimes`). The math settings in force (TF32,
+autocast) are recorded in `meta["math"]` (`mathmode`), for the cost model.
 
 No saved-tensor hooks are installed while tracing: with them autograd runs fewer ops (it
 skips the `detach` it makes of an in-place op's saved output), and the trace must be the
@@ -41,8 +43,10 @@ from ..model import Op, Owner, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
 from .fake import new_fake_mode, optimizer_as_on_device, quiet_fake_warnings
+from .mathmode import math_settings
+from .opbench import OpBench
 from .opinfo import bytes_accessed, conv_params, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
-from .optimes import time_ops
+from .optimes import time_ops as time_ops_apart
 from .storages import StorageTable
 
 log = logging.getLogger(__name__)
@@ -55,7 +59,7 @@ _MS = 1e-3
 def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn.Module | None = None,
           optimizer: torch.optim.Optimizer | None = None, warmup: int = DEFAULT_WARMUP,
           progress: Callable[[int], None] | None = None, meta: dict | None = None,
-          time_repeats: int = 0, time_clock: str = "wall") -> Trace:
+          time_repeats: int = 0, time_clock: str = "wall", time_ops: bool = False) -> Trace:
     """Trace one training iteration `step_fn(*example_inputs)`.
 
     Args:
@@ -73,19 +77,27 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
             one and give every op its least measured duration (0: no durations). The
             iterations train the model on: restore it afterwards where that matters.
         time_clock: "wall" or "cpu" (this thread's CPU time), see `optimes`.
+        time_ops: fake tensors only: time each op alone on real random inputs of its shapes, on
+            the device the fake tensors stand for (`opbench`; identical calls are timed once).
     Returns:
         The trace of the last iteration.
     Raises:
-        MemplanError: `fake` disagrees with the tensors given.
+        MemplanError: `fake` disagrees with the tensors given; `time_ops` on real tensors, or
+            for a device this machine does not have.
     """
     model, optimizer = _owners(step_fn, model, optimizer)
     mode = _fake_mode_for(fake, example_inputs, model)
+    if time_ops and not fake:
+        raise MemplanError("time_ops times the ops of a fake trace; a real trace measures them as they run "
+                           "(CUDA events, or time_repeats on the CPU)")
+    device = _device_of(example_inputs, model)
+    bench = OpBench(device) if time_ops else None
     with mode if mode is not None else contextlib.nullcontext(), quiet_fake_warnings(), \
             optimizer_as_on_device(optimizer) if fake else contextlib.nullcontext():
         for _ in range(warmup):
             step_fn(*example_inputs)
         recorder = _Recorder(ProgramContext(model), timed=not fake and _on_cuda(example_inputs, model),
-                             progress=progress)
+                             progress=progress, bench=bench)
         _register_preexisting(recorder.table, model, optimizer, example_inputs)
         start = time.perf_counter()
         recorder.run(step_fn, example_inputs)
@@ -93,20 +105,22 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         recorder.owners = owner_records(recorder.table, model, optimizer)
         seconds = time.perf_counter() - start
         if time_repeats and not fake and not _on_cuda(example_inputs, model):
-            recorder.cpu_durations = time_ops(step_fn, example_inputs, [op.name for op in recorder.ops],
-                                              time_repeats, time_clock)
+            recorder.measured = time_ops_apart(step_fn, example_inputs, [op.name for op in recorder.ops],
+                                               time_repeats, time_clock)
     log.info("traced %d ops, %d storages in %.2f s", len(recorder.ops), len(recorder.table.entries), seconds)
+    timing = ({"op_times": bench.summary()} if bench else
+              {"time_repeats": time_repeats, "time_clock": time_clock} if recorder.measured else {})
     info = {"source": "tracer", "fake": fake, "warmup": warmup, "torch": torch.__version__,
-            **({"time_repeats": time_repeats, "time_clock": time_clock, "torch_threads": torch.get_num_threads()}
-               if recorder.cpu_durations else {}),
-            "device": _device_of(example_inputs, model), "trace_seconds": round(seconds, 3), **(meta or {})}
+            **timing, **({"torch_threads": torch.get_num_threads()} if timing else {}),
+            "math": math_settings(torch.device(device).type), "device": device, "trace_seconds": round(seconds, 3),
+            **(meta or {})}
     return recorder.build(info)
 
 
 class _Recorder(TorchDispatchMode):
     """The dispatch mode that records ops and storages."""
 
-    def __init__(self, context: ProgramContext, *, timed: bool, progress):
+    def __init__(self, context: ProgramContext, *, timed: bool, progress, bench: OpBench | None = None):
         super().__init__()
         self.table = StorageTable()
         self.context = context
@@ -114,7 +128,8 @@ class _Recorder(TorchDispatchMode):
         self.alive_at_end: set[int] = set()
         self.owners: tuple[Owner, ...] = ()
         self._timer = _CudaTimer() if timed else None
-        self.cpu_durations: list[float] | None = None  # measured apart on the CPU (optimes)
+        self.measured: list[float | None] | None = None  # measured apart (optimes), or op by op (opbench)
+        self._bench = bench
         self._progress = progress
 
     def run(self, step_fn: Callable, inputs: tuple) -> None:
@@ -155,12 +170,15 @@ class _Recorder(TorchDispatchMode):
         self.table.sweep(index)
         phase = self.context.phase()
         module = self.context.module(phase)
+        call = self._bench.call(func, args, kwargs) if self._bench else None  # before an in-place view op
         start = self._timer.start() if self._timer else None
         out = func(*args, **kwargs)
         if not counts_as_op(func, args, kwargs, out):
             return out  # a metadata query, or no tensor involved
         if self._timer:
             self._timer.stop(index, start)
+        if call is not None:
+            self._bench.time(index, call)
         self._record(func, args, kwargs, out, index, phase, module)
         return out
 
@@ -189,7 +207,9 @@ class _Recorder(TorchDispatchMode):
                                                touched_in=frozenset(touched.get(e.sid, ()))), n)
                          for e in self.table.entries)
         ops = tuple(self.ops)
-        durations = self._timer.durations(n) if self._timer else self.cpu_durations
+        if self._bench:
+            self.measured = self._bench.durations(n)
+        durations = self._timer.durations(n) if self._timer else self.measured
         if durations:
             ops = tuple(_with_duration(op, d) for op, d in zip(ops, durations))
         return Trace(storages=storages, ops=ops, meta=meta, owners=self.owners)

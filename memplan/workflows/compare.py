@@ -6,13 +6,16 @@ it was on and a rerun skips every finished one):
 
 - simulated: a fake-tensor trace at `sim_batch`, planned by each planner at each budget
   share and scored by the simulator on `profile` ("simulated (<profile>)");
-- measured: real training on CPU at `run_batch` through the run workflow (`memplan run`),
-  under each measured planner at each budget share, and under each PyTorch tool; peak by
-  the memory meter over two metered steps, time the median of `steps - 1` unmetered steps
-  after them ("measured (CPU)"); overhead against the measured `none` run. The plans of measured
-  points are made for the machine they run on: priced by `run_profile` (default: this CPU,
-  calibrated once per output folder into `cpu_profile.json`, and traced with measured op
-  times), not by the simulated points' GPU profile;
+- measured: real training on `device` (the CPU, or a CUDA GPU) at `run_batch` through the
+  run workflow (`memplan run`), under each measured planner at each budget share, and under
+  each PyTorch tool; peak by the memory meter over two metered steps (on a GPU, the
+  allocator's counters), time the median of `steps - 1` unmetered steps after them
+  ("measured (CPU)", "measured (<GPU name>)"); overhead against the measured `none` run. The
+  plans of measured points are made for the machine they run on: priced by `run_profile`
+  (default: this CPU, calibrated once per output folder into `cpu_profile.json`, and traced
+  with measured op times; with `device` cuda, this GPU, calibrated into `gpu_profile.json`),
+  not by the simulated points' profile. Points measured on a GPU are other points than those
+  measured on the CPU (their cache keys name the device);
 - maxbatch: the largest batch each planner reaches under one fixed memory cap (by
   default the unplanned peak at `sim_batch`), by planning and simulating fake traces
   (`memplan.workflows.maxbatch`; measuring it needs a GPU).
@@ -46,6 +49,8 @@ DEFAULT_BUDGETS = ("70%", "50%")
 # Search planners get a short limit so the default comparison stays bounded.
 CPU_PROFILE = "cpu"  # run_profile meaning "this CPU, calibrated" (`calibrate --device cpu`)
 CPU_PROFILE_FILE = "cpu_profile.json"
+GPU_PROFILE = "gpu"  # run_profile meaning "this GPU, calibrated" (`memplan calibrate`), with device cuda
+GPU_PROFILE_FILE = "gpu_profile.json"
 TOOL_PREFIX = "torch:"  # a measured point of PyTorch's own tool, not of a memplan planner
 PLANNER_PARAMS = {"home:fast": {"time_limit_s": 5.0}, "home": {"time_limit_s": 5.0}, "milp": {"time_limit_s": 10.0}}
 NO_BUDGET = "-"  # the budget of a PyTorch tool that ignores it
@@ -66,7 +71,8 @@ class CompareSettings:
     run_batch: int = 8  # batch of the measured runs
     steps: int = 5  # measured steps per run (the first is a warm-up)
     profile: str = "h100"  # cost-model profile of the simulated points
-    run_profile: str = CPU_PROFILE  # profile the measured points plan with (CPU_PROFILE: calibrate this CPU)
+    run_profile: str = CPU_PROFILE  # profile the measured points plan with (CPU_PROFILE, GPU_PROFILE: calibrate)
+    device: str = "cpu"  # where the measured points train: "cpu", or a CUDA device ("cuda", "cuda:1")
     maxbatch_memory: int | None = None  # the cap of the maxbatch search; None: the unplanned peak at sim_batch
     maxbatch_limit: int = 256  # largest batch the search tries
     seed: int = 0  # planner and training seed
@@ -125,6 +131,7 @@ def tasks(settings: CompareSettings) -> list[Task]:
             out += [_task("simulated", model, planner, b, s.sim_batch) for b in budgets]
         run_planners = ("none",) + tuple(p for p in s.run_planners if p != "none")
         run = f"{s.steps}|plan={Path(s.run_profile).stem}"  # a point planned on another profile is another point
+        run += "" if s.device == "cpu" else f"|device={s.device}"  # and so is one measured elsewhere
         out.append(_task("measured", model, "none", NO_BUDGET, s.run_batch, run))
         for planner in run_planners[1:]:
             out += [_task("measured", model, planner, b, s.run_batch, run) for b in s.budgets]
@@ -150,6 +157,7 @@ def compare(settings: CompareSettings, out_dir: str | Path, *, progress: bool = 
     from ..planners.base import get_planner
     from .run import check_baseline
 
+    check_device(settings)
     for tool in settings.baselines:
         check_baseline(tool)
     for name in {*settings.sim_planners, *settings.run_planners, *settings.maxbatch_planners}:
@@ -171,25 +179,62 @@ def compare(settings: CompareSettings, out_dir: str | Path, *, progress: bool = 
             "cached": len(todo) - len(pending)}
 
 
+def check_device(s: CompareSettings) -> None:
+    """Raise MemplanError when the measured points cannot run where `s` says."""
+    import torch
+
+    try:
+        device = torch.device(s.device)
+    except (RuntimeError, ValueError):
+        raise MemplanError(f"unknown device {s.device!r} (cpu or cuda)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise MemplanError(f"compare measures on cpu or cuda, not {s.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise MemplanError(f"compare --device {s.device}: no CUDA device on this host")
+    if s.run_profile == GPU_PROFILE and device.type != "cuda":
+        raise MemplanError(f"run profile {GPU_PROFILE!r} calibrates the GPU the points are measured on: "
+                           f"it needs --device cuda")
+
+
 def _with_run_profile(s: CompareSettings, folder: Path) -> CompareSettings:
-    """`s` with `run_profile` a file: this CPU's calibration, made once per output folder (a
-    resumed comparison plans its remaining measured points on the same profile)."""
-    if s.run_profile != CPU_PROFILE:
+    """`s` with `run_profile` a file: this CPU's (or GPU's) calibration, made once per output
+    folder (a resumed comparison plans its remaining measured points on the same profile)."""
+    if s.run_profile not in (CPU_PROFILE, GPU_PROFILE):
         return s
     from dataclasses import replace
 
-    from ..cost.calibrate_cpu import calibrate_cpu
     from ..cost.profiles import profile_to_json
 
-    path = folder / CPU_PROFILE_FILE
+    path = folder / (CPU_PROFILE_FILE if s.run_profile == CPU_PROFILE else GPU_PROFILE_FILE)
     if not path.exists():
-        atomic_write_text(path, json.dumps(profile_to_json(calibrate_cpu()), indent=1) + "\n")
+        atomic_write_text(path, json.dumps(profile_to_json(_calibrated(s)), indent=1) + "\n")
     return replace(s, run_profile=str(path))
+
+
+def _calibrated(s: CompareSettings):
+    """The calibration `s.run_profile` names: this CPU's, or that of the GPU in `s.device`."""
+    if s.run_profile == CPU_PROFILE:
+        from ..cost.calibrate_cpu import calibrate_cpu
+
+        return calibrate_cpu()
+    import torch
+
+    from ..cost.calibrate import calibrate
+
+    return calibrate(torch.device(s.device).index or 0)
 
 
 def _source(task: Task, s: CompareSettings) -> str:
     """How the point's figures were obtained, as every figure must say."""
-    return "measured (CPU)" if task.kind == "measured" else f"simulated ({s.profile})"
+    return f"measured ({device_name(s.device)})" if task.kind == "measured" else f"simulated ({s.profile})"
+
+
+def device_name(device: str) -> str:
+    """"CPU", or the GPU's name ("NVIDIA H100 80GB HBM3")."""
+    import torch
+
+    device_ = torch.device(device)
+    return "CPU" if device_.type == "cpu" else torch.cuda.get_device_name(device_)
 
 
 def compute_point(task: Task, settings: CompareSettings) -> dict:
@@ -223,12 +268,27 @@ def _measured(task: Task, s: CompareSettings) -> dict:
     # Peaks from metered steps; times from unmetered ones (the CPU meter's bookkeeping on every
     # op would weigh more on plans that run more ops).
     metered = min(s.steps, METERED_STEPS)
-    out = run_workload(task.model, task.batch, planner="none" if baseline else task.method, budget=budget,
-                       steps=metered, timed_steps=max(s.steps - 1, 1), device="cpu", profile=s.run_profile,
-                       seed=s.seed, baseline=baseline)
+    try:
+        out = run_workload(task.model, task.batch, planner="none" if baseline else task.method, budget=budget,
+                           steps=metered, timed_steps=max(s.steps - 1, 1), device=s.device, profile=s.run_profile,
+                           seed=s.seed, baseline=baseline)
+    finally:
+        _release_cached_memory(s.device)
     return {"peak_bytes": out["measured_peak_bytes"], "step_s": out["measured_step_s"],
             "simulated_peak_bytes": out["simulated_peak_bytes"], "trace_peak_bytes": out["trace_peak_bytes"],
             "budget_bytes": out["budget_bytes"]}
+
+
+def _release_cached_memory(device: str) -> None:
+    """On a GPU, hand back what the point's run left in the caching allocator, so the next
+    point's peak counts its own memory only (the counters are per process)."""
+    import gc
+
+    import torch
+
+    if torch.device(device).type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _maxbatch(task: Task, s: CompareSettings) -> dict:

@@ -49,8 +49,8 @@ def write_report(result: dict, out_dir: str | Path, command: str) -> dict:
     models = list(dict.fromkeys(p["model"] for p in result["points"]))
     lines = ["# memplan compare", "", f"Produced by: `{command}`", "",
              "Simulated figures come from the simulator on the named profile with fake-tensor traces; measured "
-             "figures from real training on this machine's CPU (peak by the memory meter over two steps, time the "
-             "median of the unmetered steps after them). PyTorch's tools (`torch:NAME`) run only measured (the simulator prices plans, "
+             f"figures from real training on this machine's {_measured_on(result['points'])} (peak by the memory "
+             "meter over two steps, time the median of the unmetered steps after them). PyTorch's tools (`torch:NAME`) run only measured (the simulator prices plans, "
              "and the planners `checkpoint-all` / `save-on-cpu` are their simulated counterparts).", "",
              f"Measured step times depend on what else the host runs ({os.cpu_count()} CPUs, load average "
              f"{os.getloadavg()[0]:.1f} when this report was written): on a shared host they are noisy, measured "
@@ -62,10 +62,11 @@ def write_report(result: dict, out_dir: str | Path, command: str) -> dict:
         run = with_measured_overhead([p for p in mine if p["kind"] == "measured"])
         plot = folder / f"compare-{_safe(model)}.png"
         plot_model(model, sim, run, plot)
+        title = _title(run[0]["source"]) if run else "Measured"
         plots.append(str(plot))
         lines += [f"## {model}", "", f"![{model}]({plot.name})", ""]
         lines += _points_table(sim, "Simulated", "peak load")
-        lines += _points_table(run, "Measured (CPU)", "measured peak")
+        lines += _points_table(run, title, "measured peak")
         lines += _maxbatch_table([p for p in mine if p["kind"] == "maxbatch"])
     report = folder / REPORT_NAME
     atomic_write_text(report, "\n".join(lines) + "\n")
@@ -111,7 +112,7 @@ def plot_model(model: str, sim: list[dict], run: list[dict], path: Path) -> None
     from ..plots import save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for ax, points, title in ((axes[0], sim, "simulated"), (axes[1], run, "measured (CPU)")):
+    for ax, points, title in ((axes[0], sim, "simulated"), (axes[1], run, run[0]["source"] if run else "measured")):
         _panel(ax, [p for p in points if p.get("overhead") is not None], f"{model}: {title}")
     save_figure(fig, path)
 
@@ -130,6 +131,17 @@ def _panel(ax, points: list[dict], title: str) -> None:
     ax.grid(alpha=0.3)
     if points:
         ax.legend(fontsize=6, ncol=2)
+
+
+def _measured_on(points: list[dict]) -> str:
+    """What the measured points ran on, from their sources ("measured (CPU)" -> "CPU")."""
+    sources = dict.fromkeys(p["source"].removeprefix("measured (").removesuffix(")")
+                            for p in points if p["kind"] == "measured")
+    return " and ".join(sources) or "CPU"
+
+
+def _title(source: str) -> str:
+    return source[:1].upper() + source[1:]
 
 
 def _short(error: str) -> str:

@@ -14,7 +14,8 @@ from ..tracing.tracer import DEFAULT_WARMUP, trace
 
 def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = True, *,
                    input_size: int | None = None, warmup: int = DEFAULT_WARMUP,
-                   progress: Callable[[int], None] | None = None, time_repeats: int = 0, **config) -> Trace:
+                   progress: Callable[[int], None] | None = None, time_repeats: int = 0, time_ops: bool = False,
+                   **config) -> Trace:
     """Build a workload (inside a FakeTensorMode when `fake`) and trace one iteration.
 
     Args:
@@ -24,7 +25,8 @@ def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = Tru
         batch: batch size.
         fake: build and trace with fake tensors (nothing allocated).
         input_size: image side in pixels, for image models (None: the model default).
-        warmup, progress, time_repeats: as for `trace` (time_repeats: real CPU traces only).
+        warmup, progress, time_repeats, time_ops: as for `trace` (time_repeats: real CPU traces only;
+            time_ops: fake traces only).
         config: model options passed to the factory.
     Returns:
         The trace, with model, batch and config in its meta.
@@ -46,7 +48,7 @@ def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = Tru
     try:
         return trace(workload.step, *workload.inputs, fake=fake, model=getattr(workload, "model", None),
                      optimizer=getattr(workload, "optimizer", None), warmup=warmup, progress=progress, meta=meta,
-                     time_repeats=time_repeats)
+                     time_repeats=time_repeats, time_ops=time_ops)
     except RuntimeError as exc:  # the model rejects this batch or input size (shape errors)
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MemplanError(f"model {name!r} failed at batch {batch}: {first_line}") from exc

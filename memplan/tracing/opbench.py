@@ -95,6 +95,8 @@ class OpBench:
             raise MemplanError(f"ops can be timed on cpu or cuda, not {self.device.type}")
         self._cache: dict[tuple, float | None] = {}
         self._times: dict[int, float | None] = {}
+        self._inner_cache: dict[tuple, int] = {}  # CUDA: bytes a call allocates inside itself
+        self._inner: dict[int, int] = {}
         self._failed: Counter = Counter()
         self._generators: dict[torch.device, torch.Generator] = {}
         self._seconds = 0.0
@@ -125,6 +127,13 @@ class OpBench:
             self._cache[key] = self._measure(call)
             self._seconds += time.perf_counter() - started
         self._times[index] = self._cache[key]
+        if self._inner_cache.get(key):
+            self._inner[index] = self._inner_cache[key]
+
+    def inner_bytes(self) -> dict[int, int]:
+        """Op index -> bytes the op allocated inside itself and freed before it returned (CUDA only:
+        the caching allocator's peak during one call beyond its inputs and new outputs)."""
+        return dict(self._inner)
 
     def durations(self, n: int) -> list[float | None]:
         """Seconds per op for ops 0..n-1 (None: not timed)."""
@@ -142,7 +151,10 @@ class OpBench:
         try:
             with no_dispatch(), torch.random.fork_rng(devices=devices):
                 args, kwargs = self._materialize(call)
-                return least_mean_s(self._timer(lambda: call.func(*args, **kwargs)), ROUND_S[self.device.type])
+                seconds = least_mean_s(self._timer(lambda: call.func(*args, **kwargs)), ROUND_S[self.device.type])
+                if self._cuda:  # after the timing's warm-up: lazily made handles and workspaces exist
+                    self._inner_cache[call.key] = inner_memory(lambda: call.func(*args, **kwargs))
+                return seconds
         except Exception as exc:  # noqa: BLE001 - any kernel may reject made-up data; the op is priced instead
             log.debug("op %s could not be timed alone: %s", name, exc)
             self._failed[name] += 1
@@ -198,6 +210,19 @@ def random_tensor(meta: TensorMeta, bound: int, generator: torch.Generator) -> t
     except (RuntimeError, NotImplementedError):  # a dtype without a random kernel (float8, ...)
         flat.zero_()
     return flat.as_strided(meta.shape, meta.stride)
+
+
+def inner_memory(fn: Callable[[], object]) -> int:
+    """Bytes one call of `fn` (a CUDA op) allocates beyond what it returns: its peak less the
+    memory before it and the blocks of the new outputs it returns (memplan.model.blocks)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    peak = torch.cuda.max_memory_allocated()
+    kept = torch.cuda.memory_allocated() - before  # what the call still holds: its outputs
+    del out
+    return max(0, peak - before - kept)
 
 
 def least_mean_s(timed: Callable[[int], float], round_s: float) -> float:

@@ -110,6 +110,8 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
     log.info("traced %d ops, %d storages in %.2f s", len(recorder.ops), len(recorder.table.entries), seconds)
     timing = ({"op_times": bench.summary()} if bench else
               {"time_repeats": time_repeats, "time_clock": time_clock} if recorder.measured else {})
+    if bench and bench.inner_bytes():  # JSON keys are strings: memplan.cost.device_memory reads them back
+        timing["op_inner_bytes"] = {str(op): nbytes for op, nbytes in sorted(bench.inner_bytes().items())}
     info = {"source": "tracer", "fake": fake, "warmup": warmup, "torch": torch.__version__,
             **timing, **({"torch_threads": torch.get_num_threads()} if timing else {}),
             "math": math_settings(torch.device(device).type), "device": device, "trace_seconds": round(seconds, 3),

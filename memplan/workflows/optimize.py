@@ -233,4 +233,5 @@ def as_allocated_on(trace: Trace, device: torch.device) -> Trace:
     major = torch.cuda.get_device_capability(device)[0]
     handles = cublas_handles(trace)
     held = {f"cuBLAS workspaces ({handles} handles)": handles * cublas_workspace_bytes(major)} if handles else {}
-    return device_view(trace, held=held, inner=trace.meta.get("op_inner_bytes"))
+    inner = {int(op): nbytes for op, nbytes in trace.meta.get("op_inner_bytes", {}).items()}  # memplan.tracing.opbench
+    return device_view(trace, held=held, inner=inner)

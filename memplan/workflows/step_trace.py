@@ -84,9 +84,11 @@ def trace_step(step_fn: Callable, inputs: tuple, model, optimizer, time_repeats:
     warmup = _warmup_for(model)
     if is_fake(inputs, model):
         return run_tracer(step_fn, *inputs, fake=True, model=model, optimizer=optimizer, warmup=warmup)
-    if fake:
+    if fake:  # on a GPU each op is also run alone, for its time and the memory it takes inside itself
+        on_gpu = device_of(inputs, model).type == "cuda"
         with restored_rng(), fake_copies(model, optimizer, inputs) as (mode, fake_inputs), mode:
-            return run_tracer(step_fn, *fake_inputs, fake=True, model=model, optimizer=optimizer, warmup=warmup)
+            return run_tracer(step_fn, *fake_inputs, fake=True, model=model, optimizer=optimizer, warmup=warmup,
+                              time_ops=on_gpu)
     if optimizer is None:
         log.warning("no optimizer found for the step: its state is not restored after tracing")
     with restored(model, optimizer):

@@ -45,10 +45,9 @@ def prepare_device(device: str, memory_cap: int | None) -> None:
     if ALLOC_CONF not in os.environ:
         torch.cuda.memory._set_allocator_settings(EXPANDABLE)
     total = torch.cuda.get_device_properties(dev).total_memory
-    if memory_cap is not None:
-        if memory_cap > total:
-            raise MemplanError(f"--memory-cap {format_bytes(memory_cap)} is more than the GPU's {format_bytes(total)}")
-        torch.cuda.set_per_process_memory_fraction(memory_cap / total, dev)
+    if memory_cap is not None and memory_cap > total:
+        raise MemplanError(f"--memory-cap {format_bytes(memory_cap)} is more than the GPU's {format_bytes(total)}")
+    torch.cuda.set_per_process_memory_fraction(1.0 if memory_cap is None else memory_cap / total, dev)
 
 
 def lift_cap(device: str) -> None:

@@ -22,7 +22,7 @@ from ..errors import MemplanError
 from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
-from .memory_cap import over_cap, prepare_device, refuse_what_cannot_fit, release_cache
+from .memory_cap import lift_cap, over_cap, prepare_device, refuse_what_cannot_fit, release_cache
 from .optimize import optimize
 from .step_trace import model_of
 from .torch_tools import BASELINES, baseline_installed, check_baseline, is_compiled
@@ -144,6 +144,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
            "predicted": {} if baseline else step.program.predicted, "executor": stats}
     step.close()
     if check:
+        lift_cap(device)  # plain training needs what the plan saved
         ref = get_workload(name, batch, device=device, seed=seed, **config)
         ref_model = model_of(ref.step, ref.model)
         measure_steps(ref.step, make_inputs, steps + timed_steps, ref_model, ref.optimizer, seed)

@@ -1,0 +1,125 @@
+"""Shared by the GPU benchmarks (gpu_budget.py, gpu_speed.py): run groups of `memplan run`
+cases, one fresh process per model, under a deadline, keeping what finished.
+
+A group is one model: it is traced once (fake, each op timed alone on the device) and every
+case of the group plans from that trace, in the same process (so the model's trace, numba's
+compiled simulator and CUDA's start-up are paid once), each case building its own workload and
+freeing it before the next. Results are JSON lines in OUT/NAME.jsonl; a case that fails keeps
+its error. `--dry-run` runs small models on the CPU, to prove the plumbing without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+RUN_KEYS = ("budget_bytes", "memory_cap_bytes", "trace_peak_bytes", "simulated_peak_bytes", "measured_peak_bytes",
+            "measured_peak_reserved_bytes", "within_budget", "margin_bytes", "replanned", "final_plan_from_step",
+            "measured_step_s", "simulated_step_s", "max_param_diff", "max_buffer_diff", "op_times", "trace_source")
+EXEC_KEYS = ("diverged_steps", "skipped_ops", "inserted_ops", "unresolved", "swapped_out", "recomputed",
+             "replayed_ops", "prefetch_wait_s", "release_wait_s")
+
+
+def parse(description: str, default_deadline_s: float) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--out", required=True, help="folder for NAME.jsonl (and the report)")
+    ap.add_argument("--deadline-s", type=float, default=default_deadline_s, help="all groups together")
+    ap.add_argument("--dry-run", action="store_true", help="small models on the CPU")
+    ap.add_argument("--group", help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def run_groups(script: str, name: str, groups: list[str], args) -> None:
+    """Run each group in a fresh process of `script` until the deadline."""
+    os.makedirs(args.out, exist_ok=True)
+    end = time.time() + args.deadline_s
+    for group in groups:
+        left = end - time.time()
+        if left < 10:
+            emit(args.out, name, {"group": group, "skipped": "deadline"})
+            continue
+        cmd = [sys.executable, script, "--out", args.out, "--group", group, "--deadline-s", str(left)]
+        try:
+            subprocess.run(cmd + (["--dry-run"] if args.dry_run else []), timeout=left, check=False)
+        except subprocess.TimeoutExpired:
+            emit(args.out, name, {"group": group, "error": "group timed out at the deadline"})
+
+
+def run_case(out: str, name: str, group: str, case: dict, deadline: float, **kwargs) -> dict:
+    """One `run_workload` case; its record (with `error` when it failed) is written and returned."""
+    import torch
+
+    from memplan.workflows.run import run_workload
+
+    rec = {"group": group, **case}
+    if time.time() > deadline - 5:
+        rec["skipped"] = "deadline"
+        return emit(out, name, rec)
+    started = time.time()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        rec["allocated_before"] = torch.cuda.memory_allocated()
+    try:
+        res = run_workload(**kwargs)
+        rec.update({k: res.get(k) for k in RUN_KEYS})
+        rec["steps"] = [{k: s.get(k) for k in ("measured_peak_bytes", "measured_peak_reserved_bytes", "time_s")}
+                        for s in res["steps"]]
+        rec["timed_step_s"] = res.get("timed_step_s")
+        rec["executor"] = {k: res["executor"].get(k) for k in EXEC_KEYS}
+    except Exception as exc:  # noqa: BLE001 - a benchmark keeps going and records why
+        rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:600]
+        rec["traceback"] = traceback.format_exc()[-1500:]
+    rec["wall_s"] = round(time.time() - started, 2)
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return emit(out, name, rec)
+
+
+def emit(out: str, name: str, rec: dict) -> dict:
+    with open(os.path.join(out, f"{name}.jsonl"), "a") as f:
+        f.write(json.dumps(rec, default=str) + "\n")
+    short = {k: rec.get(k) for k in ("group", "case", "planner", "error", "within_budget", "measured_peak_bytes",
+                                      "measured_step_s", "wall_s") if rec.get(k) is not None}
+    print(json.dumps(short, default=str), flush=True)
+    return rec
+
+
+def read(out: str, name: str) -> list[dict]:
+    path = os.path.join(out, f"{name}.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def device_info() -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "device": "cuda" if torch.cuda.is_available() else "cpu"}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, total_memory=p.total_memory, capability=f"{p.major}.{p.minor}",
+                    tf32_cudnn=torch.backends.cudnn.allow_tf32, tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+    return info
+
+
+def trace_once(model: str, batch: int, device: str, config: dict):
+    """The fake trace every case of a group plans from (ops timed alone on a GPU)."""
+    from memplan.workflows.workloads import trace_workload
+
+    return trace_workload(model, batch, fake=True, device=device, time_ops=device == "cuda", **config)
+
+
+GIB = 2**30
+
+
+def gib(x) -> str:
+    return "-" if x is None else f"{x / GIB:.3f}"

@@ -59,6 +59,7 @@ class PlanRuntime:
         if self.meter is not None:
             self.meter.exclude(self.host_buffers())
         self.steps: list[dict] = []  # one record per step run
+        self.pool = None  # a PoolSession (memplan.exec.pooled) serving the plan's layout, once attached
         self._idle_guards: list = []
         self._in_step = False
         self._unresolved_before = 0  # the runner's count when the current step began
@@ -83,6 +84,8 @@ class PlanRuntime:
         if self.meter is not None:
             self.meter.track((self._persistent(), inputs))
             self.meter.reset_peak()
+        if self.pool is not None:
+            self.pool.begin_step()  # last: the pool's iteration is the step's requests only
         self._in_step = True
 
     def end_step(self) -> None:
@@ -90,6 +93,8 @@ class PlanRuntime:
         if not self._in_step:
             return
         self._in_step = False
+        if self.pool is not None:
+            self.pool.end_step()
         diverged = self.runner.stats.diverged_steps
         self.runner.end_step()
         record = {"step": len(self.steps), "diverged": self.runner.stats.diverged_steps > diverged,

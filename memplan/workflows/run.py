@@ -22,6 +22,7 @@ from ..errors import MemplanError
 from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
+from .allocators import allocator_report, attach_pool, choose_allocator, install_allocator
 from .optimize import model_of, optimize
 from .torch_tools import BASELINES, baseline_installed, check_baseline, is_compiled
 
@@ -52,7 +53,7 @@ def op_time_source(trace) -> str:
 def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
                  profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
                  baseline: str | None = None, trace=None, timed_steps: int = 0,
-                 planner_params: dict | None = None, clock: str = "wall") -> dict:
+                 planner_params: dict | None = None, clock: str = "wall", allocator: str = "auto") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -72,14 +73,18 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         trace: a saved trace of this workload (a Trace or a path) to plan instead of tracing it.
             Without one, a CPU run under a CPU profile (`calibrate --device cpu`) traces with
             measured op times, so the simulator prices every op as this machine ran it.
+        allocator: the CUDA allocator (`allocators.ALLOCATORS`): "caching", "expandable"
+            (segments), "pool" (the plan's layout: a fresh process's first CUDA work must be
+            this run), or "auto": the pool for a plan with a layout on CUDA, else caching.
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
         whether the run stayed within the budget (`within_budget`, with a 2% tolerance),
         `measured_step_s` (median step time after the first step, less the meter's own
         bookkeeping) beside `simulated_step_s` (the simulator's time for the plan),
-        the executor's counters and, with `check`, `max_param_diff` and `max_buffer_diff`
-        against plain training.
+        the executor's counters, `allocator` and `pool` (a pooled run's pool size and
+        per-step counters, `memplan.exec.pooled`) and, with `check`, `max_param_diff` and
+        `max_buffer_diff` against plain training.
     """
     from ..zoo.registry import get_workload
 
@@ -88,11 +93,14 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
     if baseline:
         check_baseline(baseline)
+    mode = choose_allocator(allocator, planner=planner, device=device, baseline=baseline)
+    install_allocator(mode)  # before the run's first CUDA allocation
     w = get_workload(name, batch, device=device, seed=seed, **config)
     op_repeats = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
                     time_repeats=op_repeats, time_clock=clock, **(planner_params or {}))
+    pool = attach_pool(step) if mode == "pool" else None
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure
@@ -117,7 +125,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
            "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed, "clock": clock,
            "simulated_step_s": None if baseline else step.program.predicted.get("time_s"),
            "profile": get_profile(profile).name, "op_times": op_time_source(step.trace),
-           "predicted": {} if baseline else step.program.predicted, "executor": step.stats()}
+           "predicted": {} if baseline else step.program.predicted, "executor": step.stats(),
+           **allocator_report(mode, pool, records)}
     step.close()
     if check:
         ref = get_workload(name, batch, device=device, seed=seed, **config)

@@ -107,9 +107,23 @@ static default_pool_fn cuda_default_pool;
 static pool_attr_fn cuda_pool_get, cuda_pool_set;
 enum { RELEASE_THRESHOLD = 4, RESERVED_CURRENT = 5, RESERVED_HIGH = 6 };  /* cudaMemPoolAttr */
 
-/* Resolve the runtime functions from the libcudart at `path` (the one PyTorch loaded). */
+static const char *CUDART_NAMES[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
+
+/* The libcudart at `path` (the one PyTorch loaded), else one in the global scope, else any. */
+static void *open_cudart(const char *path) {
+  if (path) return dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (dlsym(RTLD_DEFAULT, "cudaMallocAsync")) return RTLD_DEFAULT;
+  for (int i = 0; CUDART_NAMES[i]; i++) {
+    void *h = dlopen(CUDART_NAMES[i], RTLD_NOW | RTLD_NOLOAD);
+    if (!h) h = dlopen(CUDART_NAMES[i], RTLD_NOW);
+    if (h) return h;
+  }
+  return NULL;
+}
+
+/* Resolve the runtime functions. Returns 0 on success. */
 int memplan_load_cudart(const char *path) {
-  void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : RTLD_DEFAULT;
+  void *h = open_cudart(path);
   if (!h) return 1;
   cuda_malloc = (malloc_fn)dlsym(h, "cudaMalloc");
   cuda_free = (free_fn)dlsym(h, "cudaFree");

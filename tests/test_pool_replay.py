@@ -58,17 +58,20 @@ def events(problem, drift=None):
     return sorted(out)
 
 
-def run_iteration(alloc, problem, *, size_of=None, skip=(), extra=None, stream_of=None, oracle=None):
-    """Replay one iteration of `problem`'s requests; returns the address of every request made."""
+def run_iteration(alloc, problem, *, size_of=None, skip=(), extra=None, stream_of=None, oracle=None, shift=None):
+    """Replay one iteration of `problem`'s requests, each made while the op clock shows its start
+    (plus `shift(i)`); returns the address of every request made."""
     oracle = oracle or LiveRanges()
     size_of = size_of or (lambda i: int(problem.sizes[i]))
     stream_of = stream_of or (lambda i: 0)
+    shift = shift or (lambda i: 0)
     extra = extra or {}
     addr = {}
     alloc.begin_iteration(0)
     for t, is_alloc, i in events(problem):
         if i in skip:
             continue
+        alloc.op_clock.value = t + (shift(i) if is_alloc else 0)
         if is_alloc:
             for size in extra.get(i, ()):  # requests the plan does not know, made just before buffer i
                 a = alloc.malloc(size)
@@ -96,23 +99,32 @@ def test_recorded_sequence_is_served_exactly_at_the_planned_offsets(alloc):
     assert alloc.misses() == []
 
 
+def plan3():
+    # Op 0 makes a (64 B), op 1 makes b (32 B) while a lives; op 3 makes c (64 B) where a was.
+    return ReplayPlan(pool_bytes=96, sizes=np.array([64, 32, 64]), offsets=np.array([0, 64, 0]), ops=np.array([0, 1, 3]))
+
+
+def request(alloc, op, size, stream=0):
+    alloc.op_clock.value = op
+    return alloc.malloc(size, stream)
+
+
 def test_unknown_request_falls_back_and_is_counted(alloc):
-    plan = ReplayPlan(pool_bytes=96, sizes=np.array([64, 32, 64]), offsets=np.array([0, 64, 0]))
-    alloc.configure(plan)
+    alloc.configure(plan3())
     base = alloc.pool_base
     alloc.begin_iteration(0)
-    a = alloc.malloc(64)
-    odd = alloc.malloc(100)  # no slot of this size
-    b = alloc.malloc(32)
+    a = request(alloc, 0, 64)
+    odd = request(alloc, 1, 100)  # no slot of this size
+    b = request(alloc, 1, 32)
     alloc.free(a, 64)
-    c = alloc.malloc(64)
+    c = request(alloc, 3, 64)
     alloc.end_iteration()
     assert (a - base, b - base, c - base) == (0, 64, 0)
     assert not base <= odd < base + 96
     s = alloc.stats()
     assert (s["served"], s["unplanned"], s["unplanned_bytes"], s["fallbacks"]) == (3, 1, 100, 1)
     assert s["peak_heap_reserved_bytes"] >= 100
-    assert alloc.misses() == [{"request": 1, "size": 100, "slot": 1, "slot_size": 32, "kind": "unplanned"}]
+    assert alloc.misses() == [{"request": 1, "size": 100, "op": 1, "slot": -1, "slot_size": -1, "kind": "unplanned"}]
     for address, size in ((odd, 100), (b, 32), (c, 64)):
         alloc.free(address, size)
     assert alloc.stats()["live_bytes"] == 0
@@ -123,7 +135,8 @@ def test_inserted_missing_and_reordered_requests_cost_only_themselves(alloc):
     alloc.configure(plan)
     skip = {10, 50, 51, 120, 190}
     extra = {20: [7], 60: [9, 11], 150: [13]}  # sizes no slot has
-    addr = run_iteration(alloc, problem, skip=skip, extra=extra)
+    late = {i for i in range(problem.n) if i % 9 == 0 and i not in skip}  # requested one op late
+    addr = run_iteration(alloc, problem, skip=skip, extra=extra, shift=lambda i: 1 if i in late else 0)
     s = alloc.stats()
     assert s["served"] == problem.n - len(skip) and s["unplanned"] == 4 and s["conflicts"] == 0
     assert s["missed_slots"] == len(skip)
@@ -132,13 +145,22 @@ def test_inserted_missing_and_reordered_requests_cost_only_themselves(alloc):
     assert never == sorted(skip)
 
 
+def test_a_request_far_from_its_op_gets_no_slot(alloc):
+    alloc.configure(plan3())
+    alloc.begin_iteration(0)
+    a = request(alloc, 5, 64)  # the 64 B slots are planned at ops 0 and 3, two ops away and more
+    alloc.end_iteration()
+    assert not alloc.pool_base <= a < alloc.pool_base + 96
+    assert alloc.stats()["unplanned"] == 1
+    alloc.free(a, 64)
+
+
 def test_a_live_block_in_the_planned_range_forces_a_fallback(alloc):
-    plan = ReplayPlan(pool_bytes=96, sizes=np.array([64, 32, 64]), offsets=np.array([0, 64, 0]))
-    alloc.configure(plan)
+    alloc.configure(plan3())
     oracle = LiveRanges()
     alloc.begin_iteration(0)
-    for size in (64, 32, 64):  # the second 64 is planned at offset 0, but request 0 is still live
-        oracle.add(alloc.malloc(size), size)
+    for op, size in ((0, 64), (1, 32), (3, 64)):  # c is planned at offset 0, but a is still live
+        oracle.add(request(alloc, op, size), size)
     alloc.end_iteration()
     assert alloc.stats()["conflicts"] == 1 and alloc.stats()["served"] == 2
     for address, size in list(oracle.live.items()):
@@ -146,13 +168,12 @@ def test_a_live_block_in_the_planned_range_forces_a_fallback(alloc):
 
 
 def test_requests_on_another_stream_or_between_steps_go_to_the_heap(alloc):
-    plan = ReplayPlan(pool_bytes=64, sizes=np.array([64]), offsets=np.array([0]))
-    alloc.configure(plan)
+    alloc.configure(ReplayPlan(pool_bytes=64, sizes=np.array([64]), offsets=np.array([0]), ops=np.array([0])))
     base = alloc.pool_base
-    outside = alloc.malloc(64)  # disarmed: not the plan's business
+    outside = request(alloc, 0, 64)  # disarmed: not the plan's business
     alloc.begin_iteration(0)
-    side = alloc.malloc(64, OTHER_STREAM)
-    mine = alloc.malloc(64)
+    side = request(alloc, 0, 64, OTHER_STREAM)
+    mine = request(alloc, 0, 64)
     alloc.end_iteration()
     s = alloc.stats()
     assert mine == base and side != base and outside != base
@@ -171,15 +192,17 @@ def test_only_the_first_iteration_is_logged(alloc):
 
 
 def test_reconfiguring_while_a_pool_block_is_live_is_refused(alloc):
-    plan = ReplayPlan(pool_bytes=64, sizes=np.array([64]), offsets=np.array([0]))
+    plan = ReplayPlan(pool_bytes=64, sizes=np.array([64]), offsets=np.array([0]), ops=np.array([0]))
     alloc.configure(plan)
     alloc.begin_iteration(0)
-    a = alloc.malloc(64)
+    a = request(alloc, 0, 64)
     with pytest.raises(MemplanError, match="still in use"):
         alloc.configure(plan)
     alloc.free(a, 64)
     alloc.end_iteration()
     alloc.configure(plan)
+    with pytest.raises(MemplanError, match="op order"):
+        alloc.configure(ReplayPlan(pool_bytes=64, sizes=np.array([8, 8]), offsets=np.array([0, 8]), ops=np.array([1, 0])))
 
 
 @st.composite
@@ -190,6 +213,7 @@ def drifted_replays(draw):
     flags = st.lists(st.booleans(), min_size=n, max_size=n)
     return {"n": n, "seed": seed, "grow": draw(flags), "skip": draw(flags), "side": draw(flags),
             "drift": draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)),
+            "shift": draw(st.lists(st.integers(-2, 2), min_size=n, max_size=n)),
             "extra": draw(st.dictionaries(st.integers(0, n - 1), st.lists(st.integers(1, 2000), max_size=3)))}
 
 
@@ -205,9 +229,11 @@ def test_drifting_steps_never_get_overlapping_live_blocks(alloc, case):
                               storages=problem.storages)
     oracle = LiveRanges()  # one oracle across both iterations: blocks of either never overlap
     for _ in range(2):
-        run_iteration(alloc, drifted, size_of=grow, skip=skip, extra=case["extra"], stream_of=side, oracle=oracle)
+        run_iteration(alloc, drifted, size_of=grow, skip=skip, extra=case["extra"], stream_of=side, oracle=oracle,
+                      shift=lambda i: case["shift"][i])
     s = alloc.stats()
     assert s["served"] + s["fallbacks"] == s["requests"]
     assert s["live_bytes"] == 0 and not oracle.live
-    if not (any(case["grow"]) or skip or any(case["side"]) or any(case["drift"]) or any(case["extra"].values())):
+    if not (any(case["grow"]) or skip or any(case["side"]) or any(case["drift"]) or any(case["extra"].values())
+            or any(case["shift"])):
         assert s["served"] == 2 * n and s["fallbacks"] == 0

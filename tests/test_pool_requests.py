@@ -15,7 +15,7 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError, MemplanError
 from memplan.planners.base import plan as make_plan
 from memplan.pool.replay import ReplayAllocator
-from memplan.pool.requests import aligned_offsets, step_requests
+from memplan.pool.requests import MIN_SLOT_BYTES, aligned_offsets, step_requests
 from memplan.sim.program import compile_program, residencies
 from memplan.testing.planner_property import fast_params
 from memplan.testing.strategies import training_traces
@@ -77,6 +77,7 @@ def test_a_plans_step_requests_replay_exactly(host_alloc, trace, planner, share)
     requests = step_requests(trace, program, plan.pool)
     rows = {(r[0], r[1]): r for r in residencies(trace, program)}
     expected = {k for k, r in rows.items() if not trace.storages[r[0]].persistent and r[2] > r[1]
+                and trace.nbytes[r[0]] >= MIN_SLOT_BYTES
                 and not (r[1] == trace.storages[r[0]].alloc_op and trace.producer(r[0]) is None)}
     assert sorted(requests.storages.tolist()) == sorted(k[0] for k in expected)
     # Replay the step: every residency requested at its start, freed at its end.
@@ -88,6 +89,7 @@ def test_a_plans_step_requests_replay_exactly(host_alloc, trace, planner, share)
         while frees and frees[0][0] <= k[1]:
             _, done = frees.pop(0)
             host_alloc.free(addr[done], int(trace.nbytes[done[0]]))
+        host_alloc.op_clock.value = k[1]
         addr[k] = host_alloc.malloc(int(trace.nbytes[k[0]]))
     for _, done in frees:
         host_alloc.free(addr[done], int(trace.nbytes[done[0]]))
@@ -95,6 +97,7 @@ def test_a_plans_step_requests_replay_exactly(host_alloc, trace, planner, share)
     s = host_alloc.stats()
     assert s["served"] == len(keys) and s["fallbacks"] == 0 and s["missed_slots"] == 0
     assert [addr[k] - host_alloc.pool_base for k in keys] == requests.offsets.tolist()
+    assert requests.ops.tolist() == [k[1] for k in keys]
 
 
 @settings(max_examples=2)

@@ -2,7 +2,9 @@
 
 The allocator (memplan.pool.replay) is armed for exactly the span of a planned step, on the
 stream the step computes on, and disarmed after it: what runs between steps (inputs made for
-the next step, the loss read back) is served by its heap and is not the plan's business. Per
+the next step, the loss read back) is served by its heap and is not the plan's business. The
+step runner publishes the op it runs in the allocator's op clock, which is how requests find
+their slots (`attach`). Per
 step the session records the allocator's counters: requests served at their planned slot,
 fallbacks (by cause), slots never requested, the most bytes live, the reserved bytes (the pool
 block plus what its heap holds at most) and the seconds spent inside the allocator. The
@@ -37,6 +39,12 @@ class PoolSession:
         self.steps: list[dict] = []  # one record per step
         self._before: dict | None = None
 
+    def attach(self, runtime) -> "PoolSession":
+        """Serve `runtime`'s steps (a PlanRuntime): its runner publishes ops to the allocator."""
+        runtime.runner.op_clock = self.allocator.op_clock
+        runtime.pool = self
+        return self
+
     def begin_step(self) -> None:
         """Arm the allocator for one iteration on the current stream; peaks start again."""
         self.allocator.reset_peaks()
@@ -66,7 +74,7 @@ class PoolSession:
                 "outside_requests": self.allocator.stats()["outside"]}
 
     def _named(self, miss: dict) -> dict:
-        """A mismatch with the trace storage of the slot it concerns."""
+        """A mismatch with the trace storage of the slot it concerns (None for a request)."""
         slot, storages = miss["slot"], self.plan.storages
         known = storages is not None and 0 <= slot < len(storages)
         return {**miss, "storage": int(storages[slot]) if known else None}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -125,6 +126,9 @@ class StepRunner(TorchDispatchMode):
         self.pos = 0
         self.active = False
         self.off = False
+        # Where the trace index of the op being run is published (its `value`): the pool
+        # allocator (memplan.exec.pooled) matches allocation requests to planned slots by it.
+        self.op_clock = SimpleNamespace(value=-1)
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -184,6 +188,7 @@ class StepRunner(TorchDispatchMode):
         return name
 
     def _run(self, i: int, func, args, kwargs):
+        self.op_clock.value = i
         for action in self.at.get((i, False), ()):
             self._act(action, None)
         self.replayer.drop_temporaries()
@@ -200,6 +205,7 @@ class StepRunner(TorchDispatchMode):
             self.replayer.record(i, func, args, kwargs, out, rng)
         after = self.at.get((i, True))
         if after:
+            self.op_clock.value = i + 1  # what an action after op i allocates is planned at op i + 1
             found = self._locate(i, func, args, kwargs, out)
             for action in after:
                 self._act(action, found)

@@ -1,11 +1,14 @@
 /* memplan replay allocator: SmartPool's runtime (paper 000 §III) as a PyTorch CUDA allocator.
  *
  * One block of the planned pool size is reserved up front. While the allocator is armed (a
- * planned step runs), each request is matched to a planned slot: an unserved slot of exactly
- * the requested size, searched forward from the slot after the last one served (AHEAD slots)
- * and then backward (BACK slots), so an inserted request (a library workspace) or a missing
- * or reordered one costs only itself. A matched slot is served at base + offset when no live
- * block overlaps that range; everything else is served by the fallback heap and counted.
+ * planned step runs), each request is matched to a planned slot by the op that makes it:
+ * memplan's step runner publishes the trace index of the op it runs in `memplan_op` (one store
+ * per op), and a request gets the first unserved slot of exactly its size that the plan starts
+ * at that op (then at the next op, then at the previous one: an action the runner takes
+ * between two ops). So a request the trace does not know (a library workspace) or a missing
+ * or reordered one costs only itself, as PyTorch's selective checkpointing keys by op and
+ * occurrence. A matched slot is served at base + offset when no live block overlaps that
+ * range; everything else is served by the fallback heap and counted.
  *
  * NOTE safety -- the rules the code relies on:
  *  1. Live pool blocks never overlap: they are kept sorted by offset, and a slot whose range
@@ -34,8 +37,6 @@
 #include <sys/types.h>
 #include <time.h>
 
-#define AHEAD 256        /* slots searched forward of the expected one */
-#define BACK 256         /* and backward (requests that came late) */
 #define LOG_CAP 64       /* mismatches remembered from the verified iteration */
 
 enum { MISS_UNPLANNED = 1, MISS_CONFLICT = 2, MISS_OTHER_STREAM = 3, MISS_NEVER_REQUESTED = 4 };
@@ -61,9 +62,10 @@ typedef struct {
 
 typedef struct {
   int64_t request;       /* request index within the iteration (-1: a slot never requested) */
-  int64_t size;          /* requested bytes */
-  int64_t slot;          /* the slot expected next (or the one never requested) */
-  int64_t slot_size;     /* its planned bytes (-1 past the last slot) */
+  int64_t size;          /* requested bytes (0: a slot never requested) */
+  int64_t op;            /* the op it was made at (or the slot's planned op) */
+  int64_t slot;          /* the slot never requested (-1 for a request) */
+  int64_t slot_size;     /* its planned bytes (-1 for a request) */
   int64_t kind;          /* MISS_* */
 } memplan_miss;
 
@@ -72,10 +74,12 @@ typedef struct { int64_t off, end; } range_t;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char *pool_base = NULL;
 static int64_t pool_bytes = 0, n_slots = 0;
-static int64_t *slot_size = NULL, *slot_offset = NULL, *served_in = NULL;
+static int64_t *slot_size = NULL, *slot_offset = NULL, *slot_op = NULL, *served_in = NULL;
+static int64_t *op_first = NULL, n_ops = 0;  /* slots of op k: op_first[k] .. op_first[k + 1] - 1 */
 static range_t *live = NULL;            /* live pool blocks, sorted by offset (rule 1) */
 static int64_t n_live = 0;
-static int64_t generation = 0, expect = 0, request_no = 0;
+static int64_t generation = 0, request_no = 0;
+int64_t memplan_op = -1;                /* the op the step runner runs now (written by Python) */
 static int armed = 0, verifying = 0;
 static void *home_stream = NULL;
 static memplan_stats stats;
@@ -218,26 +222,30 @@ static int64_t live_remove(int64_t off) {
   return size;
 }
 
-static void log_miss(int64_t request, int64_t size, int64_t slot, int64_t kind) {
+static void log_miss(int64_t request, int64_t size, int64_t op, int64_t slot, int64_t kind) {
   if (!verifying || n_misses >= LOG_CAP) return;
   memplan_miss *m = &misses[n_misses++];
-  m->request = request; m->size = size; m->slot = slot; m->kind = kind;
-  m->slot_size = slot < n_slots ? slot_size[slot] : -1;
+  m->request = request; m->size = size; m->op = op; m->slot = slot; m->kind = kind;
+  m->slot_size = slot >= 0 ? slot_size[slot] : -1;
 }
 
-/* The slot for a request of `size` (rules 1 and 2), or -1 with *blocked set when a matching
- * slot's range was still in use. */
+static int usable(int64_t j, int64_t size, int *blocked) {
+  if (served_in[j] == generation || slot_size[j] != size) return 0;
+  if (range_is_free(slot_offset[j], slot_offset[j] + size)) return 1;
+  *blocked = 1;
+  return 0;
+}
+
+/* The first unserved slot of `size` planned at the current op, the next or the previous one,
+ * whose range is free (rules 1 and 2); -1 with *blocked set when a matching slot was in use. */
 static int64_t match(int64_t size, int *blocked) {
-  int64_t hi = expect + AHEAD < n_slots ? expect + AHEAD : n_slots;
-  int64_t lo = expect - BACK > 0 ? expect - BACK : 0;
+  static const int64_t near[3] = {0, 1, -1};
   *blocked = 0;
-  for (int64_t pass = 0; pass < 2; pass++) {
-    int64_t from = pass ? expect - 1 : expect, to = pass ? lo - 1 : hi, step = pass ? -1 : 1;
-    for (int64_t j = from; j != to; j += step) {
-      if (served_in[j] == generation || slot_size[j] != size) continue;
-      if (range_is_free(slot_offset[j], slot_offset[j] + size)) return j;
-      *blocked = 1;
-    }
+  for (int k = 0; k < 3; k++) {
+    int64_t op = memplan_op + near[k];
+    if (op < 0 || op >= n_ops) continue;
+    for (int64_t j = op_first[op]; j < op_first[op + 1]; j++)
+      if (usable(j, size, blocked)) return j;
   }
   return -1;
 }
@@ -258,14 +266,13 @@ static void *planned_malloc(int64_t size, void *stream) {
   stats.requests++;
   if (stream != home_stream) {
     stats.other_stream++;
-    log_miss(k, size, expect, MISS_OTHER_STREAM);
+    log_miss(k, size, memplan_op, -1, MISS_OTHER_STREAM);
   } else if ((j = match(size, &blocked)) < 0) {
     if (blocked) stats.conflicts++; else { stats.unplanned++; stats.unplanned_bytes += size; }
-    log_miss(k, size, expect, blocked ? MISS_CONFLICT : MISS_UNPLANNED);
+    log_miss(k, size, memplan_op, -1, blocked ? MISS_CONFLICT : MISS_UNPLANNED);
   }
   if (j < 0) return serve_from_heap((size_t)size, stream);
   served_in[j] = generation;
-  if (j >= expect) expect = j + 1;
   live_insert(slot_offset[j], slot_offset[j] + size);
   stats.served++;
   stats.served_bytes += size;
@@ -313,28 +320,39 @@ static void close_iteration(void) {
   for (int64_t k = 0; k < n_slots; k++) {
     if (served_in[k] == generation) continue;
     stats.missed_slots++;
-    log_miss(-1, 0, k, MISS_NEVER_REQUESTED);
+    log_miss(-1, 0, slot_op[k], k, MISS_NEVER_REQUESTED);
   }
 }
 
-/* Reserve the pool and load the planned sequence, replacing the previous pool. Returns 0 on
- * success, 1 when the block could not be reserved, 2 while a block of the old pool is live. */
-int memplan_configure(int64_t bytes, int64_t n, const int64_t *sizes, const int64_t *offsets) {
+/* Reserve the pool and load the plan (slots sorted by op, ops below `ops`), replacing the
+ * previous pool. Returns 0 on success, 1 when the block could not be reserved, 2 while a block
+ * of the old pool is live, 3 for slots out of op order. */
+int memplan_configure(int64_t bytes, int64_t n, const int64_t *sizes, const int64_t *offsets, const int64_t *ops,
+                      int64_t n_op) {
+  for (int64_t j = 0; j < n; j++)
+    if (ops[j] < 0 || ops[j] >= n_op || (j && ops[j] < ops[j - 1])) return 3;
   pthread_mutex_lock(&lock);
   if (n_live > 0) { pthread_mutex_unlock(&lock); return 2; }  /* a block of the old pool is still in use */
   int rc = 0;
   if (pool_base) block_free(pool_base);
   pool_base = NULL;
-  free(slot_size); free(slot_offset); free(served_in); free(live);
+  free(slot_size); free(slot_offset); free(slot_op); free(served_in); free(live); free(op_first);
   size_t cells = (size_t)(n ? n : 1);
   slot_size = malloc(sizeof(int64_t) * cells);
   slot_offset = malloc(sizeof(int64_t) * cells);
+  slot_op = malloc(sizeof(int64_t) * cells);
   served_in = calloc(cells, sizeof(int64_t));
   live = malloc(sizeof(range_t) * cells);
+  op_first = malloc(sizeof(int64_t) * (size_t)(n_op + 1));
   memcpy(slot_size, sizes, sizeof(int64_t) * (size_t)n);
   memcpy(slot_offset, offsets, sizeof(int64_t) * (size_t)n);
-  n_slots = n; pool_bytes = bytes; n_live = 0;
-  generation = expect = request_no = n_misses = 0;
+  memcpy(slot_op, ops, sizeof(int64_t) * (size_t)n);
+  for (int64_t op = 0, j = 0; op <= n_op; op++) {
+    while (j < n && ops[j] < op) j++;
+    op_first[op] = j;
+  }
+  n_slots = n; n_ops = n_op; pool_bytes = bytes; n_live = 0;
+  generation = request_no = n_misses = 0;
   armed = verifying = 0;
   int64_t live_now = stats.live_bytes, heap_now = stats.heap_live_bytes;  /* the heap's blocks outlive a plan */
   memset(&stats, 0, sizeof(stats));
@@ -345,14 +363,14 @@ int memplan_configure(int64_t bytes, int64_t n, const int64_t *sizes, const int6
   return rc;
 }
 
-/* Start an iteration and arm: the next request on `stream` is expected at slot 0. The first
+/* Start an iteration and arm: requests on `stream` are matched to the plan's slots. The first
  * iteration after memplan_configure is the verified one: its mismatches are logged. */
 void memplan_begin_iteration(void *stream) {
   pthread_mutex_lock(&lock);
   close_iteration();
   verifying = generation == 0;
   generation++;
-  expect = request_no = 0;
+  request_no = 0;
   home_stream = stream;
   armed = 1;
   stats.iterations++;

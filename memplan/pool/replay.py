@@ -32,7 +32,7 @@ BACKENDS = ("host", "cuda")
 STATS_FIELDS = ("requests", "served", "served_bytes", "unplanned", "unplanned_bytes", "conflicts", "other_stream",
                 "outside", "missed_slots", "iterations", "live_bytes", "peak_live_bytes", "heap_live_bytes",
                 "peak_heap_live_bytes", "alloc_ns", "free_ns")
-MISS_FIELDS = ("request", "size", "slot", "slot_size", "kind")
+MISS_FIELDS = ("request", "size", "op", "slot", "slot_size", "kind")
 MISS_KINDS = {1: "unplanned", 2: "conflict", 3: "other_stream", 4: "never_requested"}
 MISS_LOG_CAP = 64  # replay.c's LOG_CAP
 
@@ -59,27 +59,31 @@ def build(backend: str = "host") -> Path:
 
 @dataclass(frozen=True, kw_only=True)
 class ReplayPlan:
-    """The planned allocation sequence of one iteration."""
+    """The planned requests of one iteration, in request order (so by op)."""
 
     pool_bytes: int  # size of the block reserved up front
-    sizes: np.ndarray  # int64: planned size of the i-th request
-    offsets: np.ndarray  # int64: planned offset of the i-th request
+    sizes: np.ndarray  # int64: planned size of each slot
+    offsets: np.ndarray  # int64: its offset in the block
+    ops: np.ndarray  # int64: the op whose run requests it (non-decreasing)
     storages: np.ndarray | None = None  # int64: the trace storage each slot holds (for reports)
 
     @classmethod
     def from_result(cls, result) -> "ReplayPlan":
-        """From a PoolResult with offsets (buffers are already in allocation order)."""
+        """From a PoolResult with offsets (buffers are already in allocation order; a buffer's
+        start is the op that requests it)."""
         if result.offsets is None:
             raise MemplanError(f"allocator {result.allocator!r} has no offsets to replay")
-        return cls(pool_bytes=result.footprint_bytes, sizes=result.problem.sizes.astype(np.int64),
-                   offsets=np.asarray(result.offsets, np.int64))
+        p = result.problem
+        return cls(pool_bytes=result.footprint_bytes, sizes=p.sizes.astype(np.int64),
+                   offsets=np.asarray(result.offsets, np.int64), ops=p.starts.astype(np.int64), storages=p.storages)
 
 
 class ReplayAllocator:
     """The C allocator loaded in this process (one per backend: its state is global).
 
-    Requests are matched to slots only between `begin_iteration` and `end_iteration`; the
-    first iteration after `configure` is the verified one (`misses()`).
+    Requests are matched to slots only between `begin_iteration` and `end_iteration`, by the
+    op published in `op_clock` (its `value`); the first iteration after `configure` is the
+    verified one (`misses()`).
     """
 
     def __init__(self, backend: str = "host"):
@@ -87,7 +91,7 @@ class ReplayAllocator:
         self.path = build(backend)
         self.lib = lib = ctypes.CDLL(str(self.path))
         i64p = ctypes.POINTER(ctypes.c_int64)
-        lib.memplan_configure.argtypes = [ctypes.c_int64, ctypes.c_int64, i64p, i64p]
+        lib.memplan_configure.argtypes = [ctypes.c_int64, ctypes.c_int64, i64p, i64p, i64p, ctypes.c_int64]
         lib.memplan_configure.restype = ctypes.c_int
         lib.memplan_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
         lib.memplan_malloc.restype = ctypes.c_void_p
@@ -103,6 +107,7 @@ class ReplayAllocator:
         lib.memplan_load_cudart.restype = ctypes.c_int
         lib.memplan_pool_base.restype = ctypes.c_size_t
         self.plan: ReplayPlan | None = None
+        self.op_clock = ctypes.c_int64.in_dll(lib, "memplan_op")  # set .value to the op running now
 
     def configure(self, plan: ReplayPlan) -> None:
         """Reserve the pool and load the planned sequence (counters start again).
@@ -110,11 +115,13 @@ class ReplayAllocator:
         Raises:
             MemplanError: the block could not be reserved, or a block of the previous pool is live.
         """
-        sizes = np.ascontiguousarray(plan.sizes, np.int64)
-        offsets = np.ascontiguousarray(plan.offsets, np.int64)
+        columns = [np.ascontiguousarray(a, np.int64) for a in (plan.sizes, plan.offsets, plan.ops)]
         ptr = ctypes.POINTER(ctypes.c_int64)
-        rc = self.lib.memplan_configure(plan.pool_bytes, len(sizes), sizes.ctypes.data_as(ptr),
-                                        offsets.ctypes.data_as(ptr))
+        n_ops = int(columns[2].max()) + 1 if len(columns[2]) else 0
+        rc = self.lib.memplan_configure(plan.pool_bytes, len(columns[0]), *(c.ctypes.data_as(ptr) for c in columns),
+                                        n_ops)
+        if rc == 3:
+            raise MemplanError("replay allocator: the plan's slots are not in op order")
         if rc == 2:
             raise MemplanError("replay allocator: a block of the previous pool is still in use")
         if rc != 0:
@@ -162,7 +169,8 @@ class ReplayAllocator:
 
     def misses(self) -> list[dict]:
         """The verified iteration's mismatches (at most MISS_LOG_CAP), in the order they happened:
-        request index (-1 for a slot never requested), size, the slot expected and its size, kind."""
+        request index and size (-1 and 0 for a slot never requested), op, slot and its size (-1
+        for a request), kind."""
         buf = (_Miss * MISS_LOG_CAP)()
         n = self.lib.memplan_get_misses(buf, MISS_LOG_CAP)
         rows = [{name: int(getattr(buf[i], name)) for name in MISS_FIELDS} for i in range(n)]

@@ -3,7 +3,9 @@ offset in the plan's layout, ready for the replay allocator (replay.py).
 
 Only residencies whose allocation a step requests are planned: persistent storages
 (parameters, optimizer state) and the step's inputs exist before the step starts, so they
-stay with the heap. The plan's layout is then mapped monotonically onto aligned addresses
+stay with the heap, and so do storages under MIN_SLOT_BYTES (scalars, small statistics: a
+few bytes in all, of sizes so common that a request the trace does not know would take
+their slots). The plan's layout is then mapped monotonically onto aligned addresses
 (`aligned_offsets`): every block starts on an ALIGNMENT boundary as PyTorch's caching allocator
 would give it, buffers keep their order in the address space (so no two that overlap in time
 can meet), and the address ranges only dropped buffers used close up.
@@ -22,10 +24,11 @@ from .problem import make_problem
 from .replay import ReplayPlan
 
 ALIGNMENT = 512  # bytes: the caching allocator's smallest block (kMinBlockSize), so kernels see the same alignment
+MIN_SLOT_BYTES = 512  # smaller storages stay with the heap: few bytes, and sizes too common to match reliably
 
 
 def step_requests(trace: Trace, program: StepProgram, slots: tuple[PoolSlot, ...],
-                  alignment: int = ALIGNMENT) -> ReplayPlan:
+                  alignment: int = ALIGNMENT, min_bytes: int = MIN_SLOT_BYTES) -> ReplayPlan:
     """The requests of one planned step at their planned offsets (aligned), in request order.
 
     Args:
@@ -33,6 +36,7 @@ def step_requests(trace: Trace, program: StepProgram, slots: tuple[PoolSlot, ...
         program: the plan's step program (its residencies are the buffers).
         slots: the plan's pool slots (`Plan.pool`), one per residency (storage, start).
         alignment: every block starts at a multiple of this many bytes.
+        min_bytes: storages smaller than this get no slot.
     Returns:
         A ReplayPlan ordered by start op, a prefetched or recomputed storage before the outputs
         of the op it is due at, then storage id; `storages` names each slot's storage.
@@ -43,8 +47,8 @@ def step_requests(trace: Trace, program: StepProgram, slots: tuple[PoolSlot, ...
         raise MemplanError("the plan has no pool layout: use a planner that lays one out "
                            "(smartpool, or X+smartpool such as autoswap:doa+smartpool)")
     offset_of = {(s.storage, s.start): s.offset for s in slots}
-    rows = sorted((r for r in residencies(trace, program) if _requested_in_step(trace, r) and r[:2] in offset_of),
-                  key=lambda r: (r[1], r[3] != "fetched", r[0]))
+    rows = sorted((r for r in residencies(trace, program) if r[:2] in offset_of and trace.nbytes[r[0]] >= min_bytes
+                   and _requested_in_step(trace, r)), key=lambda r: (r[1], r[3] != "fetched", r[0]))
     sids = np.array([r[0] for r in rows], np.int64)
     starts = np.array([r[1] for r in rows], np.int64)
     ends = np.array([r[2] for r in rows], np.int64)
@@ -53,7 +57,7 @@ def step_requests(trace: Trace, program: StepProgram, slots: tuple[PoolSlot, ...
     offsets, footprint = aligned_offsets(planned, sizes, alignment)
     blocks = _round_up(sizes, alignment)
     check_layout(make_problem(starts, ends, blocks, storages=sids), _in_problem_order(starts, sids, offsets), footprint)
-    return ReplayPlan(pool_bytes=footprint, sizes=sizes.astype(np.int64), offsets=offsets, storages=sids)
+    return ReplayPlan(pool_bytes=footprint, sizes=sizes.astype(np.int64), offsets=offsets, ops=starts, storages=sids)
 
 
 def _requested_in_step(trace: Trace, row: tuple) -> bool:

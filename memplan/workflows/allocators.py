@@ -60,8 +60,7 @@ def attach_pool(step) -> PoolSession:
     if allocator is None:
         raise MemplanError("the pool allocator is not installed in this process")
     session = PoolSession(allocator, step_requests(step.trace, step.program, step.plan.pool), step.runtime.device)
-    step.runtime.pool = session
-    return session
+    return session.attach(step.runtime)
 
 
 def allocator_report(mode: str, session: PoolSession | None, records: list[dict]) -> dict:

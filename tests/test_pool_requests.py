@@ -76,9 +76,13 @@ def test_a_plans_step_requests_replay_exactly(host_alloc, trace, planner, share)
         return
     requests = step_requests(trace, program, plan.pool)
     rows = {(r[0], r[1]): r for r in residencies(trace, program)}
-    expected = {k for k, r in rows.items() if not trace.storages[r[0]].persistent and r[2] > r[1]
-                and trace.nbytes[r[0]] >= MIN_SLOT_BYTES
-                and not (r[1] == trace.storages[r[0]].alloc_op and trace.producer(r[0]) is None)}
+    def requested(sid, start, end):  # by the step, and freed within it where the storage persists
+        s = trace.storages[sid]
+        if s.persistent:
+            return 0 < start and end < trace.num_steps
+        return not (start == s.alloc_op and trace.producer(sid) is None)
+
+    expected = {k for k, r in rows.items() if trace.nbytes[r[0]] >= MIN_SLOT_BYTES and requested(*r[:3])}
     assert sorted(requests.storages.tolist()) == sorted(k[0] for k in expected)
     # Replay the step: every residency requested at its start, freed at its end.
     keys = sorted(expected, key=lambda k: (k[1], rows[k][3] != "fetched", k[0]))

@@ -18,7 +18,7 @@ import torch
 from ..pool.replay import ReplayAllocator, ReplayPlan
 
 # Counters reported per step as differences over the step.
-_COUNTED = ("requests", "served", "served_bytes", "fallbacks", "unplanned", "unplanned_bytes", "conflicts",
+_COUNTED = ("requests", "served", "served_bytes", "small", "fallbacks", "unplanned", "unplanned_bytes", "conflicts",
             "other_stream", "missed_slots")
 
 

@@ -45,7 +45,8 @@ typedef struct {
   int64_t requests;          /* requests while armed */
   int64_t served;            /* of them, served at their planned slot */
   int64_t served_bytes;      /* their bytes */
-  int64_t unplanned;         /* no unserved slot of that size near the expected one */
+  int64_t small;             /* requests below the smallest slot: the heap's by design, not fallbacks */
+  int64_t unplanned;         /* no unserved slot of that size at that op */
   int64_t unplanned_bytes;   /* their bytes */
   int64_t conflicts;         /* a slot matched, but a live block still used its range */
   int64_t other_stream;      /* requests on a stream other than the pool's */
@@ -77,7 +78,7 @@ static int64_t pool_bytes = 0, n_slots = 0;
 static int64_t *slot_size = NULL, *slot_offset = NULL, *slot_op = NULL, *served_in = NULL;
 static int64_t *op_first = NULL, n_ops = 0;  /* slots of op k: op_first[k] .. op_first[k + 1] - 1 */
 static range_t *live = NULL;            /* live pool blocks, sorted by offset (rule 1) */
-static int64_t n_live = 0;
+static int64_t n_live = 0, min_slot = 0;
 static int64_t generation = 0, request_no = 0;
 int64_t memplan_op = -1;                /* the op the step runner runs now (written by Python) */
 static int armed = 0, verifying = 0;
@@ -264,7 +265,9 @@ static void *planned_malloc(int64_t size, void *stream) {
   int64_t k = request_no++, j = -1;
   int blocked = 0;
   stats.requests++;
-  if (stream != home_stream) {
+  if (size < min_slot) {
+    stats.small++;
+  } else if (stream != home_stream) {
     stats.other_stream++;
     log_miss(k, size, memplan_op, -1, MISS_OTHER_STREAM);
   } else if ((j = match(size, &blocked)) < 0) {
@@ -352,6 +355,8 @@ int memplan_configure(int64_t bytes, int64_t n, const int64_t *sizes, const int6
     op_first[op] = j;
   }
   n_slots = n; n_ops = n_op; pool_bytes = bytes; n_live = 0;
+  min_slot = INT64_MAX;
+  for (int64_t j = 0; j < n; j++) if (sizes[j] < min_slot) min_slot = sizes[j];
   generation = request_no = n_misses = 0;
   armed = verifying = 0;
   int64_t live_now = stats.live_bytes, heap_now = stats.heap_live_bytes;  /* the heap's blocks outlive a plan */

@@ -29,7 +29,8 @@ from .cbuild import build_library
 
 SOURCE = Path(__file__).with_name("replay.c")
 BACKENDS = ("host", "cuda")
-STATS_FIELDS = ("requests", "served", "served_bytes", "unplanned", "unplanned_bytes", "conflicts", "other_stream",
+STATS_FIELDS = ("requests", "served", "served_bytes", "small", "unplanned", "unplanned_bytes", "conflicts",
+                "other_stream",
                 "outside", "missed_slots", "iterations", "live_bytes", "peak_live_bytes", "heap_live_bytes",
                 "peak_heap_live_bytes", "alloc_ns", "free_ns")
 MISS_FIELDS = ("request", "size", "op", "slot", "slot_size", "kind")
@@ -155,9 +156,10 @@ class ReplayAllocator:
         return int(self.lib.memplan_pool_base())
 
     def stats(self) -> dict:
-        """The C counters (STATS_FIELDS), plus `fallbacks` (armed requests the pool did not
-        serve), `pool_bytes`, and the heap's reserved bytes now and at most since the last peak
-        reset (cuda: the device memory pool's own counters; host: its live bytes)."""
+        """The C counters (STATS_FIELDS), plus `fallbacks` (armed requests at or above the
+        smallest slot that the pool did not serve), `pool_bytes`, and the heap's reserved bytes
+        now and at most since the last peak reset (cuda: the device memory pool's own counters;
+        host: its live bytes)."""
         out = _Stats()
         self.lib.memplan_get_stats(ctypes.byref(out))
         values = {name: int(getattr(out, name)) for name in STATS_FIELDS}

@@ -3,7 +3,8 @@ offset in the plan's layout, ready for the replay allocator (replay.py).
 
 Only residencies whose allocation a step requests are planned: persistent storages
 (parameters, optimizer state) and the step's inputs exist before the step starts, so they
-stay with the heap, and so do storages under MIN_SLOT_BYTES (scalars, small statistics: a
+stay with the heap (a persistent storage's swap-in is planned when it is released again
+within the step), and so do storages under MIN_SLOT_BYTES (scalars, small statistics: a
 few bytes in all, of sizes so common that a request the trace does not know would take
 their slots). The plan's layout is then mapped monotonically onto aligned addresses
 (`aligned_offsets`): every block starts on an ALIGNMENT boundary as PyTorch's caching allocator
@@ -61,11 +62,14 @@ def step_requests(trace: Trace, program: StepProgram, slots: tuple[PoolSlot, ...
 
 
 def _requested_in_step(trace: Trace, row: tuple) -> bool:
-    """Whether a step allocates this residency: not a persistent storage, not one that exists
-    before the step (an input)."""
-    sid, start = row[0], row[1]
+    """Whether a step allocates this residency and frees it in time for the next step's slots: a
+    persistent storage's only when it is fetched back and released again within the step; any
+    other storage's unless it exists before the step (an input)."""
+    sid, start, end = row[0], row[1], row[2]
     s = trace.storages[sid]
-    return not s.persistent and not (start == s.alloc_op and trace.producer(sid) is None)
+    if s.persistent:
+        return 0 < start and end < trace.num_steps
+    return not (start == s.alloc_op and trace.producer(sid) is None)
 
 
 def aligned_offsets(offsets: np.ndarray, sizes: np.ndarray, alignment: int = ALIGNMENT) -> tuple[np.ndarray, int]:

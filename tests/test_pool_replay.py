@@ -134,7 +134,7 @@ def test_inserted_missing_and_reordered_requests_cost_only_themselves(alloc):
     problem, plan = layout(200, seed=1)
     alloc.configure(plan)
     skip = {10, 50, 51, 120, 190}
-    extra = {20: [7], 60: [9, 11], 150: [13]}  # sizes no slot has
+    extra = {20: [1001], 60: [1003, 1005], 150: [1007]}  # sizes no slot has, above the smallest slot
     late = {i for i in range(problem.n) if i % 9 == 0 and i not in skip}  # requested one op late
     addr = run_iteration(alloc, problem, skip=skip, extra=extra, shift=lambda i: 1 if i in late else 0)
     s = alloc.stats()

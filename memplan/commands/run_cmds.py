@@ -69,6 +69,9 @@ def _add_run(sub):
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
                         "peak exceeds the budget by more than 2%%")
     p.add_argument("--baseline", default=None, help="torch-checkpoint | sac-compute | save-on-cpu | compile-budget | compile-budget:F (F in (0, 1])")
+    p.add_argument("--allocator", choices=("auto", "caching", "expandable", "pool"), default="auto",
+                   help="CUDA allocator: PyTorch's caching one, with expandable segments, or pool: the plan's "
+                        "SmartPool layout (X+smartpool planners); auto (default): pool for such a plan on cuda")
     p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="model options, as for `trace` (e.g. n_layer=4 for hf:gpt2)")
     p.add_argument("--seed", type=int, default=0)
@@ -101,7 +104,7 @@ def run(args) -> int:
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
                            seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock,
-                           config=config, memory_cap=args.memory_cap, fake=args.fake)
+                           config=config, memory_cap=args.memory_cap, fake=args.fake, allocator=args.allocator)
     if args.json:
         emit_json(out)
     else:
@@ -131,6 +134,7 @@ def _print_run(out: dict) -> None:
             ("swapped out", f"{ex['swapped_out']} ({format_bytes(ex['swapped_out_bytes'])})"),
             ("recomputed", f"{ex['recomputed']} storages, {ex['replayed_ops']} ops replayed"),
             ("diverged steps", ex["diverged_steps"]),
+            ("allocator", _allocator(out)),
             ("predicted (simulated)", _predicted(out["predicted"]))]
     if "max_param_diff" in out:
         rows += [("max_param_diff", f"{out['max_param_diff']:.3g}"),
@@ -143,6 +147,15 @@ def _kept_by(out: dict) -> str:
     if not out.get("replanned"):
         return "the first plan"
     return f"planning again {out['replanned']}x with a margin of {format_bytes(out['margin_bytes'])}"
+
+
+def _allocator(out: dict) -> str:
+    pool = out.get("pool")
+    if not pool:
+        return out.get("allocator", "caching")
+    last = pool["steps"][-1] if pool["steps"] else {}
+    return (f"pool {format_bytes(pool['pool_bytes'])}, {pool['slots']} slots; last step: {last.get('served', 0)} "
+            f"served, {last.get('fallbacks', 0)} fallbacks, reserved {_b(last.get('peak_reserved_bytes'))}")
 
 
 def _predicted(summary: dict) -> str:

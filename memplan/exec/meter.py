@@ -10,7 +10,8 @@ training its peak equals the traced peak load to the byte (tested). Buffers the 
 declares host memory (the executor's host slab) are excluded.
 
 On a GPU the allocator's own counters are the meter: `torch.cuda.max_memory_allocated`
-and `max_memory_reserved` since the last reset.
+and `max_memory_reserved` since the last reset. A pluggable CUDA allocator (memplan's pool)
+has no such counters in torch: then the GPU is metered by the dispatch-level count, as the CPU is.
 
 Enter the meter *before* the executor's mode, so it sees what the executor does (an op
 a mode runs inside its handler goes to the modes entered before it).
@@ -29,7 +30,7 @@ _from_weak = torch.UntypedStorage._new_with_weak_ptr
 
 
 class MemoryMeter(TorchDispatchMode):
-    """Peak bytes of live storages on `device` (CPU: counted here; CUDA: the allocator's counters).
+    """Peak bytes of live storages on `device` (CPU: counted here; CUDA: the allocator's counters, if any).
 
     Args:
         device: the device whose memory is measured.
@@ -38,7 +39,7 @@ class MemoryMeter(TorchDispatchMode):
     def __init__(self, device: torch.device | str = "cpu"):
         super().__init__()
         self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
+        self.cuda = self.device.type == "cuda" and _allocator_counts(self.device)  # else: counted here
         self._weak: dict[int, int] = {}  # storage address -> weak pointer
         self._excluded: set[int] = set()
         self.peak_bytes = 0
@@ -116,6 +117,15 @@ class MemoryMeter(TorchDispatchMode):
         for weak in self._weak.values():
             torch.UntypedStorage._free_weak_ref(weak)
         self._weak.clear()
+
+
+def _allocator_counts(device: torch.device) -> bool:
+    """Whether torch reports the CUDA allocator's counters (a pluggable allocator has none)."""
+    try:
+        torch.cuda.memory_stats(device)
+    except RuntimeError:
+        return False
+    return True
 
 
 class AllocatorMeter:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -147,6 +148,9 @@ class StepRunner(TorchDispatchMode):
         self.active = False
         self.off = False
         self._inserted_in_a_row = 0
+        # Where the trace index of the op being run is published (its `value`): the pool
+        # allocator (memplan.exec.pooled) matches allocation requests to planned slots by it.
+        self.op_clock = SimpleNamespace(value=-1)
 
     # --- steps ----------------------------------------------------------------------------
 
@@ -196,6 +200,7 @@ class StepRunner(TorchDispatchMode):
             i = self.pos
             if i < len(self.names) and (self._named.get(func) or self._name(func)) == self.names[i]:
                 if self.plain[i] and not self.away:  # the fast path: nothing to do, nothing to guard
+                    self.op_clock.value = i
                     self.pos = i + 1
                     self._inserted_in_a_row = 0
                     return func(*args, **kwargs)
@@ -252,6 +257,7 @@ class StepRunner(TorchDispatchMode):
         return name
 
     def _run(self, i: int, func, args, kwargs):
+        self.op_clock.value = i
         for action in self.at.get((i, False), ()):
             self._act(action, None)
         self.replayer.drop_temporaries()
@@ -269,6 +275,7 @@ class StepRunner(TorchDispatchMode):
             self.replayer.record(i, func, args, kwargs, out, rng)
         after = self.at.get((i, True))
         if after:
+            self.op_clock.value = i + 1  # what an action after op i allocates is planned at op i + 1
             found = self._locate(i, func, args, kwargs, out)
             for action in after:
                 self._act(action, found)

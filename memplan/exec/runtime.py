@@ -59,6 +59,7 @@ class PlanRuntime:
         if self.meter is not None:
             self.meter.exclude(self.host_buffers())
         self.steps: list[dict] = []  # one record per step run
+        self.pool = None  # a PoolSession (memplan.exec.pooled) serving the plan's layout, once attached
         self._idle_guards: list = []
         self._in_step = False
         self._unresolved_before = 0  # the runner's count when the current step began
@@ -83,6 +84,8 @@ class PlanRuntime:
         if self.meter is not None:
             self.meter.track((self._persistent(), inputs))
             self.meter.reset_peak()
+        if self.pool is not None:
+            self.pool.begin_step()  # last: the pool's iteration is the step's requests only
         self._in_step = True
 
     def end_step(self) -> None:
@@ -90,6 +93,8 @@ class PlanRuntime:
         if not self._in_step:
             return
         self._in_step = False
+        if self.pool is not None:
+            self.pool.end_step()
         diverged = self.runner.stats.diverged_steps
         self.runner.end_step()
         record = {"step": len(self.steps), "diverged": self.runner.stats.diverged_steps > diverged,
@@ -118,7 +123,7 @@ class PlanRuntime:
             stack.callback(self.end_step)
             if self.meter is not None and not self.meter.cuda:  # on a GPU the allocator's counters are the meter
                 stack.enter_context(self.meter)
-            if not self.runner.idle:  # a program without actions needs no per-op work at all
+            if not self.runner.idle or self.pool is not None:  # without actions or a pool: no per-op work
                 stack.enter_context(self.runner)
             if auto_steps and self.model is not None:
                 handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a))

@@ -3,10 +3,10 @@ so that what a plan keeps in allocated bytes it also keeps in reserved ones.
 
 - `prepare_device`: on a GPU the cap is the allocator's own limit
   (`torch.cuda.set_per_process_memory_fraction`: past it the caching allocator frees its
-  cache and retries, then raises OutOfMemoryError), and the allocator grows expandable
-  segments (`expandable_segments:True`) unless PYTORCH_CUDA_ALLOC_CONF says otherwise:
-  segments that grow and shrink in pages leave little unused in reserved memory, where
-  fixed segments fragment (reserved was 1.3-2.5x the budget on an H200 without them).
+  cache and retries, then raises OutOfMemoryError). Which allocator serves the run is
+  memplan.workflows.allocators' choice (by default expandable segments, which grow and
+  shrink in pages and leave little unused in reserved memory, where fixed segments
+  fragment: reserved was 1.3-2.5x the budget on an H200 without them).
 - `release_cache`: cached blocks from building the model are given back before training.
 - `refuse_what_cannot_fit`: a run whose plan simulates above the cap stops before training,
   naming planners and a budget that would fit.
@@ -17,7 +17,6 @@ so that what a plan keeps in allocated bytes it also keeps in reserved ones.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -27,23 +26,25 @@ from ..units import format_bytes
 
 log = logging.getLogger(__name__)
 
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-EXPANDABLE = "expandable_segments:True"
 SUGGESTED = ("capuchin", "dtr", "sqrt-n", "autoswap:doa")  # fast planners tried for the error's advice
 SUGGESTED_SHARE = 0.9  # the budget suggested, as a share of the cap (room for what the trace does not see)
 
 
-def prepare_device(device: str, memory_cap: int | None) -> None:
-    """Set the allocator up for a planned run on `device` (nothing to do on the CPU).
+def prepare_device(device: str, memory_cap: int | None, pooled: bool = False) -> None:
+    """Put `memory_cap` in force on `device` (none: the whole GPU; nothing to do on the CPU).
 
     Raises:
-        MemplanError: a cap larger than the GPU.
+        MemplanError: a cap larger than the GPU, or a cap for the pool allocator (which
+            serves the plan's own layout and has no such limit).
     """
     dev = torch.device(device)
     if dev.type != "cuda":
         return
-    if ALLOC_CONF not in os.environ:
-        torch.cuda.memory._set_allocator_settings(EXPANDABLE)
+    if pooled:
+        if memory_cap is not None:
+            raise MemplanError("--memory-cap limits PyTorch's CUDA allocator; --allocator pool replaces it "
+                               "(its footprint is the plan's pool, reported per step)")
+        return
     total = torch.cuda.get_device_properties(dev).total_memory
     if memory_cap is not None and memory_cap > total:
         raise MemplanError(f"--memory-cap {format_bytes(memory_cap)} is more than the GPU's {format_bytes(total)}")

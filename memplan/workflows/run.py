@@ -22,6 +22,7 @@ from ..errors import MemplanError
 from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
+from .allocators import allocator_report, attach_pool, choose_allocator, install_allocator
 from .memory_cap import lift_cap, over_cap, prepare_device, refuse_what_cannot_fit, release_cache
 from .optimize import optimize
 from .step_trace import model_of
@@ -55,7 +56,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
                  profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
                  baseline: str | None = None, trace=None, timed_steps: int = 0,
                  planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
-                 fake: bool | None = None) -> dict:
+                 fake: bool | None = None, allocator: str = "auto") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -79,6 +80,10 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
             more (`torch.cuda.set_per_process_memory_fraction`); on the CPU a step measuring more
             fails as running out of memory would.
         fake: trace fake copies (None: on a GPU, where the unplanned step may not fit).
+        allocator: the CUDA allocator (`allocators.ALLOCATORS`): "caching", "expandable"
+            (segments), "pool" (the plan's layout: a fresh process's first CUDA work must be
+            this run), or "auto": the pool for a plan with a layout on CUDA, else expandable
+            segments (unless PYTORCH_CUDA_ALLOC_CONF configures the allocator).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
@@ -86,8 +91,10 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         over in allocated bytes, and on a GPU 5% over in reserved bytes), what keeping it
         took (`margin_bytes`, `replanned`, `final_plan_from_step`), `measured_step_s`
         (median step time after the first step, less the meter's own bookkeeping) beside
-        `simulated_step_s` (the simulator's time for the plan), the executor's counters and,
-        with `check`, `max_param_diff` and `max_buffer_diff` against plain training.
+        `simulated_step_s` (the simulator's time for the plan), the executor's counters,
+        `allocator` and `pool` (a pooled run's pool size and per-step counters,
+        `memplan.exec.pooled`) and, with `check`, `max_param_diff` and `max_buffer_diff`
+        against plain training.
     Raises:
         MemplanError: the unplanned step (planner none) cannot fit `memory_cap`; the error
             names planners that fit and their budget.
@@ -99,7 +106,9 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
     if baseline:
         check_baseline(baseline)
-    prepare_device(device, memory_cap)
+    mode = choose_allocator(allocator, planner=planner, device=device, baseline=baseline)
+    install_allocator(mode)  # before the run's first CUDA allocation
+    prepare_device(device, memory_cap, pooled=mode == "pool")
     if memory_cap is not None and budget is None and planner != "none" and not baseline:
         budget = int(memory_cap / (1 + RESERVED_TOLERANCE))  # what the cap leaves a plan, segments included
     w = get_workload(name, batch, device=device, seed=seed, **config)
@@ -107,6 +116,9 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
                     device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
                     time_repeats=op_repeats, time_clock=clock, fake=fake, **(planner_params or {}))
+    pool = attach_pool(step) if mode == "pool" else None
+    if pool is not None:
+        step.keeper = None  # a pooled run's layout is fixed: its requests are the plan's (memplan.exec.pooled)
     budget_bytes = resolve_budget(step.trace, budget)
     if memory_cap is not None and not baseline:
         refuse_what_cannot_fit(step, memory_cap, f"{name} at batch {batch}")
@@ -128,6 +140,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
     measured = max(r["measured_peak_bytes"] for r in records)
     stats = step.stats()
+    allocation = allocator_report(mode, pool, records)  # a pooled run's reserved bytes are the pool's
     settled = records[stats["final_plan_from_step"]:] or records[-1:]
     out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
            "device": str(device), "budget_bytes": budget_bytes, "trace_peak_bytes": step.trace.peak_load_bytes,
@@ -141,7 +154,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
            "simulated_step_s": None if baseline else step.program.predicted.get("time_s"),
            "profile": get_profile(profile).name, "op_times": op_time_source(step.trace),
            "trace_source": "fake" if step.trace.meta.get("fake") else "real",
-           "predicted": {} if baseline else step.program.predicted, "executor": stats}
+           "predicted": {} if baseline else step.program.predicted, "executor": stats,
+           **allocation}
     step.close()
     if check:
         lift_cap(device)  # plain training needs what the plan saved

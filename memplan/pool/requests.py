@@ -26,6 +26,7 @@ from .replay import ReplayPlan
 
 ALIGNMENT = 512  # bytes: the caching allocator's smallest block (kMinBlockSize), so kernels see the same alignment
 MIN_SLOT_BYTES = 512  # smaller storages stay with the heap: few bytes, and sizes too common to match reliably
+LIBRARY_KIND = "workspace"  # memory libraries and kernels take themselves (memplan.cost.device_memory): the heap's
 
 
 def step_requests(trace: Trace, program: StepProgram, slots: tuple[PoolSlot, ...],
@@ -49,7 +50,8 @@ def step_requests(trace: Trace, program: StepProgram, slots: tuple[PoolSlot, ...
                            "(smartpool, or X+smartpool such as autoswap:doa+smartpool)")
     offset_of = {(s.storage, s.start): s.offset for s in slots}
     rows = sorted((r for r in residencies(trace, program) if r[:2] in offset_of and trace.nbytes[r[0]] >= min_bytes
-                   and _requested_in_step(trace, r)), key=lambda r: (r[1], r[3] != "fetched", r[0]))
+                   and _requested_in_step(trace, r) and trace.storages[r[0]].kind != LIBRARY_KIND),
+                  key=lambda r: (r[1], r[3] != "fetched", r[0]))
     sids = np.array([r[0] for r in rows], np.int64)
     starts = np.array([r[1] for r in rows], np.int64)
     ends = np.array([r[2] for r in rows], np.int64)

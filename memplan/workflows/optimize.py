@@ -226,12 +226,16 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
 
 
 def as_allocated_on(trace: Trace, device: torch.device) -> Trace:
-    """`trace` as the caching allocator of CUDA `device` counts it (memplan.cost.device_memory):
-    storages in allocator blocks and the cuBLAS workspaces the step holds; elsewhere the trace."""
+    """`trace` with what CUDA `device` holds beside it (memplan.cost.device_memory): the cuBLAS
+    workspaces of the step and every op's inner memory; elsewhere the trace itself.
+
+    Storages keep their own sizes: the executor finds them, and a pool slot serves them, by the
+    bytes they ask for; the allocator's rounding (under 512 bytes a storage) is left to the
+    margin a measured step gives (memplan.workflows.keep_budget)."""
     if device.type != "cuda" or "device_memory" in trace.meta:
         return trace
     major = torch.cuda.get_device_capability(device)[0]
     handles = cublas_handles(trace)
     held = {f"cuBLAS workspaces ({handles} handles)": handles * cublas_workspace_bytes(major)} if handles else {}
     inner = {int(op): nbytes for op, nbytes in trace.meta.get("op_inner_bytes", {}).items()}  # memplan.tracing.opbench
-    return device_view(trace, held=held, inner=inner)
+    return device_view(trace, held=held, inner=inner, rounded=False)

@@ -17,12 +17,12 @@ PAGE = "cli.md"
 os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal's width; fix it
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
-    """(name, one-line help, parser) of each sub-command, in the order they were registered."""
+def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
+    """(one-line help, parser) of each sub-command, in the order they were registered."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
-            return [(name, helps.get(name, ""), sub) for name, sub in action.choices.items()]
+            return [(helps.get(name, ""), sub) for name, sub in action.choices.items()]
     return []
 
 
@@ -43,6 +43,7 @@ def _help(action: argparse.Action, prog: str) -> str:
 
 
 def _options_table(parser: argparse.ArgumentParser) -> list[str]:
+    """A table of the parser's arguments and options (none: no lines)."""
     rows = []
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
@@ -59,21 +60,24 @@ def _options_table(parser: argparse.ArgumentParser) -> list[str]:
     return ["| option | meaning |", "| --- | --- |", *rows, ""]
 
 
-def _section(name: str, summary: str, parser: argparse.ArgumentParser, level: int) -> list[str]:
+def _section(summary: str, parser: argparse.ArgumentParser, level: int) -> list[str]:
+    """A heading with the command, its summary, its usage and its options; then its sub-commands."""
     lines = [f"{'#' * level} `{parser.prog}`", "", _cell(summary) if summary else "", "",
              "```text", parser.format_usage().strip(), "```", "", *_options_table(parser)]
-    for sub_name, sub_summary, sub in _subcommands(parser):
-        lines += _section(sub_name, sub_summary, sub, level + 1)
+    for sub_summary, sub in _subcommands(parser):
+        lines += _section(sub_summary, sub, level + 1)
     return lines
 
 
 def reference() -> str:
     """Markdown for every sub-command of `memplan`."""
+    root = build_parser()
     lines = ["## Reference", "",
              "Generated from the command-line parser when the site is built "
-             "(the same text as `memplan COMMAND --help`).", ""]
-    for name, summary, parser in _subcommands(build_parser()):
-        lines += _section(name, summary, parser, 3)
+             "(the same text as `memplan COMMAND --help`). Options every command takes, before it:", "",
+             *_options_table(root)]
+    for summary, parser in _subcommands(root):
+        lines += _section(summary, parser, 3)
     return "\n".join(lines) + "\n"
 
 

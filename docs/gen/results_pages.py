@@ -28,8 +28,8 @@ from pathlib import Path
 import mkdocs_gen_files
 from mkdocs.utils.meta import get_data
 
-RESULTS = Path("benchmarks/results")
-BENCHMARKS = Path("benchmarks")
+ROOT = Path(mkdocs_gen_files.config.config_file_path).parent  # the repository
+RESULTS = ROOT / "benchmarks" / "results"
 PAGES = Path(mkdocs_gen_files.config.docs_dir) / "results"
 FILES = "files"  # the copies' folder, beside the pages in the site
 PLACEHOLDER = re.compile(r"^<!-- results: (\S+) -->$", re.M)
@@ -126,27 +126,27 @@ def main() -> None:
             continue
         name = f"docs/results/{page.name}"
         if meta.get("benchmark"):
-            if not Path(meta["benchmark"]).is_file():
+            if not (ROOT / meta["benchmark"]).is_file():
                 raise SystemExit(f"{name}: benchmark {meta['benchmark']} does not exist")
-            scripts.add(Path(meta["benchmark"]))
+            scripts.add(ROOT / meta["benchmark"])
         groups: dict[str, list[Path]] = {}
         for pattern in meta["results"]:
             matched = sorted(p for p in RESULTS.glob(pattern) if p.is_file())
             if not matched:
-                raise SystemExit(f"{name}: no file in {RESULTS} matches {pattern!r}")
+                raise SystemExit(f"{name}: no file in benchmarks/results/ matches {pattern!r}")
             for path in matched:
                 if owner.setdefault(path, name) != name:
-                    raise SystemExit(f"{path} is claimed by both {owner[path]} and {name}")
+                    raise SystemExit(f"{path.relative_to(ROOT)} is claimed by both {owner[path]} and {name}")
                 groups.setdefault(_stem(path), []).append(path)
                 if path.suffix != ".md":
                     with mkdocs_gen_files.open(f"results/{FILES}/{path.relative_to(RESULTS).as_posix()}", "wb") as f:
                         f.write(path.read_bytes())
         with mkdocs_gen_files.open(f"results/{page.name}", "w") as out:
             out.write(_fill(text, groups, name))
-    unclaimed = sorted(str(p) for p in RESULTS.rglob("*") if p.is_file() and p not in owner)
+    unclaimed = sorted(str(p.relative_to(ROOT)) for p in RESULTS.rglob("*") if p.is_file() and p not in owner)
     if unclaimed:
         raise SystemExit(f"results on no page of docs/results/ (name them in a page's `results:`): {unclaimed}")
-    pageless = sorted(str(p) for p in BENCHMARKS.glob("*.py") if p not in scripts)
+    pageless = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.py") if p not in scripts)
     if pageless:
         raise SystemExit(f"benchmarks with no page in docs/results/ (`benchmark:` in its front matter): {pageless}")
 

@@ -3,15 +3,23 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memplan-installed
+# MkDocs plugins print a banner about MkDocs 2 on every build; the site builds with MkDocs 1.
+export NO_MKDOCS_2_WARNING := 1
+export DISABLE_MKDOCS_2_WARNING := true
 
-.PHONY: demo test setup clean
+.PHONY: demo test docs setup clean
 
 demo: $(STAMP)
 	$(PY) -m memplan demo --out out/demo
 
-test: $(STAMP)
+test: $(STAMP) docs
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# The documentation site, into site/. Strict: a broken link or a stale API name fails it
+# (never with --quiet, which hides the very warnings --strict counts).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 setup: $(STAMP)
 
@@ -23,8 +31,8 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e ".[hf,dev]"
+	$(PY) -m pip install -q -e ".[hf,dev,docs]"
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) out site

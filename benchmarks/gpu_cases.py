@@ -51,8 +51,9 @@ def run_groups(script: str, name: str, groups: list[str], args) -> None:
             emit(args.out, name, {"group": group, "error": "group timed out at the deadline"})
 
 
-def run_case(out: str, name: str, group: str, case: dict, deadline: float, **kwargs) -> dict:
-    """One `run_workload` case; its record (with `error` when it failed) is written and returned."""
+def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, **kwargs) -> dict:
+    """One `run_workload(**kwargs)` case; its record (with `error` when it failed) is written to
+    OUT/BENCH.jsonl and returned."""
     import torch
 
     from memplan.workflows.run import run_workload
@@ -60,7 +61,7 @@ def run_case(out: str, name: str, group: str, case: dict, deadline: float, **kwa
     rec = {"group": group, **case}
     if time.time() > deadline - 5:
         rec["skipped"] = "deadline"
-        return emit(out, name, rec)
+        return emit(out, bench, rec)
     started = time.time()
     cuda = torch.cuda.is_available()
     if cuda:
@@ -80,7 +81,7 @@ def run_case(out: str, name: str, group: str, case: dict, deadline: float, **kwa
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    return emit(out, name, rec)
+    return emit(out, bench, rec)
 
 
 def emit(out: str, name: str, rec: dict) -> dict:

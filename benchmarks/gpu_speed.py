@@ -1,0 +1,129 @@
+"""Issue 25 on a GPU: memplan's planned steps beside plain PyTorch and PyTorch's own tools, and the
+simulator's step time beside the measured one.
+
+Per model, in a fresh process, uncapped: plain training (no memplan), memplan `none`, PyTorch's
+checkpoint, selective activation checkpointing and save_on_cpu (`--baseline`), and memplan's
+sqrt-n, dtr, capuchin and autoswap:doa at one budget. Every memplan plan comes from one fake
+trace whose ops were each timed alone on the device (their simulated step uses those times).
+Measured: each step's allocated and reserved peaks, and the median of the unmetered steps.
+
+    python benchmarks/gpu_speed.py --out DIR [--deadline-s 140] [--dry-run]
+
+Writes DIR/gpu_speed.jsonl and DIR/gpu_speed.md.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_cases import device_info, emit, gib, parse, read, run_case, run_groups, trace_once  # noqa: E402
+
+NAME = "gpu_speed"
+GROUPS = {"resnet50": ("resnet50", 64, {}, "50%"), "gpt2": ("hf:gpt2", 8, {}, "80%"),
+          "transformer": ("transformer-encoder", 32, {}, "50%")}
+DRY = {"resnet50": ("resnet18-cifar", 4, {}), "gpt2": ("hf:gpt2", 1, {"n_layer": 2}),
+       "transformer": ("transformer-encoder", 2, {})}
+BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu")
+PLANNERS = ("sqrt-n", "dtr", "capuchin", "autoswap:doa")
+STEPS, TIMED = 2, 5
+
+
+def plain_steps(model: str, batch: int, config: dict, device: str) -> dict:
+    """Plain PyTorch training of the zoo workload: no memplan in the step."""
+    import torch
+
+    from memplan.zoo import get_workload
+
+    cuda = device == "cuda"
+    w = get_workload(model, batch, device=device, seed=0, **config)
+    times, peaks = [], []
+    for i in range(STEPS + TIMED):
+        x = w.make_inputs(batch, seed=1 + i)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        w.step(*x)
+        if cuda:
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated())
+        times.append(time.perf_counter() - started)
+    del w
+    return {"measured_step_s": statistics.median(times[STEPS:]), "measured_peak_bytes": max(peaks) if peaks else None}
+
+
+def group_main(group: str, args) -> None:
+    import torch
+
+    deadline = time.time() + args.deadline_s
+    model, batch, config, budget = GROUPS[group]
+    device = "cpu" if args.dry_run else "cuda"
+    if args.dry_run:
+        model, batch, config = DRY[group]
+    emit(args.out, NAME, {"group": group, "case": "env", **device_info()})
+    emit(args.out, NAME, {"group": group, "case": "plain", "planner": "plain PyTorch",
+                          **plain_steps(model, batch, config, device)})
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    t0 = time.time()
+    trace = trace_once(model, batch, device, config)
+    emit(args.out, NAME, {"group": group, "case": "trace", "trace_s": round(time.time() - t0, 2),
+                          "ops": len(trace.ops), "trace_peak_bytes": trace.peak_load_bytes,
+                          "op_times": trace.meta.get("op_times"), "math": trace.meta.get("math")})
+    common = dict(name=model, batch=batch, config=config, trace=trace, device=device, steps=STEPS,
+                  timed_steps=TIMED, seed=0, profile="h100")
+    run_case(args.out, NAME, group, {"case": "memplan", "planner": "none"}, deadline, planner="none", budget=None,
+             **common)
+    for planner in PLANNERS:
+        run_case(args.out, NAME, group, {"case": "memplan", "planner": planner, "budget": budget}, deadline,
+                 planner=planner, budget=budget, **common)
+    for baseline in BASELINES:
+        run_case(args.out, NAME, group, {"case": "pytorch", "planner": f"torch:{baseline}"}, deadline,
+                 planner="none", budget=budget, baseline=baseline, **common)
+
+
+def report(out: str) -> str:
+    rows = read(out, NAME)
+    env = next((r for r in rows if r.get("case") == "env"), {})
+    plain = {r["group"]: r for r in rows if r.get("case") == "plain"}
+    lines = [f"# GPU speed ({env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}; measured, "
+             f"simulated where it says so)", "",
+             "Command: `python benchmarks/gpu_speed.py --out DIR`. Step: median of the unmetered steps; allocated "
+             "and reserved: the largest per-step peak of the metered steps; simulated: the simulator on the "
+             "calibrated-free h100 profile with every op's time measured alone on this GPU.", "",
+             "| model | run | budget | allocated GiB | reserved GiB | step s | x plain | simulated s | sim error | "
+             "re-plans | diverged | error |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        if r.get("case") not in ("plain", "memplan", "pytorch"):
+            continue
+        base = plain.get(r["group"], {}).get("measured_step_s")
+        step, sim = r.get("measured_step_s"), r.get("simulated_step_s")
+        lines.append("| " + " | ".join(str(x) for x in (
+            r["group"], r.get("planner"), r.get("budget", "-"), gib(r.get("measured_peak_bytes")),
+            gib(r.get("measured_peak_reserved_bytes")), "-" if step is None else f"{step:.4f}",
+            "-" if not (step and base) else f"{step / base:.2f}", "-" if sim is None else f"{sim:.4f}",
+            "-" if not (sim and step) else f"{sim / step - 1:+.0%}", r.get("replanned", "-"),
+            (r.get("executor") or {}).get("diverged_steps", "-"),
+            (r.get("error") or r.get("skipped") or "").replace("|", "/")[:120])) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parse(__doc__.splitlines()[0], 140)
+    if args.group:
+        group_main(args.group, args)
+        return
+    run_groups(__file__, NAME, list(GROUPS), args)
+    text = report(args.out)
+    with open(os.path.join(args.out, f"{NAME}.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

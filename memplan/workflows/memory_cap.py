@@ -48,13 +48,18 @@ def prepare_device(device: str, memory_cap: int | None, pooled: bool = False) ->
     total = torch.cuda.get_device_properties(dev).total_memory
     if memory_cap is not None and memory_cap > total:
         raise MemplanError(f"--memory-cap {format_bytes(memory_cap)} is more than the GPU's {format_bytes(total)}")
-    torch.cuda.set_per_process_memory_fraction(1.0 if memory_cap is None else memory_cap / total, dev)
+    torch.cuda.set_per_process_memory_fraction(1.0 if memory_cap is None else memory_cap / total, _index(dev))
 
 
 def lift_cap(device: str) -> None:
     """The whole GPU again (after a capped run in a process that goes on)."""
     if torch.device(device).type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
+        torch.cuda.set_per_process_memory_fraction(1.0, _index(torch.device(device)))
+
+
+def _index(device: torch.device) -> int:
+    """The CUDA device's index (the allocator's limit is set per device: "cuda" alone is the current one)."""
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def release_cache(device: str) -> None:

@@ -175,3 +175,20 @@ def test_a_cpu_step_measuring_more_than_the_cap_fails_as_out_of_memory():
     w = get_workload("resnet18-cifar", 2, seed=SEED)
     with pytest.raises(MemplanError, match="more than the memory cap"):
         measure_steps(w.step, lambda i: w.make_inputs(2, seed=i), 1, w.model, w.optimizer, SEED, memory_cap=2**20)
+
+
+def test_once_a_plan_keeps_its_budget_the_allocator_may_hold_five_percent_more(monkeypatch):
+    from types import SimpleNamespace
+
+    import memplan.workflows.memory_cap as memory_cap
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=100 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((round(f, 6), d)))
+    memory_cap.hold_reserved("cuda", 10 * 2**30)
+    memory_cap.hold_reserved("cuda:0", 10 * 2**30, memory_cap=int(10.2 * 2**30))  # a smaller cap stays
+    memory_cap.hold_reserved("cpu", 10 * 2**30)  # nothing to hold on the CPU
+    assert calls == ["empty", (0.105, 0), "empty", (0.102, 0)]

@@ -8,6 +8,10 @@ so that what a plan keeps in allocated bytes it also keeps in reserved ones.
   shrink in pages and leave little unused in reserved memory, where fixed segments
   fragment: reserved was 1.3-2.5x the budget on an H200 without them).
 - `release_cache`: cached blocks from building the model are given back before training.
+- `hold_reserved`: once a plan keeps its budget (memplan.workflows.keep_budget), the allocator
+  may hold no more than the budget + RESERVED_TOLERANCE (or the cap, if smaller): past that it
+  frees its cache before it grows. On an H200 a capuchin plan at 3 GiB held 3.15 GiB reserved
+  this way, where under a 4 GiB cap the cache grew to 3.17-3.62 GiB (benchmarks/gpu_budget.py).
 - `refuse_what_cannot_fit`: a run whose plan simulates above the cap stops before training,
   naming planners and a budget that would fit.
 - `over_cap`: on the CPU nothing limits the allocator; a step that measures more than the
@@ -26,6 +30,7 @@ from ..units import format_bytes
 
 log = logging.getLogger(__name__)
 
+RESERVED_TOLERANCE = 0.05  # reserved bytes may exceed the budget by this share (allocator segments)
 SUGGESTED = ("capuchin", "dtr", "sqrt-n", "autoswap:doa")  # fast planners tried for the error's advice
 SUGGESTED_SHARE = 0.9  # the budget suggested, as a share of the cap (room for what the trace does not see)
 
@@ -60,6 +65,20 @@ def lift_cap(device: str) -> None:
 def _index(device: torch.device) -> int:
     """The CUDA device's index (the allocator's limit is set per device: "cuda" alone is the current one)."""
     return torch.cuda.current_device() if device.index is None else device.index
+
+
+def hold_reserved(device, budget_bytes: int, memory_cap: int | None = None) -> None:
+    """Limit the allocator to the budget + RESERVED_TOLERANCE (or `memory_cap`, if smaller) from
+    now on, its cache emptied first (between steps; nothing to do on the CPU)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return
+    limit = int(budget_bytes * (1 + RESERVED_TOLERANCE))
+    limit = limit if memory_cap is None else min(limit, memory_cap)
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), _index(dev))
 
 
 def release_cache(device: str) -> None:

@@ -76,6 +76,7 @@ class OptimizedStep:
         self._cost = cost
         self._measure = measure
         self._earlier_steps: list[dict] = []  # step records of runtimes replaced by a new plan
+        self.on_settled: Callable[[], None] | None = None  # called once a measured step keeps the budget
         self._ctx = None
         self._warned = False
 
@@ -112,7 +113,10 @@ class OptimizedStep:
         plan = self.keeper.after_step(measured, self.program.predicted.get("peak_load_bytes") or 0)
         if plan is not None:
             self._run_plan(plan)
-        elif self.keeper.settled and not self._measure:
+            return
+        if self.keeper.settled and not self.keeper.error and self.on_settled is not None:
+            self.on_settled()
+        if self.keeper.settled and not self._measure:
             self.runtime.stop_measuring()
 
     def _run_plan(self, plan: Plan) -> None:

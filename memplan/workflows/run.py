@@ -23,7 +23,8 @@ from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
 from .allocators import allocator_report, attach_pool, choose_allocator, install_allocator
-from .memory_cap import lift_cap, over_cap, prepare_device, refuse_what_cannot_fit, release_cache
+from .memory_cap import (RESERVED_TOLERANCE, hold_reserved, lift_cap, over_cap, prepare_device,
+                         refuse_what_cannot_fit, release_cache)
 from .optimize import optimize
 from .step_trace import model_of
 from .torch_tools import BASELINES, baseline_installed, check_baseline, is_compiled
@@ -119,6 +120,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     pool = attach_pool(step) if mode == "pool" else None
     if pool is not None:
         step.keeper = None  # a pooled run's layout is fixed: its requests are the plan's (memplan.exec.pooled)
+    elif step.keeper is not None:  # once the plan keeps its budget, so does the allocator's cache
+        step.on_settled = lambda: hold_reserved(device, step.keeper.budget_bytes, memory_cap)
     budget_bytes = resolve_budget(step.trace, budget)
     if memory_cap is not None and not baseline:
         refuse_what_cannot_fit(step, memory_cap, f"{name} at batch {batch}")
@@ -164,9 +167,6 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         measure_steps(ref.step, make_inputs, steps + timed_steps, ref_model, ref.optimizer, seed)
         out.update(state_differences(model, ref_model))
     return out
-
-
-RESERVED_TOLERANCE = 0.05  # reserved bytes may exceed the budget by this share (allocator segments)
 
 
 def within_budget(records: list[dict], budget_bytes: int) -> bool:

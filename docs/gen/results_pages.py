@@ -125,10 +125,11 @@ def main() -> None:
         if "results" not in meta:
             continue
         name = f"docs/results/{page.name}"
-        if meta.get("benchmark"):
-            if not (ROOT / meta["benchmark"]).is_file():
-                raise SystemExit(f"{name}: benchmark {meta['benchmark']} does not exist")
-            scripts.add(ROOT / meta["benchmark"])
+        benchmarks = meta.get("benchmark") or []  # a script, or a list: one and the modules it runs
+        for script in [benchmarks] if isinstance(benchmarks, str) else benchmarks:
+            if not (ROOT / script).is_file():
+                raise SystemExit(f"{name}: benchmark {script} does not exist")
+            scripts.add(ROOT / script)
         groups: dict[str, list[Path]] = {}
         for pattern in meta["results"]:
             matched = sorted(p for p in RESULTS.glob(pattern) if p.is_file())

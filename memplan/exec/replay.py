@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_leaves, tree_map
 
 from ..model import Trace
 from ..model.program import ReplayStep
-from ..tracing.opinfo import split_tensors, storage_key, storage_roles
+from ..tracing.opinfo import distinct, leaves, split_tensors, storage_key
 
 
 @dataclass(frozen=True)
@@ -84,12 +83,14 @@ class Replayer:
     def record(self, index: int, func, args: tuple, kwargs: dict, out, rng) -> None:
         """Remember op `index`'s call (after it ran: its storages are all known then)."""
         op = self.trace.ops[index]
-        reads, writes = storage_roles(func, args, kwargs, out)
+        tensors = split_tensors(func, args, kwargs, out)
+        reads, writes = distinct(tensors.reads), distinct(tensors.written + tensors.fresh)  # as storage_roles
         sids = {}
         for sid, t in list(zip(op.reads, reads)) + list(zip(op.writes, writes)):
             sids[storage_key(t)] = sid
-            self._weak.setdefault(sid, StorageWeakRef(t.untyped_storage()))
-        in_place = {storage_key(t) for t in split_tensors(func, args, kwargs, out).written}
+            if sid not in self._weak:
+                self._weak[sid] = StorageWeakRef(t.untyped_storage())
+        in_place = {storage_key(t) for t in tensors.written}
 
         def ref(t):
             if not isinstance(t, torch.Tensor):
@@ -99,12 +100,12 @@ class Replayer:
 
         written = frozenset(sids[k] for k in in_place)
         first = {}
-        for position, t in enumerate(tree_leaves(out)):
+        for position, t in enumerate(leaves(out)):
             if isinstance(t, torch.Tensor):
                 first.setdefault(storage_key(t), position)
         outputs = tuple((first[storage_key(t)], w) for w, t in zip(op.writes, writes)
                         if w not in written and storage_key(t) in first)
-        self.calls[index] = _Call(func=func, args=tree_map(ref, args), kwargs=tree_map(ref, kwargs),
+        self.calls[index] = _Call(func=func, args=_map(ref, args), kwargs=_map(ref, kwargs),
                                   written=written, rng=rng, outputs=outputs)
 
     def can_rebuild(self, steps: tuple[ReplayStep, ...]) -> bool:
@@ -142,13 +143,13 @@ class Replayer:
             t = _view(storage, r)
             return t.clone() if r.sid in call.written and r.sid != sid else t
 
-        args, kwargs = tree_map(tensor, call.args), tree_map(tensor, call.kwargs)
+        args, kwargs = _map(tensor, call.args), _map(tensor, call.kwargs)
         with _rng(call.rng, args):
             out = self.call(j, call.func, args, kwargs)
         self.replayed_ops += 1
-        leaves = tree_leaves(out)
+        results = leaves(out)
         for position, w in call.outputs:  # new outputs only: what it writes in place stays as it is
-            t = leaves[position]
+            t = results[position]
             if w != sid:  # another new output: taken by a recomputation due now, or dropped
                 if self.adopt is not None:
                     self.adopt(w, t.untyped_storage())
@@ -162,6 +163,16 @@ class Replayer:
         if weak is None or weak.expired():
             raise RuntimeError(f"storage {sid}, an input of a recomputation, is gone")
         return torch.UntypedStorage._new_with_weak_ptr(weak.cdata)
+
+
+def _map(fn, value):
+    """`fn` applied to every leaf of an aten call's arguments (tuples, lists and dicts of leaves):
+    torch's pytree does the same for any structure, at several times the cost per call."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map(fn, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(fn, v) for k, v in value.items()}
+    return fn(value)
 
 
 def adopt(home: torch.UntypedStorage, fresh: torch.UntypedStorage) -> None:
@@ -184,7 +195,7 @@ def _view(storage: torch.UntypedStorage, r: _Ref) -> torch.Tensor:
 
 
 def _device_of(args) -> torch.device:
-    for t in torch.utils._pytree.tree_leaves(args):
+    for t in leaves(args):
         if isinstance(t, torch.Tensor):
             return t.device
     return torch.device("cpu")

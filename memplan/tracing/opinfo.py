@@ -6,11 +6,11 @@ caller: this module only sorts tensors into read / written / fresh-output / view
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from ..model import ConvParams
@@ -43,6 +43,16 @@ class OpTensors:
     is_view: bool  # every output aliases an input and nothing is written: moves no data
 
 
+def leaves(value) -> list:
+    """The leaves of an aten call's arguments or results (tuples, lists and dicts of leaves), in
+    order: torch's pytree flattens any structure, at several times the cost per call."""
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in leaves(v)]
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in leaves(v)]
+    return [value]
+
+
 def is_recorded(func) -> bool:
     """False for metadata queries (prim ops) that the trace leaves out."""
     return func.namespace not in METADATA_NAMESPACES
@@ -51,7 +61,7 @@ def is_recorded(func) -> bool:
 def counts_as_op(func, args: tuple, kwargs: dict, out) -> bool:
     """True when the trace records this aten call as an op: a recorded op with a tensor among
     its arguments or results. The executor counts ops with this same test."""
-    return is_recorded(func) and any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs, out)))
+    return is_recorded(func) and any(isinstance(t, torch.Tensor) for t in leaves((args, kwargs, out)))
 
 
 def storage_roles(func, args: tuple, kwargs: dict, out) -> tuple[list, list]:
@@ -61,10 +71,11 @@ def storage_roles(func, args: tuple, kwargs: dict, out) -> tuple[list, list]:
     The executor pairs them with a traced op's storage ids to find the live storages.
     """
     tensors = split_tensors(func, args, kwargs, out)
-    return _distinct(tensors.reads), _distinct(tensors.written + tensors.fresh)
+    return distinct(tensors.reads), distinct(tensors.written + tensors.fresh)
 
 
-def _distinct(tensors) -> list:
+def distinct(tensors) -> list:
+    """One tensor per distinct storage, in first-seen order."""
     seen: dict[int, torch.Tensor] = {}
     for t in tensors:
         seen.setdefault(storage_key(t), t)
@@ -84,9 +95,8 @@ def split_tensors(func, args: tuple, kwargs: dict, out) -> OpTensors:
     reads, written = [], []
     unmarked = _unmarked_writes(func, args, kwargs)
     for arg, value in _bound_arguments(func, args, kwargs):
-        tensors = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
-        writes = (arg.alias_info is not None and arg.alias_info.is_write) or arg.name in unmarked
-        if writes:
+        tensors = [t for t in leaves(value) if isinstance(t, torch.Tensor)]
+        if arg.writes or arg.name in unmarked:
             written += tensors
         if not arg.is_out:
             reads += tensors
@@ -167,9 +177,29 @@ def _unmarked_writes(func, args: tuple, kwargs: dict) -> tuple:
     return names if training else ()
 
 
+@dataclass(frozen=True)
+class _Arg:
+    """What the tracer needs of one schema argument."""
+
+    name: str
+    kwarg_only: bool
+    writes: bool  # the schema marks it written (in-place self, out=)
+    is_out: bool
+
+
+@functools.cache
+def _schema(func) -> tuple[tuple[_Arg, ...], tuple[bool, ...]]:
+    """An overload's arguments, and per return whether it aliases an input: read from the schema
+    once (every read of `func._schema` builds new objects in C++)."""
+    schema = func._schema
+    arguments = tuple(_Arg(name=a.name, kwarg_only=a.kwarg_only, is_out=a.is_out,
+                           writes=a.alias_info is not None and a.alias_info.is_write) for a in schema.arguments)
+    return arguments, tuple(r.alias_info is not None for r in schema.returns)
+
+
 def _bound_arguments(func, args: tuple, kwargs: dict):
     """(schema argument, value) pairs for the arguments actually passed."""
-    for i, arg in enumerate(func._schema.arguments):
+    for i, arg in enumerate(_schema(func)[0]):
         if i < len(args) and not arg.kwarg_only:
             yield arg, args[i]
         elif arg.name in kwargs:
@@ -178,10 +208,10 @@ def _bound_arguments(func, args: tuple, kwargs: dict):
 
 def _outputs(func, out) -> tuple[list, list]:
     """Outputs split into fresh buffers and aliases of inputs (views, in-place results)."""
-    returns = func._schema.returns
-    values = out if isinstance(out, (tuple, list)) and len(returns) > 1 else (out,)
+    aliases = _schema(func)[1]
+    values = out if isinstance(out, (tuple, list)) and len(aliases) > 1 else (out,)
     fresh, aliased = [], []
-    for ret, value in zip(returns, values):
-        tensors = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
-        (aliased if ret.alias_info is not None else fresh).extend(tensors)
+    for is_alias, value in zip(aliases, values):
+        tensors = [t for t in leaves(value) if isinstance(t, torch.Tensor)]
+        (aliased if is_alias else fresh).extend(tensors)
     return fresh, aliased

@@ -7,6 +7,7 @@ STAMP := $(VENV)/.memplan-installed
 .PHONY: demo test setup clean
 
 demo: $(STAMP)
+	mkdir -p out
 	$(PY) -m memplan demo --out out/demo
 
 test: $(STAMP)

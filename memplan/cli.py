@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import json
 import logging
 import math
+import os
 import sys
 
-from .errors import MemplanError
+from .errors import MemplanError, is_allocation_failure
 
 # Each module defines add_parser(subparsers) and sets `func(args) -> int` on its parser.
 COMMAND_MODULES = (
@@ -32,8 +34,8 @@ COMMAND_MODULES = (
 )
 
 USAGE_ERROR = 2
-# What torch's allocators say when an allocation fails (CPU: DefaultCPUAllocator; CUDA: OOM).
-ALLOCATION_FAILURES = ("can't allocate memory", "out of memory", "not enough memory")
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader went away (`memplan info t.jsonl | head`)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
+    """Run the CLI; returns the exit code.
+
+    The one error boundary of every command: a MemplanError is one line on stderr and exit
+    code 2 (with `--json`, also `{"error": line}` on stdout), an interrupt exit code 130, a
+    closed stdout (a pipe into `head`) a quiet exit 141.
+    """
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = None
     try:
         args = build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -63,11 +72,26 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except MemplanError as exc:
         # One line, whatever the message quotes (a library's multi-line error text).
-        print(f"memplan: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        line = " ".join(str(exc).split())
+        if getattr(args, "json", False) if args is not None else "--json" in argv:
+            emit_json({"error": line})
+        print(f"memplan: error: {line}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt:
         print("memplan: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass  # not a file descriptor (a test's captured stdout): nothing will flush it at exit
 
 
 def entry() -> None:
@@ -101,10 +125,36 @@ def positive_float(text: str) -> float:
 
 def output_file(text: str) -> str:
     """argparse type: a file name that can be written (checked before any long work)."""
+    return _checked_path(text, None)
+
+
+def output_of(kind: str):
+    """argparse type: a `kind` file (a key of `fileio.SUFFIXES`: "JSON", "plot", ...) that can
+    be written, its name ending as that format's do."""
+
+    def output(text: str) -> str:
+        return _checked_path(text, kind)
+
+    output.__name__ = f"{kind} file"
+    return output
+
+
+def output_folder(text: str) -> str:
+    """argparse type: a folder that exists and is writable, or can be made (its parent exists)."""
+    from .fileio import check_output_folder
+
+    try:
+        check_output_folder(text)
+    except MemplanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _checked_path(text: str, kind: str | None) -> str:
     from .fileio import check_output_path
 
     try:
-        check_output_path(text)
+        check_output_path(text, kind)
     except MemplanError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
@@ -140,18 +190,14 @@ def _int_at_least(text: str, low: int) -> int:
 @contextlib.contextmanager
 def fits_or_says_so(what: str, device: str):
     """Turn a failed allocation (host or GPU) into one line: `what` does not fit on `device`."""
-    import torch
-
     try:
         yield
-    except (torch.OutOfMemoryError, MemoryError) as exc:
-        raise MemplanError(f"{what} does not fit in {device} memory ({type(exc).__name__}); "
-                           f"try a smaller --batch") from None
-    except RuntimeError as exc:
-        if not any(marker in str(exc) for marker in ALLOCATION_FAILURES):
+    except (MemoryError, RuntimeError) as exc:
+        if not is_allocation_failure(exc):
             raise
-        first = str(exc).strip().splitlines()[0]
-        raise MemplanError(f"{what} does not fit in {device} memory ({first}); try a smaller --batch") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise MemplanError(f"{what} does not fit in {device} memory ({first or type(exc).__name__}); "
+                           f"try a smaller --batch") from None
 
 
 def use_working_dir() -> None:

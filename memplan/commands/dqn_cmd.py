@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     from ..cli import (
         add_json_flag,
         nonnegative_int,
-        output_file,
+        output_of,
         positive_float,
         positive_int,
     )
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     t.add_argument("--min-bytes", type=nonnegative_int, default=None,
                    help="smallest activation the agent may act on (default 1 MiB)")
     t.add_argument("--seed", type=int, default=0, help="seed for the network, exploration and minibatches")
-    t.add_argument("-o", "--output", type=output_file, required=True, help="weights file to write (JSON)")
+    t.add_argument("-o", "--output", type=output_of("JSON"), required=True, help="weights file to write (JSON)")
     add_json_flag(t)
     t.set_defaults(func=run_train)
 

@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, nonnegative_int, output_file, positive_float
+from ..cli import add_json_flag, emit_json, nonnegative_int, output_of, positive_float
 from ..errors import MemplanError
 from ..units import format_bytes
 
@@ -31,9 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="SECONDS",
                    help="wall-clock limit of a planner that takes one (milp, home:fast): --param time_limit_s=SECONDS")
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
-    p.add_argument("-o", "--output", type=output_file, required=True, help="plan file to write (JSON)")
-    p.add_argument("--plot", type=output_file, default=None,
-                   help="write a PNG of the planner's search convergence (planners that search record one, e.g. home)")
+    p.add_argument("-o", "--output", type=output_of("JSON"), required=True, help="plan file to write (JSON)")
+    p.add_argument("--plot", type=output_of("plot"), default=None, metavar="FILE.png",
+                   help="write a plot (.png, .pdf or .svg) of the planner's search convergence (planners that search record one, e.g. home)")
     add_json_flag(p)
     p.set_defaults(func=run_plan)
 
@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
     q.set_defaults(func=run_planners)
 
     c = sub.add_parser("calibrate", help="measure this CUDA GPU (or, with --device cpu, this CPU) into a device profile")
-    c.add_argument("-o", "--output", type=output_file, default=None,
+    c.add_argument("-o", "--output", type=output_of("JSON"), default=None,
                    help="profile JSON to write (usable as --device FILE)")
     c.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="what to measure: the CUDA GPU (default) or this CPU, as a device whose host link "

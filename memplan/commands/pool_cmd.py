@@ -7,7 +7,7 @@ from ..errors import MemplanError
 
 def add_parser(sub):
     """Register `memplan pool`."""
-    from ..cli import add_json_flag, output_file, positive_float
+    from ..cli import add_json_flag, output_of, positive_float
 
     p = sub.add_parser("pool", help="plan a memory pool (SmartPool) or simulate an allocator",
                        description="Lay out every buffer of INPUT (a trace, a trace plus --plan, or a minimalloc "
@@ -24,8 +24,9 @@ def add_parser(sub):
                    help="vdnnpp-highend: allocation order at one step (paper 001)")
     p.add_argument("--device", default="h100", help="cost profile used to time swap-out completion")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--offsets-out", type=output_file, help="write id,offset CSV (minimalloc ids for CSV input)")
-    p.add_argument("--plot", type=output_file, help="write a PNG of the layout (time x address)")
+    p.add_argument("--offsets-out", type=output_of("CSV"), help="write id,offset CSV (minimalloc ids for CSV input)")
+    p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
+                   help="write a picture of the layout, time x address (.png, .pdf or .svg)")
     add_json_flag(p)
     p.set_defaults(func=run)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cli import add_json_flag, emit_json, output_file
+from ..cli import add_json_flag, emit_json, output_of
 from ..errors import MemplanError
 
 _BUDGET_SOURCES = {"given": "from --budget", "plan": "the plan's own budget", "none": "uncapped"}
@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="h100", help="device profile name or profile file, e.g. from `calibrate --device cpu` (default h100)")
     p.add_argument("--budget", help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or "
                    "none (no cap); default: the plan's own budget, no cap without a plan")
-    p.add_argument("--plot", type=output_file, help="write the memory-load timeline and stream lanes to this PNG")
+    p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
+                   help="write the memory-load timeline and stream lanes here (.png, .pdf or .svg)")
     add_json_flag(p)
     p.set_defaults(func=run)
 

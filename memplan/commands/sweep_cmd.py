@@ -11,7 +11,7 @@ AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
 
 def add_parser(sub):
     """Register `memplan sweep`."""
-    from ..cli import add_json_flag, output_file, positive_int
+    from ..cli import add_json_flag, output_of, positive_int
     from ..workflows.sweep import DEFAULT_BUDGETS
 
     p = sub.add_parser("sweep", help="run planners over budgets (overhead against memory)",
@@ -29,7 +29,8 @@ def add_parser(sub):
     p.add_argument("--trials", type=positive_int, default=None, help="AutoSwap bo: Bayesian-optimisation evaluations")
     p.add_argument("--objective", choices=("simulated", "measured"), default=None,
                    help="AutoSwap bo: what the search minimises (measured needs a GPU)")
-    p.add_argument("--plot", type=output_file, metavar="PNG", help="write the overhead-against-memory plot here")
+    p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
+                   help="write the overhead-against-memory plot here (.png, .pdf or .svg)")
     add_json_flag(p)
     p.set_defaults(func=run)
 

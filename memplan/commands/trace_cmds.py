@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_file, positive_int,
+from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_of, positive_int,
                    torch_device, use_working_dir)
 from ..units import format_bytes
 
@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
     p.add_argument("--time-repeats", type=nonnegative_int, default=CPU_TIME_REPEATS,
                    help=f"--real on the CPU: timed iterations after the traced one; each op gets its least "
                         f"(default {CPU_TIME_REPEATS}; 0: no op times)")
-    p.add_argument("-o", "--output", type=output_file, required=True, help="trace file to write (JSON lines)")
+    p.add_argument("-o", "--output", type=output_of("JSON lines"), required=True, help="trace file to write (JSON lines, .jsonl)")
     add_json_flag(p)
     p.set_defaults(func=run_trace)
 
@@ -53,8 +53,8 @@ def add_parser(sub) -> None:
     q.add_argument("trace", help="trace file")
     q.add_argument("--format", default=None, help="file format (detected when omitted)")
     q.add_argument("--per-op", action="store_true", help="also give the memory load at every op")
-    q.add_argument("--plot", type=output_file, default=None, metavar="FILE.png",
-                   help="draw the load curve with phases shaded")
+    q.add_argument("--plot", type=output_of("plot"), default=None, metavar="FILE.png",
+                   help="draw the load curve with phases shaded (.png, .pdf or .svg)")
     add_json_flag(q)
     q.set_defaults(func=run_info)
 

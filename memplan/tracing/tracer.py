@@ -36,7 +36,7 @@ from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
-from ..errors import MemplanError
+from ..errors import MemplanError, model_code
 from ..model import Op, Owner, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
@@ -77,10 +77,12 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         The trace of the last iteration.
     Raises:
         MemplanError: `fake` disagrees with the tensors given.
+        ModelError: the step raised (one line, "its training step failed: Type: message").
     """
     model, optimizer = _owners(step_fn, model, optimizer)
     mode = _fake_mode_for(fake, example_inputs, model)
-    with mode if mode is not None else contextlib.nullcontext(), quiet_fake_warnings():
+    with mode if mode is not None else contextlib.nullcontext(), quiet_fake_warnings(), \
+            model_code("its training step failed"):
         for _ in range(warmup):
             step_fn(*example_inputs)
         recorder = _Recorder(ProgramContext(model), timed=not fake and _on_cuda(example_inputs, model),

@@ -35,7 +35,7 @@ import logging
 import torch
 from torch import nn
 
-from ..errors import MemplanError
+from ..errors import MemplanError, about_model
 
 log = logging.getLogger(__name__)
 
@@ -213,10 +213,7 @@ def trace_rank(name: str, batch: int, engine: str, world_size: int, *, warmup: i
         workload = wrap_workload(zoo.get_workload(name, batch, **config), engine, fake=True)
         meta = {"model": name, "batch": batch, "config": dict(workload.config), "engine": engine,
                 "world_size": world_size}
-        try:
+        with about_model(f"{name} under {engine.upper()} at batch {batch}", config):
             result = trace(workload.step, *workload.inputs, fake=True, model=workload.model,
                            optimizer=workload.optimizer, warmup=warmup, progress=progress, meta=meta)
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise MemplanError(f"model {name!r} under {engine.upper()} failed at batch {batch}: {first}") from exc
     return dataclasses.replace(result, meta={**result.meta, "collectives": collective_records(result)})

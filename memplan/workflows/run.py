@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..cost.profiles import get_profile
-from ..errors import MemplanError
+from ..errors import MemplanError, about_model
 from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
@@ -90,9 +90,11 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         check_baseline(baseline)
     w = get_workload(name, batch, device=device, seed=seed, **config)
     op_repeats = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
-    step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
-                    device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
-                    time_repeats=op_repeats, time_clock=clock, **(planner_params or {}))
+    with about_model(name, config):  # a step that fails while traced is the model's
+        step = optimize(w.step, *w.inputs, budget=None if baseline else budget,
+                        planner="none" if baseline else planner, device=profile, model=w.model,
+                        optimizer=w.optimizer, seed=seed, measure=False, trace=trace, time_repeats=op_repeats,
+                        time_clock=clock, **(planner_params or {}))
     budget_bytes = resolve_budget(step.trace, budget)
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     model = step.model  # for a user's (step_fn, inputs): the module found in its closure

@@ -125,18 +125,20 @@ def spec(name: str, overrides: Mapping[str, Any]) -> ModelSpec:
         defaults = {**fields, "num_labels": probe.num_labels}
     else:
         defaults = {**fields, "vocab_size": probe.vocab_size, "seq_len": DEFAULT_SEQ_LEN}
-    return ModelSpec(name=name, summary=preset.summary, build=_builder(transformers, preset),
+    return ModelSpec(name=name, summary=preset.summary, build=_builder(transformers, preset, name),
                      make_inputs=_inputs(preset.task), loss=_loss(preset.task), defaults=defaults,
                      input_size=IMAGENET_SIZE if preset.task == "image" else None, optimizer=preset.optimizer,
                      lr=ADAM_LR if preset.optimizer == "adam" else SGD_LR)
 
 
-def _builder(transformers, preset: HFPreset):
+def _builder(transformers, preset: HFPreset, name: str):
     config_class = getattr(transformers, preset.config_class)
     model_class = getattr(transformers, preset.model_class)
 
     def build(config: dict, input_size: int | None) -> nn.Module:
         hf_config = config_class(**{k: v for k, v in config.items() if k != "seq_len"})
+        if preset.task != "image":
+            _check_positions(name, hf_config, config["seq_len"])
         hf_config._attn_implementation = ATTENTION
         if preset.task == "image":
             hf_config.problem_type = "single_label_classification"  # no data-dependent guess at step 1
@@ -150,6 +152,16 @@ def _builder(transformers, preset: HFPreset):
         return model
 
     return build
+
+
+def _check_positions(name: str, hf_config, seq_len: int) -> None:
+    """Refuse a sequence longer than the model has positions for (its position table would be
+    indexed past its end when the step runs, and a fake trace would record a step that cannot)."""
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if positions is not None and seq_len > positions:
+        field = type(hf_config).attribute_map.get("max_position_embeddings", "max_position_embeddings")
+        raise MemplanError(f"model {name}: config seq_len={seq_len} is more than its {positions} "
+                           f"positions; lower seq_len or raise {field}")
 
 
 def _inputs(task: str):

@@ -211,6 +211,13 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
 
+def print_rows(rows) -> None:
+    """Print (name, value) rows as two columns, the first as wide as its longest name."""
+    width = max((len(str(name)) for name, _ in rows), default=0)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
 def emit_json(obj: dict) -> None:
     """Print one JSON object on stdout (numpy scalars and other odd types as plain values)."""
     print(json.dumps(obj, default=_plain))

@@ -16,7 +16,7 @@ _UNITS = {
 }
 # Sizes above this are typos (and overflow the simulator's int64 arithmetic).
 MAX_BYTES = 2**60
-_ANY_PEAK = 2**40  # the peak a share is checked against before the real one is known
+ANY_PEAK = 2**40  # the peak a share is checked against before the real one is known
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -82,7 +82,7 @@ def check_budget(text: str | int | float) -> None:
     Raises:
         MemplanError: as `parse_budget` would.
     """
-    parse_budget(text, _ANY_PEAK)
+    parse_budget(text, ANY_PEAK)
 
 
 def _share(share: float, peak_bytes: int, text) -> int:

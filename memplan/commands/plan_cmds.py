@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, nonnegative_int, output_of, positive_float
+from ..cli import add_json_flag, emit_json, nonnegative_int, output_of, positive_float, print_rows
 from ..errors import MemplanError
 from ..units import format_bytes
 
@@ -130,7 +130,7 @@ def run_plan(args) -> int:
     if args.json:
         emit_json(summary)
     else:
-        _print_rows(_plan_rows(summary))
+        print_rows(_plan_rows(summary))
     return 0
 
 
@@ -216,12 +216,6 @@ def _bytes(n: int | None) -> str:
     return "-" if n is None else f"{format_bytes(n)} ({n} B)"
 
 
-def _print_rows(rows) -> None:
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
-
-
 # --- planners ----------------------------------------------------------------------------------
 
 
@@ -233,7 +227,7 @@ def run_planners(args) -> int:
     if args.json:
         emit_json({"planners": json.loads(json.dumps(planners, default=str))})
     else:
-        _print_rows([(p["name"], f"[{', '.join(p['decides']) or 'nothing'}] {p['summary']}") for p in planners])
+        print_rows([(p["name"], f"[{', '.join(p['decides']) or 'nothing'}] {p['summary']}") for p in planners])
     return 0
 
 
@@ -254,7 +248,7 @@ def run_calibrate(args) -> int:
     if args.json:
         emit_json({**data, "output": args.output})
     else:
-        _print_rows(_profile_rows(data) + ([("written", args.output)] if args.output else []))
+        print_rows(_profile_rows(data) + ([("written", args.output)] if args.output else []))
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_of, positive_int,
+from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_of, positive_int, print_rows,
                    torch_device, use_working_dir)
 from ..units import format_bytes
 
@@ -181,9 +181,7 @@ def _print_table(summary: dict) -> None:
     rows += [(f"bytes {kind}", format_bytes(n)) for kind, n in summary["bytes_by_kind"].items()]
     rows += [(key, summary[key]) for key in ("output", "plot") if key in summary]
     rows += [(f"meta {k}", v) for k, v in summary["meta"].items() if v not in (None, {}, "")]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print_rows(rows)
 
 
 def _spinner(desc: str):

@@ -43,6 +43,7 @@ class MemoryMeter(TorchDispatchMode):
         self._excluded: set[int] = set()
         self.peak_bytes = 0
         self.own_s = 0.0  # seconds spent in the meter's own bookkeeping (a step's time less this is the step's)
+        self.active = True  # False: ops pass straight through (a step that is not measured pays no bookkeeping)
 
     # --- what exists outside the ops --------------------------------------------------------
 
@@ -89,6 +90,8 @@ class MemoryMeter(TorchDispatchMode):
         return {"measured_peak_bytes": int(self.peak_bytes), "measured_peak_reserved_bytes": None}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.active:
+            return func(*args, **(kwargs or {}))
         if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
             # A tensor subclass (FSDP2's DTensor): its ops on its local tensors come back here.
             return NotImplemented

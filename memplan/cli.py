@@ -218,6 +218,11 @@ def print_rows(rows) -> None:
         print(f"{name:<{width}}  {value}")
 
 
+def count(n: int, noun: str) -> str:
+    """`n` and the noun, plural unless n is 1: "1 kernel", "3 kernels"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def emit_json(obj: dict) -> None:
     """Print one JSON object on stdout (numpy scalars and other odd types as plain values)."""
     print(json.dumps(obj, default=_plain))

@@ -22,7 +22,9 @@ def add_parser(sub):
                         "and loading included (default 10)")
     p.add_argument("--order", choices=("prefetch-first", "derivative-first"), default=None,
                    help="vdnnpp-highend: allocation order at one step (paper 001)")
-    p.add_argument("--device", default="h100", help="cost profile used to time swap-out completion")
+    p.add_argument("--device", default=None,
+                   help="with --plan: the profile that times swap-outs (default: the one the plan was made for, else "
+                        "h100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--offsets-out", type=output_of("CSV"), help="write id,offset CSV (minimalloc ids for CSV input)")
     p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
@@ -47,8 +49,10 @@ def load_problem(path: str, plan_path: str | None, device: str):
     from ..cost.model import Cost
     from ..model import read_plan
     from ..pool.intervals import residency_problem
+    from ..sim.simulate import simulation_device
 
-    return residency_problem(trace, read_plan(plan_path, trace), Cost.for_trace(trace, device))
+    plan = read_plan(plan_path, trace)
+    return residency_problem(trace, plan, Cost.for_trace(trace, simulation_device(plan, device)[0]))
 
 
 def run(args) -> int:

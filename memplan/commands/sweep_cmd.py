@@ -7,12 +7,12 @@ import sys
 from ..units import format_bytes
 
 AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
+DEFAULT_BUDGETS = "100%,90%,80%,70%,60%,50%,40%"
 
 
 def add_parser(sub):
     """Register `memplan sweep`."""
     from ..cli import add_json_flag, output_of, positive_int
-    from ..workflows.sweep import DEFAULT_BUDGETS
 
     p = sub.add_parser("sweep", help="run planners over budgets (overhead against memory)",
                        description=__doc__.splitlines()[0])

@@ -15,7 +15,7 @@ from ..cost.model import Cost
 from ..errors import MemplanError
 from ..model import Plan, Trace
 from ..model.program import ACTION_KINDS, Action, ReplayStep, StepProgram
-from . import _kernel as K
+from . import _codes as K
 from .simulate import Simulator
 
 _KIND_NAMES = dict(zip((K.A_RELEASE, K.A_PREFETCH, K.A_RECOMPUTE, K.A_WAIT, K.A_SWAP_OUT, K.A_DROP), ACTION_KINDS))

@@ -14,7 +14,9 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
+import textwrap
 
 from .errors import MemplanError, is_allocation_failure
 
@@ -34,6 +36,8 @@ COMMAND_MODULES = (
 )
 
 USAGE_ERROR = 2
+TEXT_COLUMNS = 100  # width of text output when stdout is not a terminal
+MIN_VALUE_COLUMNS = 40  # a table's value column is never narrower than this
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader went away (`memplan info t.jsonl | head`)
 
@@ -212,10 +216,48 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def print_rows(rows) -> None:
-    """Print (name, value) rows as two columns, the first as wide as its longest name."""
+    """Print (name, value) rows as two columns, the first as wide as its longest name and a
+    long value wrapped under its column to the terminal's width."""
     width = max((len(str(name)) for name, _ in rows), default=0)
+    room = max(shutil.get_terminal_size((TEXT_COLUMNS, 0)).columns - width - 2, MIN_VALUE_COLUMNS)
     for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+        lines = textwrap.wrap(str(value), room, break_long_words=False, break_on_hyphens=False) or [""]
+        print(f"{name:<{width}}  {lines[0]}")
+        for line in lines[1:]:
+            print(f"{'':<{width}}  {line}")
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple], left: int = 1) -> None:
+    """Print a table whose columns are as wide as their widest cell: the first `left` columns
+    aligned left (names), the others right (numbers)."""
+    cells = [tuple(map(str, header))] + [tuple(map(str, row)) for row in rows]
+    widths = [max(len(row[i]) for row in cells if i < len(row)) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(cell.ljust(w) if i < left else cell.rjust(w)
+                        for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+
+
+def readable(key: str, value) -> tuple[str, str]:
+    """A JSON field as a table row: its name in words, its value in human units (`*_bytes` in
+    KiB/MiB/GiB, `*_s` in seconds, overheads and gaps in percent, none as "-")."""
+    from .units import format_bytes
+
+    name = key.replace("_", " ")
+    if value is None:
+        text = "-"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif key.endswith("_bytes") and isinstance(value, int):
+        name, text = name.removesuffix(" bytes"), format_bytes(value)
+    elif key.endswith("_s") and isinstance(value, (int, float)):
+        name, text = name.removesuffix(" s"), f"{value:.3g} s"
+    elif key.endswith(("overhead", "gap")) and isinstance(value, (int, float)):
+        text = f"{value:.2%}"
+    elif isinstance(value, float):
+        text = f"{value:.4g}"
+    else:
+        text = str(value)
+    return name, text
 
 
 def count(n: int, noun: str) -> str:

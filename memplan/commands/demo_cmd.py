@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..cli import add_json_flag, emit_json, output_folder
+from ..cli import add_json_flag, emit_json, output_folder, print_table
 from ..errors import MemplanError
 
 log = logging.getLogger(__name__)
@@ -117,13 +117,13 @@ def _print_table(rows: list[dict], args) -> None:
     from ..units import format_bytes
 
     print(f"device {args.device}, budget {args.budget} of each model's unconstrained peak (simulated)")
-    print(f"{'model':<14}{'planner':<22}{'peak':>12}{'plan peak':>12}{'overhead':>10}{'plan s':>8}")
+    table = []
     for r in rows:
-        if not r["feasible"]:
+        if r["feasible"]:
+            cells = (format_bytes(r["plan_peak_bytes"]), f"{r['overhead']:.1%}", f"{r['planning_s']:.2f}")
+        else:
             need = format_bytes(r["min_feasible_bytes"]) if "min_feasible_bytes" in r else "?"
-            print(f"{r['model']:<14}{r['planner']:<22}{format_bytes(r['peak_bytes']):>12}"
-                  f"{'infeasible (needs ' + need + ')':>30}")
-            continue
-        print(f"{r['model']:<14}{r['planner']:<22}{format_bytes(r['peak_bytes']):>12}"
-              f"{format_bytes(r['plan_peak_bytes']):>12}{r['overhead']:>9.1%}{r['planning_s']:>8.2f}")
+            cells = (f"infeasible (needs {need})", "", "")
+        table.append((r["model"], r["planner"], format_bytes(r["peak_bytes"]), *cells))
+    print_table(("model", "planner", "peak", "plan peak", "overhead", "plan s"), table, left=2)
     print(f"plots and traces in {args.out}/")

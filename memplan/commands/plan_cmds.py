@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, nonnegative_int, output_of, positive_float, print_rows
+from ..cli import add_json_flag, emit_json, nonnegative_int, output_of, positive_float, print_rows, readable
 from ..errors import MemplanError
 from ..units import format_bytes
 
@@ -93,6 +93,7 @@ def run_plan(args) -> int:
     from ..sim.validate import validate
     from ..tracing.formats import load_any
 
+    _check_plan_options(args)
     trace = load_any(args.trace, args.format)
     params = parse_params(args.param)
     if args.time_limit is not None:
@@ -132,6 +133,17 @@ def run_plan(args) -> int:
     else:
         print_rows(_plan_rows(summary))
     return 0
+
+
+def _check_plan_options(args) -> None:
+    """Planner, device and budget, checked before the trace is loaded."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+    from ..units import check_budget
+
+    get_planner(args.planner)
+    get_profile(args.device)
+    check_budget(args.budget)
 
 
 def plan_summary(result) -> dict:
@@ -178,7 +190,8 @@ def _plan_rows(summary: dict) -> list[tuple[str, object]]:
     if summary["microbatches"]:
         rows.append(("micro-batched layers", summary["microbatches"]))
     rows.append(("planning time", f"{summary['planning_s']:.3f} s"))
-    rows += [(f"planner: {k}", _scalar(v)) for k, v in (summary["report"] or {}).items()]
+    rows += [(f"planner: {name}", text) for name, text in
+             (readable(k, v) for k, v in (summary["report"] or {}).items())]
     predicted = summary["predicted"]
     if predicted:
         rows += _prediction_rows(predicted)
@@ -199,10 +212,6 @@ def _prediction_rows(p: dict) -> list[tuple[str, object]]:
             ("link traffic", format_bytes(p.get("link_bytes", 0)))]
     rows += [(f"  {k}", f"{v * 1e3:.2f} ms") for k, v in p.get("breakdown", {}).items()]
     return rows
-
-
-def _scalar(value) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _budget(budget: int | None, peak: int) -> str:

@@ -39,8 +39,10 @@ def run_maxbatch(args) -> int:
     if args.json:
         emit_json(out)
         return 0
+    largest = f"at least {out['max_batch']} (the --limit: raise it to search further)" if out["at_limit"] \
+        else str(out["max_batch"])
     print(f"{out['model']} under {format_bytes(out['memory_bytes'])} with {out['planner']}: "
-          f"max batch {out['max_batch']} ({out['source']})")
+          f"max batch {largest} ({out['source']})")
     for probe in out["probes"]:
         print(f"  batch {probe['batch']:<6} {'fits' if probe['fits'] else 'does not fit'}")
     return 0
@@ -88,6 +90,7 @@ def run(args) -> int:
 
     config = parse_config(args.config)
     use_working_dir()
+    _check_run_options(args)
     with fits_or_says_so(f"{args.model} at batch {args.batch}", args.device):
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
@@ -102,6 +105,21 @@ def run(args) -> int:
               f"{out['budget_bytes']} bytes + {BUDGET_TOLERANCE:.0%}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_run_options(args) -> None:
+    """The names and the budget, checked before the model is built and traced."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+    from ..units import check_budget
+    from ..zoo.registry import check_model_name
+
+    check_model_name(args.model)
+    if args.planner is not None:
+        get_planner(args.planner)
+    if args.budget is not None:
+        check_budget(args.budget)
+    get_profile(args.profile)
 
 
 def _print_run(out: dict) -> None:

@@ -33,11 +33,14 @@ def run(args) -> int:
     from ..cost.model import Cost
     from ..cost.profiles import get_profile
     from ..model import read_plan
-    from ..sim.simulate import Simulator, simulation_budget, simulation_device
+    from ..units import check_budget
+    from ..sim.simulate import NO_CAP, Simulator, simulation_budget, simulation_device
     from ..tracing.formats import load_any
 
     if args.device is not None:
         get_profile(args.device)
+    if args.budget is not None and args.budget.strip().lower() != NO_CAP:
+        check_budget(args.budget)
     trace = load_any(args.trace, args.format)
     if not trace.ops:
         raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")

@@ -18,6 +18,9 @@ a mode runs inside its handler goes to the modes entered before it).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 
 import torch
@@ -145,11 +148,13 @@ class AllocatorMeter:
         from torch.profiler import ProfilerActivity, profile
 
         self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profile.__enter__()
+        with _silent_stderr():
+            self._profile.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._profile.__exit__(*exc)
+        with _silent_stderr():
+            self._profile.__exit__(*exc)
         if exc[0] is None:
             totals = _cpu_allocation_totals(self._profile.profiler.kineto_results.experimental_event_tree())
             self.peak_bytes = self.start_bytes + max([0, *totals])
@@ -157,6 +162,22 @@ class AllocatorMeter:
     def peak(self) -> dict:
         """{"measured_peak_bytes", "measured_peak_reserved_bytes": None}, as `MemoryMeter.peak`."""
         return {"measured_peak_bytes": int(self.peak_bytes), "measured_peak_reserved_bytes": None}
+
+
+@contextlib.contextmanager
+def _silent_stderr():
+    """File descriptor 2 pointed at /dev/null for the block: the profiler's C++ library prints a
+    line at every start and stop (`USDT: ... profiler_start`) that no setting turns off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _cpu_allocation_totals(roots) -> list[int]:

@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away is told apart here, not at interpreter exit
+        return code
     except MemplanError as exc:
         # One line, whatever the message quotes (a library's multi-line error text).
         line = " ".join(str(exc).split())

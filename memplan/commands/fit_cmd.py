@@ -30,7 +30,8 @@ def run_fit(args) -> int:
     from ..zoo import parse_config
 
     use_working_dir()
-    planners = DEFAULT_PLANNERS if args.planners is None else tuple(p.strip() for p in args.planners.split(",") if p.strip())
+    given = args.planners
+    planners = DEFAULT_PLANNERS if given is None else tuple(p.strip() for p in given.split(",") if p.strip())
     out = fit(args.model, args.world_size, args.device, engine=args.engine, planners=planners, limit=args.limit,
               **parse_config(args.config))
     if args.json:

@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
     p.add_argument("-o", "--output", type=output_of("JSON"), required=True, help="plan file to write (JSON)")
     p.add_argument("--plot", type=output_of("plot"), default=None, metavar="FILE.png",
-                   help="write a plot (.png, .pdf or .svg) of the planner's search convergence (planners that search record one, e.g. home)")
+                   help="write a plot (.png, .pdf or .svg) of the planner's search convergence (planners that "
+                        "search record one, e.g. home)")
     add_json_flag(p)
     p.set_defaults(func=run_plan)
 

@@ -46,7 +46,8 @@ def add_parser(sub) -> None:
     p.add_argument("--time-repeats", type=nonnegative_int, default=CPU_TIME_REPEATS,
                    help=f"--real on the CPU: timed iterations after the traced one; each op gets its least "
                         f"(default {CPU_TIME_REPEATS}; 0: no op times)")
-    p.add_argument("-o", "--output", type=output_of("JSON lines"), required=True, help="trace file to write (JSON lines, .jsonl)")
+    p.add_argument("-o", "--output", type=output_of("JSON lines"), required=True,
+                   help="trace file to write (JSON lines, .jsonl)")
     add_json_flag(p)
     p.set_defaults(func=run_trace)
 

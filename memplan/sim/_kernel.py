@@ -16,7 +16,7 @@ except ImportError:  # numba is a dependency, but keep the simulator usable with
         return (lambda fn: fn) if not args or not callable(args[0]) else args[0]
 
 from ._codes import (
-    A_DROP, A_PREFETCH, A_RECOMPUTE, A_RELEASE, A_SWAP_OUT, A_WAIT, D2H_COPY, EXTRA_WORK, H2D_COPY,
+    A_DROP, A_PREFETCH, A_RECOMPUTE, A_RELEASE, A_SWAP_OUT, A_WAIT, EXTRA_WORK,
     I_BAD_OP, I_FEASIBLE, I_LINK, I_N_HOST_EVENTS, I_N_LOAD_EVENTS, I_N_PROGRAM, I_PEAK, I_SHORTFALL, N_FLOAT_RESULTS,
     N_INT_RESULTS, NO_WRAP, OVERLAP, R_COMPUTE, R_COPY_BUSY, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE,
     R_SYNC_STALL, R_TIME, RECOMPUTE, SWAP, SYNC, TAIL_WRAP)

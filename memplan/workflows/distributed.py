@@ -35,7 +35,7 @@ import logging
 import torch
 from torch import nn
 
-from ..errors import MemplanError, about_model
+from ..errors import MemplanError, about_model, model_code
 
 log = logging.getLogger(__name__)
 
@@ -209,11 +209,13 @@ def trace_rank(name: str, batch: int, engine: str, world_size: int, *, warmup: i
 
     check_engine(engine)
     check_world_size(world_size)
-    with fake_process_group(world_size), new_fake_mode(), quiet_fake_warnings():
-        workload = wrap_workload(zoo.get_workload(name, batch, **config), engine, fake=True)
+    with fake_process_group(world_size), new_fake_mode(), quiet_fake_warnings(), \
+            about_model(f"{name} under {engine.upper()}", config):
+        workload = zoo.get_workload(name, batch, **config)
+        with model_code(f"cannot be wrapped by {engine.upper()}"):
+            workload = wrap_workload(workload, engine, fake=True)
         meta = {"model": name, "batch": batch, "config": dict(workload.config), "engine": engine,
                 "world_size": world_size}
-        with about_model(f"{name} under {engine.upper()} at batch {batch}", config):
-            result = trace(workload.step, *workload.inputs, fake=True, model=workload.model,
-                           optimizer=workload.optimizer, warmup=warmup, progress=progress, meta=meta)
+        result = trace(workload.step, *workload.inputs, fake=True, model=workload.model,
+                       optimizer=workload.optimizer, warmup=warmup, progress=progress, meta=meta)
     return dataclasses.replace(result, meta={**result.meta, "collectives": collective_records(result)})

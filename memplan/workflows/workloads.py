@@ -36,7 +36,7 @@ def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = Tru
     factory = resolve_factory(name_or_factory)
     sizes = {} if input_size is None else {"input_size": input_size}
     name = name_or_factory if isinstance(name_or_factory, str) else getattr(name_or_factory, "__name__", "custom")
-    with about_model(f"{name} at batch {batch}", sizes | config):
+    with about_model(name, sizes | config):
         with new_fake_mode() if fake else contextlib.nullcontext(), quiet_fake_warnings(), \
                 model_code("cannot be built"):
             workload = factory(batch, **sizes, **config)

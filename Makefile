@@ -10,6 +10,7 @@ export DISABLE_MKDOCS_2_WARNING := true
 .PHONY: demo test docs setup clean
 
 demo: $(STAMP)
+	mkdir -p out
 	$(PY) -m memplan demo --out out/demo
 
 test: $(STAMP) docs

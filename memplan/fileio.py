@@ -27,20 +27,58 @@ def read_text(path: str | os.PathLike, what: str) -> str:
         raise TraceFormatError(f"{path}: cannot read {what}: {exc}") from None
 
 
-def check_output_path(path: str | os.PathLike) -> Path:
+# The file names each kind of output may have: what is written follows the name, and a name
+# that says another format is refused before any work.
+SUFFIXES = {
+    "JSON": (".json",),
+    "JSON lines": (".jsonl",),
+    "CSV": (".csv",),
+    "SQLite": (".sqlite", ".sqlite3", ".db"),
+    "plot": (".png", ".pdf", ".svg"),  # matplotlib writes each of these as its name says
+}
+
+
+def check_output_path(path: str | os.PathLike, kind: str | None = None) -> Path:
     """`path` as a Path, if a file can be written there; else MemplanError in one line.
 
     Checked before any long work, so that a bad `-o` fails at once: the path must not be
-    a folder, and the nearest existing folder above it must be writable.
+    a folder, its folder must exist (memplan creates files, never folders) and be
+    writable, and with `kind` (a key of SUFFIXES) its name must end as that format's do.
     """
     path = Path(path)
     if path.is_dir():
         raise MemplanError(f"{path}: is a directory, expected a file name")
     folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+    if not folder.is_dir():
+        raise MemplanError(f"{path}: folder {folder} does not exist (memplan creates files, not folders)")
+    if not os.access(folder, os.W_OK | os.X_OK):
         raise MemplanError(f"{path}: cannot write here ({folder} is not a writable directory)")
+    if kind is not None and path.suffix.lower() not in SUFFIXES[kind]:
+        raise MemplanError(f"{path}: a {kind} file's name ends in {' or '.join(SUFFIXES[kind])}")
+    return path
+
+
+def check_output_folder(path: str | os.PathLike) -> Path:
+    """`path` as a Path, if it is a writable folder or one can be made there (its parent
+    exists and is writable; only the last level is ever created); else MemplanError."""
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise MemplanError(f"{path}: is a file, expected a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise MemplanError(f"{path}: cannot write here (not a writable folder)")
+        return path
+    check_output_path(path)
+    return path
+
+
+def make_output_folder(path: str | os.PathLike) -> Path:
+    """The folder `path`, made if missing (after `check_output_folder`)."""
+    path = check_output_folder(path)
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise MemplanError(f"{path}: cannot make the folder: {exc.strerror or exc}") from None
     return path
 
 
@@ -53,11 +91,11 @@ def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str
         suffix: the temporary file's suffix (writers that infer the format from it, like
             matplotlib, need the real one).
     Raises:
-        MemplanError: `path` is a folder or cannot be written (one line; nothing left behind).
+        MemplanError: `path` is a folder, its folder does not exist, or it cannot be written
+            (one line; nothing left behind).
     """
     path = check_output_path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
         os.close(fd)
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""Shared plotting helpers (matplotlib, Agg backend, files written atomically)."""
+"""Shared plotting helpers (matplotlib, Agg backend, files written atomically in the format their name says)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from .fileio import atomic_output
+from .fileio import atomic_output, check_output_path
 
 GIB = 2**30
 DPI = 120  # pixels per inch of every PNG
@@ -23,16 +23,19 @@ def new_figure(width: float = 9.0, height: float = 4.5):
 
 
 def save_figure(fig, path: str | os.PathLike) -> None:
-    """Save `fig` as PNG at `path` through a temporary file, then close it.
+    """Save `fig` at `path` in the format its name says (.png, .pdf or .svg) through a
+    temporary file, then close it.
 
     Raises:
-        MemplanError: `path` is a folder or cannot be written (nothing is left behind).
+        MemplanError: `path` is a folder, cannot be written, or names another format (nothing
+            is left behind).
     """
     import matplotlib.pyplot as plt
 
     try:
-        with atomic_output(path, suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=DPI, bbox_inches="tight")
+        suffix = check_output_path(path, "plot").suffix.lower()
+        with atomic_output(path, suffix=suffix) as tmp:
+            fig.savefig(tmp, format=suffix[1:], dpi=DPI, bbox_inches="tight")
     finally:
         plt.close(fig)
 

@@ -18,9 +18,31 @@ TICK_S = 0.25  # how often a time-limited bar advances
 REDRAW_S = 0.1  # shortest time between two redraws (tqdm's default)
 
 
+class _NoBar:
+    """What a hidden bar is: the calls a search makes on a tqdm bar, doing nothing (tqdm itself
+    takes a tenth of a second to import, which a time-limited command would pay for nothing)."""
+
+    n = 0
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def update(self, n=1) -> None:
+        self.n += n
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        return None
+
+
 def progress_bar(desc: str, total: int | None = None, unit: str = "it", enabled: bool = True,
                  bar_format: str | None = None):
-    """A tqdm bar (use as a context manager; `update`, `set_postfix_str`); `enabled=False` hides it."""
+    """A tqdm bar (use as a context manager; `update`, `set_postfix_str`); `enabled=False`, or
+    stderr not being a terminal, hides it."""
+    if not enabled or not sys.stderr.isatty():
+        return _NoBar()
     from tqdm import tqdm
 
     return tqdm(desc=desc, total=total, unit=unit, file=sys.stderr, delay=SHOW_AFTER_S, mininterval=REDRAW_S,

@@ -16,6 +16,7 @@ _UNITS = {
 }
 # Sizes above this are typos (and overflow the simulator's int64 arithmetic).
 MAX_BYTES = 2**60
+ANY_PEAK = 2**40  # the peak a share is checked against before the real one is known
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -71,8 +72,27 @@ def parse_budget(text: str | int | float, peak_bytes: int) -> int:
         return _share(share, peak_bytes, text)
     value = parse_bytes(text)
     if value <= 0:
-        raise MemplanError(f"budget must be positive: {text!r}")
+        raise MemplanError(f"budget {text!r} is {value} bytes; give bytes (8GiB, 512MB, 1000000) or a share of the "
+                           f"peak with % ({_as_percent(text)})")
     return value
+
+
+def _as_percent(text) -> str:
+    """A percentage example: what `text` meant if it was a fraction ("0.5" -> "50%"), else 60%."""
+    try:
+        share = float(text)
+    except (TypeError, ValueError):
+        return "e.g. 60%"
+    return f"{share * 100:g}% for {text}?" if 0 < share < 1 else "e.g. 60%"
+
+
+def check_budget(text: str | int | float) -> None:
+    """Refuse, before any trace exists, what is a budget for no peak ("abc", "-5%", "0").
+
+    Raises:
+        MemplanError: as `parse_budget` would.
+    """
+    parse_budget(text, ANY_PEAK)
 
 
 def _share(share: float, peak_bytes: int, text) -> int:

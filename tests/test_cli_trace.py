@@ -95,5 +95,5 @@ def test_info_user_errors_exit_2(capsys, tmp_path, content, extra, needle):
     if content is not None:
         path.write_text(content)
     rc, out, err = _run(capsys, "info", str(path), *extra, "--json")
-    assert rc == 2 and out == ""
+    assert rc == 2 and json.loads(out) == {"error": err.strip().removeprefix("memplan: error: ")}  # issue 29
     assert len(err.strip().splitlines()) == 1 and needle in err

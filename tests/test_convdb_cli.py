@@ -110,7 +110,7 @@ def test_kernel_names_round_trip():
     for k in (Kernel(kind="fwd", n=64, c=96, h=27, w=27, k=256, r=5, s=5, pad_h=2, pad_w=2),
               Kernel(kind="bwd_data", n=3, c=8, h=9, w=7, k=4, r=3, s=1, pad_h=1, stride_h=2, dil_h=2, dil_w=2,
                      groups=2, dtype="float16"),
-              Kernel(kind="bwd_filter", n=1, c=4, h=5, w=6, k=2, r=2, s=3, dil_h=1, dil_w=3)):
+              Kernel(kind="bwd_filter", n=1, c=4, h=5, w=7, k=2, r=2, s=3, dil_h=1, dil_w=3)):  # fits: 7 wide
         assert parse_kernel(k.describe()) == k
 
 

@@ -45,10 +45,10 @@ def _plain(make):
 
 
 def _planned(make, *, plan=None, planner="none", budget=None, engine=None, trace=None, **params):
-    """Train STEPS steps under a plan; returns the workload and the step's stats."""
+    """Train STEPS steps under a plan, every one measured; returns the workload and the step's stats."""
     w = make()
     step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, planner=planner,
-                    budget=budget, trace=trace, **params)
+                    budget=budget, trace=trace, measure=True, **params)
     if engine is not None:
         step.runtime.engine.close()
         step.runtime.engine = step.runtime.runner.engine = engine

@@ -3,8 +3,9 @@
 Damaged files of every loaded format (trace JSON lines, plan JSON, DTR log, snapshot JSON
 and pickle, minimalloc CSV) and random option values go through `memplan.cli.main`. Every
 run must either succeed (exit 0; with --json exactly one JSON object on stdout) or refuse in
-exactly one line on stderr with exit code 2: never a traceback, never another exit code, and
-never a partial output file or a leftover temporary one.
+exactly one line on stderr with exit code 2 (with --json, that line as `{"error": ...}` on
+stdout too): never a traceback, never another exit code, and never a partial output file or
+a leftover temporary one. test_fuzz_commands.py runs more commands through the same checks.
 
 The example budget is kept small so the suite stays fast; for a longer run:
 
@@ -84,6 +85,8 @@ def assert_user_outcome(argv: list[str], outputs: tuple[Path, ...] = (), folder:
         assert rc == USAGE_ERROR, f"exit {rc} for {argv}: {err}"
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("memplan: error: "), f"{argv}: stderr {err!r}"
+        if "--json" in argv:  # the same line as the one JSON object on stdout
+            assert json.loads(out) == {"error": lines[0].removeprefix("memplan: error: ")}, f"{argv}: {out!r}"
         for path in outputs:
             assert not path.exists(), f"{argv}: left {path}"
     if folder:

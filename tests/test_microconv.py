@@ -111,7 +111,7 @@ def test_the_executor_runs_planned_splits_exactly_and_holds_what_the_plan_charge
     w = tiny_workload()
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
     plan = _split_plan(trace)
-    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=trace)
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=trace, measure=True)
     plain = tiny_workload()
     for model_step, make in ((step, w.make_inputs), (plain.step, plain.make_inputs)):
         torch.manual_seed(5)  # the same dropout masks

@@ -129,7 +129,8 @@ def test_a_user_mistake_inside_a_planner_stays_exit_2(capsys, trace_file, tmp_pa
     _register(monkeypatch, refusing)
     code, out, err = _run(capsys, "plan", trace_file, "--planner", "broken-test", "--budget", "100%",
                           "-o", tmp_path / "plan.json", "--json")
-    assert code == 2 and out == "" and "internal error" not in err and "module names" in err
+    assert code == 2 and "internal error" not in err and "module names" in err
+    assert json.loads(out) == {"error": err.strip().removeprefix("memplan: error: ")}  # --json: the same line
 
 
 def test_a_minimalloc_problem_is_planned_by_pool_planners_only(capsys, tmp_path):

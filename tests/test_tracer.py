@@ -311,7 +311,7 @@ def test_bad_model_is_a_user_error(name, needle):
 
 
 def test_bad_config_is_a_user_error():
-    with pytest.raises(MemplanError, match="cannot build"):
+    with pytest.raises(MemplanError, match="model small_net with config no_such_option=1: cannot be built"):
         trace_workload(small_net, 2, fake=True, no_such_option=1)
 
 

@@ -10,13 +10,14 @@ from ..units import format_bytes, parse_bytes
 
 def add_parser(sub):
     """Register `memplan compare`."""
-    from ..cli import add_json_flag, positive_int, torch_device
+    from ..cli import add_json_flag, output_folder, positive_int, torch_device
     from ..workflows import compare as c
 
     p = sub.add_parser("compare", help="Pareto fronts (peak vs overhead) of every planner and PyTorch tool, "
                                        "simulated and measured (on the CPU or a GPU), and the largest batch of each")
-    p.add_argument("--out", default="benchmarks/results/compare",
-                   help="folder of the report, the plots and the cache of finished points")
+    p.add_argument("--out", type=output_folder, default="benchmarks/results/compare",
+                   help="folder of the report, the plots and the cache of finished points (made if missing; its "
+                        "parent must exist)")
     p.add_argument("--models", default=",".join(c.DEFAULT_MODELS), help="comma-separated zoo model names")
     p.add_argument("--planners", default=",".join(c.DEFAULT_SIM_PLANNERS), help="planners simulated")
     p.add_argument("--run-planners", default=",".join(c.DEFAULT_RUN_PLANNERS),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..cli import add_json_flag, count, emit_json
 from ..errors import MemplanError
 
 DEEPBENCH_ALGO = "fastest"  # DeepBench reports the fastest cuDNN algorithm's time, not which one
@@ -9,8 +10,6 @@ DEEPBENCH_ALGO = "fastest"  # DeepBench reports the fastest cuDNN algorithm's ti
 
 def add_parser(sub) -> None:
     """Register `conv-db` and its three actions."""
-    from ..cli import add_json_flag
-
     p = sub.add_parser("conv-db", help="fill, show or import convolution benchmarks (SQLite; mu-cuDNN's cache)",
                        description="The convolution benchmark database the ucudnn planners read: one row per "
                                    "(kernel, micro-batch size, algorithm, source) with time and workspace.")
@@ -33,7 +32,8 @@ def add_parser(sub) -> None:
 
     s = actions.add_parser("show", help="rows per source, or the rows of one kernel")
     s.add_argument("db", help="database file")
-    s.add_argument("--source", default=None, help="only this source (e.g. model:v100)")
+    s.add_argument("--source", default=None, help="only this source (e.g. model:v100) or kind of source (cpu, "
+                   "model, cudnn, deepbench)")
     s.add_argument("--kernel", default=None, metavar="SPEC", help="the rows of this kernel (at its batch)")
     add_json_flag(s)
     s.set_defaults(func=run_show)
@@ -66,53 +66,51 @@ def run_fill(args) -> int:
     """Benchmark what is missing, print what was added."""
     import time
 
-    from ..cli import emit_json
     from ..conv.db import ConvDB
     from ..conv.options import policy_sizes
     from ..conv.sources import get_source
     from ..cost.profiles import get_profile
 
     kernels = _kernels(args)
-    sizes = {k: policy_sizes(args.policy, k.n) for k in kernels}
+    wanted = list(dict.fromkeys(k.with_batch(b) for k in kernels for b in policy_sizes(args.policy, k.n)))
     source = get_source(args.source, get_profile(args.device) if args.source == "model" else None)
     started = time.perf_counter()
     with ConvDB(args.db) as db:
-        missing = [k.with_batch(b) for k in kernels for b in sizes[k] if not db.get(k.with_batch(b), source.name)]
-        missing = list(dict.fromkeys(missing))
+        missing = [k for k in wanted if not db.get(k, source.name)]
         rows = source.measure(missing)
         db.put(rows)
-    out = {"db": args.db, "source": source.name, "kernels": len(kernels),
-           "micro_batch_kernels": sum(len(v) for v in sizes.values()), "benchmarked": len(missing),
-           "rows_added": len(rows), "seconds": round(time.perf_counter() - started, 3)}
+    out = {"db": args.db, "source": source.name, "kernels": len(kernels), "micro_batch_kernels": len(wanted),
+           "benchmarked": len(missing), "rows_added": len(rows), "seconds": round(time.perf_counter() - started, 3)}
     if args.json:
         emit_json(out)
     else:
-        print(f"{args.db}: {len(rows)} rows from {source.name} for {len(missing)} kernel sizes "
-              f"({len(kernels)} kernels, policy {args.policy}; the others were there) in {out['seconds']:.2f} s")
+        there = len(wanted) - len(missing)
+        print(f"{args.db}: {count(len(rows), 'row')} from {source.name} for {count(len(missing), 'micro-batch size')} "
+              f"of {count(len(kernels), 'kernel')} (policy {args.policy})"
+              + (f"; {there} already there" if there else "") + f", in {out['seconds']:.2f} s")
     return 0
 
 
 def run_show(args) -> int:
     """Per-source summary, or one kernel's rows."""
-    from ..cli import emit_json
     from ..conv.db import ConvDB
     from ..conv.kernels import parse_kernel
     from ..units import format_bytes
 
     with ConvDB(args.db, create=False) as db:
         if args.kernel is None:
-            summary = [s for s in db.summary() if args.source in (None, s["source"])]
+            summary = [s for s in db.summary() if _matches(s["source"], args.source)]
             if args.json:
                 emit_json({"db": args.db, "sources": summary})
                 return 0
             if not summary:
                 print(f"{args.db}: no rows" + (f" from {args.source}" if args.source else ""))
             for s in summary:
-                print(f"{s['source']}: {s['rows']} rows, {s['kernels']} kernel shapes, {s['batches']} micro-batch "
-                      f"sizes, workspace unknown in {s['workspace_unknown']}")
+                print(f"{s['source']}: {count(s['rows'], 'row')}, {count(s['kernels'], 'kernel shape')}, "
+                      f"{count(s['batches'], 'micro-batch size')}, workspace unknown in {s['workspace_unknown']}")
             return 0
         kernel = parse_kernel(args.kernel)
-        sources = [args.source] if args.source else [s["source"] for s in db.summary()]
+        sources = [s["source"] for s in db.summary() if _matches(s["source"], args.source)]
         rows = [r for src in sources for r in db.get(kernel, src)]
     if not rows:
         raise MemplanError(f"{args.db}: no rows for kernel {kernel.describe()!r}"
@@ -129,9 +127,14 @@ def run_show(args) -> int:
     return 0
 
 
+def _matches(source: str, wanted: str | None) -> bool:
+    """Whether `--source wanted` selects `source`: no filter, the same name, or its kind ("cpu" for
+    "cpu:<processor>", "model" for "model:v100")."""
+    return wanted is None or source == wanted or source.startswith(f"{wanted}:")
+
+
 def run_import(args) -> int:
     """Merge another database or DeepBench's CSV into DB."""
-    from ..cli import emit_json
     from ..conv.db import ConvDB, Row
     from ..conv.deepbench import read_conv_csv
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..cli import add_json_flag, emit_json
+from ..cli import add_json_flag, emit_json, output_folder, print_table
 from ..errors import MemplanError
 
 log = logging.getLogger(__name__)
@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 DEMO_MODELS = (("resnet50", 64), ("vgg16-cifar", 100), ("hf:gpt2", 8))
 DEMO_BUDGET = "70%"
 DEMO_DEVICE = "h100"
+DEMO_OUT = "memplan-demo"
 # Left out: searches that take minutes with their defaults (home:fast runs home's search under a time
 # limit; dqn:pretrained runs the shipped policy that dqn would fine-tune for a minute per model) and
 # milp, a reference whose solves take a minute each (its time limit) on these models.
@@ -27,7 +28,8 @@ LEFT_OUT = ("home", "dqn", "milp")
 def add_parser(sub) -> None:
     """Register `memplan demo`."""
     p = sub.add_parser("demo", help="trace, plan and simulate a few zoo models (no GPU needed)")
-    p.add_argument("--out", default="out/demo", help="folder for the traces, plans and plots")
+    p.add_argument("--out", type=output_folder, default=DEMO_OUT,
+                   help=f"folder for the traces and plots (made if missing; its parent must exist; default {DEMO_OUT})")
     p.add_argument("--device", default=DEMO_DEVICE, help="GPU profile to simulate on")
     p.add_argument("--budget", default=DEMO_BUDGET, help="memory budget, bytes or share of the peak")
     p.add_argument("--models", default=",".join(f"{m}@{b}" for m, b in DEMO_MODELS),
@@ -38,14 +40,17 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Trace, plan and simulate every demo model; print and plot the results."""
+    from ..fileio import make_output_folder
     from ..planners.base import known_planners
 
-    out = Path(args.out)
+    models = _parse_models(args.models)
+    _check_options(models, args)
+    out = make_output_folder(args.out)
     # The demo compares what moves tensors (pool layouts and convolution micro-batches matter on a GPU).
     planners = [name for name, spec in known_planners().items() if spec.decides <= {"swap", "recompute"}
                 and name not in LEFT_OUT]
     rows = []
-    for model, batch in _parse_models(args.models):
+    for model, batch in models:
         rows += _demo_model(model, batch, planners, args, out)
     if args.json:
         emit_json({"device": args.device, "budget": args.budget, "rows": rows})
@@ -58,10 +63,22 @@ def _parse_models(text: str) -> list[tuple[str, int]]:
     models = []
     for item in text.split(","):
         name, _, batch = item.strip().partition("@")
-        if not batch.isdigit():
-            raise MemplanError(f"--models: expected MODEL@BATCH, got {item!r}")
+        if not batch.isdigit() or int(batch) < 1:
+            raise MemplanError(f"--models: expected MODEL@BATCH with a batch of at least 1, got {item!r}")
         models.append((name, int(batch)))
     return models
+
+
+def _check_options(models: list[tuple[str, int]], args) -> None:
+    """Every option checked before the first model is traced."""
+    from ..cost.profiles import get_profile
+    from ..units import check_budget
+    from ..zoo.registry import check_model_name
+
+    get_profile(args.device)
+    check_budget(args.budget)
+    for model, _ in models:
+        check_model_name(model)
 
 
 def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) -> list[dict]:
@@ -100,13 +117,13 @@ def _print_table(rows: list[dict], args) -> None:
     from ..units import format_bytes
 
     print(f"device {args.device}, budget {args.budget} of each model's unconstrained peak (simulated)")
-    print(f"{'model':<14}{'planner':<22}{'peak':>12}{'plan peak':>12}{'overhead':>10}{'plan s':>8}")
+    table = []
     for r in rows:
-        if not r["feasible"]:
+        if r["feasible"]:
+            cells = (format_bytes(r["plan_peak_bytes"]), f"{r['overhead']:.1%}", f"{r['planning_s']:.2f}")
+        else:
             need = format_bytes(r["min_feasible_bytes"]) if "min_feasible_bytes" in r else "?"
-            print(f"{r['model']:<14}{r['planner']:<22}{format_bytes(r['peak_bytes']):>12}"
-                  f"{'infeasible (needs ' + need + ')':>30}")
-            continue
-        print(f"{r['model']:<14}{r['planner']:<22}{format_bytes(r['peak_bytes']):>12}"
-              f"{format_bytes(r['plan_peak_bytes']):>12}{r['overhead']:>9.1%}{r['planning_s']:>8.2f}")
+            cells = (f"infeasible (needs {need})", "", "")
+        table.append((r["model"], r["planner"], format_bytes(r["peak_bytes"]), *cells))
+    print_table(("model", "planner", "peak", "plan peak", "overhead", "plan s"), table, left=2)
     print(f"plots and traces in {args.out}/")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..units import format_bytes
+from ..units import ANY_PEAK, format_bytes
 
 
 def add_parser(sub) -> None:
@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     from ..cli import (
         add_json_flag,
         nonnegative_int,
-        output_file,
+        output_of,
         positive_float,
         positive_int,
     )
@@ -22,8 +22,9 @@ def add_parser(sub) -> None:
     t = verbs.add_parser("train", help="train on traces and budgets, write the weights (JSON)",
                          description=__doc__.splitlines()[0])
     t.add_argument("traces", nargs="+", help="trace files (memplan JSON lines or an importable format)")
-    t.add_argument("--budgets", default="80%,60%",
-                   help="comma-separated sizes or shares of each trace's peak (default 80%%,60%%)")
+    t.add_argument("--budgets", default=None,
+                   help="comma-separated sizes or shares of each trace's peak (default: per trace, a quarter and "
+                        "three quarters of the way from the lowest load the agent can reach to the peak)")
     t.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
     t.add_argument("--episodes", type=positive_int, default=200, help="training episodes (default 200)")
     t.add_argument("--time-limit", type=positive_float, default=None, metavar="S", help="stop after S seconds")
@@ -31,7 +32,7 @@ def add_parser(sub) -> None:
     t.add_argument("--min-bytes", type=nonnegative_int, default=None,
                    help="smallest activation the agent may act on (default 1 MiB)")
     t.add_argument("--seed", type=int, default=0, help="seed for the network, exploration and minibatches")
-    t.add_argument("-o", "--output", type=output_file, required=True, help="weights file to write (JSON)")
+    t.add_argument("-o", "--output", type=output_of("JSON"), required=True, help="weights file to write (JSON)")
     add_json_flag(t)
     t.set_defaults(func=run_train)
 
@@ -42,17 +43,10 @@ def run_train(args) -> int:
     from ..planners.dqn import DEFAULT_MIN_BYTES, train_weights
     from ..planners.dqn.net import save_weights
     from ..planners.dqn.train import TrainConfig
-    from ..tracing.formats import load_any
-    from ..workflows.sweep import parse_budgets
 
-    problems, names = [], []
-    for path in args.traces:
-        trace = load_any(path)
-        for budget in parse_budgets(args.budgets, trace.peak_load_bytes):
-            problems.append((trace, budget))
-            names.append((path, budget, trace.peak_load_bytes))
-    config = TrainConfig(episodes=args.episodes, time_limit_s=args.time_limit, seed=args.seed)
     min_bytes = DEFAULT_MIN_BYTES if args.min_bytes is None else args.min_bytes
+    problems, names = _problems(args, min_bytes)
+    config = TrainConfig(episodes=args.episodes, time_limit_s=args.time_limit, seed=args.seed)
     net, report = train_weights(problems, args.device, init=args.init, config=config, min_bytes=min_bytes,
                                 progress=not args.json and sys.stderr.isatty())
     rows = [{"trace": path, "budget_bytes": budget, "budget_share": budget / peak,
@@ -66,6 +60,31 @@ def run_train(args) -> int:
     else:
         _print(summary)
     return 0
+
+
+def _problems(args, min_bytes: int) -> tuple[list, list]:
+    """(trace, budget) pairs and (path, budget, peak) names, every option checked first."""
+    from ..cost.model import Cost
+    from ..cost.profiles import get_profile
+    from ..planners.dqn import default_budgets
+    from ..planners.dqn.net import load_weights
+    from ..tracing.formats import load_any
+    from ..workflows.sweep import parse_budgets
+
+    get_profile(args.device)
+    if args.budgets is not None:
+        parse_budgets(args.budgets, ANY_PEAK)
+    if args.init is not None:
+        load_weights(args.init)
+    problems, names = [], []
+    for path in args.traces:
+        trace = load_any(path)
+        peak = trace.peak_load_bytes
+        budgets = parse_budgets(args.budgets, peak) if args.budgets is not None else \
+            default_budgets(trace, Cost.for_trace(trace, args.device), min_bytes)
+        problems += [(trace, budget) for budget in budgets]
+        names += [(path, budget, peak) for budget in budgets]
+    return problems, names
 
 
 def _print(summary: dict) -> None:

@@ -30,7 +30,8 @@ def run_fit(args) -> int:
     from ..zoo import parse_config
 
     use_working_dir()
-    planners = tuple(args.planners.split(",")) if args.planners else DEFAULT_PLANNERS
+    given = args.planners
+    planners = DEFAULT_PLANNERS if given is None else tuple(p.strip() for p in given.split(",") if p.strip())
     out = fit(args.model, args.world_size, args.device, engine=args.engine, planners=planners, limit=args.limit,
               **parse_config(args.config))
     if args.json:
@@ -38,11 +39,15 @@ def run_fit(args) -> int:
         return 0
     print(f"{out['model']} on {out['world_size']} x {out['device']} ({out['engine']}, "
           f"{format_bytes(out['memory_bytes'])} per rank; simulated)")
+    width = max(len(row["planner"]) for row in out["planners"])
     for row in out["planners"]:
         if not row["max_batch"]:
-            print(f"  {row['planner']:<16} does not fit at batch 1")
+            print(f"  {row['planner']:<{width}}  does not fit at batch 1")
             continue
+        batch = f">= {row['max_batch']}" if row["at_limit"] else str(row["max_batch"])
         memory = ", ".join(f"{k} {format_bytes(v)}" for k, v in row["memory"].items() if v)
-        print(f"  {row['planner']:<16} batch/rank {row['max_batch']:<6} step {row['iteration_s'] * 1e3:.2f} ms  "
+        print(f"  {row['planner']:<{width}}  batch/rank {batch:<7} step {row['iteration_s'] * 1e3:.2f} ms  "
               f"{row['samples_per_s']:.1f} samples/s  peak {format_bytes(row['peak_bytes'])}  [{memory}]")
+    if any(row["at_limit"] for row in out["planners"]):
+        print(f"  (>=: the largest batch tried, --limit {out['limit']}, fits; raise --limit to search further)")
     return 0

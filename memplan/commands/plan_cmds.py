@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, nonnegative_int, output_file, positive_float
+from ..cli import add_json_flag, emit_json, nonnegative_int, output_of, positive_float, print_rows, readable
 from ..errors import MemplanError
 from ..units import format_bytes
 
@@ -31,9 +31,10 @@ def add_parser(sub) -> None:
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="SECONDS",
                    help="wall-clock limit of a planner that takes one (milp, home:fast): --param time_limit_s=SECONDS")
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
-    p.add_argument("-o", "--output", type=output_file, required=True, help="plan file to write (JSON)")
-    p.add_argument("--plot", type=output_file, default=None,
-                   help="write a PNG of the planner's search convergence (planners that search record one, e.g. home)")
+    p.add_argument("-o", "--output", type=output_of("JSON"), required=True, help="plan file to write (JSON)")
+    p.add_argument("--plot", type=output_of("plot"), default=None, metavar="FILE.png",
+                   help="write a plot (.png, .pdf or .svg) of the planner's search convergence (planners that "
+                        "search record one, e.g. home)")
     add_json_flag(p)
     p.set_defaults(func=run_plan)
 
@@ -44,7 +45,7 @@ def add_parser(sub) -> None:
     q.set_defaults(func=run_planners)
 
     c = sub.add_parser("calibrate", help="measure this CUDA GPU (or, with --device cpu, this CPU) into a device profile")
-    c.add_argument("-o", "--output", type=output_file, default=None,
+    c.add_argument("-o", "--output", type=output_of("JSON"), default=None,
                    help="profile JSON to write (usable as --device FILE)")
     c.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="what to measure: the CUDA GPU (default) or this CPU, as a device whose host link "
@@ -93,6 +94,7 @@ def run_plan(args) -> int:
     from ..sim.validate import validate
     from ..tracing.formats import load_any
 
+    _check_plan_options(args)
     trace = load_any(args.trace, args.format)
     params = parse_params(args.param)
     if args.time_limit is not None:
@@ -130,8 +132,19 @@ def run_plan(args) -> int:
     if args.json:
         emit_json(summary)
     else:
-        _print_rows(_plan_rows(summary))
+        print_rows(_plan_rows(summary))
     return 0
+
+
+def _check_plan_options(args) -> None:
+    """Planner, device and budget, checked before the trace is loaded."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+    from ..units import check_budget
+
+    get_planner(args.planner)
+    get_profile(args.device)
+    check_budget(args.budget)
 
 
 def plan_summary(result) -> dict:
@@ -178,7 +191,8 @@ def _plan_rows(summary: dict) -> list[tuple[str, object]]:
     if summary["microbatches"]:
         rows.append(("micro-batched layers", summary["microbatches"]))
     rows.append(("planning time", f"{summary['planning_s']:.3f} s"))
-    rows += [(f"planner: {k}", _scalar(v)) for k, v in (summary["report"] or {}).items()]
+    rows += [(f"planner: {name}", text) for name, text in
+             (readable(k, v) for k, v in (summary["report"] or {}).items())]
     predicted = summary["predicted"]
     if predicted:
         rows += _prediction_rows(predicted)
@@ -201,10 +215,6 @@ def _prediction_rows(p: dict) -> list[tuple[str, object]]:
     return rows
 
 
-def _scalar(value) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
 def _budget(budget: int | None, peak: int) -> str:
     if budget is None or not peak:
         return _bytes(budget)
@@ -214,12 +224,6 @@ def _budget(budget: int | None, peak: int) -> str:
 
 def _bytes(n: int | None) -> str:
     return "-" if n is None else f"{format_bytes(n)} ({n} B)"
-
-
-def _print_rows(rows) -> None:
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
 
 
 # --- planners ----------------------------------------------------------------------------------
@@ -233,7 +237,7 @@ def run_planners(args) -> int:
     if args.json:
         emit_json({"planners": json.loads(json.dumps(planners, default=str))})
     else:
-        _print_rows([(p["name"], f"[{', '.join(p['decides']) or 'nothing'}] {p['summary']}") for p in planners])
+        print_rows([(p["name"], f"[{', '.join(p['decides']) or 'nothing'}] {p['summary']}") for p in planners])
     return 0
 
 
@@ -254,7 +258,7 @@ def run_calibrate(args) -> int:
     if args.json:
         emit_json({**data, "output": args.output})
     else:
-        _print_rows(_profile_rows(data) + ([("written", args.output)] if args.output else []))
+        print_rows(_profile_rows(data) + ([("written", args.output)] if args.output else []))
     return 0
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from ..errors import MemplanError
 
+BYTE_DETAILS = ("portfolio_footprint", "lower_bound")  # smartpool details that are byte counts
+
 
 def add_parser(sub):
     """Register `memplan pool`."""
-    from ..cli import add_json_flag, output_file, positive_float
+    from ..cli import add_json_flag, output_of, positive_float
 
     p = sub.add_parser("pool", help="plan a memory pool (SmartPool) or simulate an allocator",
                        description="Lay out every buffer of INPUT (a trace, a trace plus --plan, or a minimalloc "
@@ -22,10 +24,13 @@ def add_parser(sub):
                         "and loading included (default 10)")
     p.add_argument("--order", choices=("prefetch-first", "derivative-first"), default=None,
                    help="vdnnpp-highend: allocation order at one step (paper 001)")
-    p.add_argument("--device", default="h100", help="cost profile used to time swap-out completion")
+    p.add_argument("--device", default=None,
+                   help="with --plan: the profile that times swap-outs (default: the one the plan was made for, else "
+                        "h100)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--offsets-out", type=output_file, help="write id,offset CSV (minimalloc ids for CSV input)")
-    p.add_argument("--plot", type=output_file, help="write a PNG of the layout (time x address)")
+    p.add_argument("--offsets-out", type=output_of("CSV"), help="write id,offset CSV (minimalloc ids for CSV input)")
+    p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
+                   help="write a picture of the layout, time x address (.png, .pdf or .svg)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -46,8 +51,10 @@ def load_problem(path: str, plan_path: str | None, device: str):
     from ..cost.model import Cost
     from ..model import read_plan
     from ..pool.intervals import residency_problem
+    from ..sim.simulate import simulation_device
 
-    return residency_problem(trace, read_plan(plan_path, trace), Cost.for_trace(trace, device))
+    plan = read_plan(plan_path, trace)
+    return residency_problem(trace, plan, Cost.for_trace(trace, simulation_device(plan, device)[0]))
 
 
 def run(args) -> int:
@@ -55,10 +62,8 @@ def run(args) -> int:
     from ..pool.api import solve
     from ..pool.budget import command_limit_s
 
+    options = _check_options(args)
     problem = load_problem(args.input, args.plan, args.device)
-    options = {"order": args.order} if args.order else {}
-    if options and args.allocator != "vdnnpp-highend":
-        raise MemplanError("--order applies to --allocator vdnnpp-highend only")
     result = solve(problem, args.allocator, time_limit_s=command_limit_s(args.time_limit), seed=args.seed, **options)
     if (args.offsets_out or args.plot) and result.offsets is None:
         raise MemplanError(f"allocator {args.allocator!r} has no single address space: no offsets to write or plot")
@@ -72,6 +77,21 @@ def run(args) -> int:
     return 0
 
 
+def _check_options(args) -> dict:
+    """Allocator options, every option checked before the input is loaded."""
+    from ..cost.profiles import get_profile
+    from ..errors import unknown_name
+    from ..pool.api import known_allocators
+
+    if args.allocator not in known_allocators():
+        raise unknown_name("allocator", args.allocator, known_allocators())
+    if args.order and args.allocator != "vdnnpp-highend":
+        raise MemplanError("--order applies to --allocator vdnnpp-highend only")
+    if args.device is not None:
+        get_profile(args.device)
+    return {"order": args.order} if args.order else {}
+
+
 def _write_offsets(path: str, result) -> None:
     from ..fileio import atomic_write_text
 
@@ -80,19 +100,22 @@ def _write_offsets(path: str, result) -> None:
 
 
 def _print(args, result) -> None:
-    from ..cli import emit_json
+    from ..cli import emit_json, print_rows, readable
     from ..units import format_bytes
 
     summary = result.summary()
     if args.json:
         emit_json(summary)
         return
-    print(f"allocator      {result.allocator}")
-    print(f"buffers        {result.buffers}")
-    print(f"peak load      {format_bytes(result.peak_load_bytes)} ({result.peak_load_bytes} B)")
-    print(f"footprint      {format_bytes(result.footprint_bytes)} ({result.footprint_bytes} B)")
-    print(f"ratio          {result.ratio:.4f}")
-    print(f"device calls   {result.alloc_calls}")
-    print(f"seconds        {result.seconds:.3f}")
-    for key, value in result.details.items():
-        print(f"{key:<14} {value}")
+    details = dict(result.details)
+    inner = details.pop("seconds", None)  # the allocator's own part of the time
+    time = f"{result.seconds:.3f} s" + (f" ({inner:.3f} s laying out, the rest checking the layout)"
+                                        if inner is not None else "")
+    rows = [("allocator", result.allocator), ("buffers", result.buffers),
+            ("peak load", f"{format_bytes(result.peak_load_bytes)} ({result.peak_load_bytes} B)"),
+            ("footprint", f"{format_bytes(result.footprint_bytes)} ({result.footprint_bytes} B)"),
+            ("ratio", f"{result.ratio:.4f}"), ("device calls", result.alloc_calls), ("time", time)]
+    rows += [readable(key, format_bytes(value) if key in BYTE_DETAILS else value) for key, value in details.items()]
+    rows += [(what, path) for what, path in (("offsets written to", args.offsets_out),
+                                             ("plot written to", args.plot)) if path]
+    print_rows(rows)

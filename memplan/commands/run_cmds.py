@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, positive_int, torch_device,
-                   use_working_dir)
+from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, positive_int, print_rows,
+                   torch_device, use_working_dir)
 from ..errors import MemplanError
 from ..units import format_bytes, parse_bytes
 
@@ -40,8 +40,10 @@ def run_maxbatch(args) -> int:
     if args.json:
         emit_json(out)
         return 0
+    largest = f"at least {out['max_batch']} (the --limit: raise it to search further)" if out["at_limit"] \
+        else str(out["max_batch"])
     print(f"{out['model']} under {format_bytes(out['memory_bytes'])} with {out['planner']}: "
-          f"max batch {out['max_batch']} ({out['source']})")
+          f"max batch {largest} ({out['source']})")
     for probe in out["probes"]:
         print(f"  batch {probe['batch']:<6} {'fits' if probe['fits'] else 'does not fit'}")
     return 0
@@ -100,6 +102,7 @@ def run(args) -> int:
 
     config = parse_config(args.config)
     use_working_dir()
+    _check_run_options(args)
     with fits_or_says_so(f"{args.model} at batch {args.batch}", args.device):
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
@@ -118,29 +121,45 @@ def run(args) -> int:
     return 0
 
 
+def _check_run_options(args) -> None:
+    """The names and the budget, checked before the model is built and traced."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+    from ..units import check_budget
+    from ..zoo.registry import check_model_name
+
+    check_model_name(args.model)
+    if args.planner is not None:
+        get_planner(args.planner)
+    if args.budget is not None:
+        check_budget(args.budget)
+    get_profile(args.profile)
+
+
 def _print_run(out: dict) -> None:
-    ex = out["executor"]
     rows = [("model", f"{out['model']} batch {out['batch']}"), ("planner", out["planner"]),
-            ("budget", format_bytes(out["budget_bytes"] or 0)),
-            ("step time (s)", ", ".join(f"{t:.3f}" for t in out["step_time_s"])),
-            ("measured step (s)", f"{out['measured_step_s']:.3f} ({_step_source(out)})"),
-            ("simulated step (s)", _s(out["simulated_step_s"], out["profile"], out["op_times"])),
-            ("measured peak", ", ".join(format_bytes(r["measured_peak_bytes"]) for r in out["steps"])),
+            ("budget", _b(out["budget_bytes"])),
+            ("step times", ", ".join(_ms(t) for t in out["step_time_s"])),
+            ("measured step", f"{_ms(out['measured_step_s'])} ({_step_source(out)})"),
+            ("simulated step", _simulated_step(out)),
+            ("measured peak", ", ".join(_b(r["measured_peak_bytes"]) for r in out["steps"])),
             ("measured reserved", ", ".join(_b(r.get("measured_peak_reserved_bytes")) for r in out["steps"])),
             ("simulated peak", _b(out["simulated_peak_bytes"])),
             ("within budget", "yes" if out["within_budget"] else "NO"),
             ("kept by", _kept_by(out)),
-            ("host slab", format_bytes(ex["slab_bytes"])),
-            ("swapped out", f"{ex['swapped_out']} ({format_bytes(ex['swapped_out_bytes'])})"),
-            ("recomputed", f"{ex['recomputed']} storages, {ex['replayed_ops']} ops replayed"),
-            ("diverged steps", ex["diverged_steps"]),
-            ("allocator", _allocator(out)),
-            ("predicted (simulated)", _predicted(out["predicted"]))]
+            ("allocator", _allocator(out))]
+    ex = out["executor"]
+    if ex is not None:  # a PyTorch tool runs without memplan's executor
+        rows += [("host slab", format_bytes(ex["slab_bytes"])),
+                 ("swapped out", f"{ex['swapped_out']} ({format_bytes(ex['swapped_out_bytes'])})"),
+                 ("recomputed", f"{ex['recomputed']} storages, {ex['replayed_ops']} ops replayed"),
+                 ("diverged steps", ex["diverged_steps"])]
+    if out["predicted"]:
+        rows.append(("predicted (simulated)", _predicted(out["predicted"])))
     if "max_param_diff" in out:
-        rows += [("max_param_diff", f"{out['max_param_diff']:.3g}"),
-                 ("max_buffer_diff", f"{out['max_buffer_diff']:.3g}")]
-    for key, value in rows:
-        print(f"{key:<22} {value}")
+        rows += [("max param diff", f"{out['max_param_diff']:.3g}"),
+                 ("max buffer diff", f"{out['max_buffer_diff']:.3g}")]
+    print_rows(rows)
 
 
 def _kept_by(out: dict) -> str:
@@ -158,22 +177,34 @@ def _allocator(out: dict) -> str:
             f"served, {last.get('fallbacks', 0)} fallbacks, reserved {_b(last.get('peak_reserved_bytes'))}")
 
 
-def _predicted(summary: dict) -> str:
-    if not summary:
-        return "-"
-    parts = [f"{k} {format_bytes(v) if k.endswith('bytes') else v:}" for k, v in summary.items()
-             if isinstance(v, (int, float)) and (k.endswith("bytes") or k.endswith("_s"))]
-    return ", ".join(parts[:4]) or "-"
+def _predicted(p: dict) -> str:
+    if not p.get("feasible", True):
+        return f"infeasible at op {p['infeasible_op']}"
+    return (f"{_ms(p['time_s'])} (overhead {p['overhead']:+.1%}), peak {_b(p['peak_load_bytes'])}, "
+            f"link {format_bytes(p['link_bytes'])}")
 
 
 def _step_source(out: dict) -> str:
-    n = len(out["timed_step_s"])
-    what = f"median of {n} unmetered steps" if n else "median of the metered steps after the first"
+    n, metered = len(out["timed_step_s"]), len(out["step_time_s"])
+    if n:
+        what = f"median of {n} unmetered step{'s' * (n > 1)}"
+    elif metered > 2:
+        what = f"median of the {metered - 1} metered steps after the first"
+    elif metered == 2:
+        what = "the metered step after the first"
+    else:
+        what = "the only metered step, warm-up included; --steps 2 or --timed-steps 1 give a steady one"
     return what + (", main thread's CPU time" if out["clock"] == "cpu" else "")
 
 
-def _s(seconds, profile: str, op_times: str) -> str:
-    return "-" if seconds is None else f"{seconds:.3f} ({profile}, {op_times} op times)"
+def _simulated_step(out: dict) -> str:
+    if out["simulated_step_s"] is None:
+        return "-"
+    return f"{_ms(out['simulated_step_s'])} ({out['profile']}, {out['op_times']} op times)"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
 
 
 def _b(n) -> str:

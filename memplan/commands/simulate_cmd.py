@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cli import add_json_flag, emit_json, output_file
+from ..cli import add_json_flag, emit_json, output_of
 from ..errors import MemplanError
 
+_DEVICE_SOURCES = {"given": "from --device", "plan": "the profile the plan was made for", "default": "the default"}
 _BUDGET_SOURCES = {"given": "from --budget", "plan": "the plan's own budget", "none": "uncapped"}
 LANE_COLORS = {"compute": "tab:blue", "d2h": "tab:orange", "h2d": "tab:green"}
 
@@ -17,10 +18,12 @@ def add_parser(sub) -> None:
     p.add_argument("trace", help="trace file (memplan JSON lines or an importable format)")
     p.add_argument("--format", help="trace format, when detection is not wanted")
     p.add_argument("--plan", help="plan JSON written by `memplan plan` (default: keep everything)")
-    p.add_argument("--device", default="h100", help="device profile name or profile file, e.g. from `calibrate --device cpu` (default h100)")
+    p.add_argument("--device", default=None, help="device profile name or profile file, e.g. from `calibrate --device "
+                   "cpu` (default: the profile the plan was made for, else h100)")
     p.add_argument("--budget", help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or "
                    "none (no cap); default: the plan's own budget, no cap without a plan")
-    p.add_argument("--plot", type=output_file, help="write the memory-load timeline and stream lanes to this PNG")
+    p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
+                   help="write the memory-load timeline and stream lanes here (.png, .pdf or .svg)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -28,20 +31,29 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     """Simulate and print the result."""
     from ..cost.model import Cost
+    from ..cost.profiles import get_profile
     from ..model import read_plan
-    from ..sim.simulate import Simulator, simulation_budget
+    from ..units import check_budget
+    from ..sim.simulate import NO_CAP, Simulator, simulation_budget, simulation_device
     from ..tracing.formats import load_any
 
+    if args.device is not None:
+        get_profile(args.device)
+    if args.budget is not None and args.budget.strip().lower() != NO_CAP:
+        check_budget(args.budget)
     trace = load_any(args.trace, args.format)
     if not trace.ops:
         raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")
     plan = read_plan(args.plan, trace) if args.plan else None
     budget, source = simulation_budget(trace, plan, args.budget)
-    sim = Simulator(trace, Cost.for_trace(trace, args.device))
+    device, device_source = simulation_device(plan, args.device)
+    sim = Simulator(trace, Cost.for_trace(trace, device))
     result = replace(sim.run(plan, budget, timeline=bool(args.plot)), budget_bytes=budget, budget_source=source)
+    summary = {"trace": args.trace, "device": sim.cost.profile.name, "device_source": device_source,
+               **result.summary()}
     if args.plot and result.feasible:
         _plot(trace, sim, result, budget, args)
-    summary = {"trace": args.trace, "device": args.device, **result.summary()}
+        summary["plot"] = str(args.plot)
     if trace.meta.get("world_size"):  # one rank of a DDP/FSDP2 job: its collectives beside compute
         from ..sim.comm import simulate_comm
 
@@ -57,6 +69,7 @@ def _print(summary: dict) -> None:
     from ..units import format_bytes
 
     cap = "no cap" if summary["budget_bytes"] is None else format_bytes(summary["budget_bytes"])
+    print(f"device      {summary['device']:>13}   ({_DEVICE_SOURCES[summary['device_source']]})")
     print(f"budget      {cap:>13}   ({_BUDGET_SOURCES[summary['budget_source']]})")
     if not summary["feasible"]:
         print(f"infeasible: op {summary['infeasible_op']} cannot allocate, "
@@ -73,6 +86,8 @@ def _print(summary: dict) -> None:
         print(f"with comm   {comm['iteration_s'] * 1e3:10.2f} ms   ({comm['collectives']} collectives on "
               f"{comm['world_size']} ranks over {comm['link']}: {comm['comm_s'] * 1e3:.2f} ms, "
               f"{comm['exposed_comm_s'] * 1e3:.2f} ms not hidden by compute; unplanned)")
+    if "plot" in summary:
+        print(f"plot        {summary['plot']}")
 
 
 def _plot(trace, sim, result, budget, args) -> None:
@@ -94,7 +109,7 @@ def _plot(trace, sim, result, budget, args) -> None:
         top.axhline(budget / GIB, color="grey", ls="--", lw=0.8, label="budget")
     top.set_ylabel("memory load (GiB)")
     top.legend(fontsize=8)
-    top.set_title(f"{args.trace} on {args.device} (simulated)")
+    top.set_title(f"{args.trace} on {sim.cost.profile.name} (simulated)")
     for row, (lane, spans) in enumerate(result.lanes.items()):
         spans = np.asarray(spans) * 1e3
         lanes.broken_barh([(s, e - s) for s, e in spans], (row, 0.8), color=LANE_COLORS.get(lane, "grey"))

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import sys
 
+from ..cli import print_table
 from ..units import format_bytes
 
 AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
+DEFAULT_BUDGETS = "100%,90%,80%,70%,60%,50%,40%"
 
 
 def add_parser(sub):
     """Register `memplan sweep`."""
-    from ..cli import add_json_flag, output_file, positive_int
-    from ..workflows.sweep import DEFAULT_BUDGETS
+    from ..cli import add_json_flag, output_of, positive_int
 
     p = sub.add_parser("sweep", help="run planners over budgets (overhead against memory)",
                        description=__doc__.splitlines()[0])
@@ -29,7 +30,8 @@ def add_parser(sub):
     p.add_argument("--trials", type=positive_int, default=None, help="AutoSwap bo: Bayesian-optimisation evaluations")
     p.add_argument("--objective", choices=("simulated", "measured"), default=None,
                    help="AutoSwap bo: what the search minimises (measured needs a GPU)")
-    p.add_argument("--plot", type=output_file, metavar="PNG", help="write the overhead-against-memory plot here")
+    p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
+                   help="write the overhead-against-memory plot here (.png, .pdf or .svg)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -40,18 +42,36 @@ def run(args) -> int:
     from ..workflows.sweep import parse_budgets, plot_pareto, sweep
     from ..tracing.formats import load_any
 
+    _check_sweep_options(args)
     trace = load_any(args.trace)
     budgets = parse_budgets(args.budgets, trace.peak_load_bytes)
     params = {name: _autoswap_params(args) for name in args.planner if name.startswith(AUTOSWAP_PREFIX)}
     result = sweep(trace, args.planner, budgets, args.device, seed=args.seed, params=params,
                    progress=not args.json and sys.stderr.isatty())
+    summary = result.to_json()
     if args.plot:
         plot_pareto(result, args.plot, title=f"{trace.meta.get('model', args.trace)} on {args.device}")
+        summary["plot"] = str(args.plot)
     if args.json:
-        emit_json(result.to_json())
+        emit_json(summary)
     else:
         _print_table(result)
+        if args.plot:
+            print(f"plot written to {args.plot}")
     return 0
+
+
+def _check_sweep_options(args) -> None:
+    """Planners, device and budgets, checked before the trace is loaded."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+    from ..units import ANY_PEAK
+    from ..workflows.sweep import parse_budgets
+
+    for name in args.planner:
+        get_planner(name)
+    get_profile(args.device)
+    parse_budgets(args.budgets, ANY_PEAK)
 
 
 def _autoswap_params(args) -> dict:
@@ -67,10 +87,9 @@ def _autoswap_params(args) -> dict:
 
 def _print_table(result) -> None:
     print(f"peak load {format_bytes(result.peak_load_bytes)}   load_min {format_bytes(result.load_min_bytes)}")
-    print(f"{'planner':<26} {'budget':>12} {'peak load':>12} {'footprint':>12} {'overhead':>9} {'plan s':>7}")
-    for p in result.points:
-        peak = format_bytes(p.peak_load_bytes) if p.peak_load_bytes is not None else "-"
-        foot = format_bytes(p.footprint_bytes) if p.footprint_bytes else "-"
-        over = f"{p.overhead * 100:.2f}%" if p.overhead is not None else "infeasible"
-        print(f"{p.planner:<26} {format_bytes(p.budget_bytes):>12} {peak:>12} {foot:>12} {over:>9} "
-              f"{p.planning_s:>7.2f}")
+    rows = [(p.planner, format_bytes(p.budget_bytes),
+             format_bytes(p.peak_load_bytes) if p.peak_load_bytes is not None else "-",
+             format_bytes(p.footprint_bytes) if p.footprint_bytes else "-",
+             f"{p.overhead:.2%}" if p.overhead is not None else "infeasible", f"{p.planning_s:.2f}")
+            for p in result.points]
+    print_table(("planner", "budget", "peak load", "footprint", "overhead", "plan s"), rows)

@@ -6,12 +6,13 @@ import argparse
 import logging
 import sys
 
-from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_file, positive_int,
+from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_of, positive_int, print_rows,
                    torch_device, use_working_dir)
 from ..units import format_bytes
 
 # Meta entries too long for a summary (per saved tensor lists); they stay in the file.
 _LONG_META = ("pack_order", "pack_ops", "hook_events", "owners")
+LONG_META_CHARS = 100  # a meta entry longer than this is cut short in the table
 PHASE_COLOURS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
 GIB = 2**30
 CPU_TIME_REPEATS = 3  # timed iterations of `trace --real` on the CPU
@@ -49,16 +50,18 @@ def add_parser(sub) -> None:
     p.add_argument("--time-repeats", type=nonnegative_int, default=CPU_TIME_REPEATS,
                    help=f"--real on the CPU: timed iterations after the traced one; each op gets its least "
                         f"(default {CPU_TIME_REPEATS}; 0: no op times)")
-    p.add_argument("-o", "--output", type=output_file, required=True, help="trace file to write (JSON lines)")
+    p.add_argument("-o", "--output", type=output_of("JSON lines"), required=True,
+                   help="trace file to write (JSON lines, .jsonl)")
     add_json_flag(p)
     p.set_defaults(func=run_trace)
 
     q = sub.add_parser("info", help="summarise a trace: ops, storages, peak load, bytes per kind")
     q.add_argument("trace", help="trace file")
     q.add_argument("--format", default=None, help="file format (detected when omitted)")
-    q.add_argument("--per-op", action="store_true", help="also give the memory load at every op")
-    q.add_argument("--plot", type=output_file, default=None, metavar="FILE.png",
-                   help="draw the load curve with phases shaded")
+    q.add_argument("--per-op", action="store_true", help="also give the memory load at every op (a table; with "
+                   "--json, the list load_per_op)")
+    q.add_argument("--plot", type=output_of("plot"), default=None, metavar="FILE.png",
+                   help="draw the load curve with phases shaded (.png, .pdf or .svg)")
     add_json_flag(q)
     q.set_defaults(func=run_info)
 
@@ -96,7 +99,7 @@ def run_trace(args) -> int:
     if args.json:
         emit_json(summary)
     else:
-        _print_table(summary)
+        _print_table(summary, trace)
     return 0
 
 
@@ -146,8 +149,20 @@ def run_info(args) -> int:
     if args.json:
         emit_json(summary)
     else:
-        _print_table(summary)
+        _print_table(summary, trace)
+        if args.per_op:
+            _print_per_op(trace)
     return 0
+
+
+def _print_per_op(trace) -> None:
+    """One line per op: index, phase, memory load while it runs, name and module."""
+    width = len(str(max(trace.num_steps - 1, 0)))
+    print()
+    print(f"{'op':>{width}}  {'phase':<9}  {'load':>10}  name (module)")
+    for op, load in zip(trace.ops, trace.load.tolist()):
+        print(f"{op.index:>{width}}  {op.phase:<9}  {format_bytes(load):>10}  {op.name}"
+              + (f" ({op.module})" if op.module else ""))
 
 
 def summarise(trace) -> dict:
@@ -189,7 +204,7 @@ def _phase_runs(trace):
     return [tuple(r) for r in runs]
 
 
-def _print_table(summary: dict) -> None:
+def _print_table(summary: dict, trace) -> None:
     rows = [("ops", summary["ops"]), ("storages", summary["storages"]),
             ("peak load", f"{format_bytes(summary['peak_load_bytes'])} ({summary['peak_load_bytes']} B)"),
             ("peak at op", f"{summary['peak_op']} {summary['peak_op_name'] or ''} ({summary['peak_phase'] or '-'})"),
@@ -197,10 +212,19 @@ def _print_table(summary: dict) -> None:
     rows += [(f"ops in {phase}", n) for phase, n in summary["ops_by_phase"].items()]
     rows += [(f"bytes {kind}", format_bytes(n)) for kind, n in summary["bytes_by_kind"].items()]
     rows += [(key, summary[key]) for key in ("output", "plot") if key in summary]
-    rows += [(f"meta {k}", v) for k, v in summary["meta"].items() if v not in (None, {}, "")]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    rows += [(f"meta {k}", _meta_text(k, v, trace)) for k, v in summary["meta"].items() if v not in (None, {}, "")]
+    print_rows(rows)
+
+
+def _meta_text(key: str, value, trace) -> str:
+    """A meta entry in one readable line: collectives counted per kind, anything long cut short."""
+    if key == "collectives":
+        from ..tracing.collectives import collective_totals
+
+        return ", ".join(f"{kind} x{t['count']} ({format_bytes(t['bytes'])})"
+                         for kind, t in collective_totals(trace).items())
+    text = str(value)
+    return text if len(text) <= LONG_META_CHARS else text[:LONG_META_CHARS - 1] + "… (all of it with --json)"
 
 
 def _spinner(desc: str):

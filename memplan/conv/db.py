@@ -8,7 +8,8 @@ and holds the time in seconds and the workspace in bytes, NULL where the source 
 know it (PyTorch's CPU convolutions keep their temporaries to themselves). The `meta`
 table names the schema and its version; a file that is not such a database is refused
 in one line. Writes happen in transactions, and a new file is created complete (an
-empty schema renamed into place), so an interrupted fill leaves a valid database.
+empty schema renamed into place), so an interrupted fill leaves a valid database, and a
+file made for work that then failed (a bad import, an interrupted first fill) is removed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import MemplanError
-from ..fileio import atomic_output
+from ..fileio import atomic_output, check_output_path
 from .kernels import SHAPE_FIELDS, Kernel
 
 SCHEMA = "memplan.conv-db"
@@ -56,10 +57,12 @@ class ConvDB:
 
     def __init__(self, path: str | os.PathLike | None = None, create: bool = True):
         self.path = None if path is None else Path(path)
+        self.created = False  # made by this object: removed again if the work on it fails
         if self.path is not None and not self.path.exists():
             if not create:
                 raise MemplanError(f"{self.path}: no such benchmark database")
             _create_file(self.path)
+            self.created = True
         try:
             self.conn = sqlite3.connect(":memory:" if self.path is None else str(self.path))
             if self.path is None:
@@ -73,6 +76,8 @@ class ConvDB:
 
     def __exit__(self, *exc) -> None:
         self.close(commit=exc[0] is None)
+        if exc[0] is not None and self.created:
+            self.path.unlink(missing_ok=True)  # a failed or interrupted first fill leaves no empty database
 
     def close(self, commit: bool = True) -> None:
         """Commit (unless told not to) and close."""
@@ -143,6 +148,7 @@ class ConvDB:
 
 def _create_file(path: Path) -> None:
     """A new, empty database at `path`, created complete or not at all."""
+    check_output_path(path, "SQLite")
     with atomic_output(path, suffix=".sqlite-tmp") as tmp:
         conn = sqlite3.connect(tmp)
         try:

@@ -16,6 +16,8 @@ from ..model import CONV_KERNELS, ConvParams, Trace, conv_output_size
 # Bytes per element of the dtypes convolutions run in.
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 # The fields that name a kernel's shape: all but the batch (benchmark rows key on these).
+# Sizes and steps that are at least 1 (padding may be 0).
+_AT_LEAST_ONE = ("n", "c", "h", "w", "k", "r", "s", "stride_h", "stride_w", "dil_h", "dil_w", "groups")
 SHAPE_FIELDS = ("kind", "c", "h", "w", "k", "r", "s", "pad_h", "pad_w", "stride_h", "stride_w", "dil_h", "dil_w",
                 "groups", "dtype")
 
@@ -46,6 +48,14 @@ class Kernel:
             raise ValueError(f"kernel kind {self.kind!r} is not one of {CONV_KERNELS}")
         if self.dtype not in ELEMENT_BYTES:
             raise ValueError(f"kernel dtype {self.dtype!r} is not one of {sorted(ELEMENT_BYTES)}")
+        small = [name for name in _AT_LEAST_ONE if getattr(self, name) < 1] + \
+            [name for name in ("pad_h", "pad_w") if getattr(self, name) < 0]
+        if small:
+            raise ValueError(f"{small[0]} must be at least {0 if small[0].startswith('pad') else 1}")
+        if self.c % self.groups or self.k % self.groups:
+            raise ValueError(f"{self.groups} groups do not divide {self.c} input and {self.k} output channels")
+        if self.p < 1 or self.q < 1:
+            raise ValueError(f"a {self.r}x{self.s} filter leaves no output of a {self.h}x{self.w} input")
 
     @classmethod
     def of(cls, conv: ConvParams, kind: str) -> Kernel:

@@ -9,8 +9,9 @@ CPU) and writes a profile file that `--device` accepts alongside the built-in na
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..errors import MemplanError, unknown_name
@@ -143,13 +144,40 @@ def read_profile(path: str | os.PathLike) -> DeviceProfile:
     """Read a profile JSON file (all DeviceProfile fields)."""
     try:
         data = json.loads(Path(path).read_text())
-        known = {f.name for f in fields(DeviceProfile)}
-        unknown = set(data) - known
-        if unknown:
-            raise MemplanError(f"{path}: unknown profile field {sorted(unknown)[0]!r}")
-        return DeviceProfile(**data)
-    except (OSError, json.JSONDecodeError, TypeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MemplanError(f"{path}: not a device profile: {exc}") from None
+    return profile_from_json(data, str(path))
+
+
+def profile_from_json(data, source: str = "<profile>") -> DeviceProfile:
+    """The DeviceProfile of `profile_to_json` output, every field checked.
+
+    Raises:
+        MemplanError: naming `source` and the first field that is missing, unknown or wrong.
+    """
+    if not isinstance(data, dict):
+        raise MemplanError(f"{source}: not a device profile (expected an object)")
+    known = {f.name: f for f in fields(DeviceProfile)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise MemplanError(f"{source}: unknown profile field {unknown[0]!r}")
+    missing = sorted(name for name, f in known.items() if name not in data and f.default is MISSING)
+    if missing:
+        raise MemplanError(f"{source}: device profile field {missing[0]!r} is missing")
+    for name, value in data.items():
+        if not _fits(known[name].type, name, value):
+            raise MemplanError(f"{source}: device profile field {name!r} cannot be {value!r}")
+    return DeviceProfile(**data)
+
+
+def _fits(kind: str, name: str, value) -> bool:
+    """Whether `value` is a sound value of a field annotated `kind`: a number finite and positive
+    (a latency, `*_s`, may be 0), a count positive, a flag a bool, a name a string."""
+    if kind == "bool" or kind == "str":
+        return type(value).__name__ == kind
+    if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
+        return False
+    return math.isfinite(value) and (value >= 0 if name.endswith("_s") else value > 0)
 
 
 def profile_to_json(profile: DeviceProfile) -> dict:

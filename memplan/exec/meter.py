@@ -19,6 +19,9 @@ a mode runs inside its handler goes to the modes entered before it).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 
 import torch
@@ -44,6 +47,7 @@ class MemoryMeter(TorchDispatchMode):
         self._excluded: set[int] = set()
         self.peak_bytes = 0
         self.own_s = 0.0  # seconds spent in the meter's own bookkeeping (a step's time less this is the step's)
+        self.active = True  # False: ops pass straight through (a step that is not measured pays no bookkeeping)
 
     # --- what exists outside the ops --------------------------------------------------------
 
@@ -90,6 +94,8 @@ class MemoryMeter(TorchDispatchMode):
         return {"measured_peak_bytes": int(self.peak_bytes), "measured_peak_reserved_bytes": None}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.active:
+            return func(*args, **(kwargs or {}))
         if any(is_traceable_wrapper_subclass(t) for t in tree_leaves((args, kwargs))):
             # A tensor subclass (FSDP2's DTensor): its ops on its local tensors come back here.
             return NotImplemented
@@ -152,11 +158,13 @@ class AllocatorMeter:
         from torch.profiler import ProfilerActivity, profile
 
         self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profile.__enter__()
+        with _silent_stderr():
+            self._profile.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._profile.__exit__(*exc)
+        with _silent_stderr():
+            self._profile.__exit__(*exc)
         if exc[0] is None:
             totals = _cpu_allocation_totals(self._profile.profiler.kineto_results.experimental_event_tree())
             self.peak_bytes = self.start_bytes + max([0, *totals])
@@ -164,6 +172,22 @@ class AllocatorMeter:
     def peak(self) -> dict:
         """{"measured_peak_bytes", "measured_peak_reserved_bytes": None}, as `MemoryMeter.peak`."""
         return {"measured_peak_bytes": int(self.peak_bytes), "measured_peak_reserved_bytes": None}
+
+
+@contextlib.contextmanager
+def _silent_stderr():
+    """File descriptor 2 pointed at /dev/null for the block: the profiler's C++ library prints a
+    line at every start and stop (`USDT: ... profiler_start`) that no setting turns off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _cpu_allocation_totals(roots) -> list[int]:

@@ -20,6 +20,7 @@ from dataclasses import asdict
 
 import torch
 
+from ..errors import MemplanError
 from ..model import Trace
 from ..model.program import StepProgram
 from .engine import CopyEngine, engine_for
@@ -28,6 +29,11 @@ from .runner import StepRunner
 from .slab import HostSlab, host_layout
 
 log = logging.getLogger(__name__)
+
+MEASURE_CHOICES = ("first", True, False)  # which steps the meter measures: the first, every one, none
+# A measured step above its budget by more than this share is over it (the meter sees what the trace
+# does not: an op's internal scratch memory, on a GPU the allocator's rounding).
+BUDGET_TOLERANCE = 0.02
 
 
 class PlanRuntime:
@@ -40,7 +46,8 @@ class PlanRuntime:
         device: where the model's tensors live (picks the copy engine and the meter).
         engine: a copy engine to use instead (tests pass a delayed one).
         optimizer: the model's optimizer (its state is found through it).
-        measure: measure each step's peak memory (see `meter.py`).
+        measure: which steps' peak memory to measure (see `meter.py`): "first" (the first
+            step; each step runs the same program), True (every step) or False (none).
     """
 
     def __init__(self, trace: Trace, program: StepProgram, model: torch.nn.Module | None = None, *,
@@ -55,9 +62,13 @@ class PlanRuntime:
         layout = host_layout(trace, program)
         self.slab = HostSlab(layout, pin=self.device.type == "cuda" and layout.nbytes > 0)
         self.runner = StepRunner(trace, program, self.engine, self.slab, model, optimizer)
+        if measure not in MEASURE_CHOICES:
+            raise MemplanError(f"measure must be one of {', '.join(map(repr, MEASURE_CHOICES))}, got {measure!r}")
+        self.measure = measure
         self.meter = MemoryMeter(self.device) if measure else None
         if self.meter is not None:
             self.meter.exclude(self.host_buffers())
+            self.meter.active = False  # until a measured step begins
         self.steps: list[dict] = []  # one record per step run
         self.pool = None  # a PoolSession (memplan.exec.pooled) serving the plan's layout, once attached
         self._idle_guards: list = []
@@ -81,7 +92,8 @@ class PlanRuntime:
         self.end_step()
         self.runner.begin_step()
         self._unresolved_before = self.runner.stats.unresolved
-        if self.meter is not None:
+        if self.meter is not None and (self.measure != "first" or not self.steps):
+            self.meter.active = True
             self.meter.track((self._persistent(), inputs))
             self.meter.reset_peak()
         if self.pool is not None:
@@ -103,9 +115,22 @@ class PlanRuntime:
             log.warning("step %d: %d planned actions found no storage of the traced size where the trace put it; "
                         "those storages stayed resident (more memory than planned)", record["step"],
                         record["unresolved"])
-        if self.meter is not None:
+        if self.meter is not None and self.meter.active:
+            self.meter.active = False
             record.update(self.meter.peak())
+            record["over_budget"] = self._over_budget(record["step"], record["measured_peak_bytes"])
         self.steps.append(record)
+
+    def _over_budget(self, step: int, measured: int) -> bool:
+        """Whether step `step` measured more than its budget allows; a warning says so."""
+        budget = self.program.budget_bytes
+        if budget is None or measured <= budget * (1 + BUDGET_TOLERANCE):
+            return False
+        log.warning("step %d measured %d bytes, above its budget of %d bytes (the plan's program holds at most "
+                    "%s): memory the trace does not have, such as another batch kept alive, inputs of another "
+                    "size, or on a GPU what libraries and the allocator take", step, measured, budget,
+                    self.program.predicted.get("peak_load_bytes"))
+        return True
 
     @contextlib.contextmanager
     def installed(self, auto_steps: bool = False):
@@ -175,14 +200,15 @@ class PlanRuntime:
 
     def stats(self) -> dict:
         """Counters, host memory, and the measured against the simulated peak per step."""
-        measured = [s["measured_peak_bytes"] for s in self.steps if s.get("measured_peak_bytes") is not None]
+        measured = [s for s in self.steps if s.get("measured_peak_bytes") is not None]
         return {**asdict(self.runner.stats), "replayed_ops": self.runner.replayer.replayed_ops,
                 "decisions": len(self.program.decisions), "slab_bytes": self.slab.nbytes,
                 "pinned_host_bytes": self.slab.nbytes if self.slab.pin else 0,
                 "budget_bytes": self.program.budget_bytes,
                 "simulated_peak_bytes": self.program.predicted.get("peak_load_bytes"),
-                "measured_peak_bytes": max(measured) if measured else None,
-                "steps_measured": list(self.steps)}
+                "measured_peak_bytes": max((s["measured_peak_bytes"] for s in measured), default=None),
+                "over_budget_steps": [s["step"] for s in measured if s["over_budget"]],
+                "steps_measured": measured}
 
     def close(self) -> None:
         """Bring storages back, wait for pending copies, then release the lanes and the slab."""

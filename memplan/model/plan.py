@@ -99,6 +99,7 @@ class Plan:
     params: dict = field(default_factory=dict)  # the planner's hyper-parameters
     seed: int | None = None  # the seed the planner used
     budget_bytes: int | None = None  # the budget the plan was made for
+    device: dict = field(default_factory=dict)  # the device profile it was planned for (profile JSON); {} unknown
     trace_digest: str | None = None  # Trace.digest of the trace it was made for
     predicted: dict = field(default_factory=dict)  # simulator summary at planning time
     planning_s: float = 0.0  # wall-clock seconds the planner took
@@ -134,6 +135,7 @@ class Plan:
         body = {k: v for k, v in data.items() if k not in ("schema", "version")}
         try:
             _check_types(body, _PLAN_FIELDS, "plan")
+            _check_sizes(body)
             body["decisions"] = tuple(Decision(**_check_types(d, _DECISION_FIELDS, "decision"))
                                       for d in body.get("decisions", ()))
             body["pool"] = tuple(PoolSlot(**_check_types(p, _SLOT_FIELDS, "pool slot")) for p in body.get("pool", ()))
@@ -148,7 +150,7 @@ _OPT_INT = (int, type(None))
 _NUMBER = (int, float)
 # JSON types of the fields `from_json` reads (bool is refused where an int is meant).
 _PLAN_FIELDS = {"decisions": (list,), "pool": (list,), "pool_bytes": _OPT_INT, "microbatches": (list,),
-                "planner": (str,), "params": (dict,), "seed": _OPT_INT, "budget_bytes": _OPT_INT,
+                "planner": (str,), "params": (dict,), "seed": _OPT_INT, "budget_bytes": _OPT_INT, "device": (dict,),
                 "trace_digest": (str, type(None)), "predicted": (dict,), "planning_s": _NUMBER, "history": (dict,),
                 "report": (dict,)}
 _DECISION_FIELDS = {"storage": _INT, "action": (str,), "out_after": _INT, "back_before": _INT,
@@ -164,6 +166,16 @@ def _microbatch(record) -> MicroBatch:
             or not all(isinstance(a, str) for a in m.get("algos", [])):
         raise TypeError("micro-batch: sizes must be integers and algos strings")
     return MicroBatch(**{**m, "sizes": tuple(m["sizes"]), "algos": tuple(m["algos"])})
+
+
+def _check_sizes(body: dict) -> None:
+    """A budget is at least one byte, a pool and a planning time are not negative; else ValueError."""
+    if body.get("budget_bytes") is not None and body["budget_bytes"] < 1:
+        raise ValueError(f"field 'budget_bytes' must be at least 1 (or null), not {body['budget_bytes']}")
+    if body.get("pool_bytes") is not None and body["pool_bytes"] < 0:
+        raise ValueError(f"field 'pool_bytes' must not be negative, not {body['pool_bytes']}")
+    if not 0 <= body.get("planning_s", 0) < float("inf"):
+        raise ValueError(f"field 'planning_s' must be a finite number of seconds, not {body['planning_s']}")
 
 
 def _check_types(record, types: dict, what: str) -> dict:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..cost.model import Cost
-from ..cost.profiles import DeviceProfile
+from ..cost.profiles import DeviceProfile, profile_to_json
 from ..errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
 from ..model import Plan, Trace, expect_trace
 from ..units import MAX_BYTES, ByteSize, format_bytes, parse_budget, parse_bytes
@@ -221,7 +221,7 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     if recorded is not None and result.pool_bytes is not None and result.pool_bytes > recorded:
         raise pool_over_budget(recorded, result.pool_bytes, planner)
     result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=recorded,
-                              trace_digest=trace.digest, planning_s=elapsed)
+                              device=profile_to_json(cost.profile), trace_digest=trace.digest, planning_s=elapsed)
     if simulate_result:
         from ..sim.simulate import simulate
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from ..cost.model import Cost
 from ..model import Plan, Trace
+from ..sim.kernel import for_one_run
 from ..sim.program import compile_program, residencies
+from ..sim.simulate import Simulator
 from .problem import ROLE_OFFLOAD, ROLE_PLAIN, ROLE_PREFETCH, PoolProblem, make_problem
 
 _ROLES = {"plain": ROLE_PLAIN, "offload": ROLE_OFFLOAD, "fetched": ROLE_PREFETCH}
@@ -34,7 +36,10 @@ def residency_problem(trace: Trace, plan: Plan | None = None, cost: Cost | None 
         rows = [(s.id, s.alloc_op, s.free_op, "plain") for s in trace.storages
                 if s.nbytes > 0 and s.free_op > s.alloc_op]
     else:
-        rows = residencies(trace, compile_program(trace, plan, cost or Cost.for_trace(trace)))
+        cost = cost or Cost.for_trace(trace)
+        # One simulation: interpreted, unless this process has loaded the compiled kernel (memplan.sim.kernel).
+        simulator = Simulator(trace, cost, for_one_run())
+        rows = residencies(trace, compile_program(trace, plan, cost, simulator=simulator))
     sids = [r[0] for r in rows]
     return make_problem([r[1] for r in rows], [r[2] for r in rows], [int(trace.nbytes[s]) for s in sids],
                         storages=sids, names=[str(s) for s in sids], roles=[_ROLES[r[3]] for r in rows],

@@ -1,7 +1,8 @@
 """The simulator's inner event loop over flat arrays (numba-compiled when numba imports).
 
 Everything here is plain numpy arrays and scalars so that numba can compile it; the
-semantics are documented in `memplan.sim.simulate`.
+semantics are documented in `memplan.sim.simulate`. `memplan.sim.kernel` also loads this
+file a second time with numba hidden, as plain Python, for one-shot simulations.
 """
 
 from __future__ import annotations
@@ -14,18 +15,11 @@ except ImportError:  # numba is a dependency, but keep the simulator usable with
     def njit(*args, **kwargs):
         return (lambda fn: fn) if not args or not callable(args[0]) else args[0]
 
-SWAP, RECOMPUTE = 0, 1
-NO_WRAP, HEAD_WRAP, TAIL_WRAP = 0, 1, 2
-D2H_COPY, H2D_COPY, EXTRA_WORK = 0, 1, 2  # kinds of recorded intervals (third column of `copies`)
-# Indices into the float result vector.
-SYNC, OVERLAP = 1, 2  # bits of d_sync: the compute stream waits; the copy may start with its op
-R_TIME, R_COMPUTE, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE, R_SYNC_STALL, R_COPY_BUSY = range(7)
-N_FLOAT_RESULTS = 7
-# Indices into the int result vector.
-I_FEASIBLE, I_BAD_OP, I_SHORTFALL, I_PEAK, I_LINK, I_N_LOAD_EVENTS, I_N_HOST_EVENTS, I_N_PROGRAM = range(8)
-N_INT_RESULTS = 8
-# Step-program actions the kernel emits in execution order (memplan.model.program names them).
-A_RELEASE, A_PREFETCH, A_RECOMPUTE, A_WAIT, A_SWAP_OUT, A_DROP = range(6)
+from ._codes import (
+    A_DROP, A_PREFETCH, A_RECOMPUTE, A_RELEASE, A_SWAP_OUT, A_WAIT, EXTRA_WORK,
+    I_BAD_OP, I_FEASIBLE, I_LINK, I_N_HOST_EVENTS, I_N_LOAD_EVENTS, I_N_PROGRAM, I_PEAK, I_SHORTFALL, N_FLOAT_RESULTS,
+    N_INT_RESULTS, NO_WRAP, OVERLAP, R_COMPUTE, R_COPY_BUSY, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE,
+    R_SYNC_STALL, R_TIME, RECOMPUTE, SWAP, SYNC, TAIL_WRAP)
 
 
 @njit(cache=True)

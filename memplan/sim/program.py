@@ -9,11 +9,13 @@ those of the program the executor runs.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..cost.model import Cost
 from ..errors import MemplanError
 from ..model import Plan, Trace
 from ..model.program import ACTION_KINDS, Action, ReplayStep, StepProgram
-from . import _kernel as K
+from . import _codes as K
 from .simulate import Simulator
 
 _KIND_NAMES = dict(zip((K.A_RELEASE, K.A_PREFETCH, K.A_RECOMPUTE, K.A_WAIT, K.A_SWAP_OUT, K.A_DROP), ACTION_KINDS))
@@ -40,9 +42,10 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, budget_bytes: int | No
     frees = {k: chain.frees for k, chain in chains.items() if chain.frees}
     start_away = tuple(k for k, d in enumerate(plan.decisions)
                        if d.action == "swap" and d.wraps and d.prefetch_at <= d.back_before)
+    source = "none" if budget is None else "plan" if budget_bytes is None else "given"
     return StepProgram(decisions=plan.decisions, actions=actions, start_away=start_away, replays=replays, frees=frees,
                        microbatches=plan.microbatches, budget_bytes=budget, trace_digest=trace.digest,
-                       predicted=result.summary())
+                       predicted=replace(result, budget_bytes=budget, budget_source=source).summary())
 
 
 def residencies(trace: Trace, program: StepProgram) -> list[tuple[int, int, int, str]]:

@@ -47,32 +47,36 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from types import ModuleType
 
 import numpy as np
 
 from ..cost.model import Cost
-from ..cost.profiles import DeviceProfile
+from ..cost.profiles import DeviceProfile, profile_from_json
 from ..model import Plan, Trace, check_plan, expect_trace
 from ..units import parse_budget
-from . import _kernel as K
+from . import _codes as K
+from .kernel import compiled
 from .chains import plan_chains
 from .convview import conv_view
 from .memo import ProbeMemo
 from .result import SimResult
 
 UNLIMITED = np.iinfo(np.int64).max // 4
+DEFAULT_DEVICE = "h100"  # the profile of a simulation given none, of a plan that records none
 NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
 RECENT_CHAINS = 4096  # plans' recompute chains kept by their recompute decisions
 
 
-def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile = "h100",
+def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile | None = None,
              budget: str | int | float | None = None, cost: Cost | None = None, timeline: bool = False) -> SimResult:
     """Simulate one iteration of `trace` under `plan` and `budget`.
 
     Args:
         trace: the traced iteration.
         plan: the plan (checked to belong to `trace`); None keeps everything resident.
-        device: profile name, file or DeviceProfile (ignored when `cost` is given).
+        device: profile name, file or DeviceProfile (ignored when `cost` is given); None: the
+            profile the plan was made for, else DEFAULT_DEVICE.
         budget: None: the plan's own budget (no cap without a plan, or for a plan made
             without one); "none": no cap; else bytes, "8GiB", "60%" or a share in (0, 1].
         cost: precomputed durations for this trace.
@@ -86,13 +90,27 @@ def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile
     expect_trace(trace, "simulate")
     if plan is not None:
         check_plan(trace, plan)
-    cost = cost or Cost.for_trace(trace, device)
+    cost = cost or Cost.for_trace(trace, simulation_device(plan, device)[0])
     budget_bytes, source = simulation_budget(trace, plan, budget)
     result = Simulator(trace, cost).run(plan, budget_bytes, timeline=timeline)
     return replace(result, budget_bytes=budget_bytes, budget_source=source)
 
 
 NO_CAP = "none"  # the budget that asks for no cap even when the plan has a budget
+
+
+def simulation_device(plan: Plan | None, device: str | DeviceProfile | None) -> tuple[str | DeviceProfile, str]:
+    """(profile, where it came from: "given", "plan" or "default") for `simulate`: `device`,
+    else the profile the plan was made for, else DEFAULT_DEVICE.
+
+    Raises:
+        MemplanError: the plan's recorded profile is damaged.
+    """
+    if device is not None:
+        return device, "given"
+    if plan is not None and plan.device:
+        return profile_from_json(plan.device, "the plan's device profile"), "plan"
+    return DEFAULT_DEVICE, "default"
 
 
 def simulation_budget(trace: Trace, plan: Plan | None, budget) -> tuple[int | None, str]:
@@ -112,9 +130,10 @@ class Simulator:
     Search planners create one and call `run` thousands of times.
     """
 
-    def __init__(self, trace: Trace, cost: Cost):
+    def __init__(self, trace: Trace, cost: Cost, kernel: ModuleType | None = None):
         self.trace = trace
         self.cost = cost
+        self._kernel = kernel or compiled()  # memplan.sim.kernel: compiled, or interpreted for one run
         n = trace.num_steps
         alive = trace.free_ops > trace.alloc_ops
         ids = np.arange(len(trace.storages))
@@ -159,7 +178,7 @@ class Simulator:
         decisions = plan.decisions if plan else ()
         arrays, chains = self._plan_arrays(decisions)
         budget = UNLIMITED if budget_bytes is None else int(budget_bytes)
-        floats, ints, *recorded, rows = K.run_kernel(
+        floats, ints, *recorded, rows = self._kernel.run_kernel(
             self._durations, self.trace.nbytes, self._birth_ptr, self._birth_ids, self._death_ptr,
             self._death_ids, *arrays, budget, timeline, emit)
         return self._result(arrays, floats, ints, recorded, timeline), rows, chains
@@ -170,7 +189,7 @@ class Simulator:
         key, sim = self._views
         if key != microbatches:
             view, durations = conv_view(self.trace, self._durations, microbatches)
-            sim = Simulator(view, Cost(profile=self.cost.profile, durations=durations))
+            sim = Simulator(view, Cost(profile=self.cost.profile, durations=durations), self._kernel)
             sim.baseline_time_s = self.baseline_time_s
             self._views = (microbatches, sim)
         return sim

@@ -38,7 +38,7 @@ from torch._guards import detect_fake_mode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
-from ..errors import MemplanError
+from ..errors import MemplanError, model_code
 from ..model import Op, Owner, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
@@ -84,6 +84,7 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
     Raises:
         MemplanError: `fake` disagrees with the tensors given; `time_ops` on real tensors, or
             for a device this machine does not have.
+        ModelError: the step raised (one line, "its training step failed: Type: message").
     """
     model, optimizer = _owners(step_fn, model, optimizer)
     mode = _fake_mode_for(fake, example_inputs, model)
@@ -93,7 +94,8 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
     device = _device_of(example_inputs, model)
     bench = OpBench(device) if time_ops else None
     with mode if mode is not None else contextlib.nullcontext(), quiet_fake_warnings(), \
-            optimizer_as_on_device(optimizer) if fake else contextlib.nullcontext():
+            optimizer_as_on_device(optimizer) if fake else contextlib.nullcontext(), \
+            model_code("its training step failed"):
         for _ in range(warmup):
             step_fn(*example_inputs)
         recorder = _Recorder(ProgramContext(model), timed=not fake and _on_cuda(example_inputs, model),

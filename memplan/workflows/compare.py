@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MemplanError
-from ..fileio import atomic_write_text, read_text
+from ..fileio import atomic_write_text, make_output_folder, read_text
 from ..progress import progress_bar
 
 log = logging.getLogger(__name__)
@@ -154,16 +154,8 @@ def compare(settings: CompareSettings, out_dir: str | Path, *, progress: bool = 
     Returns:
         {"points": [point dicts in task order], "computed": n new, "cached": n reused}.
     """
-    from ..planners.base import get_planner
-    from .run import check_baseline
-
-    check_device(settings)
-    for tool in settings.baselines:
-        check_baseline(tool)
-    for name in {*settings.sim_planners, *settings.run_planners, *settings.maxbatch_planners}:
-        get_planner(name)  # an unknown name fails before any work
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    check_settings(settings)
+    folder = make_output_folder(out_dir)
     cache = Cache.open(folder)
     settings = _with_run_profile(settings, folder)
     todo = tasks(settings)
@@ -177,6 +169,34 @@ def compare(settings: CompareSettings, out_dir: str | Path, *, progress: bool = 
             bar.update()
     return {"points": [cache.points[t.key] for t in todo], "computed": len(pending),
             "cached": len(todo) - len(pending)}
+
+
+def check_settings(s: CompareSettings) -> None:
+    """Every option checked before any work: model, planner, tool and profile names, budgets.
+
+    Raises:
+        MemplanError: the first option that is wrong, naming it.
+    """
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+    from ..units import check_budget
+    from ..zoo.registry import check_model_name
+    from .run import check_baseline
+
+    for option, values in (("--models", s.models), ("--budgets", s.budgets)):
+        if not values:
+            raise MemplanError(f"{option}: give at least one")
+    for model in s.models:
+        check_model_name(model)
+    for budget in s.budgets:
+        check_budget(budget)
+    for tool in s.baselines:
+        check_baseline(tool)
+    for name in {*s.sim_planners, *s.run_planners, *s.maxbatch_planners}:
+        get_planner(name)
+    for profile in {s.profile, s.run_profile} - {CPU_PROFILE, GPU_PROFILE}:
+        get_profile(profile)
+    check_device(s)
 
 
 def check_device(s: CompareSettings) -> None:

@@ -35,7 +35,7 @@ import logging
 import torch
 from torch import nn
 
-from ..errors import MemplanError
+from ..errors import MemplanError, about_model, model_code
 
 log = logging.getLogger(__name__)
 
@@ -209,14 +209,13 @@ def trace_rank(name: str, batch: int, engine: str, world_size: int, *, warmup: i
 
     check_engine(engine)
     check_world_size(world_size)
-    with fake_process_group(world_size), new_fake_mode(), quiet_fake_warnings():
-        workload = wrap_workload(zoo.get_workload(name, batch, **config), engine, fake=True)
+    with fake_process_group(world_size), new_fake_mode(), quiet_fake_warnings(), \
+            about_model(f"{name} under {engine.upper()}", config):
+        workload = zoo.get_workload(name, batch, **config)
+        with model_code(f"cannot be wrapped by {engine.upper()}"):
+            workload = wrap_workload(workload, engine, fake=True)
         meta = {"model": name, "batch": batch, "config": dict(workload.config), "engine": engine,
                 "world_size": world_size}
-        try:
-            result = trace(workload.step, *workload.inputs, fake=True, model=workload.model,
-                           optimizer=workload.optimizer, warmup=warmup, progress=progress, meta=meta)
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise MemplanError(f"model {name!r} under {engine.upper()} failed at batch {batch}: {first}") from exc
+        result = trace(workload.step, *workload.inputs, fake=True, model=workload.model,
+                       optimizer=workload.optimizer, warmup=warmup, progress=progress, meta=meta)
     return dataclasses.replace(result, meta={**result.meta, "collectives": collective_records(result)})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from ..cost.profiles import get_profile
-from ..errors import InfeasibleBudgetError
+from ..errors import InfeasibleBudgetError, MemplanError
 from .distributed import check_engine, check_world_size, trace_rank
 from .maxbatch import search
 
@@ -51,14 +51,18 @@ def fit(name: str, world_size: int, device: str, *, engine: str = "fsdp", planne
         limit: largest batch per rank tried.
         config: model options.
     Returns:
-        {"model", "world_size", "device", "engine", "memory_bytes", "planners": [{"planner",
-        "max_batch", "iteration_s", "samples_per_s", "peak_bytes", "memory"}]}; a planner
-        that fits not even batch 1 has max_batch 0 and no figures.
+        {"model", "world_size", "device", "engine", "memory_bytes", "limit", "planners": [{"planner",
+        "max_batch", "at_limit", "iteration_s", "samples_per_s", "peak_bytes", "memory"}]}; a
+        planner that fits not even batch 1 has max_batch 0 and no figures; "at_limit": the
+        limit fits (larger batches were not tried).
     """
+    from ..zoo.registry import check_model_name
+
     check_engine(engine)
     check_world_size(world_size)
     planners = check_planners(planners)
     profile = get_profile(device)
+    check_model_name(name)
     traces: dict[int, object] = {}
 
     def traced(batch: int):
@@ -68,7 +72,7 @@ def fit(name: str, world_size: int, device: str, *, engine: str = "fsdp", planne
 
     rows = [_fit_one(planner, traced, profile, world_size, limit) for planner in planners]
     return {"model": name, "world_size": world_size, "device": profile.name, "engine": engine,
-            "memory_bytes": int(profile.memory_bytes), "planners": rows}
+            "memory_bytes": int(profile.memory_bytes), "limit": limit, "planners": rows}
 
 
 def _fit_one(planner: str, traced, profile, world_size: int, limit: int) -> dict:
@@ -90,8 +94,9 @@ def _fit_one(planner: str, traced, profile, world_size: int, limit: int) -> dict
     best = search(fits, limit)
     log.info("%s: largest batch per rank %d", planner, best)
     if best == 0:
-        return {"planner": planner, "max_batch": 0}
-    return {"planner": planner, "max_batch": best, **_figures(traced(best), plans[best], profile, world_size)}
+        return {"planner": planner, "max_batch": 0, "at_limit": False}
+    return {"planner": planner, "max_batch": best, "at_limit": best == limit,
+            **_figures(traced(best), plans[best], profile, world_size)}
 
 
 def _figures(trace, made, profile, world_size: int) -> dict:
@@ -108,9 +113,11 @@ def _figures(trace, made, profile, world_size: int) -> dict:
 
 
 def check_planners(names) -> tuple[str, ...]:
-    """The planner names, or a MemplanError naming an unknown one."""
+    """The planner names, or a MemplanError naming an unknown one (or saying there is none)."""
     from ..planners.base import get_planner
 
+    if not names:
+        raise MemplanError("no planner given (e.g. none,sqrt-n)")
     for n in names:
         get_planner(n)
     return tuple(names)

@@ -38,9 +38,17 @@ def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu"
         config: model options.
         limit: largest batch tried.
     Returns:
-        {"model", "planner", "memory_bytes", "max_batch" (0: not even batch 1), "source",
+        {"model", "planner", "memory_bytes", "max_batch" (0: not even batch 1), "limit",
+        "at_limit" (max_batch is the limit: larger batches were not tried), "source",
         "probes": [{"batch", "fits", ...}]}.
     """
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+    from ..zoo.registry import check_model_name
+
+    check_model_name(name)  # every option before the first probe
+    get_planner(planner)
+    get_profile(profile)
     config = config or {}
     if device.startswith("cuda"):
         fits, source = _gpu_probe(name, memory_bytes, planner, device, profile, config), "measured"
@@ -57,8 +65,8 @@ def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu"
             import torch
 
             torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
-    return {"model": name, "planner": planner, "memory_bytes": int(memory_bytes), "max_batch": best,
-            "source": source, "probes": probes}
+    return {"model": name, "planner": planner, "memory_bytes": int(memory_bytes), "max_batch": best, "limit": limit,
+            "at_limit": best == limit, "source": source, "probes": probes}
 
 
 def search(fits: Callable[[int], bool], limit: int = MAX_BATCH) -> int:

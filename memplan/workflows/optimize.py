@@ -10,7 +10,8 @@
 
 A saved plan is reused with `optimize(..., plan="plan.json", trace="trace.jsonl")`. The
 plan is compiled into a step program (memplan.sim.program) that the executor runs at every
-op; each step's peak memory is measured (`step.stats()["steps_measured"]`).
+op; the first step's peak memory is measured (`measure=True`: every step's;
+`step.stats()["steps_measured"]`), and a step above its budget is warned about.
 Calls whose inputs differ in shape or dtype from the traced ones run unplanned, with a
 warning; a step whose ops disagree with the trace brings everything back and finishes
 unplanned. Either way training stays correct.
@@ -123,7 +124,7 @@ class OptimizedStep:
         """From the next step on, run `plan` (the current runtime brings everything back first)."""
         program = compile_program(self.trace, plan, self._cost)
         runtime = PlanRuntime(self.trace, program, self.model, device=self.runtime.device,
-                              optimizer=self.runtime.optimizer, measure=True)
+                              optimizer=self.runtime.optimizer, measure=True if self._measure is True else "first")
         self._earlier_steps += self.runtime.steps
         self.runtime.close()
         runtime.settle()
@@ -166,7 +167,7 @@ class OptimizedStep:
 def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None, planner: str = "none",
              device: str = "h100", model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
-             trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool = True,
+             trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
              **planner_params) -> OptimizedStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
@@ -183,8 +184,14 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         plan: a saved plan (a Plan or a JSON path) to use instead of planning.
         trace: a saved trace (a Trace or a path) to use instead of tracing.
         seed: planner seed.
-        measure: measure every step's peak memory (a dispatch-level meter on CPU, the CUDA
-            allocator's counters on a GPU); False: only until a step keeps the budget.
+        measure: which steps' peak memory to measure and check against the budget (a
+            dispatch-level meter on CPU, the CUDA allocator's counters on a GPU): "first" (the
+            default: every step runs the same program, and with a budget the first step of every
+            plan made again, until one keeps it), True (every step) or False (none but those the
+            budget needs). A step measured above its budget logs a warning and is listed in
+            `stats()["over_budget_steps"]`. On the CPU the meter sums the live storages after
+            every op, which can make a step of many small ops 2-3 times slower (so only the
+            first pays it by default); on a GPU it reads the allocator's counters.
         time_repeats: on the CPU, time every op of the real trace as the least over this many
             more iterations (undone afterwards, like the traced one), so the planner and the
             simulator price ops at their measured durations; 0: roofline estimates.
@@ -222,7 +229,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         check_plan(trace, plan)
     program = compile_program(trace, plan, cost)
     runtime = PlanRuntime(trace, program, model, device=run_on, optimizer=optimizer,
-                          measure=measure or keeper is not None)
+                          measure=measure if measure is not False or keeper is None else "first")
     if not is_fake(example_inputs, model):
         runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model, keeper=keeper,

@@ -18,8 +18,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ..cost.profiles import get_profile
-from ..errors import MemplanError
+from ..errors import MemplanError, about_model
 from ..exec.meter import AllocatorMeter, MemoryMeter
+from ..exec.runtime import BUDGET_TOLERANCE  # a run is over its budget when it measures more than budget x (1 + this)
 from ..tracing.optimes import CLOCKS
 from ..planners.base import resolve_budget
 from .allocators import allocator_report, attach_pool, choose_allocator, install_allocator
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 __all__ = ["BASELINES", "BUDGET_TOLERANCE", "check_baseline", "measure_steps", "measured_step_s", "run_workload",
            "state_differences"]
 
-BUDGET_TOLERANCE = 0.02  # a run is over its budget when it measures more than budget x (1 + this)
 OP_TIME_REPEATS = 3  # timed iterations per op when a CPU run traces under a CPU profile
 
 
@@ -114,9 +114,11 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         budget = int(memory_cap / (1 + RESERVED_TOLERANCE))  # what the cap leaves a plan, segments included
     w = get_workload(name, batch, device=device, seed=seed, **config)
     op_repeats = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
-    step = optimize(w.step, *w.inputs, budget=None if baseline else budget, planner="none" if baseline else planner,
-                    device=profile, model=w.model, optimizer=w.optimizer, seed=seed, measure=False, trace=trace,
-                    time_repeats=op_repeats, time_clock=clock, fake=fake, **(planner_params or {}))
+    with about_model(name, config):  # a step that fails while traced is the model's
+        step = optimize(w.step, *w.inputs, budget=None if baseline else budget,
+                        planner="none" if baseline else planner, device=profile, model=w.model,
+                        optimizer=w.optimizer, seed=seed, measure=False, trace=trace, time_repeats=op_repeats,
+                        time_clock=clock, fake=fake, **(planner_params or {}))
     pool = attach_pool(step) if mode == "pool" else None
     if pool is not None:
         step.keeper = None  # a pooled run's layout is fixed: its requests are the plan's (memplan.exec.pooled)
@@ -157,7 +159,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
            "simulated_step_s": None if baseline else step.program.predicted.get("time_s"),
            "profile": get_profile(profile).name, "op_times": op_time_source(step.trace),
            "trace_source": "fake" if step.trace.meta.get("fake") else "real",
-           "predicted": {} if baseline else step.program.predicted, "executor": stats,
+           "predicted": {} if baseline else step.program.predicted,
+           "executor": None if baseline else stats,  # a PyTorch tool runs without memplan's executor
            **allocation}
     step.close()
     if check:

@@ -18,7 +18,6 @@ from ..planners.autoswap import load_min_bytes
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BUDGETS = "100%,90%,80%,70%,60%,50%,40%"
 PERCENT = 100.0
 
 

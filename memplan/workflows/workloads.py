@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from ..errors import MemplanError
+from ..errors import MemplanError, about_model, model_code
 from ..model import Trace
 from ..tracing.fake import new_fake_mode, quiet_fake_warnings
 from ..tracing.tracer import DEFAULT_WARMUP, trace
@@ -32,26 +32,23 @@ def trace_workload(name_or_factory: str | Callable, batch: int, fake: bool = Tru
         The trace, with model, batch and config in its meta.
     Raises:
         MemplanError: unknown model or a factory that cannot be imported.
+        ModelError: the model cannot be built or its step fails (one line naming the model
+            and its options).
     """
     factory = resolve_factory(name_or_factory)
     sizes = {} if input_size is None else {"input_size": input_size}
     name = name_or_factory if isinstance(name_or_factory, str) else getattr(name_or_factory, "__name__", "custom")
-    with new_fake_mode() if fake else contextlib.nullcontext(), quiet_fake_warnings():
-        try:
+    with about_model(name, sizes | config):
+        with new_fake_mode() if fake else contextlib.nullcontext(), quiet_fake_warnings(), \
+                model_code("cannot be built"):
             workload = factory(batch, **sizes, **config)
-        except TypeError as exc:  # an option the model does not take
-            raise MemplanError(f"cannot build model {name!r} with {sizes | config}: {exc}") from None
-    if not (callable(getattr(workload, "step", None)) and hasattr(workload, "inputs")):
-        raise MemplanError(f"model {name!r}: the factory must return an object with .step and .inputs")
-    meta = {"model": name, "batch": batch, "input_size": getattr(workload, "input_size", input_size),
-            "config": dict(getattr(workload, "config", None) or config)}
-    try:
+        if not (callable(getattr(workload, "step", None)) and hasattr(workload, "inputs")):
+            raise MemplanError(f"model {name!r}: the factory must return an object with .step and .inputs")
+        meta = {"model": name, "batch": batch, "input_size": getattr(workload, "input_size", input_size),
+                "config": dict(getattr(workload, "config", None) or config)}
         return trace(workload.step, *workload.inputs, fake=fake, model=getattr(workload, "model", None),
                      optimizer=getattr(workload, "optimizer", None), warmup=warmup, progress=progress, meta=meta,
                      time_repeats=time_repeats, time_ops=time_ops)
-    except RuntimeError as exc:  # the model rejects this batch or input size (shape errors)
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MemplanError(f"model {name!r} failed at batch {batch}: {first_line}") from exc
 
 
 def resolve_factory(name_or_factory: str | Callable) -> Callable:

@@ -81,7 +81,7 @@ def user_workload(name: str, *, batch: int, input_size, device, seed: int, confi
     Raises:
         MemplanError: the module does not import, has no such function, or returns something else.
     """
-    function = _resolve(name)
+    function = resolve_function(name)
     optional = {"input_size": input_size, "device": device, "seed": seed}
 
     def call(b: int):
@@ -103,7 +103,12 @@ def _as_tuple(inputs) -> tuple:
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
-def _resolve(name: str):
+def resolve_function(name: str):
+    """The function ``module:function`` names (the module imported).
+
+    Raises:
+        MemplanError: the module does not import, or has no such function.
+    """
     module_name, _, attr = name.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -8,7 +8,9 @@ transformers config (``n_layer=2``), plus ``seq_len`` for text models; images us
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +21,8 @@ from torch import nn
 from ..errors import MemplanError, unknown_name
 from .config import coerce
 from .workload import ADAM_LR, SGD_LR, ModelSpec
+
+log = logging.getLogger(__name__)
 
 PREFIX = "hf:"
 DEFAULT_SEQ_LEN = 128
@@ -118,31 +122,36 @@ def spec(name: str, overrides: Mapping[str, Any]) -> ModelSpec:
                            f"(not fields of transformers.{preset.config_class})")
     fields = {**preset.fields, **{k: coerce(name, k, v, getattr(base, k)) for k, v in fields.items()}}
     try:
-        probe = config_class(**fields)
+        with _quiet_config_warnings():
+            probe = config_class(**fields)
     except (TypeError, ValueError) as exc:  # transformers validates fields (strict dataclasses)
         raise MemplanError(f"model {name}: bad config: {str(exc).splitlines()[0]}") from exc
     if preset.task == "image":
         defaults = {**fields, "num_labels": probe.num_labels}
     else:
         defaults = {**fields, "vocab_size": probe.vocab_size, "seq_len": DEFAULT_SEQ_LEN}
-    return ModelSpec(name=name, summary=preset.summary, build=_builder(transformers, preset),
+    return ModelSpec(name=name, summary=preset.summary, build=_builder(transformers, preset, name),
                      make_inputs=_inputs(preset.task), loss=_loss(preset.task), defaults=defaults,
                      input_size=IMAGENET_SIZE if preset.task == "image" else None, optimizer=preset.optimizer,
                      lr=ADAM_LR if preset.optimizer == "adam" else SGD_LR)
 
 
-def _builder(transformers, preset: HFPreset):
+def _builder(transformers, preset: HFPreset, name: str):
     config_class = getattr(transformers, preset.config_class)
     model_class = getattr(transformers, preset.model_class)
 
     def build(config: dict, input_size: int | None) -> nn.Module:
-        hf_config = config_class(**{k: v for k, v in config.items() if k != "seq_len"})
+        with _quiet_config_warnings():
+            hf_config = config_class(**{k: v for k, v in config.items() if k != "seq_len"})
+        if preset.task != "image":
+            _check_positions(name, hf_config, config["seq_len"])
         hf_config._attn_implementation = ATTENTION
         if preset.task == "image":
             hf_config.problem_type = "single_label_classification"  # no data-dependent guess at step 1
             if hasattr(hf_config, "image_size"):
                 hf_config.image_size = input_size
-        model = model_class(hf_config)
+        with _quiet_config_warnings():
+            model = model_class(hf_config)
         model.config.use_cache = False  # training: no key/value cache
         if preset.task == "clm" and getattr(model, "loss_type", None) is None:
             # What transformers falls back to anyway, named so it does not warn about it.
@@ -150,6 +159,31 @@ def _builder(transformers, preset: HFPreset):
         return model
 
     return build
+
+
+@contextlib.contextmanager
+def _quiet_config_warnings():
+    """transformers' warnings about a configuration (token ids outside a small vocabulary, say)
+    kept off stderr unless memplan logs at INFO (`-v`): the models are randomly initialised, and
+    what a user gets wrong is one error line, not a warning before it."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    if not log.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _check_positions(name: str, hf_config, seq_len: int) -> None:
+    """Refuse a sequence longer than the model has positions for (its position table would be
+    indexed past its end when the step runs, and a fake trace would record a step that cannot)."""
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if positions is not None and seq_len > positions:
+        field = type(hf_config).attribute_map.get("max_position_embeddings", "max_position_embeddings")
+        raise MemplanError(f"model {name}: config seq_len={seq_len} is more than its {positions} "
+                           f"positions; lower seq_len or raise {field}")
 
 
 def _inputs(task: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from ..errors import MemplanError, unknown_name
+from ..errors import MemplanError, about_model, model_code, unknown_name
 from . import external, hf
 from .builtins import SPECS
 from .config import merge_config
@@ -43,6 +43,19 @@ def get_spec(name: str, config: Mapping | None = None) -> ModelSpec:
     return spec
 
 
+def check_model_name(name: str) -> None:
+    """Raise the error `get_workload` would give for `name` itself, without building anything.
+
+    Raises:
+        UnknownNameError: an unknown zoo, ``hf:`` or ``tv:`` name; MemplanError: a
+            ``module:function`` that does not import.
+    """
+    if external.is_user_reference(name):
+        external.resolve_function(name)
+    else:
+        get_spec(name)
+
+
 def get_workload(name: str, batch: int, input_size: int | None = None, device="cpu", seed: int = 0,
                  **config) -> Workload:
     """Build a named training workload: model, optimizer, example inputs, training step.
@@ -65,12 +78,20 @@ def get_workload(name: str, batch: int, input_size: int | None = None, device="c
 
     Raises:
         MemplanError: unknown name, unknown config key, bad batch or input size.
+        ModelError: the model's own code refused the configuration (one line naming the model
+            and the config given).
     """
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise MemplanError(f"model {name}: batch must be a positive integer, got {batch!r}")
-    if external.is_user_reference(name):
-        return external.user_workload(name, batch=batch, input_size=input_size, device=device, seed=seed,
-                                      config=config)
+    # Every config value goes through the model's own validation: whatever its code raises is one line.
+    with about_model(name, config), model_code("cannot be built"):
+        if external.is_user_reference(name):
+            return external.user_workload(name, batch=batch, input_size=input_size, device=device, seed=seed,
+                                          config=config)
+        return _build(name, batch, input_size, device, seed, config)
+
+
+def _build(name: str, batch: int, input_size: int | None, device, seed: int, config: dict) -> Workload:
     spec = get_spec(name, config)
     merged = merge_config(name, {**spec.defaults, "lr": spec.lr, "optimizer": spec.optimizer}, config)
     if merged["optimizer"] not in OPTIMIZERS:

@@ -28,10 +28,11 @@ import torch
 
 from ...cost.model import Cost
 from ...errors import MemplanError
+from ...units import format_bytes
 from ...model import Plan, Trace
 from ...sim.simulate import Simulator
 from .._activations import gap_decisions, load_without
-from ..base import infeasible, register
+from ..base import get_planner, infeasible, refuse_without_ops, register
 from .env import Env, Outcome
 from .graph import Graph, build_graph
 from .net import QNet, load_weights
@@ -44,6 +45,7 @@ DEFAULT_MIN_BYTES = 2**20  # like AutoSwap's: a smaller activation is not worth 
 RETRIES = 3  # greedy attempts against a lowered limit before the floor plan
 SLACKS = (0.0, 0.05, 0.1)  # greedy episodes also aim this share below the budget; the best simulated plan wins
 FRESH = "none"  # the `weights` value that starts `dqn` from a fresh network, ignoring shipped weights
+TRAIN_POINTS = (0.75, 0.25)  # default training budgets: this share of the way from the floor to the peak
 FINE_TUNE_EPSILON = 0.3  # starting epsilon when training from existing weights (1.0 from scratch)
 
 
@@ -110,9 +112,11 @@ def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, in
         The trained network and the report (best outcome per problem, history).
     Raises:
         InfeasibleBudgetError: a budget below its trace's floor, or at its peak (nothing to learn).
+        NeedsOpsError: a trace without ops (a minimalloc pool problem).
     """
     instances = []
     for trace, budget in problems:
+        _check_has_ops(trace)
         if budget >= trace.peak_load_bytes:
             raise MemplanError(f"budget {budget} is at or above the peak {trace.peak_load_bytes} of "
                                f"{trace.meta.get('model', 'a trace')}: nothing to learn there")
@@ -120,6 +124,29 @@ def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, in
         instances.append(Instance(graph=graph, env=Env(graph)))
     net = load_weights(init)[0] if init is not None else fresh_network((config or TrainConfig()).seed)
     return net, train(net, instances, config or TrainConfig(), progress=progress)
+
+
+def default_budgets(trace: Trace, cost: Cost, min_bytes: int = DEFAULT_MIN_BYTES) -> list[int]:
+    """The budgets `memplan dqn train` learns at when none are given: TRAIN_POINTS of the way
+    from the lowest load the agent can reach (every candidate away) up to the peak, so every
+    one is feasible whatever share of the peak the parameters and optimizer state take.
+
+    Raises:
+        NeedsOpsError: a trace without ops; MemplanError: nothing can leave memory at the peak.
+    """
+    _check_has_ops(trace)
+    peak = trace.peak_load_bytes
+    floor = floor_bytes(build_graph(trace, cost, peak, min_bytes))
+    if floor >= peak:
+        raise MemplanError(f"{trace.meta.get('model', 'this trace')}: no activation of at least "
+                           f"{format_bytes(min_bytes)} is away at the peak, so there is nothing to learn "
+                           f"(a smaller --min-bytes lets smaller ones count)")
+    return [floor + int((peak - floor) * point) for point in TRAIN_POINTS]
+
+
+def _check_has_ops(trace: Trace) -> None:
+    if not trace.ops:
+        raise refuse_without_ops(get_planner("dqn"))
 
 
 def _graph(trace: Trace, budget_bytes: int, cost: Cost, min_bytes: int, name: str) -> Graph | None:

@@ -36,6 +36,9 @@ def add_parser(sub):
     p.add_argument("--run-profile", default=None,
                    help=f"profile the measured points plan with (default: the --device, calibrated once per --out: "
                         f"{c.CPU_PROFILE} for this CPU, {c.GPU_PROFILE} for this GPU)")
+    p.add_argument("--memory-cap", type=parse_bytes, default=None, metavar="SIZE",
+                   help="measure under an emulated device of SIZE (as `run --memory-cap`); a point that cannot "
+                        "fit says so in its cell")
     p.add_argument("--maxbatch-memory", default=None,
                    help="memory cap of the largest-batch search (default: the unplanned peak at --sim-batch)")
     p.add_argument("--maxbatch-limit", type=positive_int, default=256, help="largest batch the search tries")
@@ -54,7 +57,7 @@ def run(args) -> int:
         models=_names(args.models), sim_planners=_names(args.planners), run_planners=_names(args.run_planners),
         baselines=_names(args.baselines), maxbatch_planners=_names(args.maxbatch_planners),
         budgets=_names(args.budgets), sim_batch=args.sim_batch, run_batch=args.run_batch, steps=args.steps,
-        profile=args.profile, run_profile=args.run_profile, device=args.device,
+        profile=args.profile, run_profile=args.run_profile, device=args.device, memory_cap=args.memory_cap,
         maxbatch_limit=args.maxbatch_limit,
         maxbatch_memory=parse_bytes(args.maxbatch_memory) if args.maxbatch_memory else None)
     result = compare(settings, args.out, progress=not args.json and sys.stderr.isatty())
@@ -82,7 +85,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 _OPTIONS = ("out", "models", "planners", "run_planners", "baselines", "maxbatch_planners", "budgets", "sim_batch",
-            "run_batch", "steps", "profile", "device", "run_profile", "maxbatch_memory", "maxbatch_limit")
+            "run_batch", "steps", "profile", "device", "run_profile", "memory_cap", "maxbatch_memory",
+            "maxbatch_limit")
 
 
 def _command(args) -> str:

@@ -73,6 +73,7 @@ class CompareSettings:
     profile: str = "h100"  # cost-model profile of the simulated points
     run_profile: str = CPU_PROFILE  # profile the measured points plan with (CPU_PROFILE, GPU_PROFILE: calibrate)
     device: str = "cpu"  # where the measured points train: "cpu", or a CUDA device ("cuda", "cuda:1")
+    memory_cap: int | None = None  # emulate a device this large for the measured points (run --memory-cap)
     maxbatch_memory: int | None = None  # the cap of the maxbatch search; None: the unplanned peak at sim_batch
     maxbatch_limit: int = 256  # largest batch the search tries
     seed: int = 0  # planner and training seed
@@ -132,6 +133,7 @@ def tasks(settings: CompareSettings) -> list[Task]:
         run_planners = ("none",) + tuple(p for p in s.run_planners if p != "none")
         run = f"{s.steps}|plan={Path(s.run_profile).stem}"  # a point planned on another profile is another point
         run += "" if s.device == "cpu" else f"|device={s.device}"  # and so is one measured elsewhere
+        run += "" if s.memory_cap is None else f"|cap={s.memory_cap}"  # or under another memory cap
         out.append(_task("measured", model, "none", NO_BUDGET, s.run_batch, run))
         for planner in run_planners[1:]:
             out += [_task("measured", model, planner, b, s.run_batch, run) for b in s.budgets]
@@ -291,7 +293,7 @@ def _measured(task: Task, s: CompareSettings) -> dict:
     try:
         out = run_workload(task.model, task.batch, planner="none" if baseline else task.method, budget=budget,
                            steps=metered, timed_steps=max(s.steps - 1, 1), device=s.device, profile=s.run_profile,
-                           seed=s.seed, baseline=baseline)
+                           seed=s.seed, baseline=baseline, memory_cap=s.memory_cap)
     finally:
         _release_cached_memory(s.device)
     return {"peak_bytes": out["measured_peak_bytes"], "step_s": out["measured_step_s"],

@@ -15,7 +15,7 @@ from memplan.tracing.tracer import trace
 from memplan.workflows.workloads import trace_workload
 from memplan.zoo import Workload
 
-TINY_GPT2 = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32, "vocab_size": 97}
+TINY_GPT2 = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32, "vocab_size": 97, "seq_len": 32}
 SMALL_ENCODER = ["num_layers=1", "seq_len=16", "d_model=32"]
 WIDTH, DEPTH = 16, 4
 

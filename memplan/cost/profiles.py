@@ -173,6 +173,9 @@ def profile_from_json(data, source: str = "<profile>") -> DeviceProfile:
 def _fits(kind: str, name: str, value) -> bool:
     """Whether `value` is a sound value of a field annotated `kind`: a number finite and positive
     (a latency, `*_s`, may be 0), a count positive, a flag a bool, a name a string."""
+    if value is None:
+        return kind.endswith("| None")  # an optional field (a peak older files do not have)
+    kind = kind.removesuffix(" | None")
     if kind == "bool" or kind == "str":
         return type(value).__name__ == kind
     if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):

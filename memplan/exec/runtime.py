@@ -146,7 +146,9 @@ class PlanRuntime:
         with contextlib.ExitStack() as stack:
             stack.callback(self._guard_idle)
             stack.callback(self.end_step)
-            if self.meter is not None and not self.meter.cuda:  # on a GPU the allocator's counters are the meter
+            # on a GPU the allocator's counters are the meter; on the CPU its mode is entered only
+            # for steps it measures (an inactive meter's mode would still cost every op a dispatch)
+            if self.meter is not None and not self.meter.cuda and (self.measure is True or not self.steps):
                 stack.enter_context(self.meter)
             if not self.runner.idle or self.pool is not None:  # without actions or a pool: no per-op work
                 stack.enter_context(self.runner)

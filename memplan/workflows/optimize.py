@@ -187,8 +187,8 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         measure: which steps' peak memory to measure and check against the budget (a
             dispatch-level meter on CPU, the CUDA allocator's counters on a GPU): "first" (the
             default: every step runs the same program, and with a budget the first step of every
-            plan made again, until one keeps it), True (every step) or False (none but those the
-            budget needs). A step measured above its budget logs a warning and is listed in
+            plan made again, until one keeps it), True (every step) or False (none: nor is the
+            budget checked). A step measured above its budget logs a warning and is listed in
             `stats()["over_budget_steps"]`. On the CPU the meter sums the live storages after
             every op, which can make a step of many small ops 2-3 times slower (so only the
             first pays it by default); on a GPU it reads the allocator's counters.
@@ -220,7 +220,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         trace = as_allocated_on(trace, run_on)
         cost = Cost.for_trace(trace, device)
         plan = make_plan(trace, budget, planner=planner, cost=cost, seed=seed, **planner_params)
-        if budget is not None:
+        if budget is not None and measure is not False:
             keeper = BudgetKeeper(budget_bytes=plan.budget_bytes, make_plan=lambda b: make_plan(
                 trace, b, planner=planner, cost=cost, seed=seed, **planner_params))
     else:
@@ -228,8 +228,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
         plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
         check_plan(trace, plan)
     program = compile_program(trace, plan, cost)
-    runtime = PlanRuntime(trace, program, model, device=run_on, optimizer=optimizer,
-                          measure=measure if measure is not False or keeper is None else "first")
+    runtime = PlanRuntime(trace, program, model, device=run_on, optimizer=optimizer, measure=measure)
     if not is_fake(example_inputs, model):
         runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model, keeper=keeper,

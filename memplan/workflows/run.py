@@ -117,7 +117,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
     with about_model(name, config):  # a step that fails while traced is the model's
         step = optimize(w.step, *w.inputs, budget=None if baseline else budget,
                         planner="none" if baseline else planner, device=profile, model=w.model,
-                        optimizer=w.optimizer, seed=seed, measure=False, trace=trace, time_repeats=op_repeats,
+                        optimizer=w.optimizer, seed=seed, measure="first", trace=trace, time_repeats=op_repeats,
                         time_clock=clock, fake=fake, **(planner_params or {}))
     pool = attach_pool(step) if mode == "pool" else None
     if pool is not None:

@@ -55,6 +55,7 @@ from ..errors import MemplanError
 from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import OVER_BUDGET, static_load, validate
+from ._milp_decompose import decompose
 from ._milp_layers import LayerProblem, layer_problem
 from ._milp_model import MS, build
 from .base import infeasible, register
@@ -67,48 +68,68 @@ DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_GAP = 1e-4  # HiGHS stops when the overhead is proven within this share of the optimum
 MAX_ROUNDS = 4  # solves per plan: the first, then after a rejected or overshooting plan
 OPTIMAL = 0  # scipy.optimize.milp's status code for a proven optimum
+BOUND_SCOPE = ("a lower bound on the overhead of every plan in the model: keep, swap or recompute per gap of "
+               "every storage of at least min_bytes, releases and prefetches at positions, segment loads")
+MAX_DIRECT_GROUPS = 64  # larger problems are decomposed
+BOUND_SHARE = 0.25  # of the time limit for the LP relaxation's bound, when decomposed
 
 
-@register("milp", "keep/swap/recompute per feature map, the MILP optimum (HiGHS) on the layer view",
-          decides=("swap", "recompute"))
+@register("milp", "keep/swap/recompute per gap of every movable storage, the MILP optimum (HiGHS) on the "
+                  "layer view", decides=("swap", "recompute"))
 def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
               time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_gap: float = DEFAULT_GAP,
-              min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW) -> Plan:
+              min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
+              max_direct_groups: int = MAX_DIRECT_GROUPS) -> Plan:
     """The plan of least overhead in the MILP, checked by the validator and the simulator.
 
     Args:
         trace, budget_bytes, cost, seed: see `memplan.planners.base` (HiGHS is deterministic;
             the seed is not used).
         time_limit_s: wall-clock limit for all solves; the best plan found by then is returned,
-            with its bound and gap (every feature map swapped when HiGHS found none).
+            with its bound and gap (every unit swapped when HiGHS found none).
         mip_rel_gap: relative gap on the overhead at which the solver stops.
-        min_bytes: smaller feature maps are kept.
+        min_bytes: smaller storages stay resident.
         window: positions at each end of a gap where a swap may be released and prefetched
             (0: the whole gap).
+        max_direct_groups: with more decision groups than this the model is decomposed
+            (`memplan.planners._milp_decompose`) instead of solved whole.
     Returns:
         The plan; `plan.report` holds the MILP's objective, bound and gap, the solve time
         and the simulated overhead.
     Raises:
-        InfeasibleBudgetError: the budget is below the floor: the load with every feature map
-            away for its whole gap (no plan over these feature maps goes lower).
+        InfeasibleBudgetError: the budget is below the floor: the load with every unit away
+            for its whole gap (no plan over these units goes lower).
         MemplanError: a bad parameter.
     """
+    return solve_milp(trace, budget_bytes, cost, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap,
+                      min_bytes=min_bytes, window=window, max_direct_groups=max_direct_groups)
+
+
+def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+               mip_rel_gap: float = DEFAULT_GAP, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
+               max_direct_groups: int = MAX_DIRECT_GROUPS, start: tuple[Decision, ...] | None = None) -> Plan:
+    """`milp`'s plan (see `plan_milp`), the decomposition starting from `start` (another
+    planner's decisions, e.g. `auto`'s best so far) when one is given."""
     _check(time_limit_s, mip_rel_gap)
-    problem = layer_problem(trace, cost, min_bytes)
     if budget_bytes >= trace.peak_load_bytes:
-        return Plan(report=_trivial_report(problem))
+        return Plan(report=_trivial_report(layer_problem(trace, cost, min_bytes, budget_bytes)))
+    problem = layer_problem(trace, cost, min_bytes, budget_bytes)
     fallback = swap_everything(problem)
     floor = int(static_load(trace, list(fallback)).max())
     if budget_bytes < floor:
         raise infeasible(budget_bytes, floor, "milp")
-    return _Search(trace, cost, problem, budget_bytes, window, mip_rel_gap, time_limit_s).run(fallback)
+    search = _Search(trace, cost, problem, budget_bytes, window, mip_rel_gap, time_limit_s)
+    if len(problem.groups()) > max_direct_groups:
+        return search.run_decomposed(fallback, start)
+    return search.run(fallback)
 
 
 def swap_everything(problem: LayerProblem) -> tuple[Decision, ...]:
-    """Every feature map swapped, prefetched at the op that needs it: the lowest load any plan
-    over these feature maps reaches, and a valid plan that fits any budget above it."""
+    """Every unit's whole gap swapped, prefetched at the op that needs it: the lowest load any plan
+    over these units reaches, and a valid plan that fits any budget above it."""
+    whole = [problem.units[k] for k in problem.base_units()]
     return tuple(Decision(storage=u.storage, action="swap", out_after=u.out_after, back_before=u.back_before,
-                          trigger=u.back_before) for u in sorted(problem.units, key=lambda u: (u.back_before, u.storage)))
+                          trigger=u.back_before) for u in sorted(whole, key=lambda u: (u.back_before, u.storage)))
 
 
 def _check(time_limit_s: float, mip_rel_gap: float) -> None:
@@ -127,7 +148,7 @@ class _Search:
         self.window, self.gap = window, gap
         self.deadline = time.perf_counter() + time_limit_s
         self.simulator = Simulator(trace, cost)
-        self.unit_of = {u.storage: k for k, u in enumerate(problem.units)}
+        self.unit_of = {(u.storage, u.out_after, u.back_before): k for k, u in enumerate(problem.units)}
         self.forbidden: set = set()
         self.solve_s = 0.0
 
@@ -155,6 +176,34 @@ class _Search:
         plan = Plan(decisions=fallback)
         return plan.with_meta(report=self._report(model, result, plan, model_budget, rounds, fallback=True))
 
+    def run_decomposed(self, fallback: tuple[Decision, ...], start: tuple[Decision, ...] | None) -> Plan:
+        """The decomposition's plan (`memplan.planners._milp_decompose`), with the LP relaxation's
+        bound; when the simulator or the validator rejects it, the best of `start` and `fallback`
+        that fits."""
+        model = build(self.problem, self.budget, self.window, self.forbidden)
+        started = time.perf_counter()
+        relaxed = model.solve(BOUND_SHARE * (self.deadline - started), 0.0, relax=True)
+        bound = float(relaxed.fun) if relaxed.status == OPTIMAL else None
+        outcome = decompose(model, start, self.deadline, self.gap)
+        self.solve_s = time.perf_counter() - started
+        plan = None if outcome is None else Plan(decisions=model.decisions(outcome.x))
+        status = "decomposed"
+        if plan is None or self._excess(plan) != 0:
+            status = "decomposed plan rejected: " + ("the best of the start and every unit swapped"
+                                                     if start else "every unit swapped")
+            plan = self._best_fitting(([Plan(decisions=start)] if start else []) + [Plan(decisions=fallback)])
+        base = MS * self.problem.baseline_s
+        objective = None if outcome is None else outcome.objective / base
+        report = self._figures(plan, status, objective, None if bound is None else max(0.0, bound) / base, model)
+        report.update(solves=0 if outcome is None else outcome.solves, sweeps=0 if outcome is None else outcome.sweeps,
+                      started_from="start" if outcome is not None and outcome.seeded else "every unit swapped")
+        return plan.with_meta(report=report)
+
+    def _best_fitting(self, plans: list[Plan]) -> Plan:
+        """The plan of least simulated time among those that validate and fit (the last one otherwise)."""
+        fitting = [p for p in plans if self._excess(p) == 0]
+        return min(fitting or plans[-1:], key=lambda p: self.simulator.run(p, self.budget).time_s)
+
     def _solve(self, model):
         started = time.perf_counter()
         result = model.solve(self.deadline - started, self.gap)
@@ -167,10 +216,10 @@ class _Search:
         violations = validate(self.trace, plan, self.budget)
         rejected = [v for v in violations if v.kind != OVER_BUDGET]
         for v in rejected:
-            d = next((d for d in plan.decisions if d.storage == v.storage), None)
-            if d is None:
+            found = [d for d in plan.decisions if d.storage == v.storage]
+            if not found:
                 raise MemplanError(f"planner 'milp' made an invalid plan: {v}")
-            self.forbidden.add((self.unit_of[d.storage], d.action))
+            self.forbidden.update((self.unit_of[(d.storage, d.out_after, d.back_before)], d.action) for d in found)
         if rejected:
             return None
         if violations:
@@ -184,26 +233,38 @@ class _Search:
         baseline_ms = MS * self.problem.baseline_s
         optimal = result.status == OPTIMAL and not fallback
         bound = getattr(result, "mip_dual_bound", None)
+        status = "optimal" if optimal else "time limit" if not fallback else "no MILP plan: every unit swapped"
+        report = self._figures(plan, status, None if fallback else float(result.fun) / baseline_ms,
+                               None if bound is None or not np.isfinite(bound) else max(0.0, float(bound)) / baseline_ms,
+                               model)
+        report.update(optimal_s=self.solve_s if optimal else None, rounds=rounds, model_budget_bytes=model_budget)
+        return report
+
+    def _figures(self, plan: Plan, status: str, objective: float | None, bound: float | None, model) -> dict:
+        """The report's figures: the model's objective and proven bound (shares of the baseline), the gap
+        between them, the plan's simulated overhead and the model's size."""
+        units = self.problem.units
         return {
-            "status": "optimal" if optimal else "time limit" if not fallback else "no MILP plan: every map swapped",
-            "milp_overhead": None if fallback else float(result.fun) / baseline_ms,
-            "milp_bound": None if bound is None or not np.isfinite(bound) else max(0.0, float(bound)) / baseline_ms,
-            "mip_gap": None if fallback else float(getattr(result, "mip_gap", 0.0) or 0.0),
+            "status": status,
+            "milp_overhead": objective,
+            "milp_bound": bound,
+            "mip_gap": None if objective is None or bound is None else max(0.0, objective - bound) / max(objective, 1e-12),
             "simulated_overhead": self.simulator.run(plan, self.budget).overhead,
             "solve_s": self.solve_s,
-            "optimal_s": self.solve_s if optimal else None,
-            "rounds": rounds,
-            "model_budget_bytes": model_budget,
-            "feature_maps": len(self.problem.units),
+            "optimal_s": None,
+            "units": len(units),
+            "wrap_units": sum(u.wraps for u in units),
+            "early_variants": sum(u.group != k for k, u in enumerate(units)),
             "positions": len(self.problem.positions),
             "variables": len(model.cols.lb),
             "constraints": len(model.cols.rows),
+            "bound_scope": BOUND_SCOPE,
         }
 
 
 def _trivial_report(problem: LayerProblem) -> dict:
     """Nothing needs to move: keeping everything is optimal."""
     return {"status": "optimal", "milp_overhead": 0.0, "milp_bound": 0.0, "mip_gap": 0.0, "simulated_overhead": 0.0,
-            "solve_s": 0.0, "optimal_s": 0.0, "rounds": 0, "model_budget_bytes": None,
-            "feature_maps": len(problem.units), "positions": len(problem.positions), "variables": 0,
-            "constraints": 0}
+            "solve_s": 0.0, "optimal_s": 0.0, "rounds": 0, "model_budget_bytes": None, "units": len(problem.units),
+            "wrap_units": 0, "early_variants": 0, "positions": len(problem.positions), "variables": 0,
+            "constraints": 0, "bound_scope": "nothing needs to move: 0 is the optimum of every planner"}

@@ -1,0 +1,177 @@
+"""`auto`: the planner to use when you do not know which one to use.
+
+Within one time limit (default 20 s) it
+1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
+   PyTorch-style baselines), each scored by the simulator at the budget;
+2. runs `milp` when the trace's model is small enough to be worth it (at most
+   MILP_MAX_GROUPS decision groups), for MILP_SHARE of the time left, its decomposition
+   warm-started from the best plan so far; its proven bound is kept for the report;
+3. refines the best plans so far (REFINED of them) by local search over keep / swap /
+   recompute per feature map (`memplan.planners._refine`), each starting from that plan;
+4. returns the plan of least simulated time that validates and fits the budget.
+
+`plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
+(`refined_from`), every candidate's simulated overhead, and milp's bound where milp ran
+(`bound`, with `gap_to_bound` in points). Deterministic for a seed whenever nothing is cut
+short by the time limit (on small traces); on large ones how far each step gets depends on
+the machine's speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost.model import Cost
+from ..errors import InfeasibleBudgetError, MemplanError
+from ..model import Plan, Trace
+from ..sim.simulate import Simulator
+from ..sim.validate import validate
+from ._featuremaps import DEFAULT_MIN_BYTES, feature_maps
+from ._milp_layers import layer_problem
+from ._policy_eval import PolicyEvaluator, smallest_cap
+from ._refine import Refiner, policy_of
+from .base import get_planner, infeasible, register
+from .milp import solve_milp
+
+log = logging.getLogger(__name__)
+
+FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "sqrt-n", "checkpoint-all",
+        "save-on-cpu")
+DEFAULT_TIME_LIMIT_S = 20.0
+MILP_SHARE = 0.5  # of the time left after the fast planners
+MILP_MAX_GROUPS = 400  # larger models are left to the other steps
+MILP_MIN_S = 2.0  # milp is not started with less time than this
+REFINED = 3  # candidates the local search starts from
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One plan `auto` considered."""
+
+    name: str  # the planner (or "refined:<planner>") that made it
+    plan: Plan  # the plan
+    time_s: float  # its simulated iteration time at the budget
+    overhead: float  # its simulated overhead
+
+
+@register("auto", "the best simulated plan of the fast planners, milp and a local search, within a time limit",
+          decides=("swap", "recompute"))
+def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
+              time_limit_s: float = DEFAULT_TIME_LIMIT_S, min_bytes: int = DEFAULT_MIN_BYTES,
+              milp: bool = True) -> Plan:
+    """The best plan `auto` finds within `time_limit_s` (see the module docstring).
+
+    Args:
+        trace, budget_bytes, cost, seed: see `memplan.planners.base`.
+        time_limit_s: wall-clock limit for all steps (a fast planner already running finishes).
+        min_bytes: smaller activations are not feature maps for milp and the local search.
+        milp: run milp when the model is small enough (false: never).
+    Returns:
+        The plan; `plan.report` says which planner's plan was chosen or refined, every
+        candidate's simulated overhead, and milp's bound and status where it ran.
+    Raises:
+        InfeasibleBudgetError: no candidate fits; names the smallest load one of them reaches.
+        MemplanError: a time limit that is not positive.
+    """
+    if not time_limit_s > 0:
+        raise MemplanError(f"planner 'auto': parameter time_limit_s must be positive, got {time_limit_s!r}")
+    if budget_bytes >= trace.peak_load_bytes:
+        return Plan(report={"chosen": "none", "refined_from": None, "candidates": {"none": 0.0}, "bound": 0.0,
+                            "gap_to_bound": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
+    search = _Search(trace, budget_bytes, cost, seed, time.monotonic() + time_limit_s, min_bytes)
+    search.fast()
+    if milp:
+        search.milp()
+    search.refine()
+    return search.result()
+
+
+class _Search:
+    """The candidates so far, the loads the infeasible ones named, and milp's report."""
+
+    def __init__(self, trace: Trace, budget_bytes: int, cost: Cost, seed: int, deadline: float, min_bytes: int):
+        self.trace, self.budget, self.cost, self.seed = trace, budget_bytes, cost, seed
+        self.deadline, self.min_bytes = deadline, min_bytes
+        self.simulator = Simulator(trace, cost)
+        self.candidates: list[Candidate] = []
+        self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
+        self.milp_report: dict | None = None
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def add(self, name: str, plan: Plan) -> None:
+        """Score `plan` and keep it when the simulator runs it within the budget."""
+        result = self.simulator.run(plan, self.budget)
+        if result.feasible and result.peak_load_bytes <= self.budget:
+            self.candidates.append(Candidate(name=name, plan=plan, time_s=result.time_s, overhead=result.overhead))
+        else:
+            self.named[name] = smallest_cap(self.simulator, plan, self.budget)
+
+    def ranked(self) -> list[Candidate]:
+        return sorted(self.candidates, key=lambda c: (c.time_s, c.name))
+
+    def fast(self) -> None:
+        """Step 1: every fast planner (all of them run: they take a fraction of a second each)."""
+        for name in FAST:
+            spec = get_planner(name)
+            try:
+                self.add(name, spec.fn(self.trace, self.budget, self.cost, seed=self.seed, **spec.defaults))
+            except InfeasibleBudgetError as exc:
+                self.named[name] = exc.min_feasible_bytes
+
+    def milp(self) -> None:
+        """Step 2: milp on a model small enough, from the best plan so far."""
+        share = MILP_SHARE * self.left()
+        if share < MILP_MIN_S:
+            return
+        groups = len(layer_problem(self.trace, self.cost, self.min_bytes, self.budget).groups())
+        if groups > MILP_MAX_GROUPS:
+            log.info("auto: milp skipped (%d decision groups, more than %d)", groups, MILP_MAX_GROUPS)
+            return
+        best = self.ranked()[:1]
+        try:
+            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
+                              start=best[0].plan.decisions if best else None)
+        except InfeasibleBudgetError as exc:
+            self.named["milp"] = exc.min_feasible_bytes
+            return
+        self.milp_report = plan.report
+        self.add("milp", plan)
+
+    def refine(self) -> None:
+        """Step 3: local search from each of the best REFINED candidates, sharing the time left."""
+        fm = feature_maps(self.trace, self.min_bytes)
+        if not len(fm):
+            return
+        evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
+        for i, base in enumerate(self.ranked()[:REFINED]):
+            left = self.left()
+            if left <= 0:
+                break
+            policy, extras = policy_of(fm, base.plan.decisions)
+            refiner = Refiner(evaluator, extras)
+            best, _ = refiner.polish(policy, time.monotonic() + left / (REFINED - i))
+            self.add(f"refined:{base.name}", refiner.plan(best))
+
+    def result(self) -> Plan:
+        """Step 4: the best candidate that validates; the infeasible-budget error without one."""
+        for chosen in self.ranked():
+            if not validate(self.trace, chosen.plan, self.budget):
+                return chosen.plan.with_meta(report=self._report(chosen))
+            log.warning("auto: %s's plan does not validate; trying the next", chosen.name)
+        raise infeasible(self.budget, min(self.named.values(), default=self.trace.peak_load_bytes), "auto")
+
+    def _report(self, chosen: Candidate) -> dict:
+        bound = None if self.milp_report is None else self.milp_report.get("milp_bound")
+        overheads = {c.name: round(c.overhead, 6) for c in self.ranked()}
+        return {"chosen": chosen.name, "overhead": chosen.overhead,
+                "refined_from": chosen.name.split(":", 1)[1] if chosen.name.startswith("refined:") else None,
+                "candidates": overheads, "infeasible": dict(sorted(self.named.items())),
+                "bound": bound, "gap_to_bound": None if bound is None else float(np.float64(chosen.overhead - bound)),
+                "milp_status": None if self.milp_report is None else self.milp_report.get("status"),
+                "bound_scope": None if self.milp_report is None else self.milp_report.get("bound_scope")}

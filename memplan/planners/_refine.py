@@ -5,7 +5,8 @@ A plan is read as a policy over the trace's feature maps (`memplan.planners._fea
 the action of the decision on each feature map's storage, KEEP without one; its decisions on
 other storages (weights, optimizer state, small activations) ride along unchanged as
 `extras`. The search changes one entry at a time, largest feature map first, keeps the first
-change that lowers the simulated overhead, and sweeps again until a sweep changes nothing
+change that lowers the simulated overhead (and that the validator accepts, when extras could
+conflict with a recomputation), and sweeps again until a sweep changes nothing
 (a local optimum) or the deadline passes. Every score is the shared simulator's
 (`memplan.planners._policy_eval`), so what it returns is what `simulate` reports.
 """
@@ -17,6 +18,7 @@ import time
 import numpy as np
 
 from ..model import Decision, Plan
+from ..sim.validate import validate
 from ._featuremaps import KEEP, RECOMPUTE, SWAP, FeatureMaps
 from ._policy_eval import INFEASIBLE, PolicyEvaluator
 
@@ -62,6 +64,11 @@ class Refiner:
             self.memo[key] = float(result.overhead) if result.feasible else INFEASIBLE
         return self.memo[key]
 
+    def valid(self, policy: np.ndarray) -> bool:
+        """The validator accepts the plan: the decoder's rules hold among feature maps, but a
+        recomputation may read a storage an extra decision swaps away."""
+        return not self.extras or not validate(self.evaluator.fm.trace, self.plan(policy))
+
     def polish(self, start: np.ndarray, deadline: float) -> tuple[np.ndarray, float]:
         """First-improvement local search from `start` until a local optimum or `deadline`
         (time.monotonic()); returns the best policy and its score."""
@@ -78,7 +85,7 @@ class Refiner:
                     trial = best.copy()
                     trial[k] = action
                     trial_score = self.score(trial)
-                    if trial_score < score - BETTER:
+                    if trial_score < score - BETTER and self.valid(trial):
                         best, score, improved = trial, trial_score, True
                         break
         return best, score

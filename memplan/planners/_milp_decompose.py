@@ -25,7 +25,7 @@ import numpy as np
 
 from ..model import Decision
 from ._milp_layers import LayerProblem
-from ._milp_model import Model
+from ._milp_columns import Model
 
 log = logging.getLogger(__name__)
 

@@ -3,11 +3,12 @@
 Within one time limit (default 20 s) it
 1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
    PyTorch-style baselines), each scored by the simulator at the budget;
-2. runs `milp` when the trace's model is small enough to be worth it (at most
-   MILP_MAX_GROUPS decision groups), for MILP_SHARE of the time left, its decomposition
-   warm-started from the best plan so far; its proven bound is kept for the report;
-3. refines the best plans so far (REFINED of them) by local search over keep / swap /
-   recompute per feature map (`memplan.planners._refine`), each starting from that plan;
+2. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
+   decision groups), for MILP_SHARE of the time left; its proven bound is kept for the
+   report (on larger models the decomposition improves too slowly to be worth the time);
+3. warm-starts a local search over keep / swap / recompute per feature map
+   (`memplan.planners._refine`) from each of the best REFINED plans so far, milp's included,
+   sharing the time left;
 4. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
@@ -35,7 +36,7 @@ from ._milp_layers import layer_problem
 from ._policy_eval import PolicyEvaluator, smallest_cap
 from ._refine import Refiner, policy_of
 from .base import get_planner, infeasible, register
-from .milp import solve_milp
+from .milp import MAX_DIRECT_GROUPS, solve_milp
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "
         "save-on-cpu")
 DEFAULT_TIME_LIMIT_S = 20.0
 MILP_SHARE = 0.5  # of the time left after the fast planners
-MILP_MAX_GROUPS = 400  # larger models are left to the other steps
+MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
 
@@ -125,7 +126,7 @@ class _Search:
                 self.named[name] = exc.min_feasible_bytes
 
     def milp(self) -> None:
-        """Step 2: milp on a model small enough, from the best plan so far."""
+        """Step 2: milp on a model small enough to solve whole."""
         share = MILP_SHARE * self.left()
         if share < MILP_MIN_S:
             return
@@ -133,10 +134,8 @@ class _Search:
         if groups > MILP_MAX_GROUPS:
             log.info("auto: milp skipped (%d decision groups, more than %d)", groups, MILP_MAX_GROUPS)
             return
-        best = self.ranked()[:1]
         try:
-            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
-                              start=best[0].plan.decisions if best else None)
+            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes)
         except InfeasibleBudgetError as exc:
             self.named["milp"] = exc.min_feasible_bytes
             return

@@ -57,7 +57,8 @@ from ..sim.simulate import Simulator
 from ..sim.validate import OVER_BUDGET, static_load, validate
 from ._milp_decompose import decompose
 from ._milp_layers import LayerProblem, layer_problem
-from ._milp_model import MS, build
+from ._milp_columns import MS
+from ._milp_model import build
 from .base import infeasible, register
 
 log = logging.getLogger(__name__)

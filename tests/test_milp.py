@@ -232,3 +232,33 @@ def test_a_milp_plan_mixing_swaps_and_recomputes_trains_exactly_within_its_budge
     got, stats = _planned(tiny_workload, plan=plan, trace=trace)
     _same_state(got, _plain(tiny_workload), tol=0.0)  # bit for bit
     _kept_budget(stats)
+
+
+@pytest.mark.parametrize("share", [0.8, 0.6])
+def test_the_decomposition_is_never_worse_than_its_start_and_bounds_its_objective(share):
+    """Forced on a small trace (no group solved whole): a valid plan within the budget, at least as
+    good in the simulator as the fast planners' best it started from, with the LP relaxation's
+    bound below the model's objective; and the whole solve's optimum is within that bound too."""
+    from memplan.planners.milp import START_PLANNERS
+
+    trace = _light_residual()
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(share * trace.peak_load_bytes)
+    simulator = Simulator(trace, cost)
+    starts = []
+    for name in START_PLANNERS:
+        try:
+            starts.append(simulator.run(make_plan(trace, budget, planner=name, cost=cost), budget))
+        except InfeasibleBudgetError:
+            continue
+    plan = make_plan(trace, budget, planner="milp", cost=cost, max_direct_groups=0, time_limit_s=120.0)
+    result = simulator.run(plan, budget)
+    assert validate(trace, plan, budget) == [] and result.feasible and result.peak_load_bytes <= budget
+    fitting = [s.time_s for s in starts if s.feasible and s.peak_load_bytes <= budget]
+    assert not fitting or result.time_s <= min(fitting) * (1 + 1e-9)
+    report = plan.report
+    assert report["status"] == "decomposed" and report["chosen"] in ("decomposition", "start", "every unit swapped")
+    assert report["milp_bound"] <= report["milp_overhead"] + 1e-9
+    whole = make_plan(trace, budget, planner="milp", cost=cost, time_limit_s=120.0).report
+    if whole["status"] == "optimal":
+        assert report["milp_bound"] <= whole["milp_overhead"] + 1e-9 <= report["milp_overhead"] + 2e-9

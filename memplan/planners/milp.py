@@ -51,7 +51,7 @@ import time
 import numpy as np
 
 from ..cost.model import Cost
-from ..errors import MemplanError
+from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import OVER_BUDGET, static_load, validate
@@ -59,7 +59,7 @@ from ._milp_decompose import decompose
 from ._milp_layers import LayerProblem, layer_problem
 from ._milp_columns import MS
 from ._milp_model import build
-from .base import infeasible, register
+from .base import get_planner, infeasible, register
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ OPTIMAL = 0  # scipy.optimize.milp's status code for a proven optimum
 BOUND_SCOPE = ("a lower bound on the overhead of every plan in the model: keep, swap or recompute per gap of "
                "every storage of at least min_bytes, releases and prefetches at positions, segment loads")
 MAX_DIRECT_GROUPS = 64  # larger problems are decomposed
+START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
 BOUND_SHARE = 0.25  # of the time limit for the LP relaxation's bound, when decomposed
 
 
@@ -121,8 +122,23 @@ def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: flo
         raise infeasible(budget_bytes, floor, "milp")
     search = _Search(trace, cost, problem, budget_bytes, window, mip_rel_gap, time_limit_s)
     if len(problem.groups()) > max_direct_groups:
-        return search.run_decomposed(fallback, start)
+        return search.run_decomposed(fallback, start or _start(trace, budget_bytes, cost, search.simulator))
     return search.run(fallback)
+
+
+def _start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator) -> tuple[Decision, ...] | None:
+    """The decomposition's default start: the fitting plan of least simulated time among START_PLANNERS'."""
+    best = None
+    for name in START_PLANNERS:
+        spec = get_planner(name)
+        try:
+            plan = spec.fn(trace, budget_bytes, cost, seed=0, **spec.defaults)
+        except InfeasibleBudgetError:
+            continue
+        result = simulator.run(plan, budget_bytes)
+        if result.feasible and result.peak_load_bytes <= budget_bytes and (best is None or result.time_s < best[0]):
+            best = (result.time_s, plan.decisions)
+    return None if best is None else best[1]
 
 
 def swap_everything(problem: LayerProblem) -> tuple[Decision, ...]:
@@ -178,26 +194,24 @@ class _Search:
         return plan.with_meta(report=self._report(model, result, plan, model_budget, rounds, fallback=True))
 
     def run_decomposed(self, fallback: tuple[Decision, ...], start: tuple[Decision, ...] | None) -> Plan:
-        """The decomposition's plan (`memplan.planners._milp_decompose`), with the LP relaxation's
-        bound; when the simulator or the validator rejects it, the best of `start` and `fallback`
-        that fits."""
+        """The decomposition's plan (`memplan.planners._milp_decompose`) from `start`, with the LP
+        relaxation's bound; the best simulated of it, `start` and `fallback` that validates and fits
+        (`chosen` in the report says which)."""
         model = build(self.problem, self.budget, self.window, self.forbidden)
         started = time.perf_counter()
         relaxed = model.solve(BOUND_SHARE * (self.deadline - started), 0.0, relax=True)
         bound = float(relaxed.fun) if relaxed.status == OPTIMAL else None
         outcome = decompose(model, start, self.deadline, self.gap)
         self.solve_s = time.perf_counter() - started
-        plan = None if outcome is None else Plan(decisions=model.decisions(outcome.x))
-        status = "decomposed"
-        if plan is None or self._excess(plan) != 0:
-            status = "decomposed plan rejected: " + ("the best of the start and every unit swapped"
-                                                     if start else "every unit swapped")
-            plan = self._best_fitting(([Plan(decisions=start)] if start else []) + [Plan(decisions=fallback)])
+        named = ([("decomposition", Plan(decisions=model.decisions(outcome.x)))] if outcome else []) + \
+            ([("start", Plan(decisions=start))] if start else []) + [("every unit swapped", Plan(decisions=fallback))]
+        plan = self._best_fitting([p for _, p in named])
         base = MS * self.problem.baseline_s
         objective = None if outcome is None else outcome.objective / base
-        report = self._figures(plan, status, objective, None if bound is None else max(0.0, bound) / base, model)
+        report = self._figures(plan, "decomposed", objective, None if bound is None else max(0.0, bound) / base, model)
         report.update(solves=0 if outcome is None else outcome.solves, sweeps=0 if outcome is None else outcome.sweeps,
-                      started_from="start" if outcome is not None and outcome.seeded else "every unit swapped")
+                      started_from="start" if outcome is not None and outcome.seeded else "every unit swapped",
+                      chosen=next(name for name, p in named if p is plan))
         return plan.with_meta(report=report)
 
     def _best_fitting(self, plans: list[Plan]) -> Plan:

@@ -1,12 +1,17 @@
-"""`milp`: the optimum of keep / swap / recompute per feature map, as a 0-1 MILP solved by HiGHS.
+"""`milp`: the optimum of keep / swap / recompute per gap of every storage that can move, as a
+0-1 MILP solved by HiGHS: the reference the other planners are measured against.
 
 In the spirit of Checkmate (recomputation as a MILP over the schedule), extended with
 swap-out and prefetch decisions on the two copy lanes, at the layer granularity of HOME
-(paper 004): the decision units are feature maps (`_milp_layers`: saved activations of at
-least `min_bytes`), each kept, swapped to the host after its last forward access and
-prefetched before its first backward access, or dropped then and recomputed right before it.
-Time and memory are tracked at positions: the first op of every layer, plus the ops where a
-feature map may leave or must be back.
+(paper 004): the decision units (`_milp_layers`) are the gaps between two accesses of every
+storage of at least `min_bytes` that span an op over the budget (activations, weights,
+gradients, inputs; weights and optimizer state also across the iteration boundary), each
+kept, swapped to the host after the access before the gap and prefetched before the one after
+it, or (not across the boundary, when the storage can be rebuilt) dropped then and recomputed
+right before it; a swap may also end early, at a recomputation that reads the storage. Time
+and memory are tracked at positions: the first op of every layer, plus the ops where a unit
+may leave or must be back. Models with more than `max_direct_groups` decision groups are
+decomposed (`_milp_decompose`); the others are solved whole.
 
 What the MILP models of the simulator's semantics (memplan.sim.simulate):
 - the compute stream: segments run in order; before the op a feature map is due at, the
@@ -32,11 +37,17 @@ What it approximates (the simulator is the judge of every plan, and reports the 
 - the chains before one op are charged as if all ran at once (their temporaries all alive
   with the largest discarded output), an upper bound on the simulator's chain-by-chain load;
 - prefetch triggers follow the order of first backward access (the FIFO order of the lane);
-- a recomputation may not read a feature map that is swapped away at that op (the validator
-  forbids it: the data is on the host).
+- a recomputation may read a swapped storage only through a swap ending at that op (a
+  variant for the inputs of the targets' own writers; deeper inputs of a chain must be
+  resident or rebuilt: the validator forbids reading data that is on the host);
+- a storage across the iteration boundary is prefetched in the head of the iteration only
+  (the simulator also allows a prefetch in the tail), and the next iteration's device-to-host
+  queue is not charged;
+- compression is not decided (traces carry no measured ratio per tensor).
 So the simulated overhead of the chosen plan is at most the MILP objective when no wait is
-charged early, and both are reported. The proven lower bound and gap are the MILP's: a bound
-on the best plan in the model, not on every schedule the simulator could run.
+charged early, and both are reported. The proven lower bound and gap are the MILP's (when
+decomposed, the bound of the LP relaxation): a bound on the best plan in the model, not on
+every schedule the simulator could run (`bound_scope` in the report says so).
 
 The plan is validated and simulated at the budget; a plan the validator rejects has the
 offending action forbidden and is solved again, one whose simulated peak exceeds the budget

@@ -198,5 +198,6 @@ def home_seeded(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, i
                  workers=workers, min_bytes=min_bytes, lead=lead, name="home:seeded", seeded=True)
 
 
-register("home:seeded", "HOME's swarm seeded with Capuchin, TFLMS, sqrt-n and checkpoint-all plans, then a "
-                        "local search; within a time limit (default 20 s)", decides=("swap", "recompute"))(home_seeded)
+register("home:seeded", "HOME's swarm seeded with Capuchin, TFLMS, sqrt-n, checkpoint-all and SuperNeurons "
+                        "plans, then a local search; within a time limit (default 20 s)",
+         decides=("swap", "recompute"))(home_seeded)

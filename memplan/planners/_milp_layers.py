@@ -27,15 +27,18 @@ closure of these rebuilds at p is a small DAG (`Rebuild`) the MILP puts variable
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..cost.model import Cost
 from ..model import Trace
+from ._activations import saved_gaps
 from ._autoswap_scores import find_candidates
 
 MAX_DEPTH = 64  # rebuilds nested deeper than this are refused (the simulator does not follow them either)
+MOVES = ("all", "activations")  # what may move: every gap of every storage, or saved activations' only
+ACTIVATIONS = "activations"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +119,8 @@ class LayerProblem:
         return [k for k, u in enumerate(self.units) if u.group == k]
 
 
-def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | None = None) -> LayerProblem:
+def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | None = None,
+                  moves: str = "all") -> LayerProblem:
     """The units, positions and rebuild closures of `trace`.
 
     Args:
@@ -124,8 +128,15 @@ def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | 
         cost: its op and copy times.
         min_bytes: smaller storages stay resident.
         budget_bytes: with a budget, only gaps spanning an op over it are units.
+        moves: "all" (every gap of every storage) or "activations" (only saved activations'
+            gap from their last forward to their first backward access: the feature maps of
+            HOME, a smaller model).
     """
     base = movable_gaps(trace, cost, min_bytes, budget_bytes)
+    if moves == ACTIVATIONS:
+        saved = {(g.storage, g.last_forward, g.back_before) for g in saved_gaps(trace, min_bytes)}
+        kept = [u for u in base if (u.storage, u.out_after, u.back_before) in saved]
+        base = [replace(u, group=k) for k, u in enumerate(kept)]
     positions = _positions(trace, base)
     n = len(trace.ops)
     prefix = np.concatenate([[0.0], np.cumsum(cost.durations)])

@@ -4,12 +4,15 @@ Within one time limit (default 20 s) it
 1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
    PyTorch-style baselines), each scored by the simulator at the budget;
 2. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
-   decision groups), for MILP_SHARE of the time left; its proven bound is kept for the
-   report (on larger models the decomposition improves too slowly to be worth the time);
+   decision groups; over saved activations only when the model over every storage is
+   larger), for MILP_SHARE of the time left; its proven bound is kept for the report (on
+   larger models the decomposition improves too slowly to be worth the time);
 3. warm-starts a local search over keep / swap / recompute per feature map
    (`memplan.planners._refine`) from each of the best REFINED plans so far, milp's included,
-   sharing the time left;
-4. returns the plan of least simulated time that validates and fits the budget.
+   sharing the time left until each reaches a local optimum;
+4. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
+   particles for at most SWARM_ITERS iterations) within what is left;
+5. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
 (`refined_from`), every candidate's simulated overhead, and milp's bound where milp ran
@@ -32,7 +35,7 @@ from ..model import Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import validate
 from ._featuremaps import DEFAULT_MIN_BYTES, feature_maps
-from ._milp_layers import layer_problem
+from ._milp_layers import MOVES, layer_problem
 from ._policy_eval import PolicyEvaluator, smallest_cap
 from ._refine import Refiner, policy_of
 from .base import get_planner, infeasible, register
@@ -47,6 +50,9 @@ MILP_SHARE = 0.5  # of the time left after the fast planners
 MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
+SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
+SWARM_ITERS, SWARM_PARTICLES = 20, 20  # its size: it ends on its own on small traces (a result that a time cut
+# does not decide), and within the limit on large ones
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +94,7 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
     if milp:
         search.milp()
     search.refine()
+    search.swarm()
     return search.result()
 
 
@@ -130,16 +137,18 @@ class _Search:
         share = MILP_SHARE * self.left()
         if share < MILP_MIN_S:
             return
-        groups = len(layer_problem(self.trace, self.cost, self.min_bytes, self.budget).groups())
-        if groups > MILP_MAX_GROUPS:
-            log.info("auto: milp skipped (%d decision groups, more than %d)", groups, MILP_MAX_GROUPS)
+        moves = next((m for m in MOVES if len(layer_problem(self.trace, self.cost, self.min_bytes, self.budget,
+                                                            m).groups()) <= MILP_MAX_GROUPS), None)
+        if moves is None:
+            log.info("auto: milp skipped (more than %d decision groups even over activations only)", MILP_MAX_GROUPS)
             return
         try:
-            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes)
+            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
+                              moves=moves)
         except InfeasibleBudgetError as exc:
             self.named["milp"] = exc.min_feasible_bytes
             return
-        self.milp_report = plan.report
+        self.milp_report = {**plan.report, "moves": moves}
         self.add("milp", plan)
 
     def refine(self) -> None:
@@ -156,6 +165,20 @@ class _Search:
             refiner = Refiner(evaluator, extras)
             best, _ = refiner.polish(policy, time.monotonic() + left / (REFINED - i))
             self.add(f"refined:{base.name}", refiner.plan(best))
+
+    def swarm(self) -> None:
+        """Step 4: with time left after the local searches, `home:seeded` with the rest of it."""
+        left = self.left()
+        if left < SWARM_MIN_S:
+            return
+        spec = get_planner("home:seeded")
+        try:
+            plan = spec.fn(self.trace, self.budget, self.cost, seed=self.seed, time_limit_s=left, workers=1,
+                           min_bytes=self.min_bytes, iters=SWARM_ITERS, particles=SWARM_PARTICLES)
+        except InfeasibleBudgetError as exc:
+            self.named["home:seeded"] = exc.min_feasible_bytes
+            return
+        self.add("home:seeded", plan)
 
     def result(self) -> Plan:
         """Step 4: the best candidate that validates; the infeasible-budget error without one."""

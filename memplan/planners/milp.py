@@ -67,7 +67,7 @@ from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import OVER_BUDGET, static_load, validate
 from ._milp_decompose import decompose
-from ._milp_layers import LayerProblem, layer_problem
+from ._milp_layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem
 from ._milp_columns import MS
 from ._milp_model import build
 from .base import get_planner, infeasible, register
@@ -83,6 +83,7 @@ OPTIMAL = 0  # scipy.optimize.milp's status code for a proven optimum
 BOUND_SCOPE = ("a lower bound on the overhead of every plan in the model: keep, swap or recompute per gap of "
                "every storage of at least min_bytes, releases and prefetches at positions, segment loads")
 MAX_DIRECT_GROUPS = 64  # larger problems are decomposed
+ACTIVATIONS_SHARE = 0.4  # of the time limit for the activations-only model the decomposition starts from
 START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
 BOUND_SHARE = 0.25  # of the time limit for the LP relaxation's bound, when decomposed
 
@@ -92,7 +93,7 @@ BOUND_SHARE = 0.25  # of the time limit for the LP relaxation's bound, when deco
 def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
               time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_gap: float = DEFAULT_GAP,
               min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
-              max_direct_groups: int = MAX_DIRECT_GROUPS) -> Plan:
+              max_direct_groups: int = MAX_DIRECT_GROUPS, moves: str = "all") -> Plan:
     """The plan of least overhead in the MILP, checked by the validator and the simulator.
 
     Args:
@@ -105,7 +106,11 @@ def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         window: positions at each end of a gap where a swap may be released and prefetched
             (0: the whole gap).
         max_direct_groups: with more decision groups than this the model is decomposed
-            (`memplan.planners._milp_decompose`) instead of solved whole.
+            (`memplan.planners._milp_decompose`) instead of solved whole, starting from the
+            smaller model over saved activations only, solved whole when it is small enough,
+            or from the fast planners' best plan.
+        moves: "all" (every gap of every storage) or "activations" (saved activations from
+            their last forward to their first backward access only: a smaller model).
     Returns:
         The plan; `plan.report` holds the MILP's objective, bound and gap, the solve time
         and the simulated overhead.
@@ -115,26 +120,48 @@ def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         MemplanError: a bad parameter.
     """
     return solve_milp(trace, budget_bytes, cost, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap,
-                      min_bytes=min_bytes, window=window, max_direct_groups=max_direct_groups)
+                      min_bytes=min_bytes, window=window, max_direct_groups=max_direct_groups, moves=moves)
 
 
 def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                mip_rel_gap: float = DEFAULT_GAP, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
-               max_direct_groups: int = MAX_DIRECT_GROUPS, start: tuple[Decision, ...] | None = None) -> Plan:
+               max_direct_groups: int = MAX_DIRECT_GROUPS, start: tuple[Decision, ...] | None = None,
+               moves: str = "all") -> Plan:
     """`milp`'s plan (see `plan_milp`), the decomposition starting from `start` (another
-    planner's decisions, e.g. `auto`'s best so far) when one is given."""
-    _check(time_limit_s, mip_rel_gap)
+    planner's decisions) when one is given."""
+    _check(time_limit_s, mip_rel_gap, moves)
     if budget_bytes >= trace.peak_load_bytes:
-        return Plan(report=_trivial_report(layer_problem(trace, cost, min_bytes, budget_bytes)))
-    problem = layer_problem(trace, cost, min_bytes, budget_bytes)
+        return Plan(report=_trivial_report(layer_problem(trace, cost, min_bytes, budget_bytes, moves)))
+    problem = layer_problem(trace, cost, min_bytes, budget_bytes, moves)
     fallback = swap_everything(problem)
     floor = int(static_load(trace, list(fallback)).max())
     if budget_bytes < floor:
         raise infeasible(budget_bytes, floor, "milp")
     search = _Search(trace, cost, problem, budget_bytes, window, mip_rel_gap, time_limit_s)
-    if len(problem.groups()) > max_direct_groups:
-        return search.run_decomposed(fallback, start or _start(trace, budget_bytes, cost, search.simulator))
-    return search.run(fallback)
+    if len(problem.groups()) <= max_direct_groups:
+        return search.run(fallback)
+    origin = "the given start"
+    if start is None and moves != ACTIVATIONS:
+        start, origin = _activations_start(trace, budget_bytes, cost, search, min_bytes, window,
+                                           max_direct_groups), "the activations-only model"
+    if start is None:
+        start, origin = _start(trace, budget_bytes, cost, search.simulator), "the fast planners' best plan"
+    return search.run_decomposed(fallback, start, origin)
+
+
+def _activations_start(trace: Trace, budget_bytes: int, cost: Cost, search: "_Search", min_bytes: int, window: int,
+                       max_direct_groups: int) -> tuple[Decision, ...] | None:
+    """The plan of the model over saved activations only, when it is small enough to solve whole
+    (with ACTIVATIONS_SHARE of the time), for the decomposition to start from; None otherwise."""
+    small = layer_problem(trace, cost, min_bytes, budget_bytes, ACTIVATIONS)
+    if len(small.groups()) > max_direct_groups or not small.units:
+        return None
+    floor = int(static_load(trace, list(swap_everything(small))).max())
+    if budget_bytes < floor:
+        return None
+    limit = ACTIVATIONS_SHARE * (search.deadline - time.perf_counter())
+    plan = _Search(trace, cost, small, budget_bytes, window, search.gap, limit).run(swap_everything(small))
+    return plan.decisions if plan.report.get("milp_overhead") is not None else None
 
 
 def _start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator) -> tuple[Decision, ...] | None:
@@ -160,7 +187,9 @@ def swap_everything(problem: LayerProblem) -> tuple[Decision, ...]:
                           trigger=u.back_before) for u in sorted(whole, key=lambda u: (u.back_before, u.storage)))
 
 
-def _check(time_limit_s: float, mip_rel_gap: float) -> None:
+def _check(time_limit_s: float, mip_rel_gap: float, moves: str) -> None:
+    if moves not in MOVES:
+        raise MemplanError(f"planner 'milp': parameter moves must be one of {', '.join(MOVES)}, got {moves!r}")
     if not time_limit_s > 0:
         raise MemplanError(f"planner 'milp': parameter time_limit_s must be positive, got {time_limit_s!r}")
     if not mip_rel_gap < 1:
@@ -204,7 +233,7 @@ class _Search:
         plan = Plan(decisions=fallback)
         return plan.with_meta(report=self._report(model, result, plan, model_budget, rounds, fallback=True))
 
-    def run_decomposed(self, fallback: tuple[Decision, ...], start: tuple[Decision, ...] | None) -> Plan:
+    def run_decomposed(self, fallback: tuple[Decision, ...], start: tuple[Decision, ...] | None, origin: str) -> Plan:
         """The decomposition's plan (`memplan.planners._milp_decompose`) from `start`, with the LP
         relaxation's bound; the best simulated of it, `start` and `fallback` that validates and fits
         (`chosen` in the report says which)."""
@@ -215,13 +244,13 @@ class _Search:
         outcome = decompose(model, start, self.deadline, self.gap)
         self.solve_s = time.perf_counter() - started
         named = ([("decomposition", Plan(decisions=model.decisions(outcome.x)))] if outcome else []) + \
-            ([("start", Plan(decisions=start))] if start else []) + [("every unit swapped", Plan(decisions=fallback))]
+            ([(f"start: {origin}", Plan(decisions=start))] if start else []) + [("every unit swapped", Plan(decisions=fallback))]
         plan = self._best_fitting([p for _, p in named])
         base = MS * self.problem.baseline_s
         objective = None if outcome is None else outcome.objective / base
         report = self._figures(plan, "decomposed", objective, None if bound is None else max(0.0, bound) / base, model)
         report.update(solves=0 if outcome is None else outcome.solves, sweeps=0 if outcome is None else outcome.sweeps,
-                      started_from="start" if outcome is not None and outcome.seeded else "every unit swapped",
+                      started_from=origin if outcome is not None and outcome.seeded else "every unit swapped",
                       chosen=next(name for name, p in named if p is plan))
         return plan.with_meta(report=report)
 

@@ -6,7 +6,9 @@ Within one time limit (default 20 s) it
 2. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
    decision groups; over saved activations only when the model over every storage is
    larger), for MILP_SHARE of the time left; its proven bound is kept for the report (on
-   larger models the decomposition improves too slowly to be worth the time);
+   larger models the decomposition improves too slowly to be worth the time, unless no
+   fast planner reaches the budget: then milp over every storage runs, decomposed, since it
+   moves what the others cannot, such as optimizer state across the iteration boundary);
 3. warm-starts a local search over keep / swap / recompute per feature map
    (`memplan.planners._refine`) from each of the best REFINED plans so far, milp's included,
    sharing the time left until each reaches a local optimum;
@@ -139,6 +141,8 @@ class _Search:
             return
         moves = next((m for m in MOVES if len(layer_problem(self.trace, self.cost, self.min_bytes, self.budget,
                                                             m).groups()) <= MILP_MAX_GROUPS), None)
+        if not self.candidates:  # nothing reaches the budget yet: the model over every storage, decomposed if large
+            moves = MOVES[0]
         if moves is None:
             log.info("auto: milp skipped (more than %d decision groups even over activations only)", MILP_MAX_GROUPS)
             return

@@ -121,3 +121,20 @@ def test_an_auto_plan_trains_exactly_within_its_budget():
     got, stats = _planned(tiny_workload, plan=plan, trace=trace)
     _same_state(got, _plain(tiny_workload), tol=0.0)  # bit for bit
     _kept_budget(stats)
+
+
+def test_when_no_fast_planner_fits_milp_over_every_storage_runs(monkeypatch):
+    """Only Capuchin and TFLMS as fast planners (neither moves optimizer state) and milp's size
+    gate closed: auto still plans, with milp over every storage, which swaps the optimizer state
+    across the iteration boundary."""
+    import memplan.planners.auto as auto
+    from test_milp import _optimizer_state_chain
+
+    monkeypatch.setattr(auto, "FAST", ("capuchin", "tflms"))
+    monkeypatch.setattr(auto, "MILP_MAX_GROUPS", 0)
+    trace = _optimizer_state_chain()
+    got = make_plan(trace, 0.6, planner="auto", time_limit_s=60.0)
+    assert validate(trace, got) == []
+    assert got.report["milp_status"] == "optimal" and got.report["chosen"] in ("milp", "refined:milp")
+    state = next(s.id for s in trace.storages if s.kind == "optimizer_state")
+    assert any(d.storage == state and d.wraps for d in got.decisions)

@@ -13,7 +13,7 @@ Every overhead is simulated; planning times are wall-clock seconds on this share
 load average next to them. Results are written after every case, so an interrupted run keeps what it did.
 
     nice -n 10 .venv/bin/python benchmarks/frontier.py [--only bound,targets] [--device h100]
-        [--milp-s 240] [--cases LABEL,...] [--render]
+        [--milp-s 240] [--cases LABEL,...] [--planners NAME,...] [--render]
 
 Writes benchmarks/results/frontier.{json,md}.
 """
@@ -79,18 +79,16 @@ def timed(trace, budget: int, name: str, cost: Cost, **params) -> dict:
             "recomputes": sum(d.action == "recompute" for d in p.decisions)}
 
 
-def run_case(label: str, device: str, milp_s: float) -> dict:
-    """milp, auto and every other planner at one case."""
+def run_case(label: str, device: str, milp_s: float, only: list[str] | None = None, old: dict | None = None) -> dict:
+    """milp, auto and every other planner at one case (with `only`, those planners, the rest kept from `old`)."""
     section, model, batch, config, share, auto_s = CASES[label]
     trace = trace_workload(model, batch, fake=True, **config)
     cost = Cost.for_trace(trace, device)
     budget = int(share * trace.peak_load_bytes)
-    rows = {"milp": timed(trace, budget, "milp", cost, time_limit_s=milp_s)}
-    log.info("%s: milp %s", label, _short(rows["milp"]))
-    rows["auto"] = timed(trace, budget, "auto", cost, time_limit_s=auto_s)
-    log.info("%s: auto %s", label, _short(rows["auto"]))
-    for name in planners():
-        rows[name] = timed(trace, budget, name, cost, **PARAMS.get(name, {}))
+    rows = dict(old["rows"]) if old else {}
+    params = {**PARAMS, "milp": {"time_limit_s": milp_s}, "auto": {"time_limit_s": auto_s}}
+    for name in only or ["milp", "auto", *planners()]:
+        rows[name] = timed(trace, budget, name, cost, **params.get(name, {}))
         log.info("%s: %s %s", label, name, _short(rows[name]))
     return {"case": label, "section": section, "budget_bytes": budget, "peak_bytes": trace.peak_load_bytes,
             "auto_limit_s": auto_s, "milp_limit_s": milp_s, "rows": rows}
@@ -130,6 +128,13 @@ def to_markdown(data: dict) -> str:
             "| case | budget | status | chosen | units (wrap, early) | variables | simulated | MILP objective "
             "| proven bound | gap | solve s | load avg |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     out += [_milp_row(c) for c in cases]
+    out += ["", "## auto per case\n", "| case | time limit | auto | chosen | refined from | planning s | load avg |",
+            "|---|---|---|---|---|---|---|"]
+    for c in cases:
+        a = c["rows"]["auto"]
+        rep = a.get("report", {})
+        out.append(f"| {c['case']} | {c['auto_limit_s']:g} s | {_pct(a)} | {rep.get('chosen', '—')} | "
+                   f"{rep.get('refined_from') or '—'} | {a.get('wall_s')} | {a.get('load_avg', '—')} |")
     out += ["", "## Every planner against milp's bound\n",
             "Simulated overhead, and in brackets its distance to milp's proven bound in points (the bound holds "
             "for plans in milp's model; a negative distance is a plan outside it, e.g. prefetches between "
@@ -205,6 +210,7 @@ def main() -> None:
     ap.add_argument("--device", default="h100")
     ap.add_argument("--milp-s", type=float, default=240.0, help="milp's time limit per case")
     ap.add_argument("--cases", default="", help="labels of CASES to run (default: every case of the sections)")
+    ap.add_argument("--planners", default="", help="re-run only these planners in the cases, keeping the other rows")
     ap.add_argument("--render", action="store_true", help="rewrite frontier.md from frontier.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -214,8 +220,10 @@ def main() -> None:
     if not args.render:
         sections = args.only.split(",")
         labels = args.cases.split(",") if args.cases else [k for k, v in CASES.items() if v[0] in sections]
+        old = {c["case"]: c for c in data["cases"]}
         for label in labels:
-            case = run_case(label, args.device, args.milp_s)
+            only = args.planners.split(",") if args.planners else None
+            case = run_case(label, args.device, args.milp_s, only, old.get(label) if only else None)
             data = {"device": args.device, "cases": [c for c in data["cases"] if c["case"] != label] + [case]}
             data["cases"].sort(key=lambda c: list(CASES).index(c["case"]))
             atomic_write_text(path, json.dumps(data, indent=1, default=float) + "\n")

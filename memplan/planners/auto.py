@@ -14,7 +14,10 @@ Within one time limit (default 20 s) it
    sharing the time left until each reaches a local optimum;
 4. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
    particles for at most SWARM_ITERS iterations) within what is left;
-5. returns the plan of least simulated time that validates and fits the budget.
+5. with time still left, runs milp over every storage warm-started from the best plan so
+   far (its decomposition on a large model, never worse than that start in the simulator),
+   whose bound then replaces a bound over activations only;
+6. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
 (`refined_from`), every candidate's simulated overhead, and milp's bound where milp ran
@@ -78,7 +81,7 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         trace, budget_bytes, cost, seed: see `memplan.planners.base`.
         time_limit_s: wall-clock limit for all steps (a fast planner already running finishes).
         min_bytes: smaller activations are not feature maps for milp and the local search.
-        milp: run milp when the model is small enough (false: never).
+        milp: run milp (steps 2 and 5; false: never).
     Returns:
         The plan; `plan.report` says which planner's plan was chosen or refined, every
         candidate's simulated overhead, and milp's bound and status where it ran.
@@ -97,6 +100,8 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         search.milp()
     search.refine()
     search.swarm()
+    if milp:
+        search.decompose()
     return search.result()
 
 
@@ -183,6 +188,20 @@ class _Search:
             self.named["home:seeded"] = exc.min_feasible_bytes
             return
         self.add("home:seeded", plan)
+
+    def decompose(self) -> None:
+        """Step 5: with time left, milp over every storage warm-started from the best plan so far
+        (decomposed on a large model; never worse than its start in the simulator)."""
+        left, ranked = self.left(), self.ranked()
+        if left < MILP_MIN_S or not ranked or (self.milp_report or {}).get("moves") == MOVES[0]:
+            return
+        try:
+            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=left, min_bytes=self.min_bytes,
+                              start=ranked[0].plan.decisions)
+        except InfeasibleBudgetError:
+            return
+        self.milp_report = {**plan.report, "moves": MOVES[0], "started_from": ranked[0].name}
+        self.add(f"milp from {ranked[0].name}", plan)
 
     def result(self) -> Plan:
         """Step 4: the best candidate that validates; the infeasible-budget error without one."""

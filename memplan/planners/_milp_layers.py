@@ -102,6 +102,7 @@ class LayerProblem:
     rebuilds: dict  # op -> Rebuild, at every back_before of a recomputable unit
     baseline_s: float  # the iteration with no plan
     peak_bytes: int  # its peak load
+    moves: str = "all"  # what may move: one of MOVES
 
     def position_of(self, op: int) -> int:
         """Index of the position whose segment holds `op`."""
@@ -155,7 +156,7 @@ def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | 
     return LayerProblem(positions=positions, op_s=np.asarray(cost.durations, dtype=np.float64),
                         seg_s=prefix[ends] - prefix[positions], seg_load=np.maximum.reduceat(trace.load, positions),
                         pre_load=trace.load[positions] - born[positions], units=tuple(units), rebuilds=rebuilds,
-                        baseline_s=float(prefix[-1]), peak_bytes=trace.peak_load_bytes)
+                        baseline_s=float(prefix[-1]), peak_bytes=trace.peak_load_bytes, moves=moves)
 
 
 def movable_gaps(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | None = None) -> list[Unit]:

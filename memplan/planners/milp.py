@@ -67,7 +67,7 @@ from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import OVER_BUDGET, static_load, validate
 from ._milp_decompose import decompose
-from ._milp_layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem
+from ._milp_layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem, movable_gaps
 from ._milp_columns import MS
 from ._milp_model import build
 from .base import get_planner, infeasible, register
@@ -83,6 +83,7 @@ OPTIMAL = 0  # scipy.optimize.milp's status code for a proven optimum
 BOUND_SCOPE = ("a lower bound on the overhead of every plan in the model: keep, swap or recompute per gap of "
                "every storage of at least min_bytes, releases and prefetches at positions, segment loads")
 MAX_DIRECT_GROUPS = 64  # larger problems are decomposed
+MAX_UNITS = 600  # with more movable gaps than this (hf:gpt2 with 12 layers: 1271), only saved activations move
 ACTIVATIONS_SHARE = 0.4  # of the time limit for the activations-only model the decomposition starts from
 START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
 BOUND_SHARE = 0.25  # of the time limit for the LP relaxation's bound, when decomposed
@@ -130,6 +131,9 @@ def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: flo
     """`milp`'s plan (see `plan_milp`), the decomposition starting from `start` (another
     planner's decisions) when one is given."""
     _check(time_limit_s, mip_rel_gap, moves)
+    if moves != ACTIVATIONS and len(movable_gaps(trace, cost, min_bytes, budget_bytes)) > MAX_UNITS:
+        log.warning("milp: more than %d movable gaps; deciding saved activations only", MAX_UNITS)
+        moves = ACTIVATIONS
     if budget_bytes >= trace.peak_load_bytes:
         return Plan(report=_trivial_report(layer_problem(trace, cost, min_bytes, budget_bytes, moves)))
     problem = layer_problem(trace, cost, min_bytes, budget_bytes, moves)
@@ -314,6 +318,7 @@ class _Search:
             "variables": len(model.cols.lb),
             "constraints": len(model.cols.rows),
             "bound_scope": BOUND_SCOPE,
+            "moves": self.problem.moves,
         }
 
 

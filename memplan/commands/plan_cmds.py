@@ -29,7 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--param", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="planner hyper-parameters (int, float, true/false, else string)")
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="SECONDS",
-                   help="wall-clock limit of a planner that takes one (milp, home:fast): --param time_limit_s=SECONDS")
+                   help="wall-clock limit of a planner that takes one (auto, milp, home:fast, home:seeded, "
+                        "dqn:refined): --param time_limit_s=SECONDS")
     p.add_argument("--format", default=None, help="trace file format (detected when omitted)")
     p.add_argument("-o", "--output", type=output_of("JSON"), required=True, help="plan file to write (JSON)")
     p.add_argument("--plot", type=output_of("plot"), default=None, metavar="FILE.png",

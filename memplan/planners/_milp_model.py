@@ -4,7 +4,7 @@ models and what it approximates).
 Units: time in milliseconds, memory in MiB, so that HiGHS' absolute tolerances (1e-7) are far
 below a nanosecond and a byte.
 
-Variables, per feature map k: s_k (swap), r_k (recompute), binary; F_k and G_k, when its
+Variables, per unit k: s_k (swap), r_k (recompute), binary, at most one per group; F_k and G_k, when its
 device-to-host and host-to-device copies end; u_kq (released by position q) and v_kq
 (prefetch issued by position q), binary and non-decreasing in q over its release and trigger
 windows. Per position i: t_i (its ops may start: the previous segment is done) and o_i (its
@@ -12,99 +12,24 @@ first op starts: after recomputation and prefetch waits). Per recompute point p 
 z_px (x is rebuilt before p), per replayed op j: w_pj (j runs again), and the largest
 replayed op's discarded outputs. The objective is the overhead: the end of the last segment
 minus the baseline.
+
+A wrap-around unit (a weight or optimizer state away across the iteration boundary) is
+released in the tail after out_after and prefetched in the head up to back_before (it starts
+the iteration on the host, as the simulator's steady state has it); its prefetch cannot start
+before the previous iteration's swap-out reached the host: G_k + T >= F_k + h2d, T the
+iteration time.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import csr_matrix
 
-from ..model import Decision
+from ._milp_columns import MIB, MS, Columns, Model
 from ._milp_layers import LayerProblem
 
-MS = 1e3  # model time unit: milliseconds per second
-MIB = 2.0**20  # model memory unit: bytes per MiB
-INF = np.inf
 MAX_POSITIONS = 0  # window value meaning "the whole gap"
-
-
-class _Columns:
-    """Columns and sparse rows of a MILP, assembled for scipy.optimize.milp."""
-
-    def __init__(self):
-        self.lb: list[float] = []
-        self.ub: list[float] = []
-        self.integer: list[int] = []
-        self.rows: list[list[tuple[int, float]]] = []
-        self.row_lb: list[float] = []
-        self.row_ub: list[float] = []
-
-    def add(self, n: int = 1, ub: float = INF, integer: bool = False) -> np.ndarray:
-        """`n` new columns with bounds [0, ub]; returns their indices."""
-        first = len(self.lb)
-        self.lb += [0.0] * n
-        self.ub += [ub] * n
-        self.integer += [int(integer)] * n
-        return np.arange(first, first + n)
-
-    def ge(self, terms, rhs: float) -> None:
-        """sum(coef * x[col]) >= rhs."""
-        self._row(terms, rhs, INF)
-
-    def le(self, terms, rhs: float) -> None:
-        """sum(coef * x[col]) <= rhs."""
-        self._row(terms, -INF, rhs)
-
-    def eq(self, terms, rhs: float) -> None:
-        """sum(coef * x[col]) == rhs."""
-        self._row(terms, rhs, rhs)
-
-    def _row(self, terms, lb: float, ub: float) -> None:
-        self.rows.append([(int(c), float(v)) for c, v in terms])
-        self.row_lb.append(lb)
-        self.row_ub.append(ub)
-
-    def matrix(self) -> csr_matrix:
-        """The constraint matrix (duplicate entries of a row are summed)."""
-        data = [(i, c, v) for i, row in enumerate(self.rows) for c, v in row]
-        i, c, v = (np.array(a) for a in zip(*data)) if data else (np.zeros(0),) * 3
-        return csr_matrix((v, (i, c)), shape=(len(self.rows), len(self.lb)))
-
-
-@dataclass
-class Model:
-    """A built MILP and where its variables are."""
-
-    problem: LayerProblem  # what it was built from
-    cols: _Columns  # columns and rows
-    objective: np.ndarray = None  # cost per column
-    s: np.ndarray = None  # swap, per feature map
-    r: np.ndarray = None  # recompute, per feature map
-    triggers: dict = field(default_factory=dict)  # feature map -> [(position, v column)]
-
-    def solve(self, time_limit_s: float, mip_rel_gap: float):
-        """scipy.optimize.milp's result (HiGHS) within `time_limit_s`."""
-        c = self.cols
-        return milp(self.objective, integrality=np.array(c.integer), bounds=Bounds(c.lb, c.ub),
-                    constraints=LinearConstraint(c.matrix(), c.row_lb, c.row_ub),
-                    options={"time_limit": max(time_limit_s, 1e-3), "mip_rel_gap": mip_rel_gap, "disp": False})
-
-    def decisions(self, x: np.ndarray) -> tuple[Decision, ...]:
-        """The plan's decisions in a solution, in order of first backward access (the prefetch order)."""
-        out = []
-        for k, u in enumerate(self.problem.units):
-            if x[self.s[k]] > 0.5:
-                issued = next(q for q, col in self.triggers[k] if x[col] > 0.5)
-                out.append(Decision(storage=u.storage, action="swap", out_after=u.out_after,
-                                    back_before=u.back_before, trigger=int(self.problem.positions[issued])))
-            elif x[self.r[k]] > 0.5:
-                out.append(Decision(storage=u.storage, action="recompute", out_after=u.out_after,
-                                    back_before=u.back_before))
-        return tuple(sorted(out, key=lambda d: (d.back_before, d.storage)))
 
 
 def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=()) -> Model:
@@ -117,7 +42,7 @@ def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=()) -
             of its gap); 0 for the whole gap.
         forbidden: (feature map, action) pairs the model may not choose.
     """
-    m = Model(problem=problem, cols=_Columns())
+    m = Model(problem=problem, cols=Columns())
     _Builder(m, budget_bytes, window, set(forbidden)).build()
     return m
 
@@ -140,8 +65,12 @@ class _Builder:
         n_units, n_pos = len(p.units), len(p.positions)
         m.s = c.add(n_units, ub=1, integer=True)
         m.r = c.add(n_units, ub=1, integer=True)
-        for k in range(n_units):
-            c.le([(m.s[k], 1), (m.r[k], 1)], 1)
+        m.members = p.groups()
+        for group, members in m.members.items():
+            c.le([(m.s[k], 1) for k in members] + [(m.r[group], 1)], 1)
+        for k, u in enumerate(p.units):
+            if not u.recomputable:
+                c.ub[m.r[k]] = 0
             for action, col in (("swap", m.s[k]), ("recompute", m.r[k])):
                 if (k, action) in self.forbidden:
                     c.ub[col] = 0
@@ -160,9 +89,14 @@ class _Builder:
 
     # --- swap windows ------------------------------------------------------------------------------
 
-    def _gap_positions(self, k: int) -> np.ndarray:
+    def _gap_positions(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(release positions, trigger positions) of unit k: both its gap's, or for a wrap-around
+        unit the tail after out_after and the head up to back_before."""
         u, pos = self.p.units[k], self.p.positions
-        return np.flatnonzero((pos > u.out_after) & (pos <= u.back_before))
+        if u.wraps:
+            return np.flatnonzero(pos > u.out_after), np.flatnonzero(pos <= u.back_before)
+        gap = np.flatnonzero((pos > u.out_after) & (pos <= u.back_before))
+        return gap, gap
 
     def _windows(self) -> None:
         """Trigger (v) and release (u, and l where a position has a pre-phase) columns per feature map.
@@ -173,13 +107,15 @@ class _Builder:
         """
         m, c = self.m, self.c
         gaps = {k: self._gap_positions(k) for k in range(len(self.p.units))}
-        sizes = {k: len(g) if self.window == MAX_POSITIONS else min(self.window, len(g)) for k, g in gaps.items()}
-        for k, gap in gaps.items():
-            m.triggers[k] = self._cumulative(gap[len(gap) - sizes[k]:], m.s[k])
+        for k, (_, trig) in gaps.items():
+            m.triggers[k] = self._cumulative(trig[len(trig) - self._size(trig):], m.s[k])
             c.eq([(m.triggers[k][-1][1], 1), (m.s[k], -1)], 0)  # issued by back_before at the latest
         self.two_phase = {self.p.position_of(op) for op in self.p.rebuilds} | \
             {q for k in gaps for q, _ in m.triggers[k]}
-        self.release = {k: self._releases(gap[:sizes[k]], m.s[k]) for k, gap in gaps.items()}
+        self.release = {k: self._releases(rel[:self._size(rel)], m.s[k]) for k, (rel, _) in gaps.items()}
+
+    def _size(self, positions: np.ndarray) -> int:
+        return len(positions) if self.window == MAX_POSITIONS else min(self.window, len(positions))
 
     def _cumulative(self, positions, s_col) -> list[tuple[int, int]]:
         cols = self.c.add(len(positions), ub=1, integer=True)
@@ -190,6 +126,8 @@ class _Builder:
 
     def _releases(self, positions, s_col) -> list[tuple[int, int, int | None]]:
         c, out = self.c, []
+        if not len(positions):  # a wrap-around unit leaving after the last position: held to the end
+            return out
         for q in positions.tolist():
             u = int(c.add(1, ub=1, integer=True)[0])
             late = int(c.add(1, ub=1, integer=True)[0]) if q in self.two_phase else None
@@ -226,6 +164,7 @@ class _Builder:
         """z (node rebuilt), w (op replayed), the largest transient, and R (replay ms) per point."""
         m, c, p = self.m, self.c, self.p
         self.z: dict[int, np.ndarray] = {}
+        groups = p.groups()
         self.replay_terms: dict[int, list[tuple[int, float]]] = {}
         self.transient: dict[int, int] = {}
         for op, rb in p.rebuilds.items():
@@ -240,9 +179,10 @@ class _Builder:
                     unit = rb.nodes[child].unit
                     if unit is None:
                         c.ge([(z[child], 1), (z[i], -1)], 0)
-                    else:  # kept: resident; recomputed away: rebuilt too; swapped away: not allowed
+                    else:  # kept: resident; recomputed away: rebuilt too; swapped: back by op (a variant)
                         c.ge([(z[child], 1), (z[i], -1), (m.r[unit], -1)], -1)
-                        c.le([(m.s[unit], 1), (z[i], 1)], 1)
+                        away = [(m.s[k], 1) for k in groups[unit] if p.units[k].covers(op)]
+                        c.le(away + [(z[i], 1)], 1)
             ops = sorted(rb.transient)
             w = dict(zip(ops, c.add(len(ops), ub=1).tolist()))
             for i, node in enumerate(rb.nodes):
@@ -269,8 +209,8 @@ class _Builder:
         for k, u in enumerate(p.units):
             i = p.position_of(u.back_before)
             c.ge([(self.o[i], 1), (self.G[k], -1)], 0)
-            rb = p.rebuilds[u.back_before]
-            if u.storage in rb.reads:  # it lands before the recomputations that read it run
+            rb = p.rebuilds.get(u.back_before)
+            if rb is not None and u.storage in rb.reads:  # it lands before the recomputations that read it run
                 replay = self.replay_terms[u.back_before]
                 c.ge([(self.o[i], 1), (self.G[k], -1), (m.s[k], -self.big_m)] + [(col, -v) for col, v in replay],
                      -self.big_m)
@@ -297,7 +237,11 @@ class _Builder:
         previous = None
         for k in self.need:
             h2d = MS * p.units[k].h2d_s
-            c.ge([(self.G[k], 1), (self.F[k], -1), (m.s[k], -self.big_m)], h2d - self.big_m)
+            if p.units[k].wraps:  # after the previous iteration's swap-out: G + baseline + overhead >= F + h2d
+                c.ge([(self.G[k], 1), (self.F[k], -1), (self.overhead, 1), (m.s[k], -self.big_m)],
+                     h2d - MS * p.baseline_s - self.big_m)
+            else:
+                c.ge([(self.G[k], 1), (self.F[k], -1), (m.s[k], -self.big_m)], h2d - self.big_m)
             if previous is not None:
                 c.ge([(self.G[k], 1), (self.G[previous], -1), (m.s[k], -h2d)], 0)
             before = None
@@ -384,6 +328,9 @@ class _Builder:
         terms = []
         for k, u in enumerate(p.units):
             size = u.nbytes / MIB
+            if u.wraps:
+                terms += self._wrap_terms(k, i, op, size, pre)
+                continue
             if u.out_after < op < u.back_before or (pre and op == u.back_before):
                 terms.append((m.r[k], -size))
             if u.out_after < op <= u.back_before:
@@ -391,6 +338,19 @@ class _Builder:
                 issued = self._at(m.triggers[k], i)
                 if issued is not None:
                     terms.append((issued, size))
+        return terms
+
+    def _wrap_terms(self, k: int, i: int, op: int, size: float, pre: bool) -> list[tuple[int, float]]:
+        """A wrap-around unit: released in the tail; on the host from the iteration's start until its
+        prefetch is issued in the head."""
+        u, terms = self.p.units[k], []
+        if op > u.out_after:
+            terms += [(col, -size * coef) for col, coef in self._released(k, i, late=not pre)]
+        if op <= u.back_before:
+            terms.append((self.m.s[k], -size))
+            issued = self._at(self.m.triggers[k], i)
+            if issued is not None:
+                terms.append((issued, size))
         return terms
 
     def _cap(self, terms: list[tuple[int, float]], base_bytes: float) -> None:

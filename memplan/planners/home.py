@@ -8,6 +8,11 @@ seed only, not on the number of workers, unless a time limit cuts the search sho
 
 Registered names:
 - `home`: iters = particles = 500 (§3.3), no time limit.
+- `home:seeded` (ours, not the paper's): the first particles are the plans of Capuchin, TFLMS,
+  sqrt-n, checkpoint-all and SuperNeurons at the budget, and the swarm's best is then improved
+  by single-entry changes while they lower the overhead (a mutation step the paper's
+  Algorithm 3 lacks: its swarm stops moving once every particle agrees with the best); the
+  seed plans stay candidates, so it is never worse than one of them.
 - `home:fast`: the same search under a time limit (default FAST_TIME_LIMIT_S), returning the
   best policy found when it runs out. Its evaluations, like `home`'s, are incremental: a
   policy that differs from an earlier one in a few entries reuses the recompute chains and
@@ -29,20 +34,24 @@ import time
 import numpy as np
 
 from ..cost.model import Cost
-from ..errors import MemplanError
+from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Plan, Trace
 from ..progress import progress_bar
+from ..sim.simulate import Simulator
 from ._featuremaps import DEFAULT_LEAD, DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, feature_maps
 from ._home_pso import History, random_policies, swarm
 from ._home_workers import available_cores, make_chunks
 from ._policy_eval import INFEASIBLE, PolicyEvaluator
-from .base import infeasible, register
+from ._refine import Refiner, policy_of
+from .base import get_planner, infeasible, register
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ITERS = 500  # §3.3: "we empirically set both ... to 500"
 DEFAULT_PARTICLES = 500
 FAST_TIME_LIMIT_S = 20.0  # home:fast's default time limit
+SEEDED_PARTICLES = 100  # home:seeded: fewer particles, more iterations within the time limit
+SEED_PLANNERS = ("capuchin", "tflms", "sqrt-n", "checkpoint-all", "superneurons")  # home:seeded's first particles
 PARALLEL_MIN_WORK = 20_000  # particles x feature maps below which worker processes cost more than they save
 
 
@@ -65,7 +74,16 @@ def home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, iters: i
         MemplanError: iters or particles below 1.
         InfeasibleBudgetError: no policy tried fits (names the smallest peak seen).
     """
-    name = label
+    return _home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
+                 workers=workers, min_bytes=min_bytes, lead=lead, name=label)
+
+
+def _home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int, iters: int, particles: int,
+          time_limit_s: float | None, workers: int, min_bytes: int, lead: int, name: str,
+          seeded: bool = False) -> Plan:
+    """HOME's search; `seeded`: the first particles are other planners' plans (SEED_PLANNERS), a
+    local search from the swarm's best follows, and those plans themselves stay candidates
+    (`home:seeded` is never worse than a planner it was seeded with)."""
     if iters < 1 or particles < 1:
         raise MemplanError(f"planner {name!r}: iters and particles must be at least 1 (got {iters}, {particles})")
     if budget_bytes >= trace.peak_load_bytes:
@@ -75,14 +93,39 @@ def home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, iters: i
     if not len(fm):
         raise infeasible(budget_bytes, trace.peak_load_bytes, name)
     policies = random_policies(fm.allowed(), particles, np.random.default_rng(seed))
+    seeds: list[Plan] = []
+    if seeded:
+        seeds = _seed_plans(trace, budget_bytes, cost)
+        starts = np.array([policy_of(fm, p.decisions)[0] for p in seeds], dtype=np.int8).reshape(-1, len(fm))
+        policies[:len(starts)] = starts[:particles]
     evaluator(policies[0])  # compiles the simulator before any worker is forked
     if workers == 0:
         workers = available_cores() if particles * len(fm) >= PARALLEL_MIN_WORK else 1
     deadline = math.inf if time_limit_s is None else time.monotonic() + time_limit_s
     best, score, history = _search(evaluator, policies, iters, workers, deadline, name)
-    if score >= INFEASIBLE:
+    if seeded and score < INFEASIBLE:
+        best, score = Refiner(evaluator).polish(best, deadline)
+    if score >= INFEASIBLE and not seeds:
         best, score = _uniform_fallback(evaluator, best, name)
-    return evaluator.plan(best).with_meta(history=_history_record(history, len(fm), workers))
+    found = [evaluator.plan(best)] if score < INFEASIBLE else []
+    plan = min(found + seeds, key=lambda p: evaluator.simulator.run(p, budget_bytes).time_s)
+    return plan.with_meta(history=_history_record(history, len(fm), workers))
+
+
+def _seed_plans(trace: Trace, budget_bytes: int, cost: Cost) -> list[Plan]:
+    """SEED_PLANNERS' plans that the simulator runs within the budget."""
+    out = []
+    simulator = Simulator(trace, cost)
+    for planner in SEED_PLANNERS:
+        spec = get_planner(planner)
+        try:
+            plan = spec.fn(trace, budget_bytes, cost, seed=0, **spec.defaults)
+        except InfeasibleBudgetError:
+            continue
+        result = simulator.run(plan, budget_bytes)
+        if result.feasible and result.peak_load_bytes <= budget_bytes:
+            out.append(plan)
+    return out
 
 
 def _search(evaluator: PolicyEvaluator, policies: np.ndarray, iters: int, workers: int, deadline: float,
@@ -142,3 +185,19 @@ def home_fast(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, ite
 
 register("home:fast", "HOME's swarm under a time limit (default 20 s), best policy found by then",
          decides=("swap", "recompute"))(home_fast)
+
+
+def home_seeded(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, iters: int = DEFAULT_ITERS,
+                particles: int = SEEDED_PARTICLES, time_limit_s: float = FAST_TIME_LIMIT_S, workers: int = 0,
+                min_bytes: int = DEFAULT_MIN_BYTES, lead: int = DEFAULT_LEAD) -> Plan:
+    """HOME's swarm with other planners' plans among its first particles (SEED_PLANNERS), then a
+    mutation step: single-entry changes of the swarm's best, kept while they lower the overhead
+    (a local search, `memplan.planners._refine`), all within the time limit; the seed plans
+    themselves (with their own prefetch triggers) stay candidates, the best simulated one wins."""
+    return _home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
+                 workers=workers, min_bytes=min_bytes, lead=lead, name="home:seeded", seeded=True)
+
+
+register("home:seeded", "HOME's swarm seeded with Capuchin, TFLMS, sqrt-n, checkpoint-all and SuperNeurons "
+                        "plans, then a local search; within a time limit (default 20 s)",
+         decides=("swap", "recompute"))(home_seeded)

@@ -29,8 +29,10 @@ from ..sim.validate import validate
 
 POOL_LIMIT_S = 0.2  # time limit of a pool search in property tests: small traces, any valid layout will do
 BO_TRIALS = 4  # AutoSwap's Bayesian optimisation: only the four pure scores, no sampled weights
+AUTO_LIMIT_S = 5.0  # auto's time limit in property tests: generated traces are small, every step finishes
 FAST_PARAMS: dict[str, dict] = {
     "smartpool": {"time_limit_s": POOL_LIMIT_S},
+    "auto": {"time_limit_s": AUTO_LIMIT_S},
     "autoswap:bo": {"n_trials": BO_TRIALS},
     "autoswap:bo+smartpool": {"n_trials": BO_TRIALS, "pool_time_limit_s": POOL_LIMIT_S},
     **{f"autoswap:{score}+smartpool": {"pool_time_limit_s": POOL_LIMIT_S} for score in ("doa", "aoa", "wdoa", "swdoa")},

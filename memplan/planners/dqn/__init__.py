@@ -6,6 +6,8 @@ Registered names:
   when present), and returns the best plan it evaluated (Fig. 3).
 - `dqn:pretrained`: greedy inference only, with the network of `weights` (default: the
   shipped weights).
+- `dqn:refined` (ours): `dqn:pretrained`'s plan improved by a local search over keep / swap /
+  recompute per feature map (`memplan.planners._refine`); paper 002's planners are unchanged.
 
 Both plan against the budget: saved activations of at least `min_bytes` are offloaded or
 removed (recomputed) by the agent; the rest is kept. An episode ends as soon as the planned
@@ -22,6 +24,7 @@ fresh network. Modules: `graph` (nodes, edges, features),
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -32,6 +35,9 @@ from ...units import format_bytes
 from ...model import Plan, Trace
 from ...sim.simulate import Simulator
 from .._activations import gap_decisions, load_without
+from .._featuremaps import feature_maps
+from .._policy_eval import INFEASIBLE, PolicyEvaluator
+from .._refine import Refiner, policy_of
 from ..base import get_planner, infeasible, refuse_without_ops, register
 from .env import Env, Outcome
 from .graph import Graph, build_graph
@@ -47,6 +53,7 @@ SLACKS = (0.0, 0.05, 0.1)  # greedy episodes also aim this share below the budge
 FRESH = "none"  # the `weights` value that starts `dqn` from a fresh network, ignoring shipped weights
 TRAIN_POINTS = (0.75, 0.25)  # default training budgets: this share of the way from the floor to the peak
 FINE_TUNE_EPSILON = 0.3  # starting epsilon when training from existing weights (1.0 from scratch)
+REFINE_LIMIT_S = 20.0  # dqn:refined's local search
 
 
 @register("dqn", "paper 002: DQN swap/recompute policy trained on this trace (fine-tunes shipped weights)",
@@ -94,6 +101,28 @@ def plan_dqn_pretrained(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
     if graph is None:
         return Plan()
     return _best_or_floor(graph, _greedy_fitting(net, graph, Simulator(trace, cost)))
+
+
+@register("dqn:refined", "dqn:pretrained's greedy plan, then a local search over keep/swap/recompute per feature "
+                        "map (ours, not paper 002's)", decides=("swap", "recompute"))
+def plan_dqn_refined(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weights: str | None = None,
+                     min_bytes: int = DEFAULT_MIN_BYTES, time_limit_s: float = REFINE_LIMIT_S) -> Plan:
+    """The greedy policy of a trained network, improved by single-entry changes of its policy while
+    they lower the simulated overhead (`memplan.planners._refine`), within `time_limit_s`.
+
+    Args:
+        weights: the weights file (default: the shipped weights).
+        min_bytes: smallest activation the agent (and the local search) may act on.
+        time_limit_s: wall-clock limit of the local search.
+    """
+    start = plan_dqn_pretrained(trace, budget_bytes, cost, seed=seed, weights=weights, min_bytes=min_bytes)
+    fm = feature_maps(trace, min_bytes)
+    if not start.decisions or not len(fm):
+        return start
+    refiner = Refiner(PolicyEvaluator(fm, cost, budget_bytes), policy_of(fm, start.decisions)[1])
+    best, score = refiner.polish(policy_of(fm, start.decisions)[0], time.monotonic() + time_limit_s)
+    sim = refiner.evaluator.simulator.run(start, budget_bytes)
+    return refiner.plan(best) if score < INFEASIBLE and (not sim.feasible or score < sim.overhead) else start
 
 
 def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, init: str | None = None,

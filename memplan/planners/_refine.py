@@ -1,0 +1,91 @@
+"""Local search over keep/swap/recompute policies: the refinement step of `auto` and of
+`home:seeded` (a mutation step after the swarm stops).
+
+A plan is read as a policy over the trace's feature maps (`memplan.planners._featuremaps`):
+the action of the decision on each feature map's storage, KEEP without one; its decisions on
+other storages (weights, optimizer state, small activations) ride along unchanged as
+`extras`. The search changes one entry at a time, largest feature map first, keeps the first
+change that lowers the simulated overhead (and that the validator accepts, when extras could
+conflict with a recomputation), and sweeps again until a sweep changes nothing
+(a local optimum) or the deadline passes. Every score is the shared simulator's
+(`memplan.planners._policy_eval`), so what it returns is what `simulate` reports.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..model import Decision, Plan
+from ..sim.validate import validate
+from ._featuremaps import KEEP, RECOMPUTE, SWAP, FeatureMaps
+from ._policy_eval import INFEASIBLE, PolicyEvaluator
+
+ACTIONS = (KEEP, SWAP, RECOMPUTE)
+BETTER = 1e-9  # a change must lower the overhead by more than this
+
+
+def policy_of(fm: FeatureMaps, decisions) -> tuple[np.ndarray, tuple[Decision, ...]]:
+    """(policy, extras): the action of the decision covering each feature map's gap (KEEP without
+    one; RECOMPUTE only where allowed, SWAP otherwise), and the decisions on other storages."""
+    index = {int(s): k for k, s in enumerate(fm.storage)}
+    policy = np.full(len(fm), KEEP, dtype=np.int8)
+    extras = []
+    for d in decisions:
+        k = index.get(d.storage)
+        if k is None:
+            extras.append(d)
+        elif not d.wraps and d.out_after < fm.back_before[k] and d.back_before > fm.out_after[k]:
+            policy[k] = RECOMPUTE if d.action == "recompute" and fm.recomputable[k] else SWAP
+    return policy, tuple(extras)
+
+
+class Refiner:
+    """Scores policies (with fixed extra decisions) and improves them by local search."""
+
+    def __init__(self, evaluator: PolicyEvaluator, extras: tuple[Decision, ...] = ()):
+        self.evaluator, self.extras = evaluator, extras
+        self.memo: dict[bytes, float] = {}
+        self.order = np.argsort(-evaluator.fm.nbytes, kind="stable")
+        self.allowed = evaluator.fm.allowed()
+
+    def plan(self, policy: np.ndarray) -> Plan:
+        """The plan of `policy` with the extra decisions."""
+        return Plan(decisions=self.evaluator.decode(policy) + self.extras)
+
+    def score(self, policy: np.ndarray) -> float:
+        """Simulated overhead under the budget (INFEASIBLE and above when it does not run there)."""
+        if not self.extras:
+            return self.evaluator(policy)
+        key = policy.tobytes()
+        if key not in self.memo:
+            result = self.evaluator.simulator.run(self.plan(policy), self.evaluator.budget_bytes)
+            self.memo[key] = float(result.overhead) if result.feasible else INFEASIBLE
+        return self.memo[key]
+
+    def valid(self, policy: np.ndarray) -> bool:
+        """The validator accepts the plan: the decoder's rules hold among feature maps, but a
+        recomputation may read a storage an extra decision swaps away."""
+        return not self.extras or not validate(self.evaluator.fm.trace, self.plan(policy))
+
+    def polish(self, start: np.ndarray, deadline: float) -> tuple[np.ndarray, float]:
+        """First-improvement local search from `start` until a local optimum or `deadline`
+        (time.monotonic()); returns the best policy and its score."""
+        best, score = start.copy(), self.score(start)
+        improved = True
+        while improved and time.monotonic() < deadline:
+            improved = False
+            for k in self.order:
+                if time.monotonic() >= deadline:
+                    break
+                for action in ACTIONS:
+                    if action == best[k] or not self.allowed[k, action]:
+                        continue
+                    trial = best.copy()
+                    trial[k] = action
+                    trial_score = self.score(trial)
+                    if trial_score < score - BETTER and self.valid(trial):
+                        best, score, improved = trial, trial_score, True
+                        break
+        return best, score

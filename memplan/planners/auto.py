@@ -1,0 +1,222 @@
+"""`auto`: the planner to use when you do not know which one to use.
+
+Within one time limit (default 20 s) it
+1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
+   PyTorch-style baselines), each scored by the simulator at the budget;
+2. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
+   decision groups; over saved activations only when the model over every storage is
+   larger), for MILP_SHARE of the time left; its proven bound is kept for the report (on
+   larger models the decomposition improves too slowly to be worth the time, unless no
+   fast planner reaches the budget: then milp over every storage runs, decomposed, since it
+   moves what the others cannot, such as optimizer state across the iteration boundary);
+3. warm-starts a local search over keep / swap / recompute per feature map
+   (`memplan.planners._refine`) from each of the best REFINED plans so far, milp's included,
+   sharing the time left until each reaches a local optimum;
+4. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
+   particles for at most SWARM_ITERS iterations) within what is left;
+5. with time still left, runs milp over every storage warm-started from the best plan so
+   far (its decomposition on a large model, never worse than that start in the simulator),
+   whose bound then replaces a bound over activations only;
+6. returns the plan of least simulated time that validates and fits the budget.
+
+`plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
+(`refined_from`), every candidate's simulated overhead, and milp's bound where milp ran
+(`bound`, with `gap_to_bound` in points). Deterministic for a seed whenever nothing is cut
+short by the time limit (on small traces); on large ones how far each step gets depends on
+the machine's speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost.model import Cost
+from ..errors import InfeasibleBudgetError, MemplanError
+from ..model import Plan, Trace
+from ..sim.simulate import Simulator
+from ..sim.validate import validate
+from ._featuremaps import DEFAULT_MIN_BYTES, feature_maps
+from ._milp_layers import MOVES, layer_problem
+from ._policy_eval import PolicyEvaluator, smallest_cap
+from ._refine import Refiner, policy_of
+from .base import get_planner, infeasible, register
+from .milp import MAX_DIRECT_GROUPS, solve_milp
+
+log = logging.getLogger(__name__)
+
+FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "sqrt-n", "checkpoint-all",
+        "save-on-cpu")
+DEFAULT_TIME_LIMIT_S = 20.0
+MILP_SHARE = 0.5  # of the time left after the fast planners
+MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
+MILP_MIN_S = 2.0  # milp is not started with less time than this
+REFINED = 3  # candidates the local search starts from
+SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
+SWARM_ITERS, SWARM_PARTICLES = 20, 20  # its size: it ends on its own on small traces (a result that a time cut
+# does not decide), and within the limit on large ones
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One plan `auto` considered."""
+
+    name: str  # the planner (or "refined:<planner>") that made it
+    plan: Plan  # the plan
+    time_s: float  # its simulated iteration time at the budget
+    overhead: float  # its simulated overhead
+
+
+@register("auto", "the best simulated plan of the fast planners, milp and a local search, within a time limit",
+          decides=("swap", "recompute"))
+def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
+              time_limit_s: float = DEFAULT_TIME_LIMIT_S, min_bytes: int = DEFAULT_MIN_BYTES,
+              milp: bool = True) -> Plan:
+    """The best plan `auto` finds within `time_limit_s` (see the module docstring).
+
+    Args:
+        trace, budget_bytes, cost, seed: see `memplan.planners.base`.
+        time_limit_s: wall-clock limit for all steps (a fast planner already running finishes).
+        min_bytes: smaller activations are not feature maps for milp and the local search.
+        milp: run milp (steps 2 and 5; false: never).
+    Returns:
+        The plan; `plan.report` says which planner's plan was chosen or refined, every
+        candidate's simulated overhead, and milp's bound and status where it ran.
+    Raises:
+        InfeasibleBudgetError: no candidate fits; names the smallest load one of them reaches.
+        MemplanError: a time limit that is not positive.
+    """
+    if not time_limit_s > 0:
+        raise MemplanError(f"planner 'auto': parameter time_limit_s must be positive, got {time_limit_s!r}")
+    if budget_bytes >= trace.peak_load_bytes:
+        return Plan(report={"chosen": "none", "refined_from": None, "candidates": {"none": 0.0}, "bound": 0.0,
+                            "gap_to_bound": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
+    search = _Search(trace, budget_bytes, cost, seed, time.monotonic() + time_limit_s, min_bytes)
+    search.fast()
+    if milp:
+        search.milp()
+    search.refine()
+    search.swarm()
+    if milp:
+        search.decompose()
+    return search.result()
+
+
+class _Search:
+    """The candidates so far, the loads the infeasible ones named, and milp's report."""
+
+    def __init__(self, trace: Trace, budget_bytes: int, cost: Cost, seed: int, deadline: float, min_bytes: int):
+        self.trace, self.budget, self.cost, self.seed = trace, budget_bytes, cost, seed
+        self.deadline, self.min_bytes = deadline, min_bytes
+        self.simulator = Simulator(trace, cost)
+        self.candidates: list[Candidate] = []
+        self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
+        self.milp_report: dict | None = None
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def add(self, name: str, plan: Plan) -> None:
+        """Score `plan` and keep it when the simulator runs it within the budget."""
+        result = self.simulator.run(plan, self.budget)
+        if result.feasible and result.peak_load_bytes <= self.budget:
+            self.candidates.append(Candidate(name=name, plan=plan, time_s=result.time_s, overhead=result.overhead))
+        else:
+            self.named[name] = smallest_cap(self.simulator, plan, self.budget)
+
+    def ranked(self) -> list[Candidate]:
+        return sorted(self.candidates, key=lambda c: (c.time_s, c.name))
+
+    def fast(self) -> None:
+        """Step 1: every fast planner (all of them run: they take a fraction of a second each)."""
+        for name in FAST:
+            spec = get_planner(name)
+            try:
+                self.add(name, spec.fn(self.trace, self.budget, self.cost, seed=self.seed, **spec.defaults))
+            except InfeasibleBudgetError as exc:
+                self.named[name] = exc.min_feasible_bytes
+
+    def milp(self) -> None:
+        """Step 2: milp on a model small enough to solve whole."""
+        share = MILP_SHARE * self.left()
+        if share < MILP_MIN_S:
+            return
+        moves = next((m for m in MOVES if len(layer_problem(self.trace, self.cost, self.min_bytes, self.budget,
+                                                            m).groups()) <= MILP_MAX_GROUPS), None)
+        if not self.candidates:  # nothing reaches the budget yet: the model over every storage, decomposed if large
+            moves = MOVES[0]
+        if moves is None:
+            log.info("auto: milp skipped (more than %d decision groups even over activations only)", MILP_MAX_GROUPS)
+            return
+        try:
+            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
+                              moves=moves)
+        except InfeasibleBudgetError as exc:
+            self.named["milp"] = exc.min_feasible_bytes
+            return
+        self.milp_report = {**plan.report, "moves": moves}
+        self.add("milp", plan)
+
+    def refine(self) -> None:
+        """Step 3: local search from each of the best REFINED candidates, sharing the time left."""
+        fm = feature_maps(self.trace, self.min_bytes)
+        if not len(fm):
+            return
+        evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
+        for i, base in enumerate(self.ranked()[:REFINED]):
+            left = self.left()
+            if left <= 0:
+                break
+            policy, extras = policy_of(fm, base.plan.decisions)
+            refiner = Refiner(evaluator, extras)
+            best, _ = refiner.polish(policy, time.monotonic() + left / (REFINED - i))
+            self.add(f"refined:{base.name}", refiner.plan(best))
+
+    def swarm(self) -> None:
+        """Step 4: with time left after the local searches, `home:seeded` with the rest of it."""
+        left = self.left()
+        if left < SWARM_MIN_S:
+            return
+        spec = get_planner("home:seeded")
+        try:
+            plan = spec.fn(self.trace, self.budget, self.cost, seed=self.seed, time_limit_s=left, workers=1,
+                           min_bytes=self.min_bytes, iters=SWARM_ITERS, particles=SWARM_PARTICLES)
+        except InfeasibleBudgetError as exc:
+            self.named["home:seeded"] = exc.min_feasible_bytes
+            return
+        self.add("home:seeded", plan)
+
+    def decompose(self) -> None:
+        """Step 5: with time left, milp over every storage warm-started from the best plan so far
+        (decomposed on a large model; never worse than its start in the simulator)."""
+        left, ranked = self.left(), self.ranked()
+        if left < MILP_MIN_S or not ranked or (self.milp_report or {}).get("moves") == MOVES[0]:
+            return
+        try:
+            plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=left, min_bytes=self.min_bytes,
+                              start=ranked[0].plan.decisions)
+        except InfeasibleBudgetError:
+            return
+        self.milp_report = {**plan.report, "moves": MOVES[0], "started_from": ranked[0].name}
+        self.add(f"milp from {ranked[0].name}", plan)
+
+    def result(self) -> Plan:
+        """Step 4: the best candidate that validates; the infeasible-budget error without one."""
+        for chosen in self.ranked():
+            if not validate(self.trace, chosen.plan, self.budget):
+                return chosen.plan.with_meta(report=self._report(chosen))
+            log.warning("auto: %s's plan does not validate; trying the next", chosen.name)
+        raise infeasible(self.budget, min(self.named.values(), default=self.trace.peak_load_bytes), "auto")
+
+    def _report(self, chosen: Candidate) -> dict:
+        bound = None if self.milp_report is None else self.milp_report.get("milp_bound")
+        overheads = {c.name: round(c.overhead, 6) for c in self.ranked()}
+        return {"chosen": chosen.name, "overhead": chosen.overhead,
+                "refined_from": chosen.name.split(":", 1)[1] if chosen.name.startswith("refined:") else None,
+                "candidates": overheads, "infeasible": dict(sorted(self.named.items())),
+                "bound": bound, "gap_to_bound": None if bound is None else float(np.float64(chosen.overhead - bound)),
+                "milp_status": None if self.milp_report is None else self.milp_report.get("status"),
+                "bound_scope": None if self.milp_report is None else self.milp_report.get("bound_scope")}

@@ -53,7 +53,8 @@ def test_every_planner_is_on_a_family_page_with_its_parameters(site):
     for name, spec in known_planners().items():
         holding = [text for text in pages.values() if f" {name} " in text]
         assert holding, f"planner {name} is on no planner page"
-        assert all(p.name in holding[0] for p in spec.params), name
+        # other pages may name it too (auto's names the planners it runs): one holds its parameters
+        assert any(all(p.name in text for p in spec.params) for text in holding), name
 
 
 def _parsers(parser: argparse.ArgumentParser):

@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import GIB, device_info, emit, gib, parse, read, run_case, run_groups, trace_once  # noqa: E402
+from gpu_cases import GIB, device_info, emit, gib, main, read, run_case, trace_once  # noqa: E402
 
 NAME = "gpu_budget"
 STRICT = 1.05  # the strict form's cap: the budget + 5%
@@ -96,17 +96,5 @@ def report(out: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    args = parse(__doc__.splitlines()[0], 150)
-    if args.group:
-        group_main(args.group, args)
-        return
-    run_groups(__file__, NAME, list(GROUPS), args)
-    text = report(args.out)
-    with open(os.path.join(args.out, f"{NAME}.md"), "w") as f:
-        f.write(text)
-    print(text)
-
-
 if __name__ == "__main__":
-    main()
+    main(__file__, NAME, __doc__.splitlines()[0], 150, list(GROUPS), group_main, report)

@@ -35,6 +35,21 @@ def parse(description: str, default_deadline_s: float) -> argparse.Namespace:
     return ap.parse_args()
 
 
+def main(script: str, name: str, description: str, default_deadline_s: float, groups: list[str],
+         group_main, report) -> None:
+    """A GPU benchmark's command line: as a parent, run every group in a fresh process of `script`
+    and write OUT/NAME.md from `report(out)`; as a child (`--group`), `group_main(group, args)`."""
+    args = parse(description, default_deadline_s)
+    if args.group:
+        group_main(args.group, args)
+        return
+    run_groups(script, name, groups, args)
+    text = report(args.out)
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
 def run_groups(script: str, name: str, groups: list[str], args) -> None:
     """Run each group in a fresh process of `script` until the deadline."""
     os.makedirs(args.out, exist_ok=True)

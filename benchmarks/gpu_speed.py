@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import device_info, emit, gib, parse, read, run_case, run_groups, trace_once  # noqa: E402
+from gpu_cases import device_info, emit, gib, main, read, run_case, trace_once  # noqa: E402
 
 NAME = "gpu_speed"
 GROUPS = {"resnet50": ("resnet50", 64, {}, "50%"), "gpt2": ("hf:gpt2", 8, {}, "80%"),
@@ -113,17 +113,5 @@ def report(out: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    args = parse(__doc__.splitlines()[0], 140)
-    if args.group:
-        group_main(args.group, args)
-        return
-    run_groups(__file__, NAME, list(GROUPS), args)
-    text = report(args.out)
-    with open(os.path.join(args.out, f"{NAME}.md"), "w") as f:
-        f.write(text)
-    print(text)
-
-
 if __name__ == "__main__":
-    main()
+    main(__file__, NAME, __doc__.splitlines()[0], 140, list(GROUPS), group_main, report)

@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_cases import device_info, emit, gib, main, read, run_case, trace_once  # noqa: E402
 
 NAME = "gpu_speed"
-GROUPS = {"resnet50": ("resnet50", 64, {}, "50%"), "gpt2": ("hf:gpt2", 8, {}, "80%"),
-          "transformer": ("transformer-encoder", 32, {}, "50%")}
+GROUPS = {"transformer": ("transformer-encoder", 32, {}, "50%"),  # the quickest first: a deadline cuts the last
+          "resnet50": ("resnet50", 64, {}, "50%"), "gpt2": ("hf:gpt2", 8, {}, "80%")}
 DRY = {"resnet50": ("resnet18-cifar", 4, {}), "gpt2": ("hf:gpt2", 1, {"n_layer": 2}),
        "transformer": ("transformer-encoder", 2, {})}
 BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu")

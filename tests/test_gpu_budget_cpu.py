@@ -192,3 +192,20 @@ def test_once_a_plan_keeps_its_budget_the_allocator_may_hold_five_percent_more(m
     memory_cap.hold_reserved("cuda:0", 10 * 2**30, memory_cap=int(10.2 * 2**30))  # a smaller cap stays
     memory_cap.hold_reserved("cpu", 10 * 2**30)  # nothing to hold on the CPU
     assert calls == ["empty", (0.105, 0), "empty", (0.102, 0)]
+
+
+def test_a_gpu_run_plans_on_the_trace_with_what_the_gpu_holds_beside_it(monkeypatch):
+    from memplan.workflows.optimize import as_allocated_on
+
+    trace = trace_workload("transformer-encoder", 2, fake=True)
+    trace = type(trace)(storages=trace.storages, ops=trace.ops, owners=trace.owners,
+                        meta={**trace.meta, "op_inner_bytes": {"3": 1000, "9": 2**20}})  # as opbench writes them
+    assert as_allocated_on(trace, torch.device("cpu")) is trace  # the CPU holds nothing beside
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    view = as_allocated_on(trace, torch.device("cuda"))
+    n = len(trace.storages)
+    assert [s.nbytes for s in view.storages[:n]] == [s.nbytes for s in trace.storages]  # own sizes kept
+    held, *inner = view.storages[n:]
+    assert held.persistent and held.nbytes == 2 * CUBLAS_HOPPER_BYTES
+    assert [(s.alloc_op, s.nbytes) for s in inner] == [(3, 1024), (9, 2**20)]
+    assert as_allocated_on(view, torch.device("cuda")) is view  # a view is not viewed again

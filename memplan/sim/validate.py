@@ -43,8 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..budget import Budget, budget_given, budget_in_force
 from ..model import Decision, Plan, Trace, expect_trace
-from ..units import format_bytes, parse_budget
+from ..units import format_bytes
 
 UNKNOWN_STORAGE = "unknown_storage"
 OUT_OF_LIFETIME = "out_of_lifetime"
@@ -85,13 +86,13 @@ class Violation:
         return f"{self.kind}: {self.message}"
 
 
-def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[Violation]:
+def validate(trace: Trace, plan: Plan, budget: Budget | int | str | float | None = None) -> list[Violation]:
     """Every rule `plan` breaks on `trace` (see the module docstring); [] when valid.
 
     Args:
         trace: the trace the plan is for.
         plan: the plan to check.
-        budget: bytes or a budget string ("8GiB", "60%"); None uses `plan.budget_bytes`
+        budget: bytes or a budget string ("8GiB", "60%", "none"); None uses `plan.budget_bytes`
             (and skips the budget check when that is None too).
     Returns:
         The violations, structural ones first.
@@ -115,7 +116,7 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
     if plan.pool or plan.pool_bytes is not None:
         _check_pool(trace, plan, by_storage, out)
     temps = _conv_temps(trace, plan.microbatches, out)
-    budget_bytes = plan.budget_bytes if budget is None else parse_budget(budget, trace.peak_load_bytes)
+    budget_bytes, _ = budget_in_force(budget_given(budget), plan.budget_bytes, trace.peak_load_bytes)
     if budget_bytes is not None:
         _check_budget(trace, good, budget_bytes, out, temps)
         _check_pool_budget(plan.pool_bytes, budget_bytes, out)

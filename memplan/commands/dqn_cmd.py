@@ -63,7 +63,8 @@ def run_train(args) -> int:
 
 def _problems(args, min_bytes: int) -> tuple[list, list]:
     """(trace, budget) pairs and (path, budget, peak) names, every option checked first."""
-    from ..planners.dqn import default_budgets  # torch (see run_train)
+    # torch (see run_train)
+    from ..planners.dqn import default_budgets
     from ..planners.dqn.net import load_weights
 
     get_profile(args.device)

@@ -7,8 +7,6 @@ import json
 import logging
 import sys
 
-from ..cost.calibrate import calibrate
-from ..cost.calibrate_cpu import calibrate_cpu
 from ..cost.profiles import get_profile, profile_to_json
 from ..errors import MemplanError
 from ..fileio import atomic_write_text
@@ -238,6 +236,10 @@ def run_planners(args) -> int:
 
 def run_calibrate(args) -> int:
     """Measure the GPU (or the CPU), print the profile and write it (with -o)."""
+    # torch takes a second to import: only the commands that run it pay for it
+    from ..cost.calibrate import calibrate
+    from ..cost.calibrate_cpu import calibrate_cpu
+
 
     profile = calibrate_cpu(name=args.name) if args.device == "cpu" else calibrate(args.gpu, name=args.name)
     data = profile_to_json(profile)

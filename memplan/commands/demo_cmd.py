@@ -45,7 +45,8 @@ def add_demo(sub) -> None:
     p.add_argument("--out", type=output_folder, default=DEMO_OUT,
                    help=f"folder for the traces and plots (made if missing; its parent must exist; default {DEMO_OUT})")
     p.add_argument("--device", default=DEMO_DEVICE, help="GPU profile to simulate on")
-    p.add_argument("--budget", type=budget_option, default=DEMO_BUDGET, help="memory budget, bytes or share of the peak")
+    p.add_argument("--budget", type=budget_option, default=DEMO_BUDGET,
+                   help="memory budget, bytes or share of the peak")
     p.add_argument("--models", default=",".join(f"{m}@{b}" for m, b in DEMO_MODELS),
                    help="comma-separated MODEL@BATCH list")
     add_json_flag(p)

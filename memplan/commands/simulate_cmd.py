@@ -34,8 +34,9 @@ def add_simulate(sub) -> None:
     p.add_argument("--plan", help="plan JSON written by `memplan plan` (default: keep everything)")
     p.add_argument("--device", default=None, help="device profile name or profile file, e.g. from `calibrate --device "
                    "cpu` (default: the profile the plan was made for, else h100)")
-    p.add_argument("--budget", type=budget_option, help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or "
-                   "none (no cap); default: the plan's own budget, no cap without a plan")
+    p.add_argument("--budget", type=budget_option,
+                   help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or none (no cap); "
+                        "default: the plan's own budget, no cap without a plan")
     p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
                    help="write the memory-load timeline and stream lanes here (.png, .pdf or .svg)")
     add_json_flag(p)

@@ -165,8 +165,8 @@ class OptimizedStep:
         self.runtime.close()
 
 
-def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | float | None = None, planner: str = "none",
-             device: str = "h100", model: torch.nn.Module | None = None,
+def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | float | None = None,
+             planner: str = "none", device: str = "h100", model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,

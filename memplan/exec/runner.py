@@ -5,10 +5,8 @@ against the trace by name, in order; before and after op i it runs the program's
 that point (memplan.model.program): swap-outs, releases, prefetches, waits, drops and
 recomputations. A swap-out whose decision lets its copy run beside its op (`overlap`: the
 op only reads it) starts the copy before the op and releases after it. A storage is found
-at the op the program acts after (it is among that
-op's tensors: `storage_roles` pairs them with the trace's storage ids), or, for gaps that
-start before any op of the step (wrap-around swaps), through its owner (a parameter, a
-buffer, a gradient or optimizer state, `Trace.owners`): memplan.exec.locate.
+among the tensors of the op the program acts after, or through its owner for a wrap-around
+gap (memplan.exec.locate).
 
 NOTE how the run stays in sync with a trace made elsewhere (a fake trace, another device):
  1. Ops that move no data and come and go between runs (`OPTIONAL_OPS`: lift_fresh, detach,
@@ -56,6 +54,9 @@ from .slab import HostSlab
 
 log = logging.getLogger(__name__)
 
+# The method that runs each kind of action, looked up at every action (a test may replace one).
+_ACTION_METHODS = {ActionKind.SWAP_OUT: "_swap_out", ActionKind.RELEASE: "_release", ActionKind.PREFETCH: "_prefetch",
+                   ActionKind.WAIT: "_wait", ActionKind.DROP: "_drop", ActionKind.RECOMPUTE: "_recompute"}
 RESYNC_WINDOW = 32  # trace ops looked ahead for an op the run makes out of turn (rule 2)
 INSERTED_LIMIT = 64  # ops in a row the trace does not have before the step leaves the program (rule 3)
 
@@ -91,9 +92,6 @@ class StepRunner(TorchDispatchMode):
         self.away: dict[int, MovedStorage] = {}  # storage address -> entry, for every storage not resident
         self.stats = ExecStats()
         self.finder = StorageFinder(trace, self.stats, model, optimizer)
-        self._do = {ActionKind.SWAP_OUT: self._swap_out, ActionKind.RELEASE: self._release,
-                    ActionKind.PREFETCH: self._prefetch, ActionKind.WAIT: self._wait, ActionKind.DROP: self._drop,
-                    ActionKind.RECOMPUTE: self._recompute}
         self.pos = 0
         self.active = False
         self.off = False
@@ -253,7 +251,7 @@ class StepRunner(TorchDispatchMode):
     def _act(self, action: Action, found) -> None:
         d = self.program.decisions[action.decision]
         entry = self.entries[d.storage]
-        self._do[action.kind](entry, action.decision, found)
+        getattr(self, _ACTION_METHODS[action.kind])(entry, action.decision, found)
 
     def _swap_out(self, entry: MovedStorage, k: int, found) -> None:
         if entry.state == Residency.LEAVING and entry.decision == k:  # its copy started beside the op

@@ -98,12 +98,12 @@ def _run(name, batch, config, trace, cost, made, reference, steps) -> dict:
     stats = step.stats()
     step.close()
     measured = [r["measured_peak_bytes"] for r in records]
-    simulated = program.predicted["peak_load_bytes"]
+    simulated = program.predicted.peak_load_bytes
     return {"budget_bytes": made.budget_bytes, "simulated_peak_bytes": simulated, "measured_peak_bytes": max(measured),
             "measured_per_step": measured, "within_budget": max(measured) <= made.budget_bytes * (1 + BUDGET_TOLERANCE),
             "within_2pct_of_simulated": all(abs(m - simulated) <= BUDGET_TOLERANCE * simulated for m in measured),
             "max_param_diff": _diff(w.model, reference), "decisions": len(made.decisions),
-            "plan_overhead": made.predicted.get("overhead"), "program_overhead": program.predicted.get("overhead"),
+            "plan_overhead": made.predicted.get("overhead"), "program_overhead": program.predicted.overhead,
             "planning_s": made.planning_s, "step_s": statistics.median(r["time_s"] for r in records),
             "diverged_steps": stats["diverged_steps"], "unresolved": stats["unresolved"],
             "recomputed": stats["recomputed"], "swapped_out": stats["swapped_out"]}

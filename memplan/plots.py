@@ -12,14 +12,24 @@ GIB = 2**30
 DPI = 120  # pixels per inch of every PNG
 
 
-def new_figure(width: float = 9.0, height: float = 4.5):
-    """A (figure, axes) pair on the non-interactive Agg backend."""
-    import matplotlib
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend."""
+    import matplotlib  # half a second to import: only a command that draws pays for it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
-    return plt.subplots(figsize=(width, height))
+    return plt
+
+
+def subplots(*args, **kwargs):
+    """`matplotlib.pyplot.subplots` on the Agg backend: (figure, axes)."""
+    return pyplot().subplots(*args, **kwargs)
+
+
+def new_figure(width: float = 9.0, height: float = 4.5):
+    """A (figure, axes) pair on the non-interactive Agg backend."""
+    return subplots(figsize=(width, height))
 
 
 def save_figure(fig, path: str | os.PathLike) -> None:
@@ -30,14 +40,12 @@ def save_figure(fig, path: str | os.PathLike) -> None:
         MemplanError: `path` is a folder, cannot be written, or names another format (nothing
             is left behind).
     """
-    import matplotlib.pyplot as plt
-
     try:
         suffix = check_output_path(path, "plot").suffix.lower()
         with atomic_output(path, suffix=suffix) as tmp:
             fig.savefig(tmp, format=suffix[1:], dpi=DPI, bbox_inches="tight")
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
 
 
 def plot_load_curves(title: str, trace, cost, results: dict, path: str | os.PathLike) -> None:

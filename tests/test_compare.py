@@ -104,7 +104,7 @@ def test_a_pytorch_tool_named_like_a_planner_runs_as_the_tool(monkeypatch):
         return {"measured_peak_bytes": 1, "measured_step_s": 1.0, "simulated_peak_bytes": None,
                 "trace_peak_bytes": 1, "budget_bytes": None}
 
-    monkeypatch.setattr("memplan.workflows.run.run_workload", fake_run)
+    monkeypatch.setattr(compare, "run_workload", fake_run)
     s = compare.CompareSettings(models=("vgg11-cifar",), sim_planners=(), run_planners=("save-on-cpu",),
                                 baselines=("save-on-cpu",), maxbatch_planners=(), budgets=("70%",))
     for task in compare.tasks(s):
@@ -136,7 +136,6 @@ def test_settings_that_measure_on_a_gpu_fail_before_any_work_without_one(tmp_pat
 
 def test_gpu_points_are_measured_on_the_gpu_under_other_keys(monkeypatch, tmp_path):
     # The GPU path without a GPU: its device checks, its calibration and its training are stood in for.
-    from memplan.cost import calibrate as cal
     from memplan.cost.profiles import get_profile
 
     runs = []
@@ -146,11 +145,11 @@ def test_gpu_points_are_measured_on_the_gpu_under_other_keys(monkeypatch, tmp_pa
         return {"measured_peak_bytes": 1, "measured_step_s": 1.0, "simulated_peak_bytes": None,
                 "trace_peak_bytes": 1, "budget_bytes": None}
 
-    monkeypatch.setattr("memplan.workflows.run.run_workload", fake_run)
+    monkeypatch.setattr(compare, "run_workload", fake_run)
     monkeypatch.setattr(compare, "check_device", lambda s: None)
     monkeypatch.setattr(compare, "device_name", lambda device: "Test GPU" if device == "cuda" else "CPU")
     monkeypatch.setattr(compare, "_release_cached_memory", lambda device: None)
-    monkeypatch.setattr(cal, "calibrate", lambda gpu=0: get_profile("h100"))
+    monkeypatch.setattr(compare, "calibrate", lambda gpu=0: get_profile("h100"))
     base = dict(models=("vgg11-cifar",), sim_planners=(), run_planners=("dtr",), baselines=("torch-checkpoint",),
                 maxbatch_planners=(), budgets=("70%",))
     gpu = compare.compare(compare.CompareSettings(**base, device="cuda", run_profile=compare.GPU_PROFILE), tmp_path,

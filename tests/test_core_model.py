@@ -8,7 +8,8 @@ from memplan.errors import MemplanError, TraceFormatError
 from memplan.model import Decision, Plan, read_plan, write_plan
 from memplan.testing.synthetic import chain_trace
 from memplan.tracing.io import read_trace, write_trace
-from memplan.units import parse_budget, parse_bytes
+from memplan.budget import parse_budget
+from memplan.units import parse_bytes
 
 
 def _oracle_peak(trace):
@@ -64,8 +65,8 @@ def test_plan_roundtrip(tmp_path):
 def test_units():
     assert parse_bytes("8GiB") == 8 * 2**30
     assert parse_bytes("1.5MB") == 1_500_000
-    assert parse_budget("50%", 1000) == 500
+    assert parse_budget("50%").bytes_for(1000) == 500
     with pytest.raises(MemplanError):
         parse_bytes("eight")
     with pytest.raises(MemplanError):
-        parse_budget("-5%", 1000)
+        parse_budget("-5%")

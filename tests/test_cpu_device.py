@@ -117,7 +117,7 @@ def test_a_swap_the_executor_skips_is_caught_by_the_meter(monkeypatch):
     step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, trace=t, plan=swap_all_plan(t),
                     measure=False)
     honest = _measured_peak(step, w)
-    simulated = step.program.predicted["peak_load_bytes"]
+    simulated = step.program.predicted.peak_load_bytes
     assert honest == simulated
     largest = max(step.program.decisions, key=lambda d: t.storages[d.storage].nbytes).storage
     swap_out = StepRunner._swap_out

@@ -139,7 +139,7 @@ def test_hand_made_plans_are_bit_identical_under_a_lagging_copy_lane(tiny_trace,
 def test_a_slow_copy_makes_the_release_wait_instead_of_exceeding_the_budget(tiny_trace):
     plan = swap_all_plan(tiny_trace, lead=1)
     program = compile_program(tiny_trace, plan, Cost.for_trace(tiny_trace))
-    plan = plan.with_meta(budget_bytes=program.predicted["peak_load_bytes"])  # tight: releases must wait
+    plan = plan.with_meta(budget_bytes=program.predicted.peak_load_bytes)  # tight: releases must wait
     slow = ThreadCopyEngine(before_job=lambda lane: time.sleep(0.02) if lane == "d2h" else None)
     _, stats = _planned(tiny_workload, plan=plan, engine=slow, trace=tiny_trace)
     assert stats["release_wait_s"] > 0
@@ -379,9 +379,9 @@ def test_the_meter_catches_an_executor_that_keeps_what_its_program_frees(tiny_tr
 
 def test_actions_that_find_no_storage_are_counted_and_warned_about(tiny_trace, monkeypatch, caplog):
     # An executor that cannot find the traced storages (a user's step that differs from its trace).
-    import memplan.exec.runner as runner
+    import memplan.exec.locate as locate
 
-    monkeypatch.setattr(runner.StepRunner, "_found", lambda self, entry, found: self._usable(entry, None))
+    monkeypatch.setattr(locate.StorageFinder, "found", lambda self, entry, found: self._usable(entry, None))
     with caplog.at_level("WARNING", logger="memplan.exec.runtime"):
         _, stats = _planned(tiny_workload, plan=swap_all_plan(tiny_trace), trace=tiny_trace)
     assert stats["unresolved"] > 0

@@ -221,7 +221,7 @@ def test_the_default_is_to_measure_the_first_step_only():
 
 
 def test_planners_fit_the_text_width(capsys):
-    from memplan.cli import TEXT_COLUMNS
+    from memplan.commands.output import TEXT_COLUMNS
 
     assert main(["planners"]) == 0
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= TEXT_COLUMNS
@@ -259,7 +259,7 @@ def test_the_allocator_meter_keeps_the_profilers_lines_off_stderr(capfd):
 
 
 def test_a_table_is_as_wide_as_its_cells(capsys):
-    from memplan.cli import print_table
+    from memplan.commands.output import print_table
 
     print_table(("model", "planner", "overhead"), [("m", "a-planner-name-longer-than-any-column", "1.0%"),
                                                    ("resnet18-cifar", "none", "12.5%")], left=2)

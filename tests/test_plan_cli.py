@@ -84,7 +84,7 @@ def test_missing_trace_file(capsys, tmp_path):
 
 
 def _register(monkeypatch, fn, name="broken-test"):
-    monkeypatch.setitem(base._REGISTRY, name, base.PlannerSpec(name, fn, {}, "broken", frozenset({"swap"}), ()))
+    monkeypatch.setitem(base.PLANNERS.by_name, name, base.PlannerSpec(name, fn, {}, "broken", frozenset({"swap"}), ()))
 
 
 def test_invalid_plan_is_an_internal_error_and_not_written(capsys, trace_file, tmp_path, monkeypatch):

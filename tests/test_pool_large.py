@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import memplan.pool as mp
-from memplan.pool import construct, smart
+from memplan.pool import construct
+from memplan.pool.allocators import smartpool as smart
 from memplan.pool.budget import EXIT_S, command_limit_s, process_age_s
 from memplan.pool.synthetic import FAMILIES, synthetic_problem
 

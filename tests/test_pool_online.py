@@ -6,7 +6,7 @@ import itertools
 
 
 import memplan.pool as mp
-from memplan.pool.online import CachingAllocator
+from memplan.pool.caching import CachingAllocator
 from memplan.pool.poolsize import serves, smallest_pool
 
 MIB = 2**20

@@ -97,4 +97,4 @@ def test_a_reused_simulator_gives_what_a_fresh_one_gives(which, tiny):
     for plan in plans[:10]:
         fresh = compile_program(trace, plan, cost)  # no cap: every plan compiles
         again = compile_program(trace, plan, cost, simulator=warm)
-        assert (fresh.actions, fresh.replays, fresh.frees) == (again.actions, again.replays, again.frees)
+        assert (fresh.actions, fresh.rebuilds) == (again.actions, again.rebuilds)

@@ -6,7 +6,7 @@ import pytest
 
 from memplan.cli import main
 from memplan.errors import MemplanError
-from memplan.workflows.sweep import parse_budgets
+from memplan.budget import parse_budgets
 from memplan.testing.synthetic import MIB, chain_trace
 from memplan.tracing.io import write_trace
 
@@ -38,11 +38,11 @@ def _oracle_load_min(trace):
 
 
 def test_parse_budgets():
-    assert parse_budgets("100%, 50%,1000", 4000) == [4000, 2000, 1000]
+    assert [b.bytes_for(4000) for b in parse_budgets("100%, 50%,1000")] == [4000, 2000, 1000]
     with pytest.raises(MemplanError):
-        parse_budgets(" , ", 100)
+        parse_budgets(" , ")
     with pytest.raises(MemplanError):
-        parse_budgets("half", 100)
+        parse_budgets("half")
 
 
 def test_sweep_json_and_plot(tmp_path, capsys):

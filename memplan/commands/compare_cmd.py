@@ -6,13 +6,16 @@ import shlex
 import sys
 
 from ..units import format_bytes, parse_bytes
+from ..workflows import compare_settings as c
+from ..workflows.compare_report import write_report
+from .base import command
+from .options import add_json_flag, output_folder, positive_int, torch_device
+from .output import emit_json
 
 
-def add_parser(sub):
+@command("compare")
+def add_compare(sub):
     """Register `memplan compare`."""
-    from ..cli import add_json_flag, output_folder, positive_int, torch_device
-    from ..workflows import compare as c
-
     p = sub.add_parser("compare", help="Pareto fronts (peak vs overhead) of every planner and PyTorch tool, "
                                        "simulated and measured (on the CPU or a GPU), and the largest batch of each")
     p.add_argument("--out", type=output_folder, default="benchmarks/results/compare",
@@ -48,12 +51,10 @@ def add_parser(sub):
 
 def run(args) -> int:
     """Compute the missing points, write the report, print where it is."""
-    from ..cli import emit_json
-    from ..workflows.compare import CompareSettings, compare
-    from ..workflows.compare_report import write_report
+    from ..workflows.compare import compare  # torch takes a second to import: only this command pays for it
 
     args.run_profile = args.run_profile or _default_run_profile(args.device)
-    settings = CompareSettings(
+    settings = c.CompareSettings(
         models=_names(args.models), sim_planners=_names(args.planners), run_planners=_names(args.run_planners),
         baselines=_names(args.baselines), maxbatch_planners=_names(args.maxbatch_planners),
         budgets=_names(args.budgets), sim_batch=args.sim_batch, run_batch=args.run_batch, steps=args.steps,
@@ -75,9 +76,7 @@ def run(args) -> int:
 
 
 def _default_run_profile(device: str) -> str:
-    from ..workflows.compare import CPU_PROFILE, GPU_PROFILE
-
-    return CPU_PROFILE if device == "cpu" else GPU_PROFILE
+    return c.CPU_PROFILE if device == "cpu" else c.GPU_PROFILE
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from ..cli import add_json_flag, count, emit_json
+import time
+
+from ..conv.db import ConvDB, Row
+from ..conv.deepbench import read_conv_csv
+from ..conv.kernels import parse_kernel, trace_kernels
+from ..conv.options import policy_sizes
+from ..cost.profiles import get_profile
 from ..errors import MemplanError
+from ..tracing.formats import load_any
+from ..units import format_bytes
+from .base import command
+from .options import add_json_flag
+from .output import count, emit_json
 
 DEEPBENCH_ALGO = "fastest"  # DeepBench reports the fastest cuDNN algorithm's time, not which one
 
 
-def add_parser(sub) -> None:
+@command("conv-db")
+def add_conv_db(sub) -> None:
     """Register `conv-db` and its three actions."""
     p = sub.add_parser("conv-db", help="fill, show or import convolution benchmarks (SQLite; mu-cuDNN's cache)",
                        description="The convolution benchmark database the ucudnn planners read: one row per "
@@ -47,12 +59,8 @@ def add_parser(sub) -> None:
 
 
 def _kernels(args) -> list:
-    from ..conv.kernels import parse_kernel, trace_kernels
-
     kernels = [parse_kernel(spec) for spec in args.kernel]
     if args.trace:
-        from ..tracing.formats import load_any
-
         found = trace_kernels(load_any(args.trace))
         if not found:
             raise MemplanError(f"{args.trace}: the trace has no 2-D convolution")
@@ -64,12 +72,7 @@ def _kernels(args) -> list:
 
 def run_fill(args) -> int:
     """Benchmark what is missing, print what was added."""
-    import time
-
-    from ..conv.db import ConvDB
-    from ..conv.options import policy_sizes
-    from ..conv.sources import get_source
-    from ..cost.profiles import get_profile
+    from ..conv.sources import get_source  # torch takes a second to import: only `fill` pays for it
 
     kernels = _kernels(args)
     wanted = list(dict.fromkeys(k.with_batch(b) for k in kernels for b in policy_sizes(args.policy, k.n)))
@@ -93,10 +96,6 @@ def run_fill(args) -> int:
 
 def run_show(args) -> int:
     """Per-source summary, or one kernel's rows."""
-    from ..conv.db import ConvDB
-    from ..conv.kernels import parse_kernel
-    from ..units import format_bytes
-
     with ConvDB(args.db, create=False) as db:
         if args.kernel is None:
             summary = [s for s in db.summary() if _matches(s["source"], args.source)]
@@ -135,9 +134,6 @@ def _matches(source: str, wanted: str | None) -> bool:
 
 def run_import(args) -> int:
     """Merge another database or DeepBench's CSV into DB."""
-    from ..conv.db import ConvDB, Row
-    from ..conv.deepbench import read_conv_csv
-
     is_sqlite = _head(args.file).startswith(b"SQLite format 3\0")
     with ConvDB(args.db) as db:
         if is_sqlite:

@@ -10,8 +10,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..cli import add_json_flag, emit_json, output_folder, print_table
-from ..errors import MemplanError
+from ..cost.model import Cost
+from ..cost.profiles import get_profile
+from ..errors import InfeasibleBudgetError, MemplanError
+from ..fileio import make_output_folder
+from ..planners.base import known_planners, plan
+from ..plots import plot_load_curves
+from ..sim.simulate import simulate
+from ..tracing.io import write_trace
+from ..units import format_bytes
+from .base import command
+from .options import add_json_flag, budget_option, output_folder
+from .output import emit_json, print_table
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +38,15 @@ LEAD = "auto"  # the demo leads with the planner to start with
 LEAD_PARAMS = {"time_limit_s": 10.0}  # auto's search per model in the demo (its default is 20 s)
 
 
-def add_parser(sub) -> None:
+@command("demo")
+def add_demo(sub) -> None:
     """Register `memplan demo`."""
     p = sub.add_parser("demo", help="trace, plan and simulate a few zoo models (no GPU needed)")
     p.add_argument("--out", type=output_folder, default=DEMO_OUT,
                    help=f"folder for the traces and plots (made if missing; its parent must exist; default {DEMO_OUT})")
     p.add_argument("--device", default=DEMO_DEVICE, help="GPU profile to simulate on")
-    p.add_argument("--budget", default=DEMO_BUDGET, help="memory budget, bytes or share of the peak")
+    p.add_argument("--budget", type=budget_option, default=DEMO_BUDGET,
+                   help="memory budget, bytes or share of the peak")
     p.add_argument("--models", default=",".join(f"{m}@{b}" for m, b in DEMO_MODELS),
                    help="comma-separated MODEL@BATCH list")
     add_json_flag(p)
@@ -43,9 +55,6 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Trace, plan and simulate every demo model; print and plot the results."""
-    from ..fileio import make_output_folder
-    from ..planners.base import known_planners
-
     models = _parse_models(args.models)
     _check_options(models, args)
     out = make_output_folder(args.out)
@@ -57,7 +66,7 @@ def run(args) -> int:
     for model, batch in models:
         rows += _demo_model(model, batch, planners, args, out)
     if args.json:
-        emit_json({"device": args.device, "budget": args.budget, "rows": rows})
+        emit_json({"device": args.device, "budget": str(args.budget), "rows": rows})
     else:
         _print_table(rows, args)
     return 0
@@ -74,25 +83,16 @@ def _parse_models(text: str) -> list[tuple[str, int]]:
 
 
 def _check_options(models: list[tuple[str, int]], args) -> None:
-    """Every option checked before the first model is traced."""
-    from ..cost.profiles import get_profile
-    from ..units import check_budget
-    from ..zoo.registry import check_model_name
+    """Every option checked before the first model is traced (the budget, when it was parsed)."""
+    from ..zoo.registry import check_model_name  # torch takes a second to import: only commands with models pay
 
     get_profile(args.device)
-    check_budget(args.budget)
     for model, _ in models:
         check_model_name(model)
 
 
 def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) -> list[dict]:
-    from ..cost.model import Cost
-    from ..errors import InfeasibleBudgetError
-    from ..planners.base import plan
-    from ..plots import plot_load_curves
-    from ..sim.simulate import simulate
-    from ..tracing.io import write_trace
-    from ..workflows.workloads import trace_workload
+    from ..workflows.workloads import trace_workload  # torch (see _check_options)
 
     log.info("tracing %s at batch %d with fake tensors", model, batch)
     trace = trace_workload(model, batch, fake=True)
@@ -119,8 +119,6 @@ def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) ->
 
 
 def _print_table(rows: list[dict], args) -> None:
-    from ..units import format_bytes
-
     print(f"device {args.device}, budget {args.budget} of each model's unconstrained peak (simulated)")
     table = []
     for r in rows:

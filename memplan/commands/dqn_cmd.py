@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import sys
 
-from ..units import ANY_PEAK, format_bytes
+from ..cost.model import Cost
+from ..cost.profiles import get_profile
+from ..tracing.formats import load_any
+from ..units import format_bytes
+from .base import command
+from .options import add_json_flag, budgets_option, nonnegative_int, output_of, positive_float, positive_int
+from .output import emit_json
 
 
-def add_parser(sub) -> None:
+@command("dqn")
+def add_dqn(sub) -> None:
     """Register `memplan dqn` and its `train` sub-command."""
-    from ..cli import (
-        add_json_flag,
-        nonnegative_int,
-        output_of,
-        positive_float,
-        positive_int,
-    )
-
     p = sub.add_parser("dqn", help="the DQN planner of paper 002: train its network")
     verbs = p.add_subparsers(dest="dqn_command", required=True, parser_class=type(p))
     t = verbs.add_parser("train", help="train on traces and budgets, write the weights (JSON)",
                          description=__doc__.splitlines()[0])
     t.add_argument("traces", nargs="+", help="trace files (memplan JSON lines or an importable format)")
-    t.add_argument("--budgets", default=None,
+    t.add_argument("--budgets", type=budgets_option, default=None,
                    help="comma-separated sizes or shares of each trace's peak (default: per trace, a quarter and "
                         "three quarters of the way from the lowest load the agent can reach to the peak)")
     t.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
@@ -39,7 +38,7 @@ def add_parser(sub) -> None:
 
 def run_train(args) -> int:
     """Train, write the weights and print what each (trace, budget) reached."""
-    from ..cli import emit_json
+    # torch takes a second to import: only this command pays for it
     from ..planners.dqn import DEFAULT_MIN_BYTES, train_weights
     from ..planners.dqn.net import save_weights
     from ..planners.dqn.train import TrainConfig
@@ -64,23 +63,18 @@ def run_train(args) -> int:
 
 def _problems(args, min_bytes: int) -> tuple[list, list]:
     """(trace, budget) pairs and (path, budget, peak) names, every option checked first."""
-    from ..cost.model import Cost
-    from ..cost.profiles import get_profile
+    # torch (see run_train)
     from ..planners.dqn import default_budgets
     from ..planners.dqn.net import load_weights
-    from ..tracing.formats import load_any
-    from ..workflows.sweep import parse_budgets
 
     get_profile(args.device)
-    if args.budgets is not None:
-        parse_budgets(args.budgets, ANY_PEAK)
     if args.init is not None:
         load_weights(args.init)
     problems, names = [], []
     for path in args.traces:
         trace = load_any(path)
         peak = trace.peak_load_bytes
-        budgets = parse_budgets(args.budgets, peak) if args.budgets is not None else \
+        budgets = [b.bytes_for(peak) for b in args.budgets] if args.budgets is not None else \
             default_budgets(trace, Cost.for_trace(trace, args.device), min_bytes)
         problems += [(trace, budget) for budget in budgets]
         names += [(path, budget, peak) for budget in budgets]

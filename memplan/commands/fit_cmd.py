@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from ..cli import add_json_flag, emit_json, positive_int, use_working_dir
 from ..units import format_bytes
+from .base import command
+from .models import use_working_dir
+from .options import add_json_flag, positive_int
+from .output import emit_json
 
 
-def add_parser(sub) -> None:
+@command("fit")
+def add_fit(sub) -> None:
     """Register `fit`."""
     p = sub.add_parser("fit", help="largest batch per rank of a DDP/FSDP2 job per planner, with time and memory")
     p.add_argument("model", help="zoo model name, hf:<name>, tv:<name> or module:function")
@@ -26,6 +30,7 @@ def add_parser(sub) -> None:
 
 def run_fit(args) -> int:
     """Search each planner's batch and print the table."""
+    # torch takes a second to import: only the commands that build a model pay for it
     from ..workflows.fit import DEFAULT_PLANNERS, fit
     from ..zoo import parse_config
 

@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import sys
 
-from ..cli import add_json_flag, emit_json, nonnegative_int, output_of, positive_float, print_rows, readable
+from ..cost.profiles import get_profile, profile_to_json
 from ..errors import MemplanError
+from ..fileio import atomic_write_text
+from ..model import write_plan
+from ..planners.base import get_planner, known_planners, plan
+from ..plots import plot_history
+from ..sim.validate import validate
+from ..tracing.formats import load_any
 from ..units import format_bytes
+from .base import command
+from .options import add_json_flag, budget_option, nonnegative_int, output_of, positive_float
+from .output import emit_json, print_rows, readable
 
 log = logging.getLogger(__name__)
 
@@ -18,12 +26,14 @@ INTERNAL_ERROR = 1  # exit code of a planner bug (an invalid plan, an unexpected
 SHOWN_VIOLATIONS = 5  # violations listed when a plan is rejected
 
 
-def add_parser(sub) -> None:
-    """Register `plan`, `planners` and `calibrate`."""
+@command("plan")
+def add_plan(sub) -> None:
+    """Register `memplan plan`."""
     p = sub.add_parser("plan", help="plan where every storage of a trace lives under a memory budget")
     p.add_argument("trace", help="trace file")
     p.add_argument("--planner", default="none", help="registered planner name (see `memplan planners`)")
-    p.add_argument("--budget", required=True, help="bytes (8GiB, 512MB) or a share of the trace's peak (60%%)")
+    p.add_argument("--budget", type=budget_option, required=True,
+                   help="bytes (8GiB, 512MB) or a share of the trace's peak (60%%)")
     p.add_argument("--device", default="h100", help="device profile name or profile JSON (default h100)")
     p.add_argument("--seed", type=int, default=0, help="random seed for search planners (default 0)")
     p.add_argument("--param", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -39,12 +49,20 @@ def add_parser(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=run_plan)
 
+
+@command("planners")
+def add_planners(sub) -> None:
+    """Register `memplan planners`."""
     q = sub.add_parser("planners", help="list the registered planners")
     q.add_argument("--decides", default=None, choices=("swap", "recompute", "pool", "microbatch"),
                    help="only the planners that decide this")
     add_json_flag(q)
     q.set_defaults(func=run_planners)
 
+
+@command("calibrate")
+def add_calibrate(sub) -> None:
+    """Register `memplan calibrate`."""
     c = sub.add_parser("calibrate", help="measure this CUDA GPU (or, with --device cpu, this CPU) into a device profile")
     c.add_argument("-o", "--output", type=output_of("JSON"), default=None,
                    help="profile JSON to write (usable as --device FILE)")
@@ -66,7 +84,7 @@ def parse_params(items: list[str]) -> dict:
     Raises:
         MemplanError: an item without `=` or with an empty key.
     """
-    from ..zoo.config import parse_value
+    from ..zoo.config import parse_value  # memplan.zoo imports torch (a second): only --param pays for it
 
     params = {}
     for item in items:
@@ -77,24 +95,8 @@ def parse_params(items: list[str]) -> dict:
     return params
 
 
-def simulator_available() -> bool:
-    """True once `memplan.sim.simulate` exists (the prediction is skipped until then)."""
-    try:
-        importlib.import_module("memplan.sim.simulate")
-    except ModuleNotFoundError as exc:
-        if exc.name != "memplan.sim.simulate":
-            raise
-        return False
-    return True
-
-
 def run_plan(args) -> int:
     """Plan, validate, write the plan and print its predicted simulation."""
-    from ..planners.base import plan
-    from ..model import write_plan
-    from ..sim.validate import validate
-    from ..tracing.formats import load_any
-
     _check_plan_options(args)
     trace = load_any(args.trace, args.format)
     params = parse_params(args.param)
@@ -103,12 +105,11 @@ def run_plan(args) -> int:
             raise MemplanError("--time-limit and --param time_limit_s disagree: give one")
         params["time_limit_s"] = args.time_limit
     if params.get("objective") == "measured":
-        from ..workflows.run import measured_objective
+        from ..workflows.run import measured_objective  # torch (a second): only a measured objective pays for it
 
         params["objective"] = measured_objective(trace)
     try:
-        result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed,
-                      simulate_result=simulator_available(), **params)
+        result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed, **params)
     except MemplanError:
         raise  # the user's mistake (or an infeasible budget): one line, exit 2
     except Exception as exc:  # noqa: BLE001  anything else raised while planning is a bug in the planner
@@ -124,8 +125,6 @@ def run_plan(args) -> int:
                            f"home do); nothing written")
     write_plan(result, args.output)
     if args.plot:
-        from ..plots import plot_history
-
         plot_history(f"{args.planner} at {_budget(result.budget_bytes, trace.peak_load_bytes)}", result.history,
                      args.plot)
         summary["plot"] = str(args.plot)
@@ -138,14 +137,9 @@ def run_plan(args) -> int:
 
 
 def _check_plan_options(args) -> None:
-    """Planner, device and budget, checked before the trace is loaded."""
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
-    from ..units import check_budget
-
+    """Planner and device, checked before the trace is loaded (the budget, when it was parsed)."""
     get_planner(args.planner)
     get_profile(args.device)
-    check_budget(args.budget)
 
 
 def plan_summary(result) -> dict:
@@ -194,11 +188,7 @@ def _plan_rows(summary: dict) -> list[tuple[str, object]]:
     rows.append(("planning time", f"{summary['planning_s']:.3f} s"))
     rows += [(f"planner: {name}", text) for name, text in
              (readable(k, v) for k, v in (summary["report"] or {}).items())]
-    predicted = summary["predicted"]
-    if predicted:
-        rows += _prediction_rows(predicted)
-    else:
-        rows.append(("predicted", "n/a (simulator not available)"))
+    rows += _prediction_rows(summary["predicted"])
     rows.append(("written", summary["output"]))
     return rows
 
@@ -232,7 +222,6 @@ def _bytes(n: int | None) -> str:
 
 def run_planners(args) -> int:
     """List registered planner names with their one-line summaries."""
-    from ..planners.base import known_planners
 
     planners = [spec.describe() for spec in known_planners(args.decides).values()]
     if args.json:
@@ -247,10 +236,10 @@ def run_planners(args) -> int:
 
 def run_calibrate(args) -> int:
     """Measure the GPU (or the CPU), print the profile and write it (with -o)."""
+    # torch takes a second to import: only the commands that run it pay for it
     from ..cost.calibrate import calibrate
     from ..cost.calibrate_cpu import calibrate_cpu
-    from ..cost.profiles import profile_to_json
-    from ..fileio import atomic_write_text
+
 
     profile = calibrate_cpu(name=args.name) if args.device == "cpu" else calibrate(args.gpu, name=args.name)
     data = profile_to_json(profile)

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+from ..cost.model import Cost
+from ..cost.profiles import get_profile
 from ..errors import MemplanError
+from ..fileio import atomic_write_text
+from ..model import read_plan
+from ..pool.allocators.base import ALLOCATORS
+from ..pool.api import solve
+from ..pool.budget import command_limit_s
+from ..pool.intervals import residency_problem
+from ..pool.plot import plot_layout
+from ..pool.problem import from_storages, is_minimalloc_csv, read_minimalloc_csv
+from ..sim.simulate import simulation_device
+from ..tracing.formats import load_any
+from ..units import format_bytes
+from .base import command
+from .options import add_json_flag, output_of, positive_float
+from .output import emit_json, print_rows, readable
 
 BYTE_DETAILS = ("portfolio_footprint", "lower_bound")  # smartpool details that are byte counts
 
 
-def add_parser(sub):
+@command("pool")
+def add_pool(sub):
     """Register `memplan pool`."""
-    from ..cli import add_json_flag, output_of, positive_float
-
     p = sub.add_parser("pool", help="plan a memory pool (SmartPool) or simulate an allocator",
                        description="Lay out every buffer of INPUT (a trace, a trace plus --plan, or a minimalloc "
                                    "CSV) in one pool and report footprint / peak load.")
@@ -37,31 +52,19 @@ def add_parser(sub):
 
 def load_problem(path: str, plan_path: str | None, device: str):
     """The PoolProblem for INPUT (and --plan)."""
-    from ..pool.problem import from_storages, is_minimalloc_csv, read_minimalloc_csv
-
     if is_minimalloc_csv(path):
         if plan_path:
             raise MemplanError("--plan applies to traces, not to a minimalloc CSV")
         return read_minimalloc_csv(path)
-    from ..tracing.formats import load_any
-
     trace = load_any(path)
     if not plan_path:
         return from_storages(trace)
-    from ..cost.model import Cost
-    from ..model import read_plan
-    from ..pool.intervals import residency_problem
-    from ..sim.simulate import simulation_device
-
     plan = read_plan(plan_path, trace)
     return residency_problem(trace, plan, Cost.for_trace(trace, simulation_device(plan, device)[0]))
 
 
 def run(args) -> int:
     """Solve, validate (inside `solve`), write outputs, print."""
-    from ..pool.api import solve
-    from ..pool.budget import command_limit_s
-
     options = _check_options(args)
     problem = load_problem(args.input, args.plan, args.device)
     result = solve(problem, args.allocator, time_limit_s=command_limit_s(args.time_limit), seed=args.seed, **options)
@@ -70,8 +73,6 @@ def run(args) -> int:
     if args.offsets_out:
         _write_offsets(args.offsets_out, result)
     if args.plot:
-        from ..pool.plot import plot_layout
-
         plot_layout(result, args.plot)
     _print(args, result)
     return 0
@@ -79,12 +80,7 @@ def run(args) -> int:
 
 def _check_options(args) -> dict:
     """Allocator options, every option checked before the input is loaded."""
-    from ..cost.profiles import get_profile
-    from ..errors import unknown_name
-    from ..pool.api import known_allocators
-
-    if args.allocator not in known_allocators():
-        raise unknown_name("allocator", args.allocator, known_allocators())
+    ALLOCATORS.get(args.allocator)  # an unknown name is refused, listing the known ones
     if args.order and args.allocator != "vdnnpp-highend":
         raise MemplanError("--order applies to --allocator vdnnpp-highend only")
     if args.device is not None:
@@ -93,16 +89,11 @@ def _check_options(args) -> dict:
 
 
 def _write_offsets(path: str, result) -> None:
-    from ..fileio import atomic_write_text
-
     rows = ["id,offset"] + [f"{name},{int(o)}" for name, o in zip(result.problem.names, result.offsets)]
     atomic_write_text(path, "\n".join(rows) + "\n")
 
 
 def _print(args, result) -> None:
-    from ..cli import emit_json, print_rows, readable
-    from ..units import format_bytes
-
     summary = result.summary()
     if args.json:
         emit_json(summary)

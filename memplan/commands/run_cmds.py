@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, positive_int, print_rows,
-                   torch_device, use_working_dir)
+from ..cost.profiles import get_profile
 from ..errors import MemplanError
+from ..planners.base import get_planner
 from ..units import format_bytes, parse_bytes
+from ..workflows.allocator_names import AllocatorMode
+from .base import command
+from .models import fits_or_says_so, use_working_dir
+from .options import add_json_flag, budget_option, nonnegative_int, positive_int, torch_device
+from .output import emit_json, print_rows
 
 
-def add_parser(sub):
-    """Register `run` and `maxbatch`."""
-    _add_run(sub)
-    _add_maxbatch(sub)
-
-
-def _add_maxbatch(sub):
+@command("maxbatch")
+def add_maxbatch(sub):
+    """Register `memplan maxbatch`."""
     p = sub.add_parser("maxbatch", help="largest batch that fits a memory cap under a planner")
     p.add_argument("model", help="zoo model name, hf:<name>, tv:<name> or module:function")
     p.add_argument("--memory", "--memory-cap", dest="memory", required=True,
@@ -32,7 +33,7 @@ def _add_maxbatch(sub):
 
 def run_maxbatch(args) -> int:
     """Search the batch and print it."""
-    from ..workflows.maxbatch import max_batch
+    from ..workflows.maxbatch import max_batch  # torch takes a second to import: only this command pays for it
 
     use_working_dir()
     out = max_batch(args.model, parse_bytes(args.memory), planner=args.planner, device=args.device,
@@ -49,12 +50,14 @@ def run_maxbatch(args) -> int:
     return 0
 
 
-def _add_run(sub):
+@command("run")
+def add_run(sub):
+    """Register `memplan run`."""
     p = sub.add_parser("run", help="train K steps under a plan and measure time and memory")
     p.add_argument("model", help="zoo model name (e.g. resnet18-cifar, hf:gpt2) or module:function")
     p.add_argument("--batch", type=positive_int, required=True)
     p.add_argument("--planner", default=None, help="registered planner name (default none)")
-    p.add_argument("--budget", default=None, help="bytes, 8GiB or 60%% of the unplanned peak")
+    p.add_argument("--budget", type=budget_option, default=None, help="bytes, 8GiB or 60%% of the unplanned peak")
     p.add_argument("--steps", type=positive_int, default=3, help="metered steps (default 3)")
     p.add_argument("--timed-steps", type=nonnegative_int, default=0,
                    help="then this many steps without the meter, timed only: measured_step_s is their median "
@@ -71,7 +74,7 @@ def _add_run(sub):
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
                         "peak exceeds the budget by more than 2%%")
     p.add_argument("--baseline", default=None, help="torch-checkpoint | sac-compute | save-on-cpu | compile-budget | compile-budget:F (F in (0, 1])")
-    p.add_argument("--allocator", choices=("auto", "caching", "expandable", "pool"), default="auto",
+    p.add_argument("--allocator", choices=AllocatorMode.names(), default=AllocatorMode.AUTO.value,
                    help="CUDA allocator: PyTorch's caching one, with expandable segments, or pool: the plan's "
                         "SmartPool layout (X+smartpool planners); auto (default): pool for such a plan on cuda")
     p.add_argument("--config", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
@@ -91,15 +94,16 @@ def _add_run(sub):
 
 def run(args) -> int:
     """Run the measurement and print it; with --check, exit 1 when the run exceeded its budget."""
-    from ..workflows.run import BUDGET_TOLERANCE, RESERVED_TOLERANCE, check_baseline, run_workload
+    # torch takes a second to import: only the commands that train pay for it
+    from ..workflows.memory_cap import RESERVED_TOLERANCE
+    from ..workflows.run import BUDGET_TOLERANCE, check_baseline, run_workload
+    from ..zoo import parse_config
 
     if args.baseline:
         check_baseline(args.baseline)
         if args.planner is not None:
             raise MemplanError(f"--baseline {args.baseline} runs PyTorch's own tool instead of a plan; "
                                f"drop --planner {args.planner} (or drop --baseline)")
-    from ..zoo import parse_config
-
     config = parse_config(args.config)
     use_working_dir()
     _check_run_options(args)
@@ -122,17 +126,12 @@ def run(args) -> int:
 
 
 def _check_run_options(args) -> None:
-    """The names and the budget, checked before the model is built and traced."""
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
-    from ..units import check_budget
-    from ..zoo.registry import check_model_name
+    """The names, checked before the model is built and traced (the budget, when it was parsed)."""
+    from ..zoo.registry import check_model_name  # torch (see run)
 
     check_model_name(args.model)
     if args.planner is not None:
         get_planner(args.planner)
-    if args.budget is not None:
-        check_budget(args.budget)
     get_profile(args.profile)
 
 

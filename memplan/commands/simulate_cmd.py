@@ -4,15 +4,29 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..cli import add_json_flag, emit_json, output_of
+import numpy as np
+
+from ..budget import budget_in_force
+from ..cost.model import Cost
+from ..cost.profiles import get_profile
 from ..errors import MemplanError
+from ..model import read_plan
+from ..plots import GIB, save_figure, subplots
+from ..sim.comm import simulate_comm
+from ..sim.simulate import Simulator, simulation_device
+from ..tracing.formats import load_any
+from ..units import format_bytes
+from .base import command
+from .options import add_json_flag, budget_option, output_of
+from .output import emit_json
 
 _DEVICE_SOURCES = {"given": "from --device", "plan": "the profile the plan was made for", "default": "the default"}
 _BUDGET_SOURCES = {"given": "from --budget", "plan": "the plan's own budget", "none": "uncapped"}
 LANE_COLORS = {"compute": "tab:blue", "d2h": "tab:orange", "h2d": "tab:green"}
 
 
-def add_parser(sub) -> None:
+@command("simulate")
+def add_simulate(sub) -> None:
     """Register `memplan simulate`."""
     p = sub.add_parser("simulate", help="simulate one iteration of a trace under a plan and budget")
     p.add_argument("trace", help="trace file (memplan JSON lines or an importable format)")
@@ -20,8 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--plan", help="plan JSON written by `memplan plan` (default: keep everything)")
     p.add_argument("--device", default=None, help="device profile name or profile file, e.g. from `calibrate --device "
                    "cpu` (default: the profile the plan was made for, else h100)")
-    p.add_argument("--budget", help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or "
-                   "none (no cap); default: the plan's own budget, no cap without a plan")
+    p.add_argument("--budget", type=budget_option,
+                   help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or none (no cap); "
+                        "default: the plan's own budget, no cap without a plan")
     p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
                    help="write the memory-load timeline and stream lanes here (.png, .pdf or .svg)")
     add_json_flag(p)
@@ -30,22 +45,13 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     """Simulate and print the result."""
-    from ..cost.model import Cost
-    from ..cost.profiles import get_profile
-    from ..model import read_plan
-    from ..units import check_budget
-    from ..sim.simulate import NO_CAP, Simulator, simulation_budget, simulation_device
-    from ..tracing.formats import load_any
-
     if args.device is not None:
         get_profile(args.device)
-    if args.budget is not None and args.budget.strip().lower() != NO_CAP:
-        check_budget(args.budget)
     trace = load_any(args.trace, args.format)
     if not trace.ops:
         raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")
     plan = read_plan(args.plan, trace) if args.plan else None
-    budget, source = simulation_budget(trace, plan, args.budget)
+    budget, source = budget_in_force(args.budget, None if plan is None else plan.budget_bytes, trace.peak_load_bytes)
     device, device_source = simulation_device(plan, args.device)
     sim = Simulator(trace, Cost.for_trace(trace, device))
     result = replace(sim.run(plan, budget, timeline=bool(args.plot)), budget_bytes=budget, budget_source=source)
@@ -55,8 +61,6 @@ def run(args) -> int:
         _plot(trace, sim, result, budget, args)
         summary["plot"] = str(args.plot)
     if trace.meta.get("world_size"):  # one rank of a DDP/FSDP2 job: its collectives beside compute
-        from ..sim.comm import simulate_comm
-
         summary["communication"] = simulate_comm(trace, cost=sim.cost).to_json()
     if args.json:
         emit_json(summary)
@@ -66,8 +70,6 @@ def run(args) -> int:
 
 
 def _print(summary: dict) -> None:
-    from ..units import format_bytes
-
     cap = "no cap" if summary["budget_bytes"] is None else format_bytes(summary["budget_bytes"])
     print(f"device      {summary['device']:>13}   ({_DEVICE_SOURCES[summary['device_source']]})")
     print(f"budget      {cap:>13}   ({_BUDGET_SOURCES[summary['budget_source']]})")
@@ -92,15 +94,7 @@ def _print(summary: dict) -> None:
 
 def _plot(trace, sim, result, budget, args) -> None:
     """Memory load with and without the plan above, the compute lane below."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from ..plots import GIB, save_figure
-
-    fig, (top, lanes) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    fig, (top, lanes) = subplots(2, 1, figsize=(10, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     base_starts = sim.baseline_op_start_s * 1e3
     top.step(base_starts, trace.load / GIB, where="post", color="black", lw=1, label="no plan")
     top.step(result.timeline_t * 1e3, result.timeline_load / GIB, where="post", color="tab:red", lw=1,

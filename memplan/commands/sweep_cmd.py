@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import sys
 
-from ..cli import print_table
+from ..cost.profiles import get_profile
+from ..planners.base import get_planner
+from ..tracing.formats import load_any
 from ..units import format_bytes
+from ..workflows.sweep import plot_pareto, sweep
+from .base import command
+from .options import add_json_flag, budgets_option, output_of, positive_int
+from .output import emit_json, print_table
 
 AUTOSWAP_PREFIX = "autoswap"  # planners that take the AutoSwap options below
 DEFAULT_BUDGETS = "100%,90%,80%,70%,60%,50%,40%"
 
 
-def add_parser(sub):
+@command("sweep")
+def add_sweep(sub):
     """Register `memplan sweep`."""
-    from ..cli import add_json_flag, output_of, positive_int
-
     p = sub.add_parser("sweep", help="run planners over budgets (overhead against memory)",
                        description=__doc__.splitlines()[0])
     p.add_argument("trace", help="trace file (memplan JSON lines or an importable format)")
     p.add_argument("--planner", action="append", required=True,
                    help="planner name; repeat to put several on one plot")
-    p.add_argument("--budgets", default=DEFAULT_BUDGETS,
+    p.add_argument("--budgets", type=budgets_option, default=DEFAULT_BUDGETS,
                    help="comma-separated sizes or shares of the peak (default "
                         + DEFAULT_BUDGETS.replace("%", "%%") + ")")
     p.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
@@ -38,15 +43,10 @@ def add_parser(sub):
 
 def run(args) -> int:
     """Run the sweep and print it."""
-    from ..cli import emit_json
-    from ..workflows.sweep import parse_budgets, plot_pareto, sweep
-    from ..tracing.formats import load_any
-
     _check_sweep_options(args)
     trace = load_any(args.trace)
-    budgets = parse_budgets(args.budgets, trace.peak_load_bytes)
     params = {name: _autoswap_params(args) for name in args.planner if name.startswith(AUTOSWAP_PREFIX)}
-    result = sweep(trace, args.planner, budgets, args.device, seed=args.seed, params=params,
+    result = sweep(trace, args.planner, args.budgets, args.device, seed=args.seed, params=params,
                    progress=not args.json and sys.stderr.isatty())
     summary = result.to_json()
     if args.plot:
@@ -62,16 +62,10 @@ def run(args) -> int:
 
 
 def _check_sweep_options(args) -> None:
-    """Planners, device and budgets, checked before the trace is loaded."""
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
-    from ..units import ANY_PEAK
-    from ..workflows.sweep import parse_budgets
-
+    """Planners and device, checked before the trace is loaded (the budgets, when they were parsed)."""
     for name in args.planner:
         get_planner(name)
     get_profile(args.device)
-    parse_budgets(args.budgets, ANY_PEAK)
 
 
 def _autoswap_params(args) -> dict:

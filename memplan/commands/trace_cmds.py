@@ -6,9 +6,18 @@ import argparse
 import logging
 import sys
 
-from ..cli import (add_json_flag, emit_json, fits_or_says_so, nonnegative_int, output_of, positive_int, print_rows,
-                   torch_device, use_working_dir)
+from tqdm import tqdm
+
+from ..errors import MemplanError
+from ..plots import new_figure, save_figure
+from ..tracing.collectives import collective_totals
+from ..tracing.formats import load_any
+from ..tracing.io import write_trace
 from ..units import format_bytes
+from .base import command
+from .models import fits_or_says_so, use_working_dir
+from .options import add_json_flag, nonnegative_int, output_of, positive_int, torch_device
+from .output import emit_json, print_rows
 
 # Meta entries too long for a summary (per saved tensor lists); they stay in the file.
 _LONG_META = ("pack_order", "pack_ops", "hook_events", "owners")
@@ -19,8 +28,9 @@ CPU_TIME_REPEATS = 3  # timed iterations of `trace --real` on the CPU
 _FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
 
 
-def add_parser(sub) -> None:
-    """Register `trace` and `info`."""
+@command("trace")
+def add_trace(sub) -> None:
+    """Register `memplan trace`."""
     p = sub.add_parser("trace", help="record one training iteration of a model as a trace")
     p.add_argument("model", help="zoo model name (e.g. resnet50), hf:<name>, tv:<name>, or module:function")
     p.add_argument("--batch", type=positive_int, required=True, help="batch size")
@@ -55,6 +65,10 @@ def add_parser(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=run_trace)
 
+
+@command("info")
+def add_info(sub) -> None:
+    """Register `memplan info`."""
     q = sub.add_parser("info", help="summarise a trace: ops, storages, peak load, bytes per kind")
     q.add_argument("trace", help="trace file")
     q.add_argument("--format", default=None, help="file format (detected when omitted)")
@@ -68,9 +82,9 @@ def add_parser(sub) -> None:
 
 def run_trace(args) -> int:
     """Trace the model and write the trace file."""
-    from ..tracing.io import write_trace
+    # torch takes a second to import: only the commands that build a model pay for it
+    from ..workflows.distributed import trace_rank
     from ..workflows.workloads import trace_workload
-
     from ..zoo import parse_config
 
     config = parse_config(args.config)
@@ -84,8 +98,6 @@ def run_trace(args) -> int:
     time_ops = _time_ops(args)
     with _spinner(f"tracing {args.model}") as bar, fits_or_says_so(what, args.device):
         if args.engine:
-            from ..workflows.distributed import trace_rank
-
             sizes = {} if args.input_size is None else {"input_size": args.input_size}
             trace = trace_rank(args.model, args.batch, args.engine, args.world_size, warmup=args.warmup,
                                progress=lambda n: bar.update(n - bar.n), **sizes, **config)
@@ -104,8 +116,7 @@ def run_trace(args) -> int:
 
 
 def _check_engine_options(args) -> None:
-    from ..errors import MemplanError
-    from ..workflows.distributed import check_world_size
+    from ..workflows.distributed import check_world_size  # torch (see run_trace)
 
     if args.engine is None:
         if args.world_size is not None:
@@ -120,7 +131,6 @@ def _check_engine_options(args) -> None:
 
 def _time_ops(args) -> bool:
     """Whether to time the ops of the fake trace: as asked, else on a GPU (a real trace times its own)."""
-    from ..errors import MemplanError
 
     if args.time_ops and (not args.fake or args.engine):
         raise MemplanError("--time-ops times the ops of a fake trace (not with --real, --ddp or --fsdp); "
@@ -137,7 +147,6 @@ def _device_option(device: str) -> dict:
 
 def run_info(args) -> int:
     """Print the summary of a trace (and draw its load curve)."""
-    from ..tracing.formats import load_any
 
     trace = load_any(args.trace, args.format)
     summary = summarise(trace)
@@ -174,7 +183,6 @@ def summarise(trace) -> dict:
 
 def plot_load(trace, path) -> None:
     """Draw the memory load over op index, each phase shaded, to a PNG file."""
-    from ..plots import new_figure, save_figure
 
     fig, ax = new_figure()
     steps = range(trace.num_steps)
@@ -219,8 +227,6 @@ def _print_table(summary: dict, trace) -> None:
 def _meta_text(key: str, value, trace) -> str:
     """A meta entry in one readable line: collectives counted per kind, anything long cut short."""
     if key == "collectives":
-        from ..tracing.collectives import collective_totals
-
         return ", ".join(f"{kind} x{t['count']} ({format_bytes(t['bytes'])})"
                          for kind, t in collective_totals(trace).items())
     text = str(value)
@@ -229,6 +235,5 @@ def _meta_text(key: str, value, trace) -> str:
 
 def _spinner(desc: str):
     """A tqdm counter of recorded ops on stderr (silent when stderr is not a terminal)."""
-    from tqdm import tqdm
 
     return tqdm(desc=desc, unit=" ops", file=sys.stderr, disable=None, leave=False)

@@ -22,6 +22,8 @@ import re
 import statistics
 from dataclasses import dataclass
 
+import torch
+
 from ..errors import MemplanError
 from .profiles import DeviceProfile
 
@@ -64,8 +66,6 @@ def calibrate(gpu: int = 0, *, name: str | None = None, repeats: int = REPEATS) 
     Raises:
         MemplanError: no CUDA GPU (or no such index).
     """
-    import torch
-
     if not torch.cuda.is_available():
         raise MemplanError("calibrate needs a CUDA GPU")
     if not 0 <= gpu < torch.cuda.device_count():
@@ -114,8 +114,6 @@ def measure(repeats: int = REPEATS) -> Measurements:
 
 def time_cuda(fn, repeats: int = REPEATS) -> float:
     """Median seconds of `fn()` on the current stream, timed with CUDA events after a warm-up."""
-    import torch
-
     for _ in range(WARMUP):
         fn()
     times = []
@@ -131,8 +129,6 @@ def time_cuda(fn, repeats: int = REPEATS) -> float:
 
 def link_bandwidth(nbytes: int, repeats: int = REPEATS) -> tuple[float, float]:
     """(host->device, device->host) bytes/s with one `nbytes` copy from/to pinned memory."""
-    import torch
-
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     h2d = time_cuda(lambda: dev.copy_(host, non_blocking=True), repeats)
@@ -142,8 +138,6 @@ def link_bandwidth(nbytes: int, repeats: int = REPEATS) -> tuple[float, float]:
 
 def copy_latency(repeats: int = REPEATS) -> float:
     """Seconds of one tiny pinned host-to-device copy: the fixed cost per copy."""
-    import torch
-
     host = torch.empty(SMALL_COPY_BYTES, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(SMALL_COPY_BYTES, dtype=torch.uint8, device="cuda")
     return time_cuda(lambda: dev.copy_(host, non_blocking=True), repeats)
@@ -151,8 +145,6 @@ def copy_latency(repeats: int = REPEATS) -> float:
 
 def launch_latency(repeats: int = REPEATS) -> float:
     """Seconds per kernel in a burst of tiny in-place adds (launch-bound, not work-bound)."""
-    import torch
-
     x = torch.zeros(1, device="cuda")
 
     def burst():
@@ -164,8 +156,6 @@ def launch_latency(repeats: int = REPEATS) -> float:
 
 def matmul_flops(dtype: str, allow_tf32: bool, repeats: int = REPEATS, n: int = MATMUL_N) -> float:
     """Achieved FLOP/s of an n x n x n matmul in `dtype` (TF32 allowed or not for float32)."""
-    import torch
-
     torch_dtype = getattr(torch, dtype)
     a = torch.randn(n, n, device="cuda", dtype=torch_dtype)
     b = torch.randn(n, n, device="cuda", dtype=torch_dtype)
@@ -181,8 +171,6 @@ def matmul_flops(dtype: str, allow_tf32: bool, repeats: int = REPEATS, n: int = 
 
 def memory_bandwidth(nbytes: int, repeats: int = REPEATS) -> float:
     """Device memory bytes/s of one `nbytes` device-to-device copy (it reads and writes nbytes)."""
-    import torch
-
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     return 2 * nbytes / time_cuda(lambda: dst.copy_(src), repeats)

@@ -18,6 +18,8 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+
 from .calibrate import Measurements, profile_from
 from .profiles import DeviceProfile
 
@@ -41,8 +43,6 @@ def calibrate_cpu(*, name: str | None = None, repeats: int = REPEATS) -> DeviceP
         name: profile name (default "cpu").
         repeats: timed repeats per measurement.
     """
-    import torch
-
     measured = measure_cpu(repeats)
     threads = torch.get_num_threads()
     log.info("calibrated the CPU (%d threads): %s", threads, measured)
@@ -75,8 +75,6 @@ def time_wall(fn, repeats: int = REPEATS) -> float:
 
 def host_copy_bandwidth(nbytes: int, repeats: int = REPEATS) -> float:
     """Bytes/s of one `nbytes` copy between two host buffers (a swap into the host slab)."""
-    import torch
-
     src = torch.ones(nbytes, dtype=torch.uint8)  # written once, so its pages exist
     dst = torch.zeros_like(src)
     return nbytes / time_wall(lambda: dst.copy_(src), repeats)
@@ -85,8 +83,6 @@ def host_copy_bandwidth(nbytes: int, repeats: int = REPEATS) -> float:
 def small_copy_s(repeats: int = REPEATS) -> float:
     """Seconds of one tiny host copy handed to a one-thread worker and waited for: the fixed
     cost per copy as the CPU executor pays it (its copy lanes are such workers)."""
-    import torch
-
     src, dst = torch.ones(SMALL_COPY_BYTES, dtype=torch.uint8), torch.zeros(SMALL_COPY_BYTES, dtype=torch.uint8)
     with ThreadPoolExecutor(max_workers=1) as lane:
         def burst():
@@ -98,8 +94,6 @@ def small_copy_s(repeats: int = REPEATS) -> float:
 
 def dispatch_s(repeats: int = REPEATS) -> float:
     """Seconds per op in a burst of tiny in-place adds: eager dispatch overhead, no work."""
-    import torch
-
     x = torch.zeros(1)
 
     def burst():
@@ -111,8 +105,6 @@ def dispatch_s(repeats: int = REPEATS) -> float:
 
 def matmul_flops(dtype: str, n: int, repeats: int = REPEATS) -> float:
     """Achieved FLOP/s of an n x n x n matmul in `dtype`."""
-    import torch
-
     torch_dtype = getattr(torch, dtype)
     a, b = torch.randn(n, n).to(torch_dtype), torch.randn(n, n).to(torch_dtype)
     out = torch.empty(n, n, dtype=torch_dtype)

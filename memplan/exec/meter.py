@@ -25,6 +25,8 @@ import sys
 import time
 
 import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
@@ -155,8 +157,6 @@ class AllocatorMeter:
         self._profile = None
 
     def __enter__(self) -> "AllocatorMeter":
-        from torch.profiler import ProfilerActivity, profile
-
         self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         with _silent_stderr():
             self._profile.__enter__()
@@ -192,8 +192,6 @@ def _silent_stderr():
 
 def _cpu_allocation_totals(roots) -> list[int]:
     """The allocator's running total after each CPU allocation or free in the profiled events."""
-    from torch._C._profiler import _EventType
-
     totals, todo = [], list(roots)
     while todo:
         event = todo.pop()

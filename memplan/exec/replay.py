@@ -2,7 +2,7 @@
 run them again, at the op level, into the storage the plan dropped.
 
 While a step runs, the executor records every op of the program's replay chains
-(`StepProgram.replays`): the aten overload, its arguments with each tensor replaced by
+(`StepProgram.rebuilds`): the aten overload, its arguments with each tensor replaced by
 (trace storage id, view geometry), and the RNG state before a random op. Only weak
 references to storages are kept, so recording extends no lifetime. To rebuild a storage it
 replays its writers in order: arguments are rebuilt as views of the live storages (inputs

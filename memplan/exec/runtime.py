@@ -129,7 +129,7 @@ class PlanRuntime:
         log.warning("step %d measured %d bytes, above its budget of %d bytes (the plan's program holds at most "
                     "%s): memory the trace does not have, such as another batch kept alive, inputs of another "
                     "size, or on a GPU what libraries and the allocator take", step, measured, budget,
-                    self.program.predicted.get("peak_load_bytes"))
+                    self.program.predicted.peak_load_bytes)
         return True
 
     @contextlib.contextmanager
@@ -207,7 +207,7 @@ class PlanRuntime:
                 "decisions": len(self.program.decisions), "slab_bytes": self.slab.nbytes,
                 "pinned_host_bytes": self.slab.nbytes if self.slab.pin else 0,
                 "budget_bytes": self.program.budget_bytes,
-                "simulated_peak_bytes": self.program.predicted.get("peak_load_bytes"),
+                "simulated_peak_bytes": self.program.predicted.peak_load_bytes,
                 "measured_peak_bytes": max((s["measured_peak_bytes"] for s in measured), default=None),
                 "over_budget_steps": [s["step"] for s in measured if s["over_budget"]],
                 "steps_measured": measured}

@@ -5,7 +5,8 @@ Plain frozen dataclasses, JSON on disk (see DESIGN.md, "Data model").
 
 from .check import PlanMismatchError, check_plan, expect_trace
 from .conv import CONV_KERNELS, ConvParams, MicroBatch, conv_output_size, conv_temps
-from .plan import ACTIONS, PLAN_SCHEMA, PLAN_VERSION, Decision, Plan, PoolSlot, read_plan, write_plan
+from .plan import ACTIONS, PLAN_SCHEMA, PLAN_VERSION, Decision, Plan, PoolSlot
+from .plan_file import read_plan, write_plan
 from .trace import KINDS, OWNER_KINDS, PHASES, SCHEMA, SCHEMA_VERSION, Layer, Op, Owner, Storage, Trace
 
 __all__ = ["ACTIONS", "CONV_KERNELS", "ConvParams", "KINDS", "PHASES", "PLAN_SCHEMA", "PLAN_VERSION", "SCHEMA",

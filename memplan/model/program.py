@@ -21,12 +21,41 @@ A convolution op with decided kernels (`microbatches`) runs them split as decide
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from ..vocabulary import Vocabulary
 from .conv import MicroBatch
 from .plan import Decision
 
-ACTION_KINDS = ("release", "prefetch", "recompute", "wait", "swap_out", "drop")
+
+class ActionKind(Vocabulary):
+    """What the executor does at one point of the step (the module docstring says each one).
+
+    The simulator's kernel emits each as a number (`code`, memplan.sim._codes), and the
+    executor runs each by its kind: the one vocabulary both sides of the program share.
+    """
+
+    RELEASE = "release"
+    PREFETCH = "prefetch"
+    RECOMPUTE = "recompute"
+    WAIT = "wait"
+    SWAP_OUT = "swap_out"
+    DROP = "drop"
+
+    @property
+    def code(self) -> int:
+        """The number the simulator's kernel emits for this kind."""
+        return _ACTION_CODES[self]
+
+    @classmethod
+    def of_code(cls, code: int) -> ActionKind:
+        """The kind the simulator's kernel emitted as `code`."""
+        return _ACTIONS_BY_CODE[code]
+
+
+_ACTION_CODES = {ActionKind.RELEASE: 0, ActionKind.PREFETCH: 1, ActionKind.RECOMPUTE: 2, ActionKind.WAIT: 3,
+                 ActionKind.SWAP_OUT: 4, ActionKind.DROP: 5}
+_ACTIONS_BY_CODE = {code: kind for kind, code in _ACTION_CODES.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,7 +64,7 @@ class Action:
 
     op: int  # the op it is attached to
     after: bool  # False: before the op runs; True: after it
-    kind: str  # one of ACTION_KINDS
+    kind: ActionKind  # what it does
     decision: int  # index into StepProgram.decisions
 
 
@@ -49,23 +78,52 @@ class ReplayStep:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Rebuild:
+    """How one recompute decision rebuilds its storage."""
+
+    steps: tuple[ReplayStep, ...]  # replayed in order, inputs first; the last one rebuilds the storage
+    frees: tuple[int, ...] = ()  # temporary inputs (its own or earlier rebuilds') dropped once it is done
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """What the simulation of a step program predicts for one step (`SimResult.summary` as a record)."""
+
+    feasible: bool  # the program fits its budget
+    time_s: float | None  # simulated step time (None when infeasible)
+    baseline_time_s: float  # the same trace with no plan and no budget
+    overhead: float | None  # time / baseline - 1 (None when infeasible)
+    peak_load_bytes: int  # largest memory load
+    breakdown: dict  # seconds per part (memplan.sim.result.BREAKDOWN_KEYS)
+    host_peak_bytes: int  # largest pinned host memory in use at once
+    link_bytes: int  # bytes over the host link, both directions
+    infeasible_op: int | None  # the op whose allocation could not fit
+    shortfall_bytes: int  # by how much it did not fit
+    budget_bytes: int | None  # the cap it was simulated under (None: no cap)
+    budget_source: str  # where that cap came from (memplan.budget.BudgetSource)
+
+    def to_json(self) -> dict:
+        """The JSON object (the keys of `SimResult.summary`)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepProgram:
     """A plan compiled for one trace, budget and cost model."""
 
     decisions: tuple[Decision, ...]  # the plan's decisions, indexed by Action.decision
     actions: tuple[Action, ...]  # in execution order
     start_away: tuple[int, ...]  # decisions whose storage is on the host when a step starts
-    replays: dict = field(default_factory=dict)  # recompute decision index -> tuple[ReplayStep, ...]
-    frees: dict = field(default_factory=dict)  # recompute decision index -> temporary inputs dropped after it
+    rebuilds: dict[int, Rebuild] = field(default_factory=dict)  # recompute decision index -> how it rebuilds
     microbatches: tuple[MicroBatch, ...] = ()  # the plan's convolution decisions
     budget_bytes: int | None = None  # the budget it was compiled under
     trace_digest: str | None = None  # Trace.digest of its trace
-    predicted: dict = field(default_factory=dict)  # SimResult summary of the program
+    predicted: Prediction  # the simulation of the program
 
     @property
     def captured_ops(self) -> frozenset:
         """Ops whose calls the executor records in the step, to replay them later."""
-        return frozenset(j for steps in self.replays.values() for step in steps for j in step.ops)
+        return frozenset(j for rebuild in self.rebuilds.values() for step in rebuild.steps for j in step.ops)
 
     def splits(self) -> dict[int, dict[str, tuple[int, ...]]]:
         """Per decided convolution op, the micro-batch sizes of each of its kernels."""

@@ -4,8 +4,8 @@ A planner is a plain function `fn(trace, budget_bytes, cost, *, seed, **params) 
 registered under one or more names (`family` or `family:variant`), declaring what it
 decides (`DECIDES`). Its parameters are its keyword arguments: their annotations and
 defaults are the typed parameter schema that checks and converts what a user passes.
-Every module of this package is a family and is found by importing the package's
-modules (a new family is one module plus its test). `plan()` checks the parameters,
+Every module of this package is a family, found by the registry (memplan.registry: a
+new family is one module plus its test). `plan()` checks the parameters,
 times the planner, fills the plan's metadata and attaches the simulator's prediction.
 A name `X+Y`, where Y decides only micro-batches (a convolution planner such as
 `ucudnn:wd`), composes any swap/recompute planner X with it (`compose`).
@@ -13,19 +13,21 @@ A name `X+Y`, where Y decides only micro-batches (a convolution planner such as
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
-import pkgutil
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..budget import UNLIMITED, Budget, parse_budget
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile, profile_to_json
 from ..errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
 from ..model import Plan, Trace, expect_trace
-from ..units import MAX_BYTES, ByteSize, format_bytes, parse_budget, parse_bytes
+from ..registry import Registry
+from ..sim.convview import conv_view
+from ..sim.simulate import simulate
+from ..units import MAX_BYTES, ByteSize, format_bytes, parse_bytes
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,6 @@ PlannerFn = Callable[..., Plan]
 DECIDES = ("swap", "recompute", "pool", "microbatch")  # what a planner may decide
 ABOUT_OPS = ("swap", "recompute", "microbatch")  # decisions that need ops (a pool-only trace has none)
 _COMMON = ("trace", "budget_bytes", "cost", "seed")  # arguments every planner takes
-_NOT_FAMILIES = ("base",)  # modules of this package that register no planner
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class PlannerSpec:
                 "params": {p.name: {"type": p.type.__name__, "default": p.default} for p in self.params}}
 
 
-_REGISTRY: dict[str, PlannerSpec] = {}
+PLANNERS: Registry[PlannerSpec] = Registry("planner", "memplan.planners")
 
 
 def register(name: str, summary: str = "", *, decides=(), **defaults) -> Callable[[PlannerFn], PlannerFn]:
@@ -85,8 +86,8 @@ def register(name: str, summary: str = "", *, decides=(), **defaults) -> Callabl
 
     def wrap(fn: PlannerFn) -> PlannerFn:
         doc = summary or (inspect.getdoc(fn) or "").split("\n")[0]
-        _REGISTRY[name] = PlannerSpec(name=name, fn=fn, defaults=defaults, summary=doc,
-                                      decides=frozenset(decides), params=_params_of(fn, defaults))
+        PLANNERS.add(name, PlannerSpec(name=name, fn=fn, defaults=defaults, summary=doc,
+                                       decides=frozenset(decides), params=_params_of(fn, defaults)))
         return fn
 
     return wrap
@@ -108,18 +109,9 @@ def _scalar(hint) -> type:
     return args[0] if len(args) == 1 and args[0] in (int, float, bool, str, ByteSize) else object
 
 
-def _load_all() -> None:
-    import memplan.planners as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        if not info.name.startswith("_") and info.name not in _NOT_FAMILIES:
-            importlib.import_module(f"{package.__name__}.{info.name}")
-
-
 def known_planners(decides: str | None = None) -> dict[str, PlannerSpec]:
     """All registered planners by name; with `decides`, those that decide that (e.g. "swap")."""
-    _load_all()
-    return {name: spec for name, spec in sorted(_REGISTRY.items()) if decides is None or decides in spec.decides}
+    return {name: spec for name, spec in PLANNERS.entries().items() if decides is None or decides in spec.decides}
 
 
 def get_planner(name: str) -> PlannerSpec:
@@ -163,8 +155,6 @@ def compose(base: PlannerSpec, conv: PlannerSpec) -> PlannerSpec:
     conv_names = {p.name for p in conv.params}
 
     def fn(trace, budget_bytes, cost, *, seed, **params):
-        from ..sim.convview import conv_view
-
         convs = conv.fn(trace, budget_bytes, cost, seed=seed, **{**conv.defaults, "composed": True},
                         **{k: v for k, v in params.items() if k in conv_names})
         view, durations = conv_view(trace, cost.durations, convs.microbatches)
@@ -178,7 +168,7 @@ def compose(base: PlannerSpec, conv: PlannerSpec) -> PlannerSpec:
                        decides=base.decides | conv.decides, params=base.params + conv.params)
 
 
-def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
+def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner: str = "none",
          device: str | DeviceProfile = "h100", seed: int = 0, cost: Cost | None = None,
          simulate_result: bool = True, **params) -> Plan:
     """Plan where every storage of `trace` lives under a memory `budget`.
@@ -189,7 +179,8 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     Args:
         trace: the traced iteration.
         budget: bytes, a size string ("8GiB"), a share of the unconstrained peak ("60%",
-            or a float in (0, 1]); None means no limit (the plan records none).
+            or a float in (0, 1]), a `memplan.budget.Budget`; None or "none" means no limit
+            (the plan records none).
         planner: a registered planner name (see `known_planners()`).
         device: profile name or file for the cost model.
         seed: random seed for search planners.
@@ -209,24 +200,28 @@ def plan(trace: Trace, budget: str | int | None = None, planner: str = "none",
     spec = get_planner(planner)
     if spec.needs_ops and not trace.ops:
         raise refuse_without_ops(spec)
-    budget_bytes = resolve_budget(trace, budget)
-    if budget is None and "microbatch" in spec.decides:
-        budget_bytes = MAX_BYTES  # no cap: workspaces may take memory above the trace's own peak
+    cap = (UNLIMITED if budget is None else parse_budget(budget)).bytes_for(trace.peak_load_bytes)
     cost = cost or Cost.for_trace(trace, device)
     params = check_params(spec, params)
     started = time.perf_counter()
-    result = _run_planner(spec, trace, budget_bytes, cost, seed, params, limited=budget is not None)
+    result = _run_planner(spec, trace, planning_bytes(spec, trace, cap), cost, seed, params, limited=cap is not None)
     elapsed = time.perf_counter() - started
-    recorded = None if budget is None else budget_bytes
-    if recorded is not None and result.pool_bytes is not None and result.pool_bytes > recorded:
-        raise pool_over_budget(recorded, result.pool_bytes, planner)
-    result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=recorded,
+    if cap is not None and result.pool_bytes is not None and result.pool_bytes > cap:
+        raise pool_over_budget(cap, result.pool_bytes, planner)
+    result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=cap,
                               device=profile_to_json(cost.profile), trace_digest=trace.digest, planning_s=elapsed)
     if simulate_result:
-        from ..sim.simulate import simulate
-
         result = result.with_meta(predicted=simulate(trace, result, cost=cost).summary())
     return result
+
+
+def planning_bytes(spec: PlannerSpec, trace: Trace, cap: int | None) -> int:
+    """The bytes a planner plans under: the cap; without one, the trace's unconstrained peak
+    (no limit binds there), or for a planner deciding micro-batches no limit at all (its
+    workspaces may take memory above the trace's own peak)."""
+    if cap is not None:
+        return cap
+    return MAX_BYTES if "microbatch" in spec.decides else trace.peak_load_bytes
 
 
 def _run_planner(spec: PlannerSpec, trace: Trace, budget_bytes: int, cost: Cost, seed: int, params: dict, *,
@@ -244,13 +239,6 @@ def _run_planner(spec: PlannerSpec, trace: Trace, budget_bytes: int, cost: Cost,
             raise
         log.debug("planner %s needs %d bytes without a budget; planning there", spec.name, exc.min_feasible_bytes)
         return spec.fn(trace, exc.min_feasible_bytes, cost, seed=seed, **spec.defaults, **params)
-
-
-def resolve_budget(trace: Trace, budget: str | int | None) -> int:
-    """Budget in bytes; None means the unconstrained peak (no limit binds)."""
-    if budget is None:
-        return trace.peak_load_bytes
-    return parse_budget(budget, trace.peak_load_bytes)
 
 
 def infeasible(budget_bytes: int, min_feasible_bytes: int, planner: str) -> InfeasibleBudgetError:

@@ -6,7 +6,8 @@ Python API:
     solve(problem, allocator, ...) -> PoolResult for a PoolProblem (e.g. a minimalloc CSV)
 """
 
-from .api import PoolResult, known_allocators, layout, solve, with_pool
+from .allocators.base import known_allocators
+from .api import PoolResult, layout, solve, with_pool
 from .problem import PoolProblem, make_problem, read_minimalloc_csv
 
 __all__ = ["PoolResult", "PoolProblem", "known_allocators", "layout", "make_problem", "read_minimalloc_csv",

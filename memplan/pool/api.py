@@ -1,9 +1,5 @@
-"""`memplan.pool.layout`: lay out every buffer of a trace (optionally under a plan) in one pool.
-
-Offline allocators (SmartPool) return offsets; online allocator simulators (cnmem,
-caching, ...) return the peak memory they reserve and, where they place buffers in
-address space, offsets too (their regions laid end to end).
-"""
+"""`memplan.pool.layout`: lay out every buffer of a trace (optionally under a plan) in one pool,
+with any allocator of memplan.pool.allocators."""
 
 from __future__ import annotations
 
@@ -11,33 +7,20 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from ..errors import unknown_name
 from ..model import Plan, PoolSlot, Trace, check_plan
 from ..progress import time_limit_bar
+from .allocators.base import ALLOCATORS
 from .check import check_layout
+from .intervals import residency_problem
 from .problem import PoolProblem
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TIME_LIMIT_S = 10.0
 SEARCH_ALLOCATORS = ("smartpool",)  # allocators that search up to their time limit (a progress bar shows)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AllocatorOutcome:
-    """What one allocator function returns."""
-
-    footprint_bytes: int  # pool size (offline) or peak reserved memory (online)
-    offsets: np.ndarray | None = None  # byte offset per buffer; None when the allocator has no single address space
-    alloc_calls: int = 1  # device allocation calls (cudaMalloc) it makes per iteration
-    details: dict = field(default_factory=dict)  # allocator-specific facts (winning order, optimality, ...)
-
-
-AllocatorFn = Callable[..., AllocatorOutcome]  # fn(problem, *, time_limit_s, seed) -> AllocatorOutcome
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,29 +46,6 @@ class PoolResult:
                 "buffers": self.buffers, "alloc_calls": self.alloc_calls, "details": self.details}
 
 
-_ALLOCATORS: dict[str, tuple[AllocatorFn, str]] = {}
-
-
-def register_allocator(name: str, summary: str) -> Callable[[AllocatorFn], AllocatorFn]:
-    """Decorator: make `fn` available as allocator `name`."""
-
-    def wrap(fn: AllocatorFn) -> AllocatorFn:
-        _ALLOCATORS[name] = (fn, summary)
-        return fn
-
-    return wrap
-
-
-def known_allocators() -> dict[str, str]:
-    """Allocator names with a one-line summary each."""
-    _load()
-    return {name: summary for name, (_, summary) in sorted(_ALLOCATORS.items())}
-
-
-def _load() -> None:
-    from . import online, smart  # noqa: F401  (they register allocators)
-
-
 def solve(problem: PoolProblem, allocator: str = "smartpool", time_limit_s: float = DEFAULT_TIME_LIMIT_S,
           seed: int = 0, **options) -> PoolResult:
     """Run one allocator on a pool problem and validate its layout.
@@ -101,10 +61,7 @@ def solve(problem: PoolProblem, allocator: str = "smartpool", time_limit_s: floa
     Raises:
         UnknownNameError: unknown allocator.
     """
-    _load()
-    if allocator not in _ALLOCATORS:
-        raise unknown_name("allocator", allocator, _ALLOCATORS)
-    fn = _ALLOCATORS[allocator][0]
+    fn = ALLOCATORS.get(allocator).fn
     started = time.perf_counter()
     with time_limit_bar(f"pool {allocator}", time_limit_s) if allocator in SEARCH_ALLOCATORS \
             else contextlib.nullcontext():
@@ -140,8 +97,6 @@ def layout(trace: Trace, plan: Plan | None = None, allocator: str = "smartpool",
     Returns:
         The validated PoolResult; `slots` are the plan's PoolSlots.
     """
-    from .intervals import residency_problem
-
     if plan is not None:
         check_plan(trace, plan)
     return solve(residency_problem(trace, plan, cost), allocator, time_limit_s, seed, **options)

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from ..plots import save_figure
+from ..plots import pyplot, save_figure
 from .api import PoolResult
 
 MIB = 2**20
@@ -21,11 +21,8 @@ def plot_layout(result: PoolResult, path: str | os.PathLike, title: str | None =
         path: output PNG file.
         title: figure title (default: allocator, ratio and buffer count).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import PolyCollection
+    plt = pyplot()
+    from matplotlib.collections import PolyCollection  # loaded with pyplot (see memplan.plots.pyplot)
 
     p = result.problem
     scale = MIB if result.footprint_bytes >= 16 * MIB else 1

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .online import CNMEM_GRANULARITY, PoolExhausted, round_up, run_cnmem
+from .cnmem import CNMEM_GRANULARITY, PoolExhausted, run_cnmem
 from .problem import PoolProblem
+from .sequence import round_up
 
 MAX_RESTARTS = 10_000  # safety net; each restart grows the pool by at least one granule
 

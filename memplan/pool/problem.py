@@ -14,6 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import MemplanError
+from ..tracing.importers.minimalloc import read_minimalloc
 
 MINIMALLOC_COLUMNS = ("id", "lower", "upper", "size")
 
@@ -103,8 +104,6 @@ def read_minimalloc_csv(path: str | os.PathLike) -> PoolProblem:
     Raises:
         TraceFormatError: naming the file, line and bad field (the importer's checks).
     """
-    from ..tracing.importers.minimalloc import read_minimalloc
-
     rows = read_minimalloc(path).storages
     return make_problem([s.alloc_op for s in rows], [s.free_op for s in rows], [s.nbytes for s in rows],
                         names=[s.name for s in rows], source=str(path))

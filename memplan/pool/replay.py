@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..errors import MemplanError
 from .cbuild import build_library
@@ -202,8 +203,6 @@ def install_cuda_allocator() -> ReplayAllocator:
     global _INSTALLED
     if _INSTALLED is not None:
         return _INSTALLED
-    import torch
-
     if not torch.cuda.is_available():
         raise MemplanError("the pool allocator needs a CUDA device")
     alloc = ReplayAllocator("cuda")

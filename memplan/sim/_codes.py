@@ -4,6 +4,8 @@ bits, and the slots of the kernel's result vectors and program rows.
 Apart from the kernel so that importing them does not import numba (memplan.sim.kernel).
 """
 
+from ..model.program import ActionKind
+
 SWAP, RECOMPUTE = 0, 1
 NO_WRAP, HEAD_WRAP, TAIL_WRAP = 0, 1, 2
 D2H_COPY, H2D_COPY, EXTRA_WORK = 0, 1, 2  # kinds of recorded intervals (third column of `copies`)
@@ -14,5 +16,10 @@ N_FLOAT_RESULTS = 7
 # Indices into the int result vector.
 I_FEASIBLE, I_BAD_OP, I_SHORTFALL, I_PEAK, I_LINK, I_N_LOAD_EVENTS, I_N_HOST_EVENTS, I_N_PROGRAM = range(8)
 N_INT_RESULTS = 8
-# Step-program actions the kernel emits in execution order (memplan.model.program names them).
-A_RELEASE, A_PREFETCH, A_RECOMPUTE, A_WAIT, A_SWAP_OUT, A_DROP = range(6)
+# Step-program actions the kernel emits in execution order: the numbers of memplan.model.program.ActionKind.
+A_RELEASE = ActionKind.RELEASE.code
+A_PREFETCH = ActionKind.PREFETCH.code
+A_RECOMPUTE = ActionKind.RECOMPUTE.code
+A_WAIT = ActionKind.WAIT.code
+A_SWAP_OUT = ActionKind.SWAP_OUT.code
+A_DROP = ActionKind.DROP.code

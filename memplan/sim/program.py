@@ -11,41 +11,42 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..budget import budget_in_force
 from ..cost.model import Cost
 from ..errors import MemplanError
 from ..model import Plan, Trace
-from ..model.program import ACTION_KINDS, Action, ReplayStep, StepProgram
-from . import _codes as K
+from ..model.program import Action, ActionKind, Prediction, Rebuild, ReplayStep, StepProgram
 from .simulate import Simulator
 
-_KIND_NAMES = dict(zip((K.A_RELEASE, K.A_PREFETCH, K.A_RECOMPUTE, K.A_WAIT, K.A_SWAP_OUT, K.A_DROP), ACTION_KINDS))
 
-
-def compile_program(trace: Trace, plan: Plan, cost: Cost, budget_bytes: int | None = None,
-                    simulator: Simulator | None = None) -> StepProgram:
-    """The step program of `plan` under `budget_bytes` (default: the plan's own budget).
+def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator | None = None) -> StepProgram:
+    """The step program of `plan` under its own budget.
 
     Raises:
         MemplanError: the plan is for another trace, or it does not fit its budget.
     """
     if plan.trace_digest is not None and plan.trace_digest != trace.digest:
         raise MemplanError(f"plan was made for trace {plan.trace_digest}, not this one ({trace.digest})")
-    budget = plan.budget_bytes if budget_bytes is None else budget_bytes
+    budget, source = budget_in_force(None, plan.budget_bytes, trace.peak_load_bytes)
     result, rows, chains = (simulator or Simulator(trace, cost)).program_rows(plan, budget)
     if not result.feasible:
         raise MemplanError(f"the plan does not fit its budget of {budget} bytes: op {result.infeasible_op} is "
                            f"{result.shortfall_bytes} bytes short")
-    actions = tuple(Action(op=int(op), after=bool(after), kind=_KIND_NAMES[int(kind)], decision=int(d))
+    actions = tuple(Action(op=int(op), after=bool(after), kind=ActionKind.of_code(int(kind)), decision=int(d))
                     for op, after, kind, d in rows)
-    replays = {k: tuple(ReplayStep(storage=s.storage, ops=s.ops, temporary=s.temporary) for s in chain.steps)
-               for k, chain in chains.items()}
-    frees = {k: chain.frees for k, chain in chains.items() if chain.frees}
+    rebuilds = {k: Rebuild(steps=tuple(ReplayStep(storage=s.storage, ops=s.ops, temporary=s.temporary)
+                                       for s in chain.steps), frees=chain.frees)
+                for k, chain in chains.items()}
     start_away = tuple(k for k, d in enumerate(plan.decisions)
                        if d.action == "swap" and d.wraps and d.prefetch_at <= d.back_before)
-    source = "none" if budget is None else "plan" if budget_bytes is None else "given"
-    return StepProgram(decisions=plan.decisions, actions=actions, start_away=start_away, replays=replays, frees=frees,
+    predicted = Prediction(**replace(result, budget_bytes=budget, budget_source=source).summary())
+    return StepProgram(decisions=plan.decisions, actions=actions, start_away=start_away, rebuilds=rebuilds,
                        microbatches=plan.microbatches, budget_bytes=budget, trace_digest=trace.digest,
-                       predicted=replace(result, budget_bytes=budget, budget_source=source).summary())
+                       predicted=predicted)
+
+
+_FETCHES = (ActionKind.PREFETCH, ActionKind.RECOMPUTE)  # actions that bring a storage's bytes back
+_FREES = (ActionKind.RELEASE, ActionKind.DROP)  # actions that free them
 
 
 def residencies(trace: Trace, program: StepProgram) -> list[tuple[int, int, int, str]]:
@@ -82,12 +83,12 @@ def _intervals(s, actions, n: int, away_at_start: bool) -> list[tuple[int, int, 
     out, open_at, how, kept = [], (None if away_at_start else s.alloc_op), "plain", set()
     for a in actions:
         at = a.op + 1 if a.after else a.op
-        if a.kind in ("prefetch", "recompute") and open_at is not None:
+        if a.kind in _FETCHES and open_at is not None:
             kept.add(a.decision)
-        elif a.kind in ("prefetch", "recompute"):
+        elif a.kind in _FETCHES:
             open_at, how = at, "fetched"
-        elif a.kind in ("release", "drop") and a.decision not in kept and open_at is not None:
-            out.append((s.id, open_at, max(at, open_at + 1), "offload" if a.kind == "release" else how))
+        elif a.kind in _FREES and a.decision not in kept and open_at is not None:
+            out.append((s.id, open_at, max(at, open_at + 1), "offload" if a.kind == ActionKind.RELEASE else how))
             open_at = None
     if open_at is not None:
         out.append((s.id, open_at, min(max(s.free_op, open_at + 1), n), how))

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..budget import BudgetSource
+
 BREAKDOWN_KEYS = ("compute_s", "memory_stall_s", "prefetch_stall_s", "recompute_s", "sync_stall_s", "overlap_s")
 
 
@@ -34,7 +36,7 @@ class SimResult:
     op_start_s: np.ndarray | None = None  # start time of each op, when a timeline was asked for
     lanes: dict = field(default_factory=dict)  # per lane ("compute", "d2h", "h2d") a list of (start, end)
     budget_bytes: int | None = None  # the cap it was simulated under (None: no cap)
-    budget_source: str = "none"  # where that cap came from: "given" (by the caller), "plan" or "none"
+    budget_source: BudgetSource = BudgetSource.NONE  # where that cap came from
 
     @property
     def overhead(self) -> float:
@@ -57,5 +59,5 @@ class SimResult:
             "infeasible_op": self.infeasible_op,
             "shortfall_bytes": int(self.shortfall_bytes),
             "budget_bytes": self.budget_bytes,
-            "budget_source": self.budget_source,
+            "budget_source": str(self.budget_source),
         }

@@ -51,10 +51,10 @@ from types import ModuleType
 
 import numpy as np
 
+from ..budget import Budget, budget_given, budget_in_force
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile, profile_from_json
 from ..model import Plan, Trace, check_plan, expect_trace
-from ..units import parse_budget
 from . import _codes as K
 from .kernel import compiled
 from .chains import plan_chains
@@ -62,14 +62,15 @@ from .convview import conv_view
 from .memo import ProbeMemo
 from .result import SimResult
 
-UNLIMITED = np.iinfo(np.int64).max // 4
+NO_CAP_BYTES = np.iinfo(np.int64).max // 4  # the cap the kernel runs under without a budget
 DEFAULT_DEVICE = "h100"  # the profile of a simulation given none, of a plan that records none
 NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
 RECENT_CHAINS = 4096  # plans' recompute chains kept by their recompute decisions
 
 
 def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile | None = None,
-             budget: str | int | float | None = None, cost: Cost | None = None, timeline: bool = False) -> SimResult:
+             budget: Budget | str | int | float | None = None, cost: Cost | None = None,
+             timeline: bool = False) -> SimResult:
     """Simulate one iteration of `trace` under `plan` and `budget`.
 
     Args:
@@ -91,12 +92,10 @@ def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile
     if plan is not None:
         check_plan(trace, plan)
     cost = cost or Cost.for_trace(trace, simulation_device(plan, device)[0])
-    budget_bytes, source = simulation_budget(trace, plan, budget)
+    own = None if plan is None else plan.budget_bytes
+    budget_bytes, source = budget_in_force(budget_given(budget), own, trace.peak_load_bytes)
     result = Simulator(trace, cost).run(plan, budget_bytes, timeline=timeline)
     return replace(result, budget_bytes=budget_bytes, budget_source=source)
-
-
-NO_CAP = "none"  # the budget that asks for no cap even when the plan has a budget
 
 
 def simulation_device(plan: Plan | None, device: str | DeviceProfile | None) -> tuple[str | DeviceProfile, str]:
@@ -111,17 +110,6 @@ def simulation_device(plan: Plan | None, device: str | DeviceProfile | None) -> 
     if plan is not None and plan.device:
         return profile_from_json(plan.device, "the plan's device profile"), "plan"
     return DEFAULT_DEVICE, "default"
-
-
-def simulation_budget(trace: Trace, plan: Plan | None, budget) -> tuple[int | None, str]:
-    """(cap in bytes or None, where it came from: "given", "plan" or "none") for `simulate`."""
-    if isinstance(budget, str) and budget.strip().lower() == NO_CAP:
-        return None, "none"
-    if budget is not None:
-        return parse_budget(budget, trace.peak_load_bytes), "given"
-    if plan is not None and plan.budget_bytes is not None:
-        return int(plan.budget_bytes), "plan"
-    return None, "none"
 
 
 class Simulator:
@@ -177,7 +165,7 @@ class Simulator:
             return self._view_of(microbatches)._simulate(replace(plan, microbatches=()), budget_bytes, timeline, emit)
         decisions = plan.decisions if plan else ()
         arrays, chains = self._plan_arrays(decisions)
-        budget = UNLIMITED if budget_bytes is None else int(budget_bytes)
+        budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
         floats, ints, *recorded, rows = self._kernel.run_kernel(
             self._durations, self.trace.nbytes, self._birth_ptr, self._birth_ids, self._death_ptr,
             self._death_ids, *arrays, budget, timeline, emit)

@@ -39,59 +39,29 @@ Rules (one `Violation.kind` constant each):
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
-import numpy as np
-
+from ..budget import Budget, budget_given, budget_in_force
 from ..model import Decision, Plan, Trace, expect_trace
-from ..units import format_bytes, parse_budget
+from .validate_memory import (check_budget, check_pool, check_pool_budget, conv_temps, residency_intervals,
+                              static_load)
+from .violations import (BAD_CONV_DECISION, BAD_TRIGGER, BAD_WRAP, ENGINE_OWNED, KINDS, NOT_RECOMPUTABLE,
+                         OUT_OF_LIFETIME, OVER_BUDGET, OVERLAP_WRITES, OVERLAPPING_GAPS, POOL_MISSING_SLOT,
+                         POOL_OUT_OF_RANGE, POOL_OVER_BUDGET, POOL_OVERLAP, POOL_STRAY_SLOT, READ_WHILE_ABSENT,
+                         RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, UNKNOWN_STORAGE, WRONG_TRACE, Violation)
 
-UNKNOWN_STORAGE = "unknown_storage"
-OUT_OF_LIFETIME = "out_of_lifetime"
-BAD_WRAP = "bad_wrap"
-WRONG_TRACE = "wrong_trace"
-READ_WHILE_ABSENT = "read_while_absent"
-BAD_TRIGGER = "bad_trigger"
-OVERLAPPING_GAPS = "overlapping_gaps"
-NOT_RECOMPUTABLE = "not_recomputable"
-RECOMPUTE_INPUT_ABSENT = "recompute_input_absent"
-RECOMPUTE_INPUT_OVERWRITTEN = "recompute_input_overwritten"
-POOL_MISSING_SLOT = "pool_missing_slot"
-POOL_STRAY_SLOT = "pool_stray_slot"
-POOL_OVERLAP = "pool_overlap"
-POOL_OUT_OF_RANGE = "pool_out_of_range"
-OVER_BUDGET = "over_budget"
-POOL_OVER_BUDGET = "pool_over_budget"
-BAD_CONV_DECISION = "bad_conv_decision"
-OVERLAP_WRITES = "overlap_writes"
-ENGINE_OWNED = "engine_owned"
+__all__ = ["BAD_CONV_DECISION", "BAD_TRIGGER", "BAD_WRAP", "ENGINE_OWNED", "KINDS", "NOT_RECOMPUTABLE", "OUT_OF_LIFETIME",
+           "OVER_BUDGET", "OVERLAP_WRITES", "OVERLAPPING_GAPS", "POOL_MISSING_SLOT", "POOL_OUT_OF_RANGE",
+           "POOL_OVER_BUDGET", "POOL_OVERLAP", "POOL_STRAY_SLOT", "READ_WHILE_ABSENT", "RECOMPUTE_INPUT_ABSENT",
+           "RECOMPUTE_INPUT_OVERWRITTEN", "UNKNOWN_STORAGE", "WRONG_TRACE", "Violation", "residency_intervals",
+           "static_load", "validate"]
 
-KINDS = (UNKNOWN_STORAGE, OUT_OF_LIFETIME, BAD_WRAP, WRONG_TRACE, READ_WHILE_ABSENT, BAD_TRIGGER,
-         OVERLAPPING_GAPS, NOT_RECOMPUTABLE, RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, POOL_MISSING_SLOT,
-         POOL_STRAY_SLOT, POOL_OVERLAP, POOL_OUT_OF_RANGE, OVER_BUDGET, POOL_OVER_BUDGET, BAD_CONV_DECISION,
-         OVERLAP_WRITES, ENGINE_OWNED)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Violation:
-    """One rule a plan breaks."""
-
-    kind: str  # one of KINDS
-    storage: int | None  # the storage concerned, where there is one
-    op: int | None  # the op where it happens, where there is one
-    message: str  # one readable line
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.message}"
-
-
-def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[Violation]:
+def validate(trace: Trace, plan: Plan, budget: Budget | int | str | float | None = None) -> list[Violation]:
     """Every rule `plan` breaks on `trace` (see the module docstring); [] when valid.
 
     Args:
         trace: the trace the plan is for.
         plan: the plan to check.
-        budget: bytes or a budget string ("8GiB", "60%"); None uses `plan.budget_bytes`
+        budget: bytes or a budget string ("8GiB", "60%", "none"); None uses `plan.budget_bytes`
             (and skips the budget check when that is None too).
     Returns:
         The violations, structural ones first.
@@ -113,12 +83,12 @@ def validate(trace: Trace, plan: Plan, budget: int | str | None = None) -> list[
         _check_overlaps(trace, sid, decisions, out)
     _check_recomputes(trace, good, by_storage, out)
     if plan.pool or plan.pool_bytes is not None:
-        _check_pool(trace, plan, by_storage, out)
-    temps = _conv_temps(trace, plan.microbatches, out)
-    budget_bytes = plan.budget_bytes if budget is None else parse_budget(budget, trace.peak_load_bytes)
+        check_pool(trace, plan, by_storage, out)
+    temps = conv_temps(trace, plan.microbatches, out)
+    budget_bytes, _ = budget_in_force(budget_given(budget), plan.budget_bytes, trace.peak_load_bytes)
     if budget_bytes is not None:
-        _check_budget(trace, good, budget_bytes, out, temps)
-        _check_pool_budget(plan.pool_bytes, budget_bytes, out)
+        check_budget(trace, good, budget_bytes, out, temps)
+        check_pool_budget(plan.pool_bytes, budget_bytes, out)
     return out
 
 
@@ -319,148 +289,3 @@ class _Rebuilder:
     def _fail_path(self, stack: list, t: int, culprit: int) -> None:
         for node, _ in stack:
             self.memo[(node, t)] = culprit
-
-
-# --- pool -------------------------------------------------------------------------------------
-
-
-def residency_intervals(trace: Trace, sid: int, decisions: list[Decision]) -> list[tuple[int, int]]:
-    """Half-open op ranges [start, end) during which storage `sid` occupies device memory.
-
-    With decisions sorted by out_after: [alloc_op, d1.out_after+1), [d1.prefetch_at,
-    d2.out_after+1), ..., [dk.prefetch_at, free_op); a wrap-around gap makes the span from
-    its prefetch to the first release one interval, split at the iteration boundary.
-
-    Args:
-        trace: the trace.
-        sid: the storage id.
-        decisions: its decisions, valid and sorted by out_after.
-    Returns:
-        The non-empty intervals, in op order of their start.
-    """
-    s, n = trace.storages[sid], trace.num_steps
-    wrap = next((d for d in decisions if d.wraps), None)
-    plain = [d for d in decisions if not d.wraps]
-    starts = [s.alloc_op] + [d.prefetch_at for d in plain]
-    ends = [d.out_after + 1 for d in plain] + [s.free_op]
-    if wrap is not None:
-        starts[0], ends[-1] = wrap.prefetch_at, wrap.out_after + 1
-        if wrap.prefetch_at > wrap.out_after:  # prefetched before the boundary: split there
-            starts[0] = 0
-            starts.append(wrap.prefetch_at)
-            ends.append(n)
-    return sorted((a, b) for a, b in zip(starts, ends) if a < b)
-
-
-def _check_pool(trace: Trace, plan: Plan, by_storage: dict[int, list[Decision]], out: list[Violation]) -> None:
-    slots = {(p.storage, p.start): p.offset for p in plan.pool}
-    spans: list[tuple[int, int, int, int, int]] = []  # (start, end, offset, nbytes, storage)
-    for s in trace.storages:
-        if s.nbytes == 0:
-            continue
-        for start, end in residency_intervals(trace, s.id, by_storage.get(s.id, [])):
-            offset = slots.pop((s.id, start), None)
-            if offset is None:
-                out.append(Violation(kind=POOL_MISSING_SLOT, storage=s.id, op=start,
-                                     message=f"storage {s.id} resident from op {start} has no pool slot"))
-                continue
-            spans.append((start, end, offset, s.nbytes, s.id))
-            _check_range(plan.pool_bytes, s.id, start, offset, s.nbytes, out)
-    for (sid, start), _ in sorted(slots.items()):
-        out.append(Violation(kind=POOL_STRAY_SLOT, storage=sid, op=start,
-                             message=f"pool slot for storage {sid} at op {start} matches no residency interval"))
-    _check_slot_overlaps(spans, out)
-
-
-def _check_range(pool_bytes: int | None, sid: int, start: int, offset: int, nbytes: int,
-                 out: list[Violation]) -> None:
-    if offset < 0 or (pool_bytes is not None and offset + nbytes > pool_bytes):
-        out.append(Violation(kind=POOL_OUT_OF_RANGE, storage=sid, op=start,
-                             message=f"storage {sid} at op {start}: slot [{offset}, {offset + nbytes}) is "
-                                     f"outside the pool of {pool_bytes} bytes"))
-
-
-def _check_slot_overlaps(spans: list[tuple[int, int, int, int, int]], out: list[Violation]) -> None:
-    """At every interval start, sort the live slots by offset: any overlap shows between neighbours."""
-    if not spans:
-        return
-    arr = np.array(spans, dtype=np.int64)
-    seen: set[tuple[int, int]] = set()
-    for t in np.unique(arr[:, 0]):
-        live = arr[(arr[:, 0] <= t) & (t < arr[:, 1])]
-        live = live[np.lexsort((live[:, 2] + live[:, 3], live[:, 2]))]
-        clash = np.nonzero(live[:-1, 2] + live[:-1, 3] > live[1:, 2])[0]
-        for i in clash:
-            a, b = live[i], live[i + 1]
-            pair = (int(min(a[4], b[4])), int(max(a[4], b[4])))
-            if pair in seen:
-                continue
-            seen.add(pair)
-            out.append(Violation(kind=POOL_OVERLAP, storage=int(b[4]), op=int(t),
-                                 message=f"at op {int(t)} storages {int(a[4])} [{a[2]}, {a[2] + a[3]}) and "
-                                         f"{int(b[4])} [{b[2]}, {b[2] + b[3]}) share pool bytes"))
-
-
-# --- budget -----------------------------------------------------------------------------------
-
-
-def static_load(trace: Trace, decisions: list[Decision]) -> np.ndarray:
-    """Bytes resident while each op runs under `decisions`, copies and recomputes taking no time.
-
-    A storage is released right after out_after and allocated again at its prefetch op
-    (swap) or back_before (recompute): a lower bound on the load any schedule reaches.
-
-    Args:
-        trace: the trace.
-        decisions: structurally valid decisions.
-    Returns:
-        An int64 array of length `trace.num_steps`.
-    """
-    n = trace.num_steps
-    delta = np.zeros(n + 1, dtype=np.int64)
-    for d in decisions:
-        nbytes = int(trace.storages[d.storage].nbytes)
-        for lo, hi in d.away_ranges(n, until=d.prefetch_at):
-            delta[lo] -= nbytes
-            delta[hi] += nbytes
-    return trace.load + np.cumsum(delta)[:n]
-
-
-def _check_pool_budget(pool_bytes: int | None, budget_bytes: int, out: list[Violation]) -> None:
-    if pool_bytes is not None and pool_bytes > budget_bytes:
-        out.append(Violation(kind=POOL_OVER_BUDGET, storage=None, op=None,
-                             message=f"the pool needs {format_bytes(pool_bytes)} ({pool_bytes} bytes), over the "
-                                     f"budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes)"))
-
-
-def _conv_temps(trace: Trace, microbatches, out: list[Violation]) -> np.ndarray:
-    """Temporary bytes per op of the well-formed conv decisions; the others become violations."""
-    temps = np.zeros(trace.num_steps, dtype=np.int64)
-    kernels: dict[int, list[str]] = {}
-    for m in microbatches:
-        conv = trace.ops[m.op].conv if 0 <= m.op < len(trace.ops) else None
-        if conv is None or m.kernel not in conv.kernels or sum(m.sizes) != conv.n:
-            out.append(Violation(kind=BAD_CONV_DECISION, storage=None, op=m.op,
-                                 message=f"op {m.op} has no {m.kernel} kernel of batch {sum(m.sizes)}"))
-            continue
-        kernels.setdefault(m.op, []).append(m.kernel)
-        temps[m.op] = max(int(temps[m.op]), m.workspace_bytes + m.accumulator_bytes)
-    for op, decided in kernels.items():
-        if sorted(decided) != sorted(trace.ops[op].conv.kernels):
-            out.append(Violation(kind=BAD_CONV_DECISION, storage=None, op=op,
-                                 message=f"op {op} runs {trace.ops[op].conv.kernels}, the plan decides {decided}"))
-    return temps
-
-
-def _check_budget(trace: Trace, good: list[Decision], budget_bytes: int, out: list[Violation],
-                  temps: np.ndarray) -> None:
-    if not trace.num_steps:
-        return
-    load = static_load(trace, good) + temps
-    over = np.nonzero(load > budget_bytes)[0]
-    if over.size:
-        op = int(over[0])
-        out.append(Violation(kind=OVER_BUDGET, storage=None, op=op,
-                             message=f"static load at op {op} is {format_bytes(int(load[op]))} "
-                                     f"({int(load[op])} bytes), over the budget of {format_bytes(budget_bytes)} "
-                                     f"({budget_bytes} bytes); peak static load {int(load.max())} bytes"))

@@ -18,8 +18,7 @@ Each (trace, budget) plan is computed once per class and reused by all tests.
 What is checked, for every trace and budget:
 - the plan validates (`memplan.sim.validate.validate(trace, plan) == []`, budget included);
 - the simulated peak load is within the budget and the simulation is feasible, or the
-  planner raised `InfeasibleBudgetError` whose `min_feasible_bytes` exceeds the budget
-  (the simulator test is skipped until `memplan.sim.simulate` exists);
+  planner raised `InfeasibleBudgetError` whose `min_feasible_bytes` exceeds the budget;
 - the same seed gives the same plan (decisions, pool and micro-batches equal);
 - the plan's metadata (planner, budget_bytes, trace_digest, seed) is filled in;
 - budgets listed in `must_fit` (default "100%", the unconstrained peak) never raise.
@@ -27,16 +26,14 @@ What is checked, for every trace and budget:
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, ClassVar
 
-import pytest
-
+from ..budget import parse_budget
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError
-from ..planners.base import plan as make_plan
-from ..planners.base import resolve_budget
 from ..model import Plan, Trace
+from ..planners.base import plan as make_plan
+from ..sim.simulate import simulate
 from ..sim.validate import validate
 from .synthetic import MIB, chain_trace
 
@@ -116,7 +113,7 @@ class PlannerConformance:
     def test_infeasible_names_a_larger_minimum(self):
         for _, budget, trace, _, result in self.cases():
             if isinstance(result, InfeasibleBudgetError):
-                asked = resolve_budget(trace, budget)
+                asked = parse_budget(budget).bytes_for(trace.peak_load_bytes)
                 assert result.budget_bytes == asked
                 assert result.min_feasible_bytes > asked, f"{self.planner} at {budget}: {result}"
 
@@ -127,7 +124,6 @@ class PlannerConformance:
                 assert isinstance(result, Plan), f"{self.planner} at {budget}: {result}"
 
     def test_simulated_peak_within_budget(self):
-        simulate = _simulator()
         for budget, trace, cost, plan in self.plans():
             result = simulate(trace, plan, cost=cost, budget=plan.budget_bytes)
             assert result.feasible, f"{self.planner} at {budget}: infeasible at op {result.infeasible_op}"
@@ -153,7 +149,7 @@ class PlannerConformance:
     def test_metadata_is_filled(self):
         for budget, trace, _, plan in self.plans():
             assert plan.planner == self.planner
-            assert plan.budget_bytes == resolve_budget(trace, budget)
+            assert plan.budget_bytes == parse_budget(budget).bytes_for(trace.peak_load_bytes)
             assert plan.trace_digest == trace.digest
             assert plan.seed == self.seed
             assert plan.params == dict(self.params)
@@ -162,14 +158,3 @@ class PlannerConformance:
 def sorted_decisions(plan: Plan) -> list:
     """A plan's decisions in a canonical order, for comparing two plans."""
     return sorted(plan.decisions, key=lambda d: (d.storage, d.out_after, d.back_before, d.action))
-
-
-def _simulator():
-    """`memplan.sim.simulate.simulate`, or skip while it has not landed."""
-    try:
-        module = importlib.import_module("memplan.sim.simulate")
-    except ModuleNotFoundError as exc:
-        if exc.name != "memplan.sim.simulate":
-            raise
-        pytest.skip("memplan.sim.simulate has not landed yet")
-    return module.simulate

@@ -20,10 +20,11 @@ with its defaults), so a planner registered later is covered without editing any
 
 from __future__ import annotations
 
+from ..budget import parse_budget
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, NeedsOpsError
 from ..model import Plan, Trace
-from ..planners.base import get_planner, plan, resolve_budget
+from ..planners.base import get_planner, plan
 from ..sim.simulate import simulate
 from ..sim.validate import validate
 
@@ -64,7 +65,7 @@ def check_planner(trace: Trace, planner: str, budget, *, cost: Cost | None = Non
         Exception: whatever the planner raised besides the documented errors.
     """
     cost = cost or Cost.for_trace(trace, "h100")
-    budget_bytes = resolve_budget(trace, budget)
+    budget_bytes = parse_budget(budget).bytes_for(trace.peak_load_bytes)
     try:
         result = plan(trace, budget, planner=planner, cost=cost, seed=seed, simulate_result=False,
                       **fast_params(planner))

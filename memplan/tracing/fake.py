@@ -27,6 +27,7 @@ import warnings
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.utils import _foreach_utils
 from torch.utils._pytree import tree_leaves, tree_map
 
 log = logging.getLogger(__name__)
@@ -108,9 +109,7 @@ def optimizer_as_on_device(optimizer):
     block, every param group that leaves `foreach` to torch gets the value torch would pick
     for real tensors on the same devices; the groups are put back afterwards.
     """
-    from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
-
-    supported = set(_get_foreach_kernels_supported_devices())
+    supported = set(_foreach_utils._get_foreach_kernels_supported_devices())
     changed = []
     for group in getattr(optimizer, "param_groups", ()):
         if "foreach" not in group or group["foreach"] is not None or group.get("fused") or group.get("differentiable"):

@@ -16,8 +16,11 @@ import os
 from pathlib import Path
 
 from ..errors import MemplanError, TraceFormatError, unknown_name
-from .io import read_trace
 from ..model import SCHEMA, Trace
+from .importers.dtr import read_dtr_log
+from .importers.minimalloc import looks_like_minimalloc, read_minimalloc
+from .importers.snapshot import read_snapshot
+from .io import read_trace
 
 FORMATS = ("memplan", "snapshot", "dtr", "minimalloc")
 SNIFF_BYTES = 1 << 16  # enough of the start of a file to tell the formats apart
@@ -80,8 +83,6 @@ def _sniff(path: Path) -> str | None:
 
 
 def _format_of_line(first: str) -> str | None:
-    from .importers.minimalloc import looks_like_minimalloc
-
     if looks_like_minimalloc(first):
         return "minimalloc"
     if not first.startswith("{"):
@@ -115,20 +116,14 @@ def _format_of_json_file(text: str) -> str | None:
 
 
 def _read_snapshot(path: Path) -> Trace:
-    from .importers.snapshot import read_snapshot
-
     return read_snapshot(path)
 
 
 def _read_dtr(path: Path) -> Trace:
-    from .importers.dtr import read_dtr_log
-
     return read_dtr_log(path)
 
 
 def _read_minimalloc(path: Path) -> Trace:
-    from .importers.minimalloc import read_minimalloc
-
     return read_minimalloc(path)
 
 

@@ -21,43 +21,45 @@ from ..exec.pooled import PoolSession
 from ..planners.base import get_planner
 from ..pool.replay import install_cuda_allocator, installed_cuda_allocator
 from ..pool.requests import step_requests
+from .allocator_names import AllocatorMode
 
-ALLOCATORS = ("auto", "caching", "expandable", "pool")
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"  # a user's own allocator settings: `auto` leaves them alone
+ALLOCATORS = AllocatorMode.names()
 
 
-def choose_allocator(name: str, *, planner: str, device, baseline: str | None = None) -> str:
-    """The allocator a run uses: "caching", "expandable" or "pool".
+def choose_allocator(name: str, *, planner: str, device, baseline: str | None = None) -> AllocatorMode:
+    """The allocator a run uses: caching, expandable or pool.
 
     Raises:
         MemplanError: an unknown name, or one that cannot serve this run.
     """
     if name not in ALLOCATORS:
         raise MemplanError(f"unknown allocator {name!r}; known: {', '.join(ALLOCATORS)}")
-    cuda = torch.device(device).type == "cuda"
-    if name == "auto":
-        if cuda and not baseline and "pool" in get_planner(planner).decides:
-            return "pool"
-        return "expandable" if cuda and ALLOC_CONF not in os.environ else "caching"
-    if name != "caching" and not cuda:
+    mode, cuda = AllocatorMode(name), torch.device(device).type == "cuda"
+    pooled_plan = not baseline and "pool" in get_planner(planner).decides
+    if mode == AllocatorMode.AUTO:
+        if cuda and pooled_plan:
+            return AllocatorMode.POOL
+        return AllocatorMode.EXPANDABLE if cuda and ALLOC_CONF not in os.environ else AllocatorMode.CACHING
+    if mode != AllocatorMode.CACHING and not cuda:
         raise MemplanError(f"--allocator {name} replaces PyTorch's CUDA allocator: it needs --device cuda")
-    if name == "pool" and baseline:
+    if mode == AllocatorMode.POOL and baseline:
         raise MemplanError(f"--allocator pool serves a plan's layout; --baseline {baseline} runs no plan")
-    if name == "pool" and "pool" not in get_planner(planner).decides:
+    if mode == AllocatorMode.POOL and not pooled_plan:
         raise MemplanError(f"--allocator pool needs a plan with a pool layout; planner {planner!r} lays out none "
                            f"(try {planner}+smartpool or smartpool)")
-    return name
+    return mode
 
 
-def install_allocator(mode: str) -> None:
+def install_allocator(mode: AllocatorMode) -> None:
     """Put allocator `mode` in place for this process (before its first CUDA allocation).
 
     "expandable" sets PyTorch's `expandable_segments:True` for the rest of the process, as
     PYTORCH_CUDA_ALLOC_CONF would; "pool" makes the replay allocator PyTorch's CUDA allocator.
     """
-    if mode == "expandable":
+    if mode == AllocatorMode.EXPANDABLE:
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
-    elif mode == "pool":
+    elif mode == AllocatorMode.POOL:
         install_cuda_allocator()
 
 
@@ -70,11 +72,11 @@ def attach_pool(step) -> PoolSession:
     return session.attach(step.runtime)
 
 
-def allocator_report(mode: str, session: PoolSession | None, records: list[dict]) -> dict:
+def allocator_report(mode: AllocatorMode, session: PoolSession | None, records: list[dict]) -> dict:
     """`allocator` and `pool` for a run's JSON; a pooled run's step records get the pool's
     reserved bytes (`measured_peak_reserved_bytes`), which torch cannot count for it."""
     if session is None:
-        return {"allocator": mode, "pool": None}
+        return {"allocator": str(mode), "pool": None}
     for record, pooled in zip(records, session.steps):
         record["measured_peak_reserved_bytes"] = pooled["peak_reserved_bytes"]
-    return {"allocator": mode, "pool": session.report()}
+    return {"allocator": str(mode), "pool": session.report()}

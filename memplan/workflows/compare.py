@@ -26,57 +26,33 @@ The report (Markdown and one PNG per model) is `memplan.workflows.compare_report
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
+
+from ..budget import UNLIMITED, parse_budget
+from ..cost.calibrate import calibrate
+from ..cost.calibrate_cpu import calibrate_cpu
+from ..cost.profiles import get_profile, profile_to_json
 from ..errors import MemplanError
 from ..fileio import atomic_write_text, make_output_folder, read_text
+from ..planners.base import get_planner, plan
 from ..progress import progress_bar
+from ..zoo.registry import check_model_name
+from .compare_settings import (CPU_PROFILE, CPU_PROFILE_FILE, GPU_PROFILE, GPU_PROFILE_FILE, METERED_STEPS, NO_BUDGET,
+                               PLANNER_PARAMS, TOOL_PREFIX, CompareSettings)
+from .maxbatch import max_batch
+from .run import check_baseline, run_workload
+from .workloads import trace_workload
 
 log = logging.getLogger(__name__)
 
 CACHE_NAME = "compare.json"
 CACHE_SCHEMA = "memplan.compare"
-DEFAULT_MODELS = ("resnet18-cifar", "vgg11-cifar")
-DEFAULT_SIM_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "save-on-cpu", "autoswap:doa", "autoswap:swdoa",
-                        "capuchin", "superneurons", "home:fast", "dtr", "milp")
-DEFAULT_RUN_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
-DEFAULT_BASELINES = ("torch-checkpoint", "sac-compute", "save-on-cpu", "compile-budget:0.5")
-DEFAULT_MAXBATCH_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "capuchin", "dtr")
-DEFAULT_BUDGETS = ("70%", "50%")
-# Search planners get a short limit so the default comparison stays bounded.
-CPU_PROFILE = "cpu"  # run_profile meaning "this CPU, calibrated" (`calibrate --device cpu`)
-CPU_PROFILE_FILE = "cpu_profile.json"
-GPU_PROFILE = "gpu"  # run_profile meaning "this GPU, calibrated" (`memplan calibrate`), with device cuda
-GPU_PROFILE_FILE = "gpu_profile.json"
-TOOL_PREFIX = "torch:"  # a measured point of PyTorch's own tool, not of a memplan planner
-PLANNER_PARAMS = {"home:fast": {"time_limit_s": 5.0}, "home": {"time_limit_s": 5.0}, "milp": {"time_limit_s": 10.0}}
-NO_BUDGET = "-"  # the budget of a PyTorch tool that ignores it
-METERED_STEPS = 2  # steps of a measured point run under the meter (its peak); the rest are timed without it
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompareSettings:
-    """What one comparison covers."""
-
-    models: tuple[str, ...] = DEFAULT_MODELS  # zoo model names
-    sim_planners: tuple[str, ...] = DEFAULT_SIM_PLANNERS  # planners simulated on fake traces
-    run_planners: tuple[str, ...] = DEFAULT_RUN_PLANNERS  # planners measured on CPU (none always added)
-    baselines: tuple[str, ...] = DEFAULT_BASELINES  # PyTorch tools measured on CPU
-    maxbatch_planners: tuple[str, ...] = DEFAULT_MAXBATCH_PLANNERS  # planners whose largest batch is searched
-    budgets: tuple[str, ...] = DEFAULT_BUDGETS  # shares of the unplanned peak
-    sim_batch: int = 64  # batch of the simulated traces
-    run_batch: int = 8  # batch of the measured runs
-    steps: int = 5  # measured steps per run (the first is a warm-up)
-    profile: str = "h100"  # cost-model profile of the simulated points
-    run_profile: str = CPU_PROFILE  # profile the measured points plan with (CPU_PROFILE, GPU_PROFILE: calibrate)
-    device: str = "cpu"  # where the measured points train: "cpu", or a CUDA device ("cuda", "cuda:1")
-    memory_cap: int | None = None  # emulate a device this large for the measured points (run --memory-cap)
-    maxbatch_memory: int | None = None  # the cap of the maxbatch search; None: the unplanned peak at sim_batch
-    maxbatch_limit: int = 256  # largest batch the search tries
-    seed: int = 0  # planner and training seed
 
 
 @dataclass(frozen=True)
@@ -179,19 +155,13 @@ def check_settings(s: CompareSettings) -> None:
     Raises:
         MemplanError: the first option that is wrong, naming it.
     """
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
-    from ..units import check_budget
-    from ..zoo.registry import check_model_name
-    from .run import check_baseline
-
     for option, values in (("--models", s.models), ("--budgets", s.budgets)):
         if not values:
             raise MemplanError(f"{option}: give at least one")
     for model in s.models:
         check_model_name(model)
     for budget in s.budgets:
-        check_budget(budget)
+        parse_budget(budget)
     for tool in s.baselines:
         check_baseline(tool)
     for name in {*s.sim_planners, *s.run_planners, *s.maxbatch_planners}:
@@ -203,8 +173,6 @@ def check_settings(s: CompareSettings) -> None:
 
 def check_device(s: CompareSettings) -> None:
     """Raise MemplanError when the measured points cannot run where `s` says."""
-    import torch
-
     try:
         device = torch.device(s.device)
     except (RuntimeError, ValueError):
@@ -223,10 +191,6 @@ def _with_run_profile(s: CompareSettings, folder: Path) -> CompareSettings:
     folder (a resumed comparison plans its remaining measured points on the same profile)."""
     if s.run_profile not in (CPU_PROFILE, GPU_PROFILE):
         return s
-    from dataclasses import replace
-
-    from ..cost.profiles import profile_to_json
-
     path = folder / (CPU_PROFILE_FILE if s.run_profile == CPU_PROFILE else GPU_PROFILE_FILE)
     if not path.exists():
         atomic_write_text(path, json.dumps(profile_to_json(_calibrated(s)), indent=1) + "\n")
@@ -236,13 +200,7 @@ def _with_run_profile(s: CompareSettings, folder: Path) -> CompareSettings:
 def _calibrated(s: CompareSettings):
     """The calibration `s.run_profile` names: this CPU's, or that of the GPU in `s.device`."""
     if s.run_profile == CPU_PROFILE:
-        from ..cost.calibrate_cpu import calibrate_cpu
-
         return calibrate_cpu()
-    import torch
-
-    from ..cost.calibrate import calibrate
-
     return calibrate(torch.device(s.device).index or 0)
 
 
@@ -253,8 +211,6 @@ def _source(task: Task, s: CompareSettings) -> str:
 
 def device_name(device: str) -> str:
     """"CPU", or the GPU's name ("NVIDIA H100 80GB HBM3")."""
-    import torch
-
     device_ = torch.device(device)
     return "CPU" if device_.type == "cpu" else torch.cuda.get_device_name(device_)
 
@@ -270,11 +226,8 @@ def compute_point(task: Task, settings: CompareSettings) -> dict:
 
 
 def _simulated(task: Task, s: CompareSettings) -> dict:
-    from ..planners.base import plan
-    from .workloads import trace_workload
-
     trace = trace_workload(task.model, task.batch, fake=True)
-    budget = None if task.budget == NO_BUDGET else task.budget
+    budget = UNLIMITED if task.budget == NO_BUDGET else task.budget
     result = plan(trace, budget, planner=task.method, device=s.profile, seed=s.seed,
                   **PLANNER_PARAMS.get(task.method, {}))
     p = result.predicted
@@ -283,10 +236,8 @@ def _simulated(task: Task, s: CompareSettings) -> dict:
 
 
 def _measured(task: Task, s: CompareSettings) -> dict:
-    from .run import run_workload
-
     baseline = task.method.removeprefix(TOOL_PREFIX) if task.method.startswith(TOOL_PREFIX) else None
-    budget = None if task.budget == NO_BUDGET else task.budget
+    budget = UNLIMITED if task.budget == NO_BUDGET else task.budget
     # Peaks from metered steps; times from unmetered ones (the CPU meter's bookkeeping on every
     # op would weigh more on plans that run more ops).
     metered = min(s.steps, METERED_STEPS)
@@ -304,19 +255,12 @@ def _measured(task: Task, s: CompareSettings) -> dict:
 def _release_cached_memory(device: str) -> None:
     """On a GPU, hand back what the point's run left in the caching allocator, so the next
     point's peak counts its own memory only (the counters are per process)."""
-    import gc
-
-    import torch
-
     if torch.device(device).type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
 
 
 def _maxbatch(task: Task, s: CompareSettings) -> dict:
-    from .maxbatch import max_batch
-    from .workloads import trace_workload
-
     memory = s.maxbatch_memory or trace_workload(task.model, s.sim_batch, fake=True).peak_load_bytes
     out = max_batch(task.model, memory, planner=task.method, device="cpu", profile=s.profile, limit=task.batch)
     return {"max_batch": out["max_batch"], "memory_bytes": int(memory)}

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..fileio import atomic_write_text
+from ..plots import save_figure, subplots
 from ..units import format_bytes
 
 REPORT_NAME = "compare.md"
@@ -104,14 +105,7 @@ def _maxbatch_table(points: list[dict]) -> list[str]:
 
 def plot_model(model: str, sim: list[dict], run: list[dict], path: Path) -> None:
     """Two panels, simulated and measured: overhead against peak per method, the Pareto front as a line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..plots import save_figure
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, axes = subplots(1, 2, figsize=(13, 4.8))
     for ax, points, title in ((axes[0], sim, "simulated"), (axes[1], run, run[0]["source"] if run else "measured")):
         _panel(ax, [p for p in points if p.get("overhead") is not None], f"{model}: {title}")
     save_figure(fig, path)

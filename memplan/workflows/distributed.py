@@ -33,9 +33,19 @@ import dataclasses
 import logging
 
 import torch
+import torch.distributed as dist
+import torch.nn.parallel.distributed as ddp_module
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from .. import zoo
 from ..errors import MemplanError, about_model, model_code
+from ..tracing.collectives import collective_records
+from ..tracing.fake import new_fake_mode, quiet_fake_warnings
+from ..tracing.tracer import trace
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +76,6 @@ def fake_process_group(world_size: int, rank: int = 0):
     Raises:
         MemplanError: a bad world size, or a default process group already exists.
     """
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     check_world_size(world_size)
     if dist.is_initialized():
         raise MemplanError("a torch.distributed process group is already initialised in this process")
@@ -111,7 +118,7 @@ def wrap_model(model: nn.Module, engine: str, *, fake: bool, mesh=None) -> nn.Mo
         raise MemplanError(f"this model cannot be wrapped in {engine.upper()}: it has no trainable parameters")
     if engine == "ddp":
         return _ddp(model, fake)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # half a second to import: only an FSDP2 job pays for it
 
     mesh = mesh if mesh is not None else _world_mesh(model)
     for unit in shard_units(model):
@@ -121,19 +128,12 @@ def wrap_model(model: nn.Module, engine: str, *, fake: bool, mesh=None) -> nn.Mo
 
 
 def _world_mesh(model: nn.Module):
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.device_mesh import init_device_mesh
-
     device = next(model.parameters()).device.type
     with unset_fake_temporarily():  # NOTE [1]
         return init_device_mesh(device, (dist.get_world_size(),))
 
 
 def _ddp(model: nn.Module, fake: bool) -> nn.Module:
-    import torch.nn.parallel.distributed as ddp_module
-    from torch.nn.parallel import DistributedDataParallel
-
     if not fake:
         return DistributedDataParallel(model)
     check = ddp_module._verify_param_shape_across_processes
@@ -161,8 +161,6 @@ class _FixedBuckets:
 
 
 def _allreduce_hook(state, bucket):  # no annotation: DDP checks it, and ours are strings
-    import torch.distributed as dist
-
     buffer = bucket.buffer()
     buffer.div_(dist.get_world_size())
     dist.all_reduce(buffer)
@@ -202,11 +200,6 @@ def trace_rank(name: str, batch: int, engine: str, world_size: int, *, warmup: i
     Raises:
         MemplanError: bad world size or engine, or a model that cannot be wrapped.
     """
-    from .. import zoo
-    from ..tracing.collectives import collective_records
-    from ..tracing.fake import new_fake_mode, quiet_fake_warnings
-    from ..tracing.tracer import trace
-
     check_engine(engine)
     check_world_size(world_size)
     with fake_process_group(world_size), new_fake_mode(), quiet_fake_warnings(), \

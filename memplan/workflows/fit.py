@@ -14,6 +14,10 @@ import logging
 
 from ..cost.profiles import get_profile
 from ..errors import InfeasibleBudgetError, MemplanError
+from ..planners.base import get_planner
+from ..planners.base import plan as make_plan
+from ..sim.comm import simulate_comm
+from ..zoo.registry import check_model_name
 from .distributed import check_engine, check_world_size, trace_rank
 from .maxbatch import search
 
@@ -56,8 +60,6 @@ def fit(name: str, world_size: int, device: str, *, engine: str = "fsdp", planne
         planner that fits not even batch 1 has max_batch 0 and no figures; "at_limit": the
         limit fits (larger batches were not tried).
     """
-    from ..zoo.registry import check_model_name
-
     check_engine(engine)
     check_world_size(world_size)
     planners = check_planners(planners)
@@ -76,8 +78,6 @@ def fit(name: str, world_size: int, device: str, *, engine: str = "fsdp", planne
 
 
 def _fit_one(planner: str, traced, profile, world_size: int, limit: int) -> dict:
-    from ..planners.base import plan as make_plan
-
     plans: dict[int, object] = {}
 
     def fits(batch: int) -> bool:
@@ -100,8 +100,6 @@ def _fit_one(planner: str, traced, profile, world_size: int, limit: int) -> dict
 
 
 def _figures(trace, made, profile, world_size: int) -> dict:
-    from ..sim.comm import simulate_comm
-
     predicted = made.predicted or {}
     comm = simulate_comm(trace, profile, world_size=world_size)
     seconds = float(predicted.get("time_s", comm.compute_s)) + comm.exposed_comm_s
@@ -114,8 +112,6 @@ def _figures(trace, made, profile, world_size: int) -> dict:
 
 def check_planners(names) -> tuple[str, ...]:
     """The planner names, or a MemplanError naming an unknown one (or saying there is none)."""
-    from ..planners.base import get_planner
-
     if not names:
         raise MemplanError("no planner given (e.g. none,sqrt-n)")
     for n in names:

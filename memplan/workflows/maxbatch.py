@@ -3,21 +3,26 @@
 On a GPU the cap is real: `torch.cuda.set_per_process_memory_fraction(cap / total)` and a
 batch fits when a few training steps under the plan run without running out of memory.
 Elsewhere the answer comes from tracing with fake tensors (nothing allocated) and
-planning under the cap; with the simulator (memplan.sim.simulate) the plan must also
-simulate within the cap ("source": "simulated"), without it the planner's own
-feasibility decides ("source": "planned").
+planning under the cap; the plan must also simulate within the cap ("source": "simulated").
 Batches are probed by doubling from 1, then binary search between the last fit and the
 first failure.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import Callable
 
+import torch
+
+from ..cost.profiles import get_profile
 from ..errors import InfeasibleBudgetError, MemplanError
+from ..planners.base import get_planner
+from ..planners.base import plan as make_plan
 from ..progress import progress_bar
+from ..zoo.registry import check_model_name
+from .run import run_workload
+from .workloads import trace_workload
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +47,6 @@ def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu"
         "at_limit" (max_batch is the limit: larger batches were not tried), "source",
         "probes": [{"batch", "fits", ...}]}.
     """
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
-    from ..zoo.registry import check_model_name
-
     check_model_name(name)  # every option before the first probe
     get_planner(planner)
     get_profile(profile)
@@ -53,17 +54,13 @@ def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu"
     if device.startswith("cuda"):
         fits, source = _gpu_probe(name, memory_bytes, planner, device, profile, config), "measured"
     else:
-        simulated = importlib.util.find_spec("memplan.sim.simulate") is not None
-        fits, source = _planned_probe(name, memory_bytes, planner, profile, config, simulated), \
-            "simulated" if simulated else "planned"
+        fits, source = _planned_probe(name, memory_bytes, planner, profile, config), "simulated"
     probes: list[dict] = []
     try:
         with progress_bar(f"maxbatch {name}", unit=" batches") as bar:
             best = search(lambda b: _record(probes, b, fits(b), bar), limit)
     finally:
         if source == "measured":
-            import torch
-
             torch.cuda.set_per_process_memory_fraction(1.0, torch.device(device))
     return {"model": name, "planner": planner, "memory_bytes": int(memory_bytes), "max_batch": best, "limit": limit,
             "at_limit": best == limit, "source": source, "probes": probes}
@@ -90,29 +87,21 @@ def _record(probes: list, batch: int, result: tuple[bool, dict], bar) -> bool:
     return fits
 
 
-def _planned_probe(name, memory_bytes, planner, profile, config, simulated: bool):
-    from ..planners.base import plan as make_plan
-    from .workloads import trace_workload
-
+def _planned_probe(name, memory_bytes, planner, profile, config):
     def fits(batch: int) -> tuple[bool, dict]:
         trace = trace_workload(name, batch, fake=True, **config)
         try:
-            p = make_plan(trace, int(memory_bytes), planner=planner, device=profile, simulate_result=simulated)
+            p = make_plan(trace, int(memory_bytes), planner=planner, device=profile)
         except InfeasibleBudgetError as exc:
             return False, {"reason": str(exc)}
-        predicted = p.predicted or {}
-        peak = predicted.get("peak_bytes", predicted.get("peak_load_bytes"))
-        ok = predicted.get("feasible", True) and (peak is None or peak <= memory_bytes)
+        peak = p.predicted["peak_load_bytes"]
+        ok = p.predicted["feasible"] and peak <= memory_bytes
         return ok, {"trace_peak_bytes": trace.peak_load_bytes, **({"predicted_peak_bytes": peak} if peak else {})}
 
     return fits
 
 
 def _gpu_probe(name, memory_bytes, planner, device, profile, config):
-    import torch
-
-    from .run import run_workload
-
     dev = torch.device(device)
     total = torch.cuda.get_device_properties(dev).total_memory
     if memory_bytes > total:

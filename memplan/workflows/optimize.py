@@ -36,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from ..budget import UNLIMITED, Budget, parse_budget
 from ..cost.device_memory import cublas_handles, cublas_workspace_bytes, device_view
 from ..cost.model import Cost
 from ..exec.runtime import PlanRuntime
@@ -111,7 +112,7 @@ class OptimizedStep:
         measured = self.runtime.steps[-1].get("measured_peak_bytes")
         if measured is None:
             return
-        plan = self.keeper.after_step(measured, self.program.predicted.get("peak_load_bytes") or 0)
+        plan = self.keeper.after_step(measured, self.program.predicted.peak_load_bytes)
         if plan is not None:
             self._run_plan(plan)
             return
@@ -164,8 +165,8 @@ class OptimizedStep:
         self.runtime.close()
 
 
-def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None, planner: str = "none",
-             device: str = "h100", model: torch.nn.Module | None = None,
+def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | float | None = None,
+             planner: str = "none", device: str = "h100", model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
@@ -175,7 +176,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     Args:
         step_fn: one training iteration (forward, backward, optimizer step) of `model`.
         *example_inputs: inputs of one call (their shapes are the planned ones).
-        budget: memory budget ("8GiB", "60%" of the unplanned peak, bytes); None: no limit.
+        budget: memory budget ("8GiB", "60%" of the unplanned peak, bytes); None or "none": no limit.
         planner: a registered planner name.
         device: the cost-model device profile the planner plans for.
         model: the root module (found on `step_fn.__self__` or in its closure if omitted);
@@ -219,20 +220,28 @@ def optimize(step_fn: Callable, *example_inputs, budget: str | int | None = None
     if plan is None:
         trace = as_allocated_on(trace, run_on)
         cost = Cost.for_trace(trace, device)
-        plan = make_plan(trace, budget, planner=planner, cost=cost, seed=seed, **planner_params)
-        if budget is not None and measure is not False:
-            keeper = BudgetKeeper(budget_bytes=plan.budget_bytes, make_plan=lambda b: make_plan(
-                trace, b, planner=planner, cost=cost, seed=seed, **planner_params))
+        plan, keeper = _planned(trace, UNLIMITED if budget is None else parse_budget(budget), measure is not False,
+                                planner=planner, cost=cost, seed=seed, **planner_params)
     else:
         cost = Cost.for_trace(trace, device)
         plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
         check_plan(trace, plan)
-    program = compile_program(trace, plan, cost)
-    runtime = PlanRuntime(trace, program, model, device=run_on, optimizer=optimizer, measure=measure)
+    runtime = PlanRuntime(trace, compile_program(trace, plan, cost), model, device=run_on, optimizer=optimizer,
+                          measure=measure)
     if not is_fake(example_inputs, model):
         runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model, keeper=keeper,
                          cost=cost, measure=measure)
+
+
+def _planned(trace: Trace, budget: Budget, keep: bool, **how) -> tuple[Plan, BudgetKeeper | None]:
+    """The plan of `trace` under `budget` (`how`: planner, cost, seed and parameters), and, with
+    `keep` and a budget, the keeper that plans again at a margin if a step measures over it."""
+    plan = make_plan(trace, budget, **how)
+    if budget.unlimited or not keep:
+        return plan, None
+    return plan, BudgetKeeper(budget_bytes=plan.budget_bytes,
+                              make_plan=lambda nbytes: make_plan(trace, Budget.of_bytes(nbytes), **how))
 
 
 def as_allocated_on(trace: Trace, device: torch.device) -> Trace:

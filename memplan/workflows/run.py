@@ -1,8 +1,7 @@
 """Measure training under a plan: step time and peak memory of every step, and the check run.
 
 Used by `memplan run`. Every step's peak memory is measured by the independent meter
-(memplan.exec.meter: a dispatch-level count of live storages on CPU, the CUDA allocator's
-own counters on a GPU), for plans and PyTorch's own tools alike, beside the peak the
+(memplan.workflows.measure), for plans and PyTorch's own tools alike, beside the peak the
 simulator predicted for the plan's step program and the budget.
 """
 
@@ -11,40 +10,31 @@ from __future__ import annotations
 import contextlib
 import logging
 import statistics
-import time
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
-from torch.utils._pytree import tree_leaves
 
+from ..budget import UNLIMITED, Budget, parse_budget
 from ..cost.profiles import get_profile
 from ..errors import MemplanError, about_model
-from ..exec.meter import AllocatorMeter, MemoryMeter
 from ..exec.runtime import BUDGET_TOLERANCE  # a run is over its budget when it measures more than budget x (1 + this)
 from ..tracing.optimes import CLOCKS
-from ..planners.base import resolve_budget
+from ..zoo.registry import get_workload
+from .allocator_names import AllocatorMode
 from .allocators import allocator_report, attach_pool, choose_allocator, install_allocator
-from .memory_cap import (RESERVED_TOLERANCE, hold_reserved, lift_cap, over_cap, prepare_device,
-                         refuse_what_cannot_fit, release_cache)
+from .memory_cap import (RESERVED_TOLERANCE, hold_reserved, lift_cap, prepare_device, refuse_what_cannot_fit,
+                         release_cache)
+from .measure import measure_steps, measured_step_s, state_differences, time_steps
 from .optimize import optimize
 from .step_trace import model_of
 from .torch_tools import BASELINES, baseline_installed, check_baseline, is_compiled
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BASELINES", "BUDGET_TOLERANCE", "check_baseline", "measure_steps", "measured_step_s", "run_workload",
-           "state_differences"]
+__all__ = ["BASELINES", "BUDGET_TOLERANCE", "check_baseline", "measure_steps", "measured_objective", "measured_step_s",
+           "run_workload", "state_differences", "time_steps"]
 
 OP_TIME_REPEATS = 3  # timed iterations per op when a CPU run traces under a CPU profile
-
-
-def measured_step_s(records: list[dict], timed: list[float]) -> float:
-    """The median of the unmetered `timed` steps; without them, the median metered step
-    after the first (warm-up) one, less the meter's own bookkeeping."""
-    if timed:
-        return statistics.median(timed)
-    times = [r["time_s"] - (r.get("meter_s") or 0.0) for r in records]
-    return statistics.median(times[1:] if len(times) > 1 else times)
 
 
 def op_time_source(trace) -> str:
@@ -53,16 +43,18 @@ def op_time_source(trace) -> str:
     return "measured" if known == len(trace.ops) else "roofline" if known == 0 else "mixed"
 
 
-def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, device: str = "cpu",
-                 profile: str = "h100", check: bool = False, seed: int = 0, config: dict | None = None,
-                 baseline: str | None = None, trace=None, timed_steps: int = 0,
+def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | int | float | None, steps: int,
+                 device: str = "cpu", profile: str = "h100", check: bool = False, seed: int = 0,
+                 config: dict | None = None, baseline: str | None = None, trace=None, timed_steps: int = 0,
                  planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
                  fake: bool | None = None, allocator: str = "auto") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
         name, batch, config: the zoo workload.
-        planner, budget, profile: how to plan ("none" when a baseline runs).
+        planner, budget, profile: how to plan ("none" when a baseline runs); a budget as
+            `memplan.plan` takes it (None: no limit, and the run is checked against the
+            unplanned peak).
         steps: training steps measured (each step's inputs are made right before it).
         device: where to train.
         check: also train plainly from the same seed and report the largest differences.
@@ -81,7 +73,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
             more (`torch.cuda.set_per_process_memory_fraction`); on the CPU a step measuring more
             fails as running out of memory would.
         fake: trace fake copies (None: on a GPU, where the unplanned step may not fit).
-        allocator: the CUDA allocator (`allocators.ALLOCATORS`): "caching", "expandable"
+        allocator: the CUDA allocator (`allocators.AllocatorMode`): "caching", "expandable"
             (segments), "pool" (the plan's layout: a fresh process's first CUDA work must be
             this run), or "auto": the pool for a plan with a layout on CUDA, else expandable
             segments (unless PYTORCH_CUDA_ALLOC_CONF configures the allocator).
@@ -100,76 +92,153 @@ def run_workload(name: str, batch: int, *, planner: str, budget, steps: int, dev
         MemplanError: the unplanned step (planner none) cannot fit `memory_cap`; the error
             names planners that fit and their budget.
     """
-    from ..zoo.registry import get_workload
-
-    config = config or {}
-    if clock not in CLOCKS:
-        raise MemplanError(f"clock {clock!r}: expected one of {', '.join(CLOCKS)}")
-    if baseline:
-        check_baseline(baseline)
-    mode = choose_allocator(allocator, planner=planner, device=device, baseline=baseline)
-    install_allocator(mode)  # before the run's first CUDA allocation
-    prepare_device(device, memory_cap, pooled=mode == "pool")
-    if memory_cap is not None and budget is None and planner != "none" and not baseline:
-        budget = int(memory_cap / (1 + RESERVED_TOLERANCE))  # what the cap leaves a plan, segments included
-    w = get_workload(name, batch, device=device, seed=seed, **config)
-    op_repeats = OP_TIME_REPEATS if trace is None and str(device) == "cpu" and get_profile(profile).kind == "cpu" else 0
-    with about_model(name, config):  # a step that fails while traced is the model's
-        step = optimize(w.step, *w.inputs, budget=None if baseline else budget,
-                        planner="none" if baseline else planner, device=profile, model=w.model,
-                        optimizer=w.optimizer, seed=seed, measure="first", trace=trace, time_repeats=op_repeats,
-                        time_clock=clock, fake=fake, **(planner_params or {}))
-    pool = attach_pool(step) if mode == "pool" else None
-    if pool is not None:
-        step.keeper = None  # a pooled run's layout is fixed: its requests are the plan's (memplan.exec.pooled)
-    elif step.keeper is not None:  # once the plan keeps its budget, so does the allocator's cache
-        step.on_settled = lambda: hold_reserved(device, step.keeper.budget_bytes, memory_cap)
-    budget_bytes = resolve_budget(step.trace, budget)
-    if memory_cap is not None and not baseline:
-        refuse_what_cannot_fit(step, memory_cap, f"{name} at batch {batch}")
-    fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
-    model = step.model  # for a user's (step_fn, inputs): the module found in its closure
-    if model is None and (baseline or check):
-        step.close()
-        raise MemplanError(f"{'--baseline' if baseline else '--check'} needs the model, but {name} hides it: "
-                           f"return a Workload, or keep the model in the step function's closure")
+    run = _Run(name=name, batch=batch, planner=planner, device=device, profile=profile, seed=seed,
+               config=config or {}, baseline=baseline, clock=clock, memory_cap=memory_cap,
+               budget=_run_budget(budget, planner, baseline, memory_cap))
+    mode = _prepare(run, allocator)
+    w = get_workload(name, batch, device=device, seed=seed, **run.config)
+    step = _planned_step(run, w, trace, fake, planner_params or {})
+    pool = _serve_allocator(run, step, mode)
+    budget_bytes = _measured_against(run.budget, step.trace)
+    model = _model_for(run, step, check)
     make_inputs = lambda i: w.make_inputs(batch, seed=seed + 1 + i)  # noqa: E731
     release_cache(device)
-    with baseline_installed(baseline, model, fraction, torch.device(device)) if baseline \
-            else contextlib.nullcontext():
-        records = measure_steps(step if not baseline else w.step, make_inputs, steps, model, w.optimizer, seed,
-                                host=step.runtime.host_buffers(), compiled=is_compiled(baseline),
-                                memory_cap=memory_cap)
-        timed = time_steps(step if not baseline else w.step, make_inputs, range(steps, steps + timed_steps),
-                           model, seed, clock)
-    simulated = None if baseline else step.program.predicted.get("peak_load_bytes")
-    measured = max(r["measured_peak_bytes"] for r in records)
-    stats = step.stats()
-    allocation = allocator_report(mode, pool, records)  # a pooled run's reserved bytes are the pool's
-    settled = records[stats["final_plan_from_step"]:] or records[-1:]
-    out = {"model": name, "batch": batch, "planner": baseline or planner, "baseline": baseline,
-           "device": str(device), "budget_bytes": budget_bytes, "trace_peak_bytes": step.trace.peak_load_bytes,
-           "simulated_peak_bytes": simulated, "measured_peak_bytes": measured,
-           "measured_peak_reserved_bytes": _largest(r.get("measured_peak_reserved_bytes") for r in records),
-           "memory_cap_bytes": memory_cap, "within_budget": within_budget(settled, budget_bytes),
-           "margin_bytes": stats["margin_bytes"], "replanned": stats["replanned"],
-           "final_plan_from_step": stats["final_plan_from_step"],
-           "step_time_s": [r["time_s"] for r in records], "steps": records,
-           "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed, "clock": clock,
-           "simulated_step_s": None if baseline else step.program.predicted.get("time_s"),
-           "profile": get_profile(profile).name, "op_times": op_time_source(step.trace),
-           "trace_source": "fake" if step.trace.meta.get("fake") else "real",
-           "predicted": {} if baseline else step.program.predicted,
-           "executor": None if baseline else stats,  # a PyTorch tool runs without memplan's executor
-           **allocation}
+    records, timed = _measure(run, w, step, model, make_inputs, steps, timed_steps, budget_bytes)
+    out = _report(run, step, records, timed, budget_bytes, allocator_report(mode, pool, records))
     step.close()
     if check:
-        lift_cap(device)  # plain training needs what the plan saved
-        ref = get_workload(name, batch, device=device, seed=seed, **config)
-        ref_model = model_of(ref.step, ref.model)
-        measure_steps(ref.step, make_inputs, steps + timed_steps, ref_model, ref.optimizer, seed)
-        out.update(state_differences(model, ref_model))
+        out.update(_against_plain_training(run, model, make_inputs, steps + timed_steps))
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """What `run_workload` was asked to run."""
+
+    name: str  # zoo workload
+    batch: int  # its batch
+    planner: str  # the planner ("none" under a baseline)
+    budget: Budget  # the budget the plan keeps (UNLIMITED: none)
+    device: str  # where it trains
+    profile: str  # the cost-model profile the planner plans for
+    seed: int  # workload, planner and training seed
+    config: dict  # the workload's options
+    baseline: str | None  # a PyTorch tool run instead of a plan
+    clock: str  # what timed steps measure
+    memory_cap: int | None  # the emulated device's bytes
+
+
+def _run_budget(budget, planner: str, baseline: str | None, memory_cap: int | None) -> Budget:
+    """The run's budget: as given; without one, under a memory cap, what the cap leaves a plan
+    (segments included)."""
+    budget = UNLIMITED if budget is None else parse_budget(budget)
+    if memory_cap is not None and budget.unlimited and planner != "none" and not baseline:
+        return Budget.of_bytes(int(memory_cap / (1 + RESERVED_TOLERANCE)))
+    return budget
+
+
+def _measured_against(budget: Budget, trace) -> int:
+    """The bytes a run is checked against: its budget, or without one the unplanned peak
+    (what plain training holds)."""
+    cap = budget.bytes_for(trace.peak_load_bytes)
+    return trace.peak_load_bytes if cap is None else cap
+
+
+def _prepare(run: _Run, allocator: str) -> AllocatorMode:
+    """Options checked, the CUDA allocator chosen and installed (before the run's first CUDA
+    allocation) and the memory cap in force."""
+    if run.clock not in CLOCKS:
+        raise MemplanError(f"clock {run.clock!r}: expected one of {', '.join(CLOCKS)}")
+    if run.baseline:
+        check_baseline(run.baseline)
+    mode = choose_allocator(allocator, planner=run.planner, device=run.device, baseline=run.baseline)
+    install_allocator(mode)
+    prepare_device(run.device, run.memory_cap, pooled=mode == AllocatorMode.POOL)
+    return mode
+
+
+def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):
+    """The workload's step traced and planned (under a baseline: planned by none, unlimited)."""
+    cpu_profile = trace is None and str(run.device) == "cpu" and get_profile(run.profile).kind == "cpu"
+    with about_model(run.name, run.config):  # a step that fails while traced is the model's
+        return optimize(w.step, *w.inputs, budget=UNLIMITED if run.baseline else run.budget,
+                        planner="none" if run.baseline else run.planner, device=run.profile, model=w.model,
+                        optimizer=w.optimizer, seed=run.seed, measure="first", trace=trace,
+                        time_repeats=OP_TIME_REPEATS if cpu_profile else 0, time_clock=run.clock, fake=fake,
+                        **planner_params)
+
+
+def _serve_allocator(run: _Run, step, mode: AllocatorMode):
+    """The pool session of a pooled run (None otherwise); once an unpooled plan keeps its
+    budget, so does the allocator's cache. Refuses a plan that cannot fit the memory cap."""
+    pool = attach_pool(step) if mode == AllocatorMode.POOL else None
+    if pool is not None:
+        step.keeper = None  # a pooled run's layout is fixed: its requests are the plan's (memplan.exec.pooled)
+    elif step.keeper is not None:
+        step.on_settled = lambda: hold_reserved(run.device, step.keeper.budget_bytes, run.memory_cap)
+    if run.memory_cap is not None and not run.baseline:
+        refuse_what_cannot_fit(step, run.memory_cap, f"{run.name} at batch {run.batch}")
+    return pool
+
+
+def _model_for(run: _Run, step, check: bool):
+    """The model trained (for a user's (step_fn, inputs): the module found in its closure).
+
+    Raises:
+        MemplanError: a baseline or a check needs the model, and the workload hides it.
+    """
+    model = step.model
+    if model is None and (run.baseline or check):
+        step.close()
+        raise MemplanError(f"{'--baseline' if run.baseline else '--check'} needs the model, but {run.name} hides "
+                           f"it: return a Workload, or keep the model in the step function's closure")
+    return model
+
+
+def _measure(run: _Run, w, step, model, make_inputs, steps: int, timed_steps: int,
+             budget_bytes: int) -> tuple[list[dict], list[float]]:
+    """The metered steps' records and the timed steps' seconds, under the plan or the baseline tool."""
+    fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
+    train = w.step if run.baseline else step
+    with baseline_installed(run.baseline, model, fraction, torch.device(run.device)) if run.baseline \
+            else contextlib.nullcontext():
+        records = measure_steps(train, make_inputs, steps, model, w.optimizer, run.seed,
+                                host=step.runtime.host_buffers(), compiled=is_compiled(run.baseline),
+                                memory_cap=run.memory_cap)
+        timed = time_steps(train, make_inputs, range(steps, steps + timed_steps), model, run.seed, run.clock)
+    return records, timed
+
+
+def _report(run: _Run, step, records: list[dict], timed: list[float], budget_bytes: int, allocation: dict) -> dict:
+    """`run_workload`'s JSON-ready result (see its docstring)."""
+    predicted = None if run.baseline else step.program.predicted
+    stats = step.stats()
+    settled = records[stats["final_plan_from_step"]:] or records[-1:]
+    return {"model": run.name, "batch": run.batch, "planner": run.baseline or run.planner, "baseline": run.baseline,
+            "device": str(run.device), "budget_bytes": budget_bytes, "trace_peak_bytes": step.trace.peak_load_bytes,
+            "simulated_peak_bytes": None if predicted is None else predicted.peak_load_bytes,
+            "measured_peak_bytes": max(r["measured_peak_bytes"] for r in records),
+            "measured_peak_reserved_bytes": _largest(r.get("measured_peak_reserved_bytes") for r in records),
+            "memory_cap_bytes": run.memory_cap, "within_budget": within_budget(settled, budget_bytes),
+            "margin_bytes": stats["margin_bytes"], "replanned": stats["replanned"],
+            "final_plan_from_step": stats["final_plan_from_step"],
+            "step_time_s": [r["time_s"] for r in records], "steps": records,
+            "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed, "clock": run.clock,
+            "simulated_step_s": None if predicted is None else predicted.time_s,
+            "profile": get_profile(run.profile).name, "op_times": op_time_source(step.trace),
+            "trace_source": "fake" if step.trace.meta.get("fake") else "real",
+            "predicted": {} if predicted is None else predicted.to_json(),
+            "executor": None if run.baseline else stats,  # a PyTorch tool runs without memplan's executor
+            **allocation}
+
+
+def _against_plain_training(run: _Run, model, make_inputs, steps: int) -> dict:
+    """The largest differences from training the same workload plainly from the same seed."""
+    lift_cap(run.device)  # plain training needs what the plan saved
+    ref = get_workload(run.name, run.batch, device=run.device, seed=run.seed, **run.config)
+    ref_model = model_of(ref.step, ref.model)
+    measure_steps(ref.step, make_inputs, steps, ref_model, ref.optimizer, run.seed)
+    return state_differences(model, ref_model)
 
 
 def within_budget(records: list[dict], budget_bytes: int) -> bool:
@@ -186,99 +255,6 @@ def within_budget(records: list[dict], budget_bytes: int) -> bool:
 def _largest(values) -> int | None:
     known = [v for v in values if v is not None]
     return max(known) if known else None
-
-
-def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: int, model, optimizer,
-                  seed: int, host=(), compiled: bool = False, memory_cap: int | None = None) -> list[dict]:
-    """Run `steps` steps, each under its own memory meter; inputs are made right before each.
-
-    On a GPU the meter is the allocator's counters and its dispatch mode is not entered:
-    torch.compile does not compile under a Python dispatch mode.
-
-    Args:
-        host: buffers that are host memory beside the device role (the executor's slab): not counted.
-        compiled: the step runs torch.compile'd code: on the CPU it is measured by the
-            allocator's own stream (`AllocatorMeter`), which lets it compile and sees inductor's buffers.
-        memory_cap: on the CPU, a step measuring more fails (memory_cap.over_cap).
-    Returns:
-        Per step: "time_s" (wall), "meter_s" (of it, the meter's own bookkeeping: CPU only),
-        "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
-    """
-    torch.manual_seed(seed)
-    records, meter = [], None
-    for i in range(steps):
-        x = make_inputs(i)
-        if meter is None:
-            device = _device(model, x)
-            meter = MemoryMeter(device)
-            meter.exclude(host)
-        owned = (list(model.parameters()), list(model.buffers())) if model is not None else ()
-        meter.track((owned, _state(optimizer), x))
-        _sync(device)
-        meter.reset_peak()
-        active = meter if meter.cuda or not compiled else AllocatorMeter(meter.live_bytes())
-        started = time.perf_counter()
-        with contextlib.nullcontext() if meter.cuda else active:  # CUDA: the allocator's counters
-            step(*x)
-        _sync(device)
-        wall = time.perf_counter() - started
-        records.append({"step": i, "time_s": wall, "meter_s": active.own_s, **active.peak(),
-                        "meter": "cuda" if meter.cuda else "allocator" if compiled else "dispatch"})
-        del x
-        over_cap(records[-1]["measured_peak_bytes"], memory_cap, device)
-    if meter is not None:
-        meter.close()
-    return records
-
-
-def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: range, model, seed: int,
-               clock: str = "wall") -> list[float]:
-    """Seconds of steps `indices` (inputs made right before each), without a meter, on `clock`
-    ("wall", or "cpu": this thread's CPU time).
-
-    The RNG is seeded as `measure_steps` leaves it only when no metered step ran before.
-    """
-    if not indices:
-        return []
-    if indices.start == 0:
-        torch.manual_seed(seed)
-    times, now = [], CLOCKS[clock]
-    for i in indices:
-        x = make_inputs(i)
-        device = _device(model, x)
-        _sync(device)
-        started = now()
-        step(*x)
-        _sync(device)
-        times.append(now() - started)
-        del x
-    return times
-
-
-def _device(model, inputs) -> torch.device:
-    """Where the training runs: the model's parameters, else the first input tensor."""
-    tensors = list(model.parameters()) if model is not None else []
-    tensors += [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
-    return tensors[0].device if tensors else torch.device("cpu")
-
-
-def _state(optimizer) -> list:
-    return [v for st in getattr(optimizer, "state", {}).values() for v in st.values() if isinstance(v, torch.Tensor)]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def state_differences(model: torch.nn.Module, reference: torch.nn.Module) -> dict:
-    """{"max_param_diff": .., "max_buffer_diff": ..}: largest absolute differences."""
-    def worst(pairs) -> float:
-        return max((float((a.detach().double() - b.detach().double()).abs().max()) for a, b in pairs
-                    if a.numel()), default=0.0)
-
-    return {"max_param_diff": worst(zip(model.parameters(), reference.parameters())),
-            "max_buffer_diff": worst(zip(model.buffers(), reference.buffers()))}
 
 
 OVERHEAD_STEPS = 3  # timed steps per side in measure_overhead (after one warm-up step)
@@ -304,10 +280,6 @@ def measure_overhead(trace, plan, budget=None, *, steps: int = OVERHEAD_STEPS) -
     Raises:
         MemplanError: the trace does not name a zoo model.
     """
-    import statistics
-
-    from ..zoo.registry import get_workload
-
     meta = trace.meta
     if not meta.get("model") or not meta.get("batch"):
         raise MemplanError("measure_overhead needs a trace of a zoo model (meta 'model' and 'batch')")

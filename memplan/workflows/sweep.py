@@ -9,12 +9,16 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
+from ..budget import Budget, parse_budget
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Trace
-from ..progress import progress_bar
-from ..units import format_bytes, parse_budget
 from ..planners.autoswap import load_min_bytes
+from ..planners.base import get_planner, plan
+from ..plots import save_figure, subplots
+from ..progress import progress_bar
+from ..sim.simulate import simulate
+from ..units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,22 +52,15 @@ class SweepResult:
                 "points": [asdict(p) for p in self.points]}
 
 
-def parse_budgets(text: str, peak_bytes: int) -> list[int]:
-    """Budgets from a comma-separated list of sizes or percentages of the peak ("100%,8GiB")."""
-    items = [item.strip() for item in str(text).split(",") if item.strip()]
-    if not items:
-        raise MemplanError(f"no budgets in {text!r} (example: 100%,90%,80%)")
-    return [parse_budget(item, peak_bytes) for item in items]
-
-
-def sweep(trace: Trace, planners: list[str], budgets: list[int], device: str = "h100", *, seed: int = 0,
+def sweep(trace: Trace, planners: list[str], budgets: list[Budget | str | int | float], device: str = "h100", *,
+          seed: int = 0,
           params: dict | None = None, progress: bool = False) -> SweepResult:
     """Plan and simulate every planner at every budget.
 
     Args:
         trace: the iteration.
         planners: registered planner names.
-        budgets: budgets in bytes.
+        budgets: caps as `memplan.plan` takes them (a `Budget`, bytes, "60%", ...).
         device: cost-model profile.
         seed: seed for every planner.
         params: per planner name, extra keyword parameters.
@@ -71,12 +68,13 @@ def sweep(trace: Trace, planners: list[str], budgets: list[int], device: str = "
     Returns:
         The points; an infeasible budget gives a point with overhead None and the reason.
     """
-    from ..planners.base import get_planner
-
     for name in planners:
         get_planner(name)  # fail on an unknown name before any work
+    caps = [parse_budget(b).bytes_for(trace.peak_load_bytes) for b in budgets]
+    if None in caps:
+        raise MemplanError("each budget of a sweep is a cap (bytes or a share of the peak), not 'none'")
     cost = Cost.for_trace(trace, device)
-    jobs = [(name, b) for name in planners for b in budgets]
+    jobs = [(name, b) for name in planners for b in caps]
     points = []
     with progress_bar("sweep", total=len(jobs), unit=" plans", enabled=progress) as bar:
         for name, b in jobs:
@@ -88,9 +86,6 @@ def sweep(trace: Trace, planners: list[str], budgets: list[int], device: str = "
 
 
 def _point(trace: Trace, cost: Cost, planner: str, budget: int, seed: int, params: dict) -> SweepPoint:
-    from ..sim.simulate import simulate
-    from ..planners.base import plan
-
     started = time.perf_counter()
     try:
         result = plan(trace, budget, planner=planner, seed=seed, cost=cost, simulate_result=False, **params)
@@ -112,15 +107,8 @@ def plot_pareto(result: SweepResult, path: str | os.PathLike, title: str = "") -
     The left panel puts the peak load on the x-axis; when any plan lays out a pool, a
     right panel puts the footprint (pool size) there.
     """
-    from ..plots import save_figure
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     with_pool = any(p.footprint_bytes for p in result.points)
-    fig, axes = plt.subplots(1, 2 if with_pool else 1, figsize=(12 if with_pool else 7, 4.5), squeeze=False)
+    fig, axes = subplots(1, 2 if with_pool else 1, figsize=(12 if with_pool else 7, 4.5), squeeze=False)
     _panel(axes[0][0], result, "peak_load_bytes", "peak memory load (MiB)")
     axes[0][0].axvline(result.load_min_bytes / 2**20, color="grey", ls=":", lw=1, label="load_min")
     axes[0][0].legend(fontsize=7)

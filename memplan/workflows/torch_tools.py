@@ -157,6 +157,7 @@ def _patched(modules: list[tuple[str, nn.Module]], wrap: Callable):
 @contextlib.contextmanager
 def _compiled(model: nn.Module, budget_fraction: float):
     try:
+        # torch._dynamo takes a second to import: only the compile baseline pays for it
         import torch._dynamo  # noqa: F401  (its exc module names compile failures)
         import torch._functorch.config as functorch_config
     except ImportError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
+from .. import zoo
 from ..errors import MemplanError, about_model, model_code
 from ..model import Trace
 from ..tracing.fake import new_fake_mode, quiet_fake_warnings
@@ -60,7 +61,6 @@ def resolve_factory(name_or_factory: str | Callable) -> Callable:
     """
     if callable(name_or_factory):
         return name_or_factory
-    from .. import zoo
 
     def zoo_factory(batch, **kw):
         return zoo.get_workload(name_or_factory, batch, **kw)

@@ -27,7 +27,7 @@ OPTIONAL_USER_ARGS = ("input_size", "device", "seed")
 
 def _torchvision():
     try:
-        import torchvision
+        import torchvision  # optional: only tv:<name> models need it
     except Exception as exc:  # noqa: BLE001 - a broken install raises RuntimeError/OSError, not ImportError
         raise MemplanError(f"torchvision is not importable here ({type(exc).__name__}: {exc}); "
                            f"use a zoo model, hf:<name> or module:function") from exc

@@ -87,7 +87,7 @@ def _transformers():
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
-        import transformers
+        import transformers  # optional (memplan[hf]), and slow to import: only hf:<name> models need it
     except ImportError as exc:
         raise MemplanError(f"hf: models need the transformers package (pip install 'memplan[hf]'): {exc}")
     return transformers

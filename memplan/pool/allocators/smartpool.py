@@ -2,10 +2,10 @@
 
 `smartpool-bestfit` / `smartpool-firstfit` are paper 000 §III-C exactly: size descending,
 best / first gap. `smartpool`:
-  1. splits the problem into atoms without losing optimality (split.py);
-  2. gives every atom a first layout from a portfolio of heuristics (construct.py), so it is
-     never worse than the paper's best-fit where that is affordable;
-  3. spends the rest of the time limit on the exact search (search.py) of the atom that sets
+  1. splits the problem into atoms without losing optimality (memplan.pool.split);
+  2. gives every atom a first layout from a portfolio of heuristics (memplan.pool.construct), so
+     it is never worse than the paper's best-fit where that is affordable;
+  3. spends the rest of the time limit on the exact search (memplan.pool.search) of the atom that sets
      the footprint, until it is proven optimal, beaten by another atom, or time runs out.
 Everything, validation included, fits in `time_limit_s` of wall time; `details` says what ran.
 """
@@ -17,13 +17,13 @@ import time
 
 import numpy as np
 
-from .api import AllocatorOutcome, register_allocator
-from .budget import reserve_s
-from .construct import affordable_graph, construct
-from .greedy import greedy_place
-from .problem import PoolProblem
-from .search import default_threads, improve
-from .split import Atom, split
+from ..budget import reserve_s
+from ..construct import affordable_graph, construct
+from ..greedy import greedy_place
+from ..problem import PoolProblem
+from ..search import default_threads, improve
+from ..split import Atom, split
+from .base import AllocatorOutcome, register_allocator
 
 log = logging.getLogger(__name__)
 

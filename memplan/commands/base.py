@@ -1,0 +1,28 @@
+"""The command registry: each sub-command of `memplan` registers the function that adds it.
+
+A command module decorates, for each sub-command it defines, a function that adds its parser
+to the `memplan` parser and sets `func(args) -> int` on it; the registry finds every module of
+this package (memplan.registry says why planners, allocators and commands all register this
+way), so a new command is one new module. Helpers shared by commands live in `options`,
+`output` and `models`, which command modules import (never memplan.cli, which imports them).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from ..registry import Registry
+
+AddCommand = Callable[[argparse._SubParsersAction], None]  # adds one sub-command's parser
+
+COMMANDS: Registry[AddCommand] = Registry("command", "memplan.commands")
+
+
+def command(name: str) -> Callable[[AddCommand], AddCommand]:
+    """Decorator: register `add(sub)`, which adds sub-command `name` to the `memplan` parser."""
+
+    def wrap(add: AddCommand) -> AddCommand:
+        return COMMANDS.add(name, add)
+
+    return wrap

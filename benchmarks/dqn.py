@@ -100,7 +100,7 @@ def baseline_points(trace, cost) -> list[dict]:
 
 
 def _candidates(trace) -> int:
-    from memplan.planners._activations import saved_gaps
+    from memplan.planners.kit.saved import saved_gaps
     return len(saved_gaps(trace, 0))
 
 

@@ -289,9 +289,9 @@ def _min_time(fn, repeats: int = 5) -> float:
 
 def evaluator(device: str) -> None:
     """Milliseconds per evaluation of Algorithm 3's kind (a policy and its one-entry neighbours)."""
-    from memplan.planners._featuremaps import feature_maps
-    from memplan.planners._home_pso import random_policies
-    from memplan.planners._policy_eval import PolicyEvaluator
+    from memplan.planners.kit.featuremaps import feature_maps
+    from memplan.planners.home.pso import random_policies
+    from memplan.planners.kit.policy import PolicyEvaluator
     from memplan.sim.simulate import Simulator
 
     trace = traced("resnet50", 256)
@@ -342,7 +342,7 @@ class _ThreadChunk:
     """A chunk run by a thread (to compare with processes: the GIL serialises the Python parts)."""
 
     def __init__(self, score, policies):
-        from memplan.planners._home_pso import Chunk
+        from memplan.planners.home.pso import Chunk
 
         self.chunk, self.thread, self.result = Chunk(score=score, policies=policies.copy()), None, None
 
@@ -364,7 +364,7 @@ class _ThreadChunk:
 def parallel(device: str) -> None:
     """The same search over 1 process, 2 processes and 2 threads."""
     import memplan.planners.home as home_module
-    from memplan.planners import _home_workers
+    from memplan.planners.home import workers as _home_workers
 
     trace = traced("resnet50", 256)
     cost = Cost.for_trace(trace, device)

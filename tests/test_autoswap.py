@@ -9,7 +9,8 @@ import pytest
 
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError, MemplanError
-from memplan.planners._autoswap_scores import DEFAULT_MIN_BYTES, find_candidates, all_scores
+from memplan.planners.autoswap.scores import all_scores
+from memplan.planners.kit.candidates import DEFAULT_MIN_BYTES, find_candidates
 from memplan.planners.autoswap import load_min_bytes
 from memplan.planners.base import plan
 from memplan.testing.synthetic import MIB, chain_trace

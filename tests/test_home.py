@@ -7,9 +7,9 @@ import pytest
 
 from memplan.errors import MemplanError
 from memplan.model import Plan
-from memplan.planners import _home_pso as pso
-from memplan.planners._featuremaps import KEEP, RECOMPUTE, SWAP, Decoder, feature_maps
-from memplan.planners._home_workers import make_chunks
+from memplan.planners.home import pso
+from memplan.planners.kit.featuremaps import KEEP, RECOMPUTE, SWAP, Decoder, feature_maps
+from memplan.planners.home.workers import make_chunks
 from memplan.planners.base import plan as make_plan
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance

@@ -95,7 +95,7 @@ def kernel_call(kernel: Kernel, device: str = "cpu"):
                 False, [0, 0], kernel.groups)
     if kernel.kind == "fwd":
         return lambda: torch.ops.aten.convolution.default(x, weight, None, *geometry)
-    dy = torch.randn(kernel.n, kernel.k, kernel.p, kernel.q, generator=gen).to(device, dtype)
+    dy = torch.randn(kernel.n, kernel.k, kernel.out_h, kernel.out_w, generator=gen).to(device, dtype)
     mask = [kernel.kind == "bwd_data", kernel.kind == "bwd_filter", False]
     return lambda: torch.ops.aten.convolution_backward.default(dy, x, weight, None, *geometry, mask)
 

@@ -98,10 +98,10 @@ class FamilyTimeModel:
 def gemm_shape(kernel: Kernel) -> tuple[float, float]:
     """The implicit GEMM's output matrix, rows x columns, of `kernel`."""
     if kernel.kind == "fwd":
-        return float(kernel.n * kernel.p * kernel.q), float(kernel.k)
+        return float(kernel.n * kernel.out_h * kernel.out_w), float(kernel.k)
     if kernel.kind == "bwd_data":
         return float(kernel.n * kernel.h * kernel.w), float(kernel.c)
-    return float(kernel.k * (kernel.c // kernel.groups) * kernel.r * kernel.s), float(kernel.n * kernel.p * kernel.q)
+    return float(kernel.k * (kernel.c // kernel.groups) * kernel.r * kernel.s), float(kernel.n * kernel.out_h * kernel.out_w)
 
 
 def _shape_flags(kernel: Kernel) -> tuple[bool, bool]:

@@ -9,8 +9,8 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
-from ..model import Decision
-from ._milp_layers import LayerProblem
+from ...model import Decision
+from .layers import LayerProblem
 
 INF = np.inf
 MS = 1e3  # model time unit: milliseconds per second

@@ -26,8 +26,8 @@ import itertools
 
 import numpy as np
 
-from ._milp_columns import MIB, MS, Columns, Model
-from ._milp_layers import LayerProblem
+from .columns import MIB, MS, Columns, Model
+from .layers import LayerProblem
 
 MAX_POSITIONS = 0  # window value meaning "the whole gap"
 

@@ -42,7 +42,7 @@ class CudnnSource:
         if not torch.cuda.is_available():
             raise MemplanError("the cudnn source needs a CUDA GPU (use --source model or cpu here)")
         try:
-            import cudnn
+            import cudnn  # local: nvidia-cudnn-frontend is an optional, GPU-only dependency
         except ImportError:
             raise MemplanError("the cudnn source needs nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend") from None
         self.cudnn = cudnn

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError
+from ..fileio import atomic_write_text
 from ..model import CONV_KERNELS
 from .algos import FAMILIES, families_for, work
 from .kernels import Kernel
@@ -178,8 +179,6 @@ def model_for(profile: DeviceProfile) -> FamilyTimeModel:
 
 def write_coefficients(models: dict[str, FamilyTimeModel], note: str, path) -> None:
     """Write fitted models as the package's coefficient file (atomically)."""
-    from ..fileio import atomic_write_text
-
     data = {"schema": SCHEMA, "version": VERSION, "note": note,
             "gpus": {name: m.to_json() for name, m in sorted(models.items())}}
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")

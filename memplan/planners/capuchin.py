@@ -31,6 +31,7 @@ from ..sim.validate import static_load
 from .base import infeasible, register
 from .kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
 from .kit.fitting import smallest_fitting_budget
+from .kit.gaps import alive_at
 from .kit.ops import op_starts
 from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
 
@@ -208,8 +209,8 @@ class _State:
             ops, inputs = trace.lineage(sid, op)
             total += float(self.cost.durations[list(ops)].sum())
             for r in inputs:
-                s, j = trace.storages[r], index.get(r)
-                gone = not s.alloc_op <= op < s.free_op or (
+                j = index.get(r)
+                gone = not alive_at(trace, r, op) or (
                     j is not None and self.policy[j] == RECOMPUTE and self.fm.out_after[j] < op < self.fm.back_before[j])
                 if gone and r not in seen and trace.recomputable(r):
                     seen.add(r)

@@ -42,7 +42,7 @@ from ..sim.simulate import Simulator
 from .base import infeasible, register
 from .kit.fitting import smallest_fitting_budget
 from .kit.ops import is_convolution
-from .kit.prefetch import backward_layer_starts, lead_trigger
+from .kit.prefetch import backward_layer_starts, in_issue_order, lead_trigger
 from .kit.saved import saved_gaps
 
 OFFLOAD_MODES = ("all", "conv", "aconv")  # fixed layer choices (§II-B); `dyn` picks among them
@@ -92,8 +92,7 @@ def mode_plan(trace: Trace, cost: Cost, mode: str, algo: str, *, sync: bool, com
                           trigger=lead_trigger(starts, o.out_after, o.back_before), sync=sync,
                           overlap=o.storage not in trace.ops[o.out_after].writes, compress_ratio=compress or None)
                  for o in chosen]
-    decisions = tuple(sorted(decisions, key=lambda d: (d.back_before, d.storage)))
-    return Plan(decisions=decisions, microbatches=conv_algorithms(trace, cost, algo))
+    return Plan(decisions=in_issue_order(decisions), microbatches=conv_algorithms(trace, cost, algo))
 
 
 def conv_algorithms(trace: Trace, cost: Cost, algo: str):

@@ -17,7 +17,8 @@ def access_spans(ops) -> tuple[dict[int, int], dict[int, int]]:
     return first, last
 
 
-def lifetime(first: int | None, last: int | None, n_ops: int, *, pre: bool, to_end: bool, late: int = 0) -> tuple[int, int]:
+def lifetime(first: int | None, last: int | None, n_ops: int, *, pre: bool, to_end: bool,
+             late: int = 0) -> tuple[int, int]:
     """(alloc_op, free_op) of a storage first and last accessed at ops `first` and `last`.
 
     Args:

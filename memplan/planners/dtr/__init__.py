@@ -22,6 +22,7 @@ from ...model import Decision, Plan, Trace
 from ...sim.simulate import Simulator
 from ...sim.validate import static_load
 from ..base import infeasible, register
+from ..kit.prefetch import in_issue_order
 from ..kit.replay import replayable
 from .eviction import DtrRun
 
@@ -53,7 +54,7 @@ def dtr_decisions(trace: Trace, cost: Cost, cap_bytes: int) -> tuple[Decision, .
     """The replayable recompute decisions of one DTR run at `cap_bytes`."""
     gaps = DtrRun(trace, cost.durations, cap_bytes).gaps()
     decisions = [Decision(storage=s, action="recompute", out_after=o, back_before=b) for s, o, b in gaps]
-    return tuple(sorted(replayable(trace, decisions), key=lambda d: (d.back_before, d.storage)))
+    return in_issue_order(replayable(trace, decisions))
 
 
 def _caps(budget: int, peak: int) -> list[int]:

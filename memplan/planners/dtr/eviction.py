@@ -31,6 +31,7 @@ import bisect
 import numpy as np
 
 from ...model import Trace
+from ..kit.gaps import alive_at
 from ..kit.rebuild import Rebuilder
 
 MIN_STALENESS_S = 1e-12  # a storage used by the op just before still has a non-zero staleness
@@ -164,8 +165,7 @@ class DtrRun:
         return out
 
     def _absent(self, sid: int, op: int) -> bool:
-        s = self.trace.storages[sid]
-        return sid in self.evicted or not s.alloc_op <= op < s.free_op
+        return sid in self.evicted or not alive_at(self.trace, sid, op)
 
 
 def _children(trace: Trace) -> list[list[int]]:

@@ -29,6 +29,7 @@ import numpy as np
 from ...model import Decision, Trace
 from ...sim.chains import MAX_CHAIN_DEPTH
 from ...sim.memo import ProbeMemo
+from .gaps import alive_at
 from .prefetch import DEFAULT_LEAD, backward_layer_starts, lead_trigger
 from .replay import can_replay
 from .saved import saved_gaps
@@ -146,9 +147,8 @@ class Decoder:
             mapped = tuple(self.index[r] for r in inputs if r in self.index)
             state = dict(zip(mapped, states(mapped))) if mapped else {}
             for r in inputs:
-                s, action = trace.storages[r], state.get(self.index.get(r), KEEP)
-                alive = s.alloc_op <= op < s.free_op
-                if alive and action != RECOMPUTE:
+                action = state.get(self.index.get(r), KEEP)
+                if alive_at(trace, r, op) and action != RECOMPUTE:
                     if action == SWAP:
                         fetched.append(self.index[r])
                     continue

@@ -15,6 +15,13 @@ import numpy as np
 from ...model import Trace
 
 
+def alive_at(trace: Trace, sid: int, op: int) -> bool:
+    """True when the trace holds storage `sid` while `op` runs: its lifetime [alloc_op, free_op) covers
+    `op` (before it and after the framework freed it, a recomputation must rebuild it)."""
+    s = trace.storages[sid]
+    return s.alloc_op <= op < s.free_op
+
+
 def gap_covers(out_after: int, back_before: int, op: int) -> bool:
     """True when `op` lies strictly inside the gap (the storage is away while it runs)."""
     if back_before > out_after:

@@ -5,6 +5,8 @@
   (`lead_trigger` over `backward_layer_starts`).
 - Paper 002 §4.5 (the DQN planner, TFLMS, SuperNeurons' modes): the earliest reused absent
   storage first, each as soon as it fits (`prefetch_triggers`, `gap_decisions`).
+
+Every planner lists its decisions in the simulator's issue order (`in_issue_order`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ from .gaps import load_without
 from .saved import first_backward_op
 
 DEFAULT_LEAD = 1  # backward layers between a prefetch and the layer that needs it (HOME Fig. 4, vDNN)
+
+
+def issue_key(gap) -> tuple[int, int]:
+    """(back_before, storage) of a decision (or of any gap with those fields): the order the
+    simulator issues the swap-outs and prefetches of one op in, its FIFO prefetch order."""
+    return gap.back_before, gap.storage
+
+
+def in_issue_order(decisions) -> tuple[Decision, ...]:
+    """`decisions` sorted by `issue_key`: the order every planner lists its decisions in."""
+    return tuple(sorted(decisions, key=issue_key))
 
 
 def backward_layer_starts(trace: Trace) -> tuple[int, ...]:
@@ -85,4 +98,4 @@ def gap_decisions(trace: Trace, swaps, recomputes, cap: int | None = None,
     out = [Decision(storage=s, action="swap", out_after=o, back_before=b, trigger=t)
            for (s, o, b), t in zip(order, triggers)]
     out += [Decision(storage=s, action="recompute", out_after=o, back_before=b) for s, o, b in recomputes]
-    return tuple(sorted(out, key=lambda d: (d.back_before, d.storage)))
+    return in_issue_order(out)

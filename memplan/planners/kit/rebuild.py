@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ...model import Trace
 from ...sim.chains import MAX_CHAIN_DEPTH
+from .gaps import alive_at
 from .replay import input_overwritten
 
 
@@ -41,8 +42,7 @@ class Rebuilder:
 
     def resident(self, sid: int, op: int) -> bool:
         """Alive at `op` in the trace and not inside its gap."""
-        s = self.trace.storages[sid]
-        return s.alloc_op <= op < s.free_op and self.absent(sid, op) is None
+        return alive_at(self.trace, sid, op) and self.absent(sid, op) is None
 
     def rebuild(self, sid: int, op: int, fetch_swapped: bool = False) -> set[int] | None:
         """The storages a recomputation of `sid` right before `op` relies on, or None when it cannot run.

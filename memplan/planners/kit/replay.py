@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 
 from ...model import Decision, Trace
+from .gaps import alive_at
 
 
 def input_overwritten(trace: Trace, sid: int, before: int) -> bool:
@@ -88,8 +89,7 @@ class _Replay:
 
     def present(self, sid: int, t: int) -> bool:
         """Alive at op t and not inside one of its gaps (a gap ends before back_before)."""
-        s = self.trace.storages[sid]
-        return s.alloc_op <= t < s.free_op and not any(self._away(d, t) for d in self.gaps.get(sid, ()))
+        return alive_at(self.trace, sid, t) and not any(self._away(d, t) for d in self.gaps.get(sid, ()))
 
     def rebuildable(self, sid: int, t: int, path: tuple[int, ...]) -> bool:
         """Recomputable, not on the host at t, not already being rebuilt, and replayable."""

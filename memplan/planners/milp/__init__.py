@@ -68,6 +68,7 @@ from ...sim.simulate import Simulator
 from ...sim.validate import OVER_BUDGET, static_load, validate
 from ..base import infeasible, register
 from ..kit.fitting import fitting_plans
+from ..kit.prefetch import in_issue_order
 from .columns import MS
 from .decompose import decompose
 from .layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem, movable_gaps
@@ -181,8 +182,8 @@ def swap_everything(problem: LayerProblem) -> tuple[Decision, ...]:
     """Every unit's whole gap swapped, prefetched at the op that needs it: the lowest load any plan
     over these units reaches, and a valid plan that fits any budget above it."""
     whole = [problem.units[k] for k in problem.base_units()]
-    return tuple(Decision(storage=u.storage, action="swap", out_after=u.out_after, back_before=u.back_before,
-                          trigger=u.back_before) for u in sorted(whole, key=lambda u: (u.back_before, u.storage)))
+    return in_issue_order(Decision(storage=u.storage, action="swap", out_after=u.out_after, back_before=u.back_before,
+                                   trigger=u.back_before) for u in whole)
 
 
 def _check(time_limit_s: float, mip_rel_gap: float, moves: str) -> None:

@@ -34,7 +34,7 @@ import numpy as np
 from ...cost.model import Cost
 from ...model import Trace
 from ..kit.candidates import find_candidates
-from ..kit.gaps import gap_covers
+from ..kit.gaps import alive_at, gap_covers
 from ..kit.ops import op_starts
 from ..kit.replay import input_overwritten
 from ..kit.saved import saved_gaps
@@ -244,8 +244,7 @@ def _rebuild(trace: Trace, op: int, targets, units, units_of: dict) -> Rebuild:
 def _needs(trace: Trace, sid: int, op: int, units, units_of: dict) -> int | None:
     """How input `sid` of a replay before `op` is found: None resident, -1 rebuilt (freed by the
     framework), k >= 0 depending on unit k, whose gap covers `op`."""
-    s = trace.storages[sid]
-    if not s.alloc_op <= op < s.free_op:
+    if not alive_at(trace, sid, op):
         return -1
     return next((k for k in units_of.get(sid, ()) if units[k].covers(op)), None)
 

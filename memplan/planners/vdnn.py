@@ -31,8 +31,6 @@ the infeasible-budget error naming the smallest budget at which the simulator ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..conv.decide import decide
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
@@ -43,43 +41,31 @@ from .base import infeasible, register
 from .kit.fitting import smallest_fitting_budget
 from .kit.ops import is_convolution
 from .kit.prefetch import backward_layer_starts, in_issue_order, lead_trigger
-from .kit.saved import saved_gaps
+from .kit.saved import SavedGap, saved_gaps
 
 OFFLOAD_MODES = ("all", "conv", "aconv")  # fixed layer choices (§II-B); `dyn` picks among them
 ALGOS = ("m", "p")  # memory-optimal or performance-optimal convolution algorithms
 UNLIMITED_WORKSPACE = 1 << 50  # (p): the fastest algorithm, whatever its workspace
 
 
-@dataclass(frozen=True, kw_only=True)
-class Offload:
-    """One layer's input X leaving after the layer's forward."""
-
-    storage: int  # X's storage id
-    out_after: int  # the layer's last forward op reading it
-    back_before: int  # its first backward access
-    conv: bool  # the layer is a convolution
-
-
-def offloads(trace: Trace, mode: str) -> list[Offload]:
-    """The offloads of `mode` ("all", "conv" or "aconv"), in forward order."""
+def offloads(trace: Trace, mode: str) -> list[SavedGap]:
+    """The layer inputs X that `mode` ("all", "conv" or "aconv") offloads, in forward order: each
+    leaves after its layer's last forward op reading it (its saved gap's `last_forward`)."""
     gaps = {g.storage: g for g in saved_gaps(trace)}
-    out: list[Offload] = []
+    out: list[tuple[SavedGap, bool]] = []  # (X, its layer is a convolution)
     for layer in trace.layers:
         if layer.phase != "forward":
             continue
         is_conv = any(is_convolution(trace.ops[j]) for j in layer.ops)
-        for sid in layer.inputs:
-            gap = gaps.get(sid)
-            if gap is not None and gap.last_forward in layer.ops:
-                out.append(Offload(storage=sid, out_after=gap.last_forward, back_before=gap.back_before, conv=is_conv))
+        out += [(gaps[sid], is_conv) for sid in layer.inputs if sid in gaps and gaps[sid].last_forward in layer.ops]
     if mode == "all":
-        return out
-    convs = [o for o in out if o.conv]
+        return [gap for gap, _ in out]
+    convs = [gap for gap, is_conv in out if is_conv]
     if mode == "conv":
         return convs
-    layers = sorted({o.out_after for o in convs})  # one offloading op per conv layer
+    layers = sorted({g.last_forward for g in convs})  # one offloading op per conv layer
     kept = set(layers[::2])
-    return [o for o in convs if o.out_after in kept]
+    return [g for g in convs if g.last_forward in kept]
 
 
 def mode_plan(trace: Trace, cost: Cost, mode: str, algo: str, *, sync: bool, compress: float = 0.0) -> Plan:
@@ -88,10 +74,10 @@ def mode_plan(trace: Trace, cost: Cost, mode: str, algo: str, *, sync: bool, com
         raise MemplanError(f"unknown vDNN offload mode {mode!r}; known: {', '.join(OFFLOAD_MODES)}, dyn")
     starts = backward_layer_starts(trace)
     chosen = offloads(trace, mode) if mode != "none" else []
-    decisions = [Decision(storage=o.storage, action="swap", out_after=o.out_after, back_before=o.back_before,
-                          trigger=lead_trigger(starts, o.out_after, o.back_before), sync=sync,
-                          overlap=o.storage not in trace.ops[o.out_after].writes, compress_ratio=compress or None)
-                 for o in chosen]
+    decisions = [Decision(storage=g.storage, action="swap", out_after=g.last_forward, back_before=g.back_before,
+                          trigger=lead_trigger(starts, g.last_forward, g.back_before), sync=sync,
+                          overlap=g.storage not in trace.ops[g.last_forward].writes, compress_ratio=compress or None)
+                 for g in chosen]
     return Plan(decisions=in_issue_order(decisions), microbatches=conv_algorithms(trace, cost, algo))
 
 

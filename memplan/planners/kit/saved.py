@@ -25,7 +25,6 @@ class SavedGap:
     nbytes: int  # its size
     last_forward: int  # its last access before back_before: the earliest op it can leave after
     back_before: int  # its first backward access: it must be back before this op
-    persistent: bool = False  # it lives across iterations (then no planner moves it)
 
     @property
     def has_room(self) -> bool:
@@ -42,14 +41,15 @@ def saved_activations(trace: Trace) -> list[SavedGap]:
         back = first_backward_access(trace, s.id)
         if back is not None:
             out.append(SavedGap(storage=s.id, nbytes=s.nbytes, last_forward=last_access_before(trace, s.id, back),
-                                back_before=back, persistent=s.persistent))
+                                back_before=back))
     return out
 
 
 def saved_gaps(trace: Trace, min_bytes: int = 0) -> list[SavedGap]:
     """The saved activations of at least `min_bytes` with at least one op in their gap, by id
     (a persistent one stays: it is needed in the next iteration anyway)."""
-    return [g for g in saved_activations(trace) if g.nbytes >= min_bytes and not g.persistent and g.has_room]
+    return [g for g in saved_activations(trace)
+            if g.nbytes >= min_bytes and g.has_room and not trace.storages[g.storage].persistent]
 
 
 def first_backward_access(trace: Trace, sid: int) -> int | None:

@@ -43,6 +43,7 @@ from memplan.planners.dqn import (
 )
 from memplan.planners.dqn.env import Env
 from memplan.planners.dqn.train import Instance, TrainConfig, one_thread, train
+from memplan.planners.kit.saved import saved_gaps
 from memplan.sim.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -100,7 +101,6 @@ def baseline_points(trace, cost) -> list[dict]:
 
 
 def _candidates(trace) -> int:
-    from memplan.planners._activations import saved_gaps
     return len(saved_gaps(trace, 0))
 
 
@@ -189,7 +189,7 @@ def _label(p: dict) -> str:
 
 
 def _plot_fig5(rows: dict) -> None:
-    import matplotlib
+    import matplotlib  # local: the Agg backend must be chosen before pyplot is imported, and only Fig. 5 plots
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

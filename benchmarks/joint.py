@@ -39,13 +39,21 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
+import memplan.planners.home as home_module
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
 from memplan.planners.base import plan
+from memplan.planners.home import workers as _home_workers
+from memplan.planners.home.pso import Chunk, random_policies
+from memplan.planners.kit.featuremaps import feature_maps
+from memplan.planners.kit.policy import PolicyEvaluator
 from memplan.plots import new_figure, plot_history, save_figure
+from memplan.sim.simulate import Simulator
 from memplan.workflows.maxbatch import search
 from memplan.workflows.workloads import trace_workload
+from memplan.zoo.tasks import classify_loss, image_inputs
+from memplan.zoo.workload import SGD_LR, ModelSpec, build_workload
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30
@@ -289,11 +297,6 @@ def _min_time(fn, repeats: int = 5) -> float:
 
 def evaluator(device: str) -> None:
     """Milliseconds per evaluation of Algorithm 3's kind (a policy and its one-entry neighbours)."""
-    from memplan.planners._featuremaps import feature_maps
-    from memplan.planners._home_pso import random_policies
-    from memplan.planners._policy_eval import PolicyEvaluator
-    from memplan.sim.simulate import Simulator
-
     trace = traced("resnet50", 256)
     cost = Cost.for_trace(trace, device)
     fm = feature_maps(trace)
@@ -342,8 +345,6 @@ class _ThreadChunk:
     """A chunk run by a thread (to compare with processes: the GIL serialises the Python parts)."""
 
     def __init__(self, score, policies):
-        from memplan.planners._home_pso import Chunk
-
         self.chunk, self.thread, self.result = Chunk(score=score, policies=policies.copy()), None, None
 
     def submit(self, method, *args):
@@ -363,9 +364,6 @@ class _ThreadChunk:
 
 def parallel(device: str) -> None:
     """The same search over 1 process, 2 processes and 2 threads."""
-    import memplan.planners.home as home_module
-    from memplan.planners import _home_workers
-
     trace = traced("resnet50", 256)
     cost = Cost.for_trace(trace, device)
     budget = trace.peak_load_bytes // 2
@@ -410,9 +408,6 @@ class _Plain(nn.Module):
 
 def plain20(batch: int, input_size: int = 32, device="cpu", seed: int = 0):
     """The Plain-20 workload (not in the zoo; HOME's Table 2 uses it)."""
-    from memplan.zoo.tasks import classify_loss, image_inputs
-    from memplan.zoo.workload import SGD_LR, ModelSpec, build_workload
-
     spec = ModelSpec(name="plain20", summary="Plain-20, CIFAR-10", build=lambda config, size: _Plain(),
                      make_inputs=image_inputs, loss=classify_loss, defaults={"num_classes": 10}, input_size=32)
     return build_workload(spec, batch=batch, input_size=input_size, device=device, seed=seed,

@@ -9,9 +9,11 @@ import pytest
 
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError, MemplanError
-from memplan.planners._autoswap_scores import DEFAULT_MIN_BYTES, find_candidates, all_scores
 from memplan.planners.autoswap import load_min_bytes
+from memplan.planners.autoswap.scores import all_scores
 from memplan.planners.base import plan
+from memplan.planners.kit.candidates import DEFAULT_MIN_BYTES, find_candidates
+from memplan.sim.validate import validate
 from memplan.testing.synthetic import MIB, chain_trace
 
 DEVICE = "gtx1080ti"
@@ -214,8 +216,6 @@ def test_cross_iteration_prefetch_in_previous_tail():
 
 
 def test_combined_mode_lays_out_a_valid_pool():
-    from memplan.sim.validate import validate
-
     trace = _trace()
     budget = int(trace.peak_load_bytes * 0.7)
     result = plan(trace, budget, planner="autoswap:wdoa+smartpool", device=DEVICE, simulate_result=False,

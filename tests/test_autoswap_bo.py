@@ -3,7 +3,7 @@
 import pytest
 
 from memplan.cost.model import Cost
-from memplan.planners import _autoswap_bo
+from memplan.planners.autoswap import bo as _autoswap_bo
 from memplan.planners.base import plan
 from memplan.testing.synthetic import MIB, chain_trace
 

@@ -11,7 +11,7 @@ from memplan.cli import main
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision
-from memplan.planners._dtr_sim import DtrRun
+from memplan.planners.dtr.eviction import DtrRun
 from memplan.planners.base import plan
 from memplan.planners.dtr import dtr_decisions
 from memplan.sim.simulate import simulate

@@ -5,12 +5,13 @@ import json
 import numpy as np
 import pytest
 
+from memplan.cli import main
 from memplan.errors import MemplanError
 from memplan.model import Plan
-from memplan.planners import _home_pso as pso
-from memplan.planners._featuremaps import KEEP, RECOMPUTE, SWAP, Decoder, feature_maps
-from memplan.planners._home_workers import make_chunks
 from memplan.planners.base import plan as make_plan
+from memplan.planners.home import pso
+from memplan.planners.home.workers import make_chunks
+from memplan.planners.kit.featuremaps import KEEP, RECOMPUTE, SWAP, Decoder, feature_maps
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import chain_trace
@@ -200,8 +201,6 @@ def test_bad_parameters_give_one_line_and_exit_2(capsys, trace_file, tmp_path, a
 
 
 def test_plan_plot_draws_the_convergence(capsys, trace_file, tmp_path):
-    from memplan.cli import main
-
     png = tmp_path / "conv.png"
     code = main(["plan", str(trace_file), "--planner", "home", "--budget", "60%", "--param", "particles=6",
                  "iters=5", "-o", str(tmp_path / "p.json"), "--plot", str(png), "--json"])

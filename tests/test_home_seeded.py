@@ -9,9 +9,9 @@ import pytest
 
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
-from memplan.planners._featuremaps import feature_maps
-from memplan.planners._policy_eval import PolicyEvaluator
-from memplan.planners._refine import policy_of
+from memplan.planners.kit.featuremaps import feature_maps
+from memplan.planners.kit.policy import PolicyEvaluator
+from memplan.planners.kit.refine import policy_of
 from memplan.planners.base import plan as make_plan
 from memplan.planners.home import SEED_PLANNERS
 from memplan.sim.simulate import Simulator

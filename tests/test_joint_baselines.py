@@ -1,7 +1,7 @@
 """SuperNeurons and Capuchin as HOME describes them (paper 004 §4.1)."""
 
 from memplan.cost.model import Cost
-from memplan.planners._featuremaps import KEEP, RECOMPUTE, SWAP, feature_maps
+from memplan.planners.kit.featuremaps import KEEP, RECOMPUTE, SWAP, feature_maps
 from memplan.planners.base import plan as make_plan
 from memplan.planners.capuchin import _State
 from memplan.planners.superneurons import layer_policy

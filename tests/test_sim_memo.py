@@ -7,8 +7,8 @@ import pytest
 
 from memplan.cost.model import Cost
 from memplan.model import Decision, Plan
-from memplan.planners._featuremaps import Decoder, feature_maps
-from memplan.planners._home_pso import random_policies
+from memplan.planners.kit.featuremaps import Decoder, feature_maps
+from memplan.planners.home.pso import random_policies
 from memplan.sim.memo import MISS, ProbeMemo
 from memplan.sim.program import compile_program
 from memplan.sim.simulate import Simulator

@@ -80,7 +80,7 @@ def workspace_bytes(family: str, kernel: Kernel) -> int:
     if family == "implicit_precomp_gemm":
         return INDEX_BYTES * cg * kernel.r * kernel.s if kernel.kind == "fwd" else 0
     if family == "gemm":
-        return e * cg * kernel.r * kernel.s * n * kernel.p * kernel.q
+        return e * cg * kernel.r * kernel.s * n * kernel.out_h * kernel.out_w
     if family == "fft":
         return COMPLEX_BYTES * _spectrum(*_fft_size(kernel)) * (n * cg + kg * cg + n * kg)
     if family == "fft_tiling":
@@ -149,4 +149,4 @@ def _spectrum(hf: int, wf: int) -> int:
 
 def _tiles(kernel: Kernel, step_h: int, step_w: int) -> int:
     """Output tiles of `step_h` x `step_w` covering the output."""
-    return math.ceil(kernel.p / step_h) * math.ceil(kernel.q / step_w)
+    return math.ceil(kernel.out_h / step_h) * math.ceil(kernel.out_w / step_w)

@@ -42,7 +42,7 @@ class CudnnSource:
         if not torch.cuda.is_available():
             raise MemplanError("the cudnn source needs a CUDA GPU (use --source model or cpu here)")
         try:
-            import cudnn
+            import cudnn  # local: nvidia-cudnn-frontend is an optional, GPU-only dependency
         except ImportError:
             raise MemplanError("the cudnn source needs nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend") from None
         self.cudnn = cudnn
@@ -79,7 +79,7 @@ class CudnnSource:
         torch_dtype = getattr(torch, kernel.dtype)
         x = torch.randn(kernel.n, kernel.c, kernel.h, kernel.w, device="cuda", dtype=torch_dtype)
         w = torch.randn(kernel.k, kernel.c // kernel.groups, kernel.r, kernel.s, device="cuda", dtype=torch_dtype)
-        y = torch.randn(kernel.n, kernel.k, kernel.p, kernel.q, device="cuda", dtype=torch_dtype)
+        y = torch.randn(kernel.n, kernel.k, kernel.out_h, kernel.out_w, device="cuda", dtype=torch_dtype)
         geometry = {"padding": [kernel.pad_h, kernel.pad_w], "stride": [kernel.stride_h, kernel.stride_w],
                     "dilation": [kernel.dil_h, kernel.dil_w]}
         tx, tw, ty = (graph.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=dtype)

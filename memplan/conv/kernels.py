@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, fields, replace
 
 from ..errors import MemplanError
-from ..model import CONV_KERNELS, ConvParams, Trace, conv_output_size
+from ..model import CONV_KERNELS, ConvParams, Trace
 
 # Bytes per element of the dtypes convolutions run in.
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -23,44 +23,31 @@ SHAPE_FIELDS = ("kind", "c", "h", "w", "k", "r", "s", "pad_h", "pad_w", "stride_
 
 
 @dataclass(frozen=True, kw_only=True, order=True)
-class Kernel:
-    """One convolution computation: kind, batch and geometry (NCHW input, KCRS weight)."""
+class Kernel(ConvParams):
+    """One convolution computation: a traced convolution's geometry and batch (`ConvParams`: NCHW
+    input, KCRS weight, its output `out_h` x `out_w`) running one kernel, `kind`."""
 
+    kernels: tuple[str, ...] = ()  # (kind,): set from `kind` (the kernels a ConvParams runs)
     kind: str  # one of CONV_KERNELS
-    n: int  # batch (micro-batch) size
-    c: int  # input channels
-    h: int  # input height
-    w: int  # input width
-    k: int  # output channels
-    r: int  # filter height
-    s: int  # filter width
-    pad_h: int = 0  # zero padding, top and bottom
-    pad_w: int = 0  # zero padding, left and right
-    stride_h: int = 1  # vertical stride
-    stride_w: int = 1  # horizontal stride
-    dil_h: int = 1  # vertical dilation
-    dil_w: int = 1  # horizontal dilation
-    groups: int = 1  # channel groups
-    dtype: str = "float32"  # element type
 
     def __post_init__(self):
+        object.__setattr__(self, "kernels", (self.kind,))
         if self.kind not in CONV_KERNELS:
             raise ValueError(f"kernel kind {self.kind!r} is not one of {CONV_KERNELS}")
         if self.dtype not in ELEMENT_BYTES:
             raise ValueError(f"kernel dtype {self.dtype!r} is not one of {sorted(ELEMENT_BYTES)}")
         small = [name for name in _AT_LEAST_ONE if getattr(self, name) < 1] + \
             [name for name in ("pad_h", "pad_w") if getattr(self, name) < 0]
-        if small:
+        if small:  # ConvParams refuses these too; a kernel typed by hand is told which field
             raise ValueError(f"{small[0]} must be at least {0 if small[0].startswith('pad') else 1}")
-        if self.c % self.groups or self.k % self.groups:
-            raise ValueError(f"{self.groups} groups do not divide {self.c} input and {self.k} output channels")
-        if self.p < 1 or self.q < 1:
+        super().__post_init__()
+        if self.out_h < 1 or self.out_w < 1:
             raise ValueError(f"a {self.r}x{self.s} filter leaves no output of a {self.h}x{self.w} input")
 
     @classmethod
     def of(cls, conv: ConvParams, kind: str) -> Kernel:
         """The `kind` kernel of a traced convolution."""
-        return cls(kind=kind, **{f.name: getattr(conv, f.name) for f in fields(cls) if f.name != "kind"})
+        return cls(kind=kind, **{f.name: getattr(conv, f.name) for f in fields(ConvParams) if f.name != "kernels"})
 
     def with_batch(self, n: int) -> Kernel:
         """The same kernel on `n` samples."""
@@ -70,16 +57,6 @@ class Kernel:
     def shape(self) -> tuple:
         """Everything but the batch: equal for layers of equal shape."""
         return tuple(getattr(self, name) for name in SHAPE_FIELDS)
-
-    @property
-    def p(self) -> int:
-        """Output height."""
-        return conv_output_size(self.h, self.r, self.pad_h, self.stride_h, self.dil_h)
-
-    @property
-    def q(self) -> int:
-        """Output width."""
-        return conv_output_size(self.w, self.s, self.pad_w, self.stride_w, self.dil_w)
 
     @property
     def element_bytes(self) -> int:
@@ -94,13 +71,13 @@ class Kernel:
     @property
     def flops(self) -> float:
         """Multiply-adds (x2) of the direct convolution: the same for the three kinds."""
-        return 2.0 * self.n * self.k * (self.c // self.groups) * self.r * self.s * self.p * self.q
+        return 2.0 * self.n * self.k * (self.c // self.groups) * self.r * self.s * self.out_h * self.out_w
 
     @property
     def tensor_bytes(self) -> float:
         """Bytes of input, filter and output: what any algorithm reads or writes at least."""
         e = self.element_bytes
-        return e * (self.n * self.c * self.h * self.w + self.n * self.k * self.p * self.q) + self.weight_bytes
+        return e * (self.n * self.c * self.h * self.w + self.n * self.k * self.out_h * self.out_w) + self.weight_bytes
 
     def describe(self) -> str:
         """A short readable name, e.g. `fwd n64 c96x27x27 k256 5x5 p2 s1`."""

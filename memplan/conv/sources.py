@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import platform
 import time
 
 import torch
@@ -29,6 +30,7 @@ import torch
 from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError, unknown_name
 from .algos import FAMILIES, workspace_bytes
+from .cudnn import CudnnSource
 from .db import ConvDB, Row
 from .kernels import Kernel
 from .options import Option
@@ -95,7 +97,7 @@ def kernel_call(kernel: Kernel, device: str = "cpu"):
                 False, [0, 0], kernel.groups)
     if kernel.kind == "fwd":
         return lambda: torch.ops.aten.convolution.default(x, weight, None, *geometry)
-    dy = torch.randn(kernel.n, kernel.k, kernel.p, kernel.q, generator=gen).to(device, dtype)
+    dy = torch.randn(kernel.n, kernel.k, kernel.out_h, kernel.out_w, generator=gen).to(device, dtype)
     mask = [kernel.kind == "bwd_data", kernel.kind == "bwd_filter", False]
     return lambda: torch.ops.aten.convolution_backward.default(dy, x, weight, None, *geometry, mask)
 
@@ -109,8 +111,6 @@ def cpu_name() -> str:
                     return " ".join(line.split(":", 1)[1].split())
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -128,8 +128,6 @@ def get_source(name: str, profile: DeviceProfile | None = None):
     if name == "cpu":
         return CpuSource()
     if name == "cudnn":
-        from .cudnn import CudnnSource
-
         return CudnnSource()
     raise unknown_name("benchmark source", name, SOURCES)
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError
+from ..fileio import atomic_write_text
 from ..model import CONV_KERNELS
 from .algos import FAMILIES, families_for, work
 from .kernels import Kernel
@@ -98,10 +99,10 @@ class FamilyTimeModel:
 def gemm_shape(kernel: Kernel) -> tuple[float, float]:
     """The implicit GEMM's output matrix, rows x columns, of `kernel`."""
     if kernel.kind == "fwd":
-        return float(kernel.n * kernel.p * kernel.q), float(kernel.k)
+        return float(kernel.n * kernel.out_h * kernel.out_w), float(kernel.k)
     if kernel.kind == "bwd_data":
         return float(kernel.n * kernel.h * kernel.w), float(kernel.c)
-    return float(kernel.k * (kernel.c // kernel.groups) * kernel.r * kernel.s), float(kernel.n * kernel.p * kernel.q)
+    return float(kernel.k * (kernel.c // kernel.groups) * kernel.r * kernel.s), float(kernel.n * kernel.out_h * kernel.out_w)
 
 
 def _shape_flags(kernel: Kernel) -> tuple[bool, bool]:
@@ -178,8 +179,6 @@ def model_for(profile: DeviceProfile) -> FamilyTimeModel:
 
 def write_coefficients(models: dict[str, FamilyTimeModel], note: str, path) -> None:
     """Write fitted models as the package's coefficient file (atomically)."""
-    from ..fileio import atomic_write_text
-
     data = {"schema": SCHEMA, "version": VERSION, "note": note,
             "gpus": {name: m.to_json() for name, m in sorted(models.items())}}
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")

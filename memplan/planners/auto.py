@@ -10,7 +10,7 @@ Within one time limit (default 20 s) it
    fast planner reaches the budget: then milp over every storage runs, decomposed, since it
    moves what the others cannot, such as optimizer state across the iteration boundary);
 3. warm-starts a local search over keep / swap / recompute per feature map
-   (`memplan.planners._refine`) from each of the best REFINED plans so far, milp's included,
+   (`memplan.planners.kit.refine`) from each of the best REFINED plans so far, milp's included,
    sharing the time left until each reaches a local optimum;
 4. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
    particles for at most SWARM_ITERS iterations) within what is left;
@@ -39,12 +39,13 @@ from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import validate
-from ._featuremaps import DEFAULT_MIN_BYTES, feature_maps
-from ._milp_layers import MOVES, layer_problem
-from ._policy_eval import PolicyEvaluator, smallest_cap
-from ._refine import Refiner, policy_of
 from .base import get_planner, infeasible, register
+from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
+from .kit.fitting import smallest_fitting_budget
+from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
+from .kit.refine import Refiner, policy_of
 from .milp import MAX_DIRECT_GROUPS, solve_milp
+from .milp.layers import MOVES, layer_problem
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,8 @@ class _Search:
         if result.feasible and result.peak_load_bytes <= self.budget:
             self.candidates.append(Candidate(name=name, plan=plan, time_s=result.time_s, overhead=result.overhead))
         else:
-            self.named[name] = smallest_cap(self.simulator, plan, self.budget)
+            self.named[name] = smallest_fitting_budget(self.simulator, plan, self.budget,
+                                                       resolution_share=CAP_RESOLUTION)
 
     def ranked(self) -> list[Candidate]:
         return sorted(self.candidates, key=lambda c: (c.time_s, c.name))

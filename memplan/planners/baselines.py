@@ -24,8 +24,10 @@ import math
 
 from ..cost.model import Cost
 from ..model import Decision, Plan, Trace
-from ._replay import replayable
+from ..sim.simulate import Simulator
 from .base import infeasible, register
+from .kit.replay import replayable
+from .kit.saved import SavedGap, last_access_before, saved_activations
 
 
 @register("none", "keep everything resident (plain PyTorch training)", decides=())
@@ -43,12 +45,8 @@ def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int =
     save_on_cpu's unpack hook does. The activations moved are those made in forward that
     backward reads (what autograd saved).
     """
-    decisions = []
-    for sid in _backward_activations(trace):
-        back = _first_backward_access(trace, sid)
-        out = _last_access_before(trace, sid, back)
-        decisions.append(Decision(storage=sid, action="swap", out_after=out, back_before=back, trigger=back,
-                                  sync=True))
+    decisions = [Decision(storage=g.storage, action="swap", out_after=g.last_forward, back_before=g.back_before,
+                          trigger=g.back_before, sync=True) for g in saved_activations(trace)]
     return _finish(trace, budget_bytes, decisions, "save-on-cpu", cost)
 
 
@@ -107,7 +105,7 @@ def checkpoint_decisions(trace: Trace, block_of: dict[int, object]) -> list[Deci
     another block (or outside every block) reads it (a block output). All of a block's
     recomputed storages come back before the block's first backward access, so the block
     runs again once. One whose replay would need an input that is gone or overwritten by
-    then is kept instead (`memplan.planners._replay`): a block boundary inside the block.
+    then is kept instead (`memplan.planners.kit.replay`): a block boundary inside the block.
 
     Args:
         trace: the trace.
@@ -115,17 +113,16 @@ def checkpoint_decisions(trace: Trace, block_of: dict[int, object]) -> list[Deci
     Returns:
         The recompute decisions.
     """
-    members: dict[object, list[int]] = {}
-    for sid in _backward_activations(trace):
-        producer = trace.producer(sid)
-        block = block_of.get(producer)
-        if block is not None and trace.recomputable(sid) and not _read_outside(trace, sid, block, block_of):
-            members.setdefault(block, []).append(sid)
+    members: dict[object, list[SavedGap]] = {}
+    for g in saved_activations(trace):
+        block = block_of.get(trace.producer(g.storage))
+        if block is not None and trace.recomputable(g.storage) and not _read_outside(trace, g.storage, block, block_of):
+            members.setdefault(block, []).append(g)
     decisions = []
-    for sids in members.values():
-        back = min(_first_backward_access(trace, sid) for sid in sids)
-        for sid in sids:
-            out = _last_access_before(trace, sid, back)
+    for gaps in members.values():
+        back = min(g.back_before for g in gaps)
+        for sid in (g.storage for g in gaps):
+            out = last_access_before(trace, sid, back)
             if out + 1 < back:  # an empty gap would save nothing
                 decisions.append(Decision(storage=sid, action="recompute", out_after=out, back_before=back))
     return replayable(trace, decisions)
@@ -136,25 +133,7 @@ def _read_outside(trace: Trace, sid: int, block: object, block_of: dict[int, obj
     return any(trace.ops[i].phase == "forward" and block_of.get(i) != block for i in trace.accesses[sid])
 
 
-def _backward_activations(trace: Trace) -> list[int]:
-    """Activations with at least one backward access (those autograd saved), by id."""
-    return [s.id for s in trace.storages
-            if s.kind == "activation" and s.id not in trace.engine_owned  # DDP/FSDP2 manage those
-            and _first_backward_access(trace, s.id) is not None]
-
-
-def _first_backward_access(trace: Trace, sid: int) -> int | None:
-    return next((i for i in trace.accesses[sid] if trace.ops[i].phase == "backward"), None)
-
-
-def _last_access_before(trace: Trace, sid: int, op: int) -> int:
-    accesses = trace.accesses[sid]
-    return accesses[bisect.bisect_left(accesses, op) - 1]
-
-
 def _finish(trace: Trace, budget_bytes: int, decisions, name: str, cost: Cost) -> Plan:
-    from ..sim.simulate import Simulator
-
     plan = Plan(decisions=tuple(decisions))
     peak = Simulator(trace, cost).run(plan).peak_load_bytes
     if peak > budget_bytes:

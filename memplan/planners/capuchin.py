@@ -1,7 +1,7 @@
 """Capuchin (Peng et al., ASPLOS'20), as HOME compares against it (paper 004 §4.1): swap first,
 then recompute, deciding tensor by tensor from the first to the last that the memory needs.
 
-1. Swap (§4.3 of Capuchin): candidates are feature maps (memplan.planners._featuremaps) whose
+1. Swap (§4.3 of Capuchin): candidates are feature maps (memplan.planners.kit.featuremaps) whose
    gap covers an op over the budget. Each has a free time FT: the time between its swap-out
    completing and the latest start of a swap-in that lands in time, on the unconstrained
    timeline. Candidates with FT > 0 are swapped, largest FT first, as long as the simulator
@@ -28,9 +28,12 @@ import numpy as np
 from ..cost.model import Cost
 from ..model import Plan, Trace
 from ..sim.validate import static_load
-from ._featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
-from ._policy_eval import PolicyEvaluator, smallest_cap
 from .base import infeasible, register
+from .kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
+from .kit.fitting import smallest_fitting_budget
+from .kit.gaps import alive_at
+from .kit.ops import op_starts
+from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
 
 FEEDBACK_ROUNDS = 6  # simulate-and-adjust rounds of the prefetch triggers
 LATE_S = 1e-12  # a prefetch landing this close to its op's start counts as late
@@ -63,7 +66,8 @@ def capuchin(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, min_
         state.swap_rest()
     state.tune()
     if not state.fits():
-        raise infeasible(budget_bytes, smallest_cap(state.evaluator.simulator, state.plan(), budget_bytes), "capuchin")
+        raise infeasible(budget_bytes, smallest_fitting_budget(state.evaluator.simulator, state.plan(), budget_bytes,
+                                                               resolution_share=CAP_RESOLUTION), "capuchin")
     return state.plan()
 
 
@@ -74,7 +78,7 @@ class _State:
         self.fm, self.cost, self.budget, self.rounds = fm, cost, budget_bytes, rounds
         self.evaluator = PolicyEvaluator(fm, cost, budget_bytes)
         self.policy = np.full(len(fm), KEEP, dtype=np.int8)
-        starts = np.concatenate([[0.0], np.cumsum(cost.durations)])
+        starts = op_starts(cost)
         self.start = starts[:-1]
         out_done = starts[fm.out_after + 1] + cost.d2h_s(fm.nbytes)  # swap-out complete
         self.latest_in = self.start[fm.back_before] - cost.h2d_s(fm.nbytes)  # latest swap-in start
@@ -205,8 +209,8 @@ class _State:
             ops, inputs = trace.lineage(sid, op)
             total += float(self.cost.durations[list(ops)].sum())
             for r in inputs:
-                s, j = trace.storages[r], index.get(r)
-                gone = not s.alloc_op <= op < s.free_op or (
+                j = index.get(r)
+                gone = not alive_at(trace, r, op) or (
                     j is not None and self.policy[j] == RECOMPUTE and self.fm.out_after[j] < op < self.fm.back_before[j])
                 if gone and r not in seen and trace.recomputable(r):
                     seen.add(r)

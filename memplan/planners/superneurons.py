@@ -2,7 +2,7 @@
 
 "It only swaps the tensors of convolution layers and only recomputes the tensors in pool,
 activation, local response normalization, and batch normalization layers": a feature map
-(memplan.planners._featuremaps) is swapped when a convolution made it, recomputed when the
+(memplan.planners.kit.featuremaps) is swapped when a convolution made it, recomputed when the
 last forward op that wrote it is a pooling, activation or normalisation op (a batch norm's
 output that an in-place ReLU then overwrites is the ReLU's feature map), and kept otherwise
 (fully connected, attention, element-wise sums, dropout). Swaps are prefetched one backward
@@ -20,11 +20,11 @@ import numpy as np
 
 from ..cost.model import Cost
 from ..model import Plan, Trace
-from ._featuremaps import DEFAULT_LEAD, DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
-from ._policy_eval import INFEASIBLE, PolicyEvaluator
 from .base import infeasible, register
-
-CONV_OPS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution", "conv2d"})
+from .kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
+from .kit.ops import CONV_OPS, aten_name
+from .kit.policy import INFEASIBLE, PolicyEvaluator
+from .kit.prefetch import DEFAULT_LEAD
 RECOMPUTED_OPS = frozenset({
     # pooling
     "max_pool2d_with_indices", "max_pool2d", "max_pool3d_with_indices", "avg_pool2d", "avg_pool3d",
@@ -44,7 +44,7 @@ def layer_policy(fm: FeatureMaps) -> np.ndarray:
     for k, sid in enumerate(fm.storage):
         writer = max(j for j in trace.writers[int(sid)] if trace.ops[j].phase == "forward")
         op = trace.ops[writer]
-        base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
+        base = aten_name(op)
         if base in CONV_OPS:
             policy[k] = SWAP
         elif (base in RECOMPUTED_OPS or "pool" in op.module.rsplit(".", 1)[-1]) and fm.recomputable[k]:

@@ -22,9 +22,11 @@ from __future__ import annotations
 from ..cost.model import Cost
 from ..model import Plan, Trace
 from ..sim.simulate import Simulator
-from ._activations import gap_decisions, saved_gaps, smallest_budget
-from ._ledger import OFFLOAD, REMOVE, Ledger
 from .base import infeasible, register
+from .kit.fitting import smallest_fitting_budget
+from .kit.ledger import OFFLOAD, REMOVE, Ledger
+from .kit.prefetch import gap_decisions
+from .kit.saved import saved_gaps
 
 MODES = ("recompute", "swap", "both")
 EXPENSIVE = ("convolution", "mm", "linear", "rnn", "lstm", "gru", "attention")  # names of checkpointed ops
@@ -51,7 +53,7 @@ def plan_superneurons_modes(trace: Trace, budget_bytes: int, cost: Cost, *, seed
             ledger.offload(k, gaps[k].last_forward)
     plan = Plan(decisions=gap_decisions(trace, ledger.triples(OFFLOAD), ledger.triples(REMOVE),
                                         load=ledger.planned))
-    needed = smallest_budget(Simulator(trace, cost), plan, int(ledger.planned.max()))
+    needed = smallest_fitting_budget(Simulator(trace, cost), plan, int(ledger.planned.max()))
     if needed > budget_bytes:
         raise infeasible(budget_bytes, needed, f"superneurons-modes:{mode}")
     return plan

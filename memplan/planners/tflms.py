@@ -3,7 +3,7 @@
 TFLMS rewrites the graph to swap a number of tensors the user chooses. Here the `count`
 largest saved activations leave after their last forward use and are prefetched in
 backward in the order of paper 002 §4.5, never above the plan's own peak
-(`memplan.planners._activations`). Without `count`, the smallest count whose plan fits
+(`memplan.planners.kit.prefetch`). Without `count`, the smallest count whose plan fits
 the budget is used.
 """
 
@@ -12,8 +12,11 @@ from __future__ import annotations
 from ..cost.model import Cost
 from ..model import Plan, Trace
 from ..sim.simulate import Simulator
-from ._activations import gap_decisions, load_without, saved_gaps, smallest_budget
 from .base import infeasible, register
+from .kit.fitting import smallest_fitting_budget
+from .kit.gaps import load_without
+from .kit.prefetch import gap_decisions
+from .kit.saved import saved_gaps
 
 
 @register("tflms", "TFLMS-like (paper 002's baseline): swap the `count` largest saved activations",
@@ -35,7 +38,7 @@ def plan_tflms(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, co
         count = _fewest(trace, triples, budget_bytes)
     chosen = triples[:count]
     plan = Plan(decisions=gap_decisions(trace, chosen, []))
-    needed = smallest_budget(Simulator(trace, cost), plan, int(load_without(trace, chosen).max()))
+    needed = smallest_fitting_budget(Simulator(trace, cost), plan, int(load_without(trace, chosen).max()))
     if needed > budget_bytes:
         raise infeasible(budget_bytes, needed, "tflms")
     return plan

@@ -31,72 +31,41 @@ the infeasible-budget error naming the smallest budget at which the simulator ru
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass
-
 from ..conv.decide import decide
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Decision, Plan, Trace
+from ..pool.api import with_pool
 from ..sim.simulate import Simulator
-from ._activations import saved_gaps
 from .base import infeasible, register
+from .kit.fitting import smallest_fitting_budget
+from .kit.ops import is_convolution
+from .kit.prefetch import backward_layer_starts, in_issue_order, lead_trigger
+from .kit.saved import SavedGap, saved_gaps
 
 OFFLOAD_MODES = ("all", "conv", "aconv")  # fixed layer choices (§II-B); `dyn` picks among them
 ALGOS = ("m", "p")  # memory-optimal or performance-optimal convolution algorithms
 UNLIMITED_WORKSPACE = 1 << 50  # (p): the fastest algorithm, whatever its workspace
-BISECT_STEPS = 24  # smallest-budget search: simulator runs between infeasible and feasible
-CONV_OPS = frozenset({"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution", "conv2d"})
 
 
-@dataclass(frozen=True, kw_only=True)
-class Offload:
-    """One layer's input X leaving after the layer's forward."""
-
-    storage: int  # X's storage id
-    out_after: int  # the layer's last forward op reading it
-    back_before: int  # its first backward access
-    conv: bool  # the layer is a convolution
-
-
-def offloads(trace: Trace, mode: str) -> list[Offload]:
-    """The offloads of `mode` ("all", "conv" or "aconv"), in forward order."""
+def offloads(trace: Trace, mode: str) -> list[SavedGap]:
+    """The layer inputs X that `mode` ("all", "conv" or "aconv") offloads, in forward order: each
+    leaves after its layer's last forward op reading it (its saved gap's `last_forward`)."""
     gaps = {g.storage: g for g in saved_gaps(trace)}
-    out: list[Offload] = []
+    out: list[tuple[SavedGap, bool]] = []  # (X, its layer is a convolution)
     for layer in trace.layers:
         if layer.phase != "forward":
             continue
-        is_conv = any(_is_conv(trace, j) for j in layer.ops)
-        for sid in layer.inputs:
-            gap = gaps.get(sid)
-            if gap is not None and gap.last_forward in layer.ops:
-                out.append(Offload(storage=sid, out_after=gap.last_forward, back_before=gap.back_before, conv=is_conv))
+        is_conv = any(is_convolution(trace.ops[j]) for j in layer.ops)
+        out += [(gaps[sid], is_conv) for sid in layer.inputs if sid in gaps and gaps[sid].last_forward in layer.ops]
     if mode == "all":
-        return out
-    convs = [o for o in out if o.conv]
+        return [gap for gap, _ in out]
+    convs = [gap for gap, is_conv in out if is_conv]
     if mode == "conv":
         return convs
-    layers = sorted({o.out_after for o in convs})  # one offloading op per conv layer
+    layers = sorted({g.last_forward for g in convs})  # one offloading op per conv layer
     kept = set(layers[::2])
-    return [o for o in convs if o.out_after in kept]
-
-
-def _is_conv(trace: Trace, j: int) -> bool:
-    op = trace.ops[j]
-    base = op.name.split(".")[1] if op.name.startswith("aten.") else op.name
-    return op.conv is not None or base in CONV_OPS
-
-
-def backward_layer_starts(trace: Trace) -> list[int]:
-    """First op of every backward layer, ascending."""
-    return [layer.ops[0] for layer in trace.layers if layer.phase == "backward"]
-
-
-def prefetch_trigger(starts: list[int], o: Offload) -> int:
-    """Issue the prefetch when the backward layer before X's layer starts (one layer of lead)."""
-    here = bisect.bisect_right(starts, o.back_before) - 1
-    op = starts[here - 1] if here >= 1 else o.back_before
-    return min(max(op, o.out_after + 1), o.back_before)
+    return [g for g in convs if g.last_forward in kept]
 
 
 def mode_plan(trace: Trace, cost: Cost, mode: str, algo: str, *, sync: bool, compress: float = 0.0) -> Plan:
@@ -105,12 +74,11 @@ def mode_plan(trace: Trace, cost: Cost, mode: str, algo: str, *, sync: bool, com
         raise MemplanError(f"unknown vDNN offload mode {mode!r}; known: {', '.join(OFFLOAD_MODES)}, dyn")
     starts = backward_layer_starts(trace)
     chosen = offloads(trace, mode) if mode != "none" else []
-    decisions = tuple(sorted((Decision(storage=o.storage, action="swap", out_after=o.out_after,
-                                       back_before=o.back_before, trigger=prefetch_trigger(starts, o), sync=sync,
-                                       overlap=o.storage not in trace.ops[o.out_after].writes,
-                                       compress_ratio=compress or None) for o in chosen),
-                             key=lambda d: (d.back_before, d.storage)))
-    return Plan(decisions=decisions, microbatches=conv_algorithms(trace, cost, algo))
+    decisions = [Decision(storage=g.storage, action="swap", out_after=g.last_forward, back_before=g.back_before,
+                          trigger=lead_trigger(starts, g.last_forward, g.back_before), sync=sync,
+                          overlap=g.storage not in trace.ops[g.last_forward].writes, compress_ratio=compress or None)
+                 for g in chosen]
+    return Plan(decisions=in_issue_order(decisions), microbatches=conv_algorithms(trace, cost, algo))
 
 
 def conv_algorithms(trace: Trace, cost: Cost, algo: str):
@@ -123,24 +91,12 @@ def conv_algorithms(trace: Trace, cost: Cost, algo: str):
     return decide(trace, cost.profile, mode="wr", workspace=workspace, policy="undivided")
 
 
-def smallest_budget(simulator: Simulator, plan: Plan, budget_bytes: int) -> int:
-    """The smallest budget above `budget_bytes` at which the simulator runs `plan` (bisection
-    between `budget_bytes` and the plan's unconstrained peak, which it always fits)."""
-    lo, hi = budget_bytes, max(simulator.run(plan, None).peak_load_bytes, budget_bytes + 1)
-    for _ in range(BISECT_STEPS):
-        if hi - lo <= 1:
-            break
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if simulator.run(plan, mid).feasible else (mid, hi)
-    return hi
-
-
 def fitted(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, name: str) -> tuple[Plan, float]:
     """`plan` and its simulated time if it fits `budget_bytes`; else the infeasible-budget error."""
     simulator = Simulator(trace, cost)
     result = simulator.run(plan, budget_bytes)
     if not result.feasible:
-        raise infeasible(budget_bytes, smallest_budget(simulator, plan, budget_bytes), name)
+        raise infeasible(budget_bytes, smallest_fitting_budget(simulator, plan, budget_bytes), name)
     return plan, result.time_s
 
 
@@ -230,16 +186,12 @@ def _highend(trace, budget_bytes, cost, *, seed=0, mode="all", algo: str = "m", 
     simulator = Simulator(trace, cost)
     fits = simulator.run(pooled, budget_bytes).feasible and pooled.pool_bytes <= budget_bytes
     if not fits:
-        needed = max(pooled.pool_bytes, budget_bytes + 1)
-        if not simulator.run(pooled, needed).feasible:
-            needed = smallest_budget(simulator, pooled, needed)
-        raise infeasible(budget_bytes, needed, name)
+        raise infeasible(budget_bytes, smallest_fitting_budget(simulator, pooled, max(pooled.pool_bytes,
+                                                                                      budget_bytes + 1)), name)
     return pooled.with_meta(report={"mode": mode, "algo": algo or "m", "order": order})
 
 
 def _pool(trace: Trace, plan: Plan, cost: Cost, order: str) -> Plan:
-    from ..pool.api import with_pool
-
     return with_pool(trace, plan, allocator="vdnnpp-highend", cost=cost, order=order)
 
 

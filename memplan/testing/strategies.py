@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from ..model import KINDS, Op, Storage, Trace
+from .lifetimes import access_spans, lifetime
 
 KIB, MIB = 2**10, 2**20
 # Sizes mix zero-size storages, small ones and ones above AutoSwap's 1 MiB candidate threshold.
@@ -224,19 +225,12 @@ def _optimizer(p: _Program, grads: dict[int, int]) -> None:
 def _build(p: _Program, meta: dict) -> Trace:
     n = len(p.ops)
     first_backward = next((i for i, op in enumerate(p.ops) if op["phase"] != "forward"), n)
-    first, last = {}, {}
-    for i, op in enumerate(p.ops):
-        for sid in op["reads"] + op["writes"]:
-            first.setdefault(sid, i)
-            last[sid] = i
+    first, last = access_spans(p.ops)
     storages = []
     for sid, spec in enumerate(p.specs):
         persistent = spec.role in ("param", "optimizer_state")
-        alloc = 0 if spec.pre else first[sid]
-        if persistent or spec.role == "grad" or spec.late == TO_THE_END:
-            free = n
-        else:
-            free = min(n, last[sid] + 1 + spec.late)
+        alloc, free = lifetime(first.get(sid), last.get(sid), n, pre=spec.pre, late=spec.late,
+                               to_end=persistent or spec.role == "grad" or spec.late == TO_THE_END)
         kind = spec.role or _derived_kind(p.ops[alloc]["phase"], free, first_backward)
         storages.append(Storage(id=sid, nbytes=spec.nbytes, kind=kind, alloc_op=alloc, free_op=free,
                                 persistent=persistent, dtype="float32", name=f"{kind}{sid}"))

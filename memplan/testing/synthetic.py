@@ -9,6 +9,7 @@ before (and independently of) the tracer.
 from __future__ import annotations
 
 from ..model import Op, Storage, Trace
+from .lifetimes import access_spans, lifetime
 
 MIB = 2**20
 
@@ -114,15 +115,11 @@ class _Builder:
 
     def build(self, meta: dict) -> Trace:
         n = len(self.ops)
-        first, last = {}, {}
-        for i, op in enumerate(self.ops):
-            for sid in op["writes"] + op["reads"]:
-                first.setdefault(sid, i)
-                last[sid] = i
+        first, last = access_spans(self.ops)
         storages = []
         for sid, spec in enumerate(self.specs):
-            alloc = 0 if spec["pre"] else first[sid]
-            free = n if spec["persistent"] or spec["kind"] == "grad" else last[sid] + 1
+            alloc, free = lifetime(first.get(sid), last.get(sid), n, pre=spec["pre"],
+                                   to_end=spec["persistent"] or spec["kind"] == "grad")
             storages.append(Storage(id=sid, nbytes=spec["nbytes"], kind=spec["kind"], alloc_op=alloc,
                                     free_op=free, persistent=spec["persistent"], dtype="float32",
                                     name=spec["name"]))

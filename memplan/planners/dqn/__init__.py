@@ -7,7 +7,7 @@ Registered names:
 - `dqn:pretrained`: greedy inference only, with the network of `weights` (default: the
   shipped weights).
 - `dqn:refined` (ours): `dqn:pretrained`'s plan improved by a local search over keep / swap /
-  recompute per feature map (`memplan.planners._refine`); paper 002's planners are unchanged.
+  recompute per feature map (`memplan.planners.kit.refine`); paper 002's planners are unchanged.
 
 Both plan against the budget: saved activations of at least `min_bytes` are offloaded or
 removed (recomputed) by the agent; the rest is kept. An episode ends as soon as the planned
@@ -31,14 +31,15 @@ import torch
 
 from ...cost.model import Cost
 from ...errors import MemplanError
-from ...units import format_bytes
 from ...model import Plan, Trace
 from ...sim.simulate import Simulator
-from .._activations import gap_decisions, load_without
-from .._featuremaps import feature_maps
-from .._policy_eval import INFEASIBLE, PolicyEvaluator
-from .._refine import Refiner, policy_of
+from ...units import format_bytes
 from ..base import get_planner, infeasible, refuse_without_ops, register
+from ..kit.featuremaps import feature_maps
+from ..kit.gaps import load_without
+from ..kit.policy import INFEASIBLE, PolicyEvaluator
+from ..kit.prefetch import gap_decisions
+from ..kit.refine import Refiner, policy_of
 from .env import Env, Outcome
 from .graph import Graph, build_graph
 from .net import QNet, load_weights
@@ -108,7 +109,7 @@ def plan_dqn_pretrained(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
 def plan_dqn_refined(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weights: str | None = None,
                      min_bytes: int = DEFAULT_MIN_BYTES, time_limit_s: float = REFINE_LIMIT_S) -> Plan:
     """The greedy policy of a trained network, improved by single-entry changes of its policy while
-    they lower the simulated overhead (`memplan.planners._refine`), within `time_limit_s`.
+    they lower the simulated overhead (`memplan.planners.kit.refine`), within `time_limit_s`.
 
     Args:
         weights: the weights file (default: the shipped weights).

@@ -5,7 +5,7 @@ is known) and picks one valid action; each action applies right after op c:
 
 - offload gap k: the activation is copied to the host on the device-to-host engine (FIFO)
   and its memory is released when the copy completes; it is prefetched in backward in the
-  order of §4.5 (`memplan.planners._activations.prefetch_triggers`).
+  order of §4.5 (`memplan.planners.kit.prefetch.prefetch_triggers`).
 - remove gap k: it is dropped at once and recomputed before its first backward use.
 - nothing (node 0).
 
@@ -44,8 +44,8 @@ import numpy as np
 from ...model import Plan
 from ...sim.chains import plan_chains
 from ...sim.simulate import Simulator
-from .._activations import gap_decisions
-from .._ledger import OFFLOAD, REMOVE, Ledger, Removal
+from ..kit.ledger import OFFLOAD, REMOVE, Ledger, Removal
+from ..kit.prefetch import gap_decisions
 from .graph import NOTHING_NODE, Graph
 
 FAIL_PENALTY = 2.0  # the reward of an episode that cannot fit: worse than a 200% overhead

@@ -31,9 +31,10 @@ import numpy as np
 
 from ...cost.model import Cost
 from ...model import Trace
-from .._activations import SavedGap, saved_gaps
-from .._ledger import OFFLOAD, REMOVE
-from .._rebuild import Rebuilder
+from ..kit.ledger import OFFLOAD, REMOVE
+from ..kit.ops import op_starts
+from ..kit.rebuild import Rebuilder
+from ..kit.saved import SavedGap, saved_gaps
 
 NONE = 0  # node action type of a node that stands for no action (OFFLOAD and REMOVE: the others)
 NOTHING_NODE = 0  # the node that stands for "do nothing"
@@ -85,7 +86,7 @@ def build_graph(trace: Trace, cost: Cost, budget_bytes: int, min_bytes: int = 0)
     gaps = tuple(saved_gaps(trace, min_bytes))
     removable = _removable(trace, gaps)
     offload_node, remove_node, kind, gap_of = _assign_actions(trace, gaps, removable)
-    starts = np.concatenate([[0.0], np.cumsum(cost.durations)])
+    starts = op_starts(cost)
     tau = max(float(starts[-1]) / max(len(trace.ops), 1), 1e-12)
     variables = [_variable(trace, gaps, gap_of, v) for v in range(len(trace.ops))]
     node_bytes = np.array([0.0 if sid is None else float(trace.nbytes[sid]) for sid, _ in variables])

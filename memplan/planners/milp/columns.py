@@ -9,8 +9,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_matrix
 
-from ..model import Decision
-from ._milp_layers import LayerProblem
+from ...model import Decision
+from ..kit.prefetch import in_issue_order
+from .layers import LayerProblem
 
 INF = np.inf
 MS = 1e3  # model time unit: milliseconds per second
@@ -116,4 +117,4 @@ class Model:
             elif x[self.r[k]] > 0.5:
                 out.append(Decision(storage=u.storage, action="recompute", out_after=u.out_after,
                                     back_before=u.back_before))
-        return tuple(sorted(out, key=lambda d: (d.back_before, d.storage)))
+        return in_issue_order(out)

@@ -1,19 +1,22 @@
 """Can a storage be recomputed before an op, given the gaps decided so far?
 
 The rules are the validator's (RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, which
-`memplan.sim.validate` checks independently): replaying the ops that wrote a storage needs
-each of their inputs there, either resident (alive and not inside one of its gaps) or
-itself rebuilt from resident storages; a swapped-away input is on the host and cannot be
-rebuilt; no input may have been written again since the replayed op read it. Planners
-that add recompute decisions one at a time ask this before each one.
+`memplan.sim.validate` checks independently; the second is `memplan.planners.kit.replay`'s
+`input_overwritten`): replaying the ops that wrote a storage needs each of their inputs
+there, either resident (alive and not inside one of its gaps) or itself rebuilt from
+resident storages; a swapped-away input is on the host and cannot be rebuilt; no input may
+have been written again since the replayed op read it. Planners that add recompute
+decisions one at a time ask this before each one.
 
 Each storage has at most one gap here (the planners using it decide a storage once).
 """
 
 from __future__ import annotations
 
-from ..model import Trace
-from ..sim.chains import MAX_CHAIN_DEPTH
+from ...model import Trace
+from ...sim.chains import MAX_CHAIN_DEPTH
+from .gaps import alive_at
+from .replay import input_overwritten
 
 
 class Rebuilder:
@@ -39,8 +42,7 @@ class Rebuilder:
 
     def resident(self, sid: int, op: int) -> bool:
         """Alive at `op` in the trace and not inside its gap."""
-        s = self.trace.storages[sid]
-        return s.alloc_op <= op < s.free_op and self.absent(sid, op) is None
+        return alive_at(self.trace, sid, op) and self.absent(sid, op) is None
 
     def rebuild(self, sid: int, op: int, fetch_swapped: bool = False) -> set[int] | None:
         """The storages a recomputation of `sid` right before `op` relies on, or None when it cannot run.
@@ -75,11 +77,8 @@ class Rebuilder:
         return True
 
     def overwritten(self, sid: int, op: int) -> bool:
-        """True when an input of an op that wrote `sid` before `op` is written again before `op`."""
+        """`input_overwritten(trace, sid, op)`, remembered (planners ask it again and again)."""
         key = (sid, op)
         if key not in self._overwritten:
-            trace = self.trace
-            self._overwritten[key] = any(
-                any(j < w < op for w in trace.writers[r])
-                for j in trace.lineage(sid, op)[0] for r in trace.ops[j].reads if r != sid)
+            self._overwritten[key] = input_overwritten(self.trace, sid, op)
         return self._overwritten[key]

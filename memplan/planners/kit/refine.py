@@ -1,14 +1,14 @@
 """Local search over keep/swap/recompute policies: the refinement step of `auto` and of
 `home:seeded` (a mutation step after the swarm stops).
 
-A plan is read as a policy over the trace's feature maps (`memplan.planners._featuremaps`):
+A plan is read as a policy over the trace's feature maps (`memplan.planners.kit.featuremaps`):
 the action of the decision on each feature map's storage, KEEP without one; its decisions on
 other storages (weights, optimizer state, small activations) ride along unchanged as
 `extras`. The search changes one entry at a time, largest feature map first, keeps the first
 change that lowers the simulated overhead (and that the validator accepts, when extras could
 conflict with a recomputation), and sweeps again until a sweep changes nothing
 (a local optimum) or the deadline passes. Every score is the shared simulator's
-(`memplan.planners._policy_eval`), so what it returns is what `simulate` reports.
+(`memplan.planners.kit.policy`), so what it returns is what `simulate` reports.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import time
 
 import numpy as np
 
-from ..model import Decision, Plan
-from ..sim.validate import validate
-from ._featuremaps import KEEP, RECOMPUTE, SWAP, FeatureMaps
-from ._policy_eval import INFEASIBLE, PolicyEvaluator
+from ...model import Decision, Plan
+from ...sim.validate import validate
+from .featuremaps import KEEP, RECOMPUTE, SWAP, FeatureMaps
+from .policy import INFEASIBLE, PolicyEvaluator
 
 ACTIONS = (KEEP, SWAP, RECOMPUTE)
 BETTER = 1e-9  # a change must lower the overhead by more than this

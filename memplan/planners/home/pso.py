@@ -136,7 +136,7 @@ def swarm(chunks, iters: int, feasible_below: float, deadline: float = float("in
 
     Args:
         chunks: objects with `submit(method, *args)` and `collect()` running `Chunk.start()` and
-            `Chunk.step(p1, deadline)` (memplan.planners._home_workers); particle order is
+            `Chunk.step(p1, deadline)` (memplan.planners.home.workers); particle order is
             chunk order, then order within a chunk.
         iters: iterations (each evaluates every particle once).
         feasible_below: scores at or above this are infeasible policies.

@@ -3,7 +3,7 @@
 
 In the spirit of Checkmate (recomputation as a MILP over the schedule), extended with
 swap-out and prefetch decisions on the two copy lanes, at the layer granularity of HOME
-(paper 004): the decision units (`_milp_layers`) are the gaps between two accesses of every
+(paper 004): the decision units (`memplan.planners.milp.layers`) are the gaps between two accesses of every
 storage of at least `min_bytes` that span an op over the budget (activations, weights,
 gradients, inputs; weights and optimizer state also across the iteration boundary), each
 kept, swapped to the host after the access before the gap and prefetched before the one after
@@ -11,7 +11,7 @@ it, or (not across the boundary, when the storage can be rebuilt) dropped then a
 right before it; a swap may also end early, at a recomputation that reads the storage. Time
 and memory are tracked at positions: the first op of every layer, plus the ops where a unit
 may leave or must be back. Models with more than `max_direct_groups` decision groups are
-decomposed (`_milp_decompose`); the others are solved whole.
+decomposed (`memplan.planners.milp.decompose`); the others are solved whole.
 
 What the MILP models of the simulator's semantics (memplan.sim.simulate):
 - the compute stream: segments run in order; before the op a feature map is due at, the
@@ -61,16 +61,18 @@ import time
 
 import numpy as np
 
-from ..cost.model import Cost
-from ..errors import InfeasibleBudgetError, MemplanError
-from ..model import Decision, Plan, Trace
-from ..sim.simulate import Simulator
-from ..sim.validate import OVER_BUDGET, static_load, validate
-from ._milp_decompose import decompose
-from ._milp_layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem, movable_gaps
-from ._milp_columns import MS
-from ._milp_model import build
-from .base import get_planner, infeasible, register
+from ...cost.model import Cost
+from ...errors import MemplanError
+from ...model import Decision, Plan, Trace
+from ...sim.simulate import Simulator
+from ...sim.validate import OVER_BUDGET, static_load, validate
+from ..base import infeasible, register
+from ..kit.fitting import fitting_plans
+from ..kit.prefetch import in_issue_order
+from .columns import MS
+from .decompose import decompose
+from .layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem, movable_gaps
+from .model import build
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         window: positions at each end of a gap where a swap may be released and prefetched
             (0: the whole gap).
         max_direct_groups: with more decision groups than this the model is decomposed
-            (`memplan.planners._milp_decompose`) instead of solved whole, starting from the
+            (`memplan.planners.milp.decompose`) instead of solved whole, starting from the
             smaller model over saved activations only, solved whole when it is small enough,
             or from the fast planners' best plan.
         moves: "all" (every gap of every storage) or "activations" (saved activations from
@@ -170,25 +172,18 @@ def _activations_start(trace: Trace, budget_bytes: int, cost: Cost, search: "_Se
 
 def _start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator) -> tuple[Decision, ...] | None:
     """The decomposition's default start: the fitting plan of least simulated time among START_PLANNERS'."""
-    best = None
-    for name in START_PLANNERS:
-        spec = get_planner(name)
-        try:
-            plan = spec.fn(trace, budget_bytes, cost, seed=0, **spec.defaults)
-        except InfeasibleBudgetError:
-            continue
-        result = simulator.run(plan, budget_bytes)
-        if result.feasible and result.peak_load_bytes <= budget_bytes and (best is None or result.time_s < best[0]):
-            best = (result.time_s, plan.decisions)
-    return None if best is None else best[1]
+    plans = fitting_plans(trace, budget_bytes, cost, START_PLANNERS, simulator)
+    if not plans:
+        return None
+    return min(plans, key=lambda p: simulator.run(p, budget_bytes).time_s).decisions
 
 
 def swap_everything(problem: LayerProblem) -> tuple[Decision, ...]:
     """Every unit's whole gap swapped, prefetched at the op that needs it: the lowest load any plan
     over these units reaches, and a valid plan that fits any budget above it."""
     whole = [problem.units[k] for k in problem.base_units()]
-    return tuple(Decision(storage=u.storage, action="swap", out_after=u.out_after, back_before=u.back_before,
-                          trigger=u.back_before) for u in sorted(whole, key=lambda u: (u.back_before, u.storage)))
+    return in_issue_order(Decision(storage=u.storage, action="swap", out_after=u.out_after, back_before=u.back_before,
+                                   trigger=u.back_before) for u in whole)
 
 
 def _check(time_limit_s: float, mip_rel_gap: float, moves: str) -> None:
@@ -238,7 +233,7 @@ class _Search:
         return plan.with_meta(report=self._report(model, result, plan, model_budget, rounds, fallback=True))
 
     def run_decomposed(self, fallback: tuple[Decision, ...], start: tuple[Decision, ...] | None, origin: str) -> Plan:
-        """The decomposition's plan (`memplan.planners._milp_decompose`) from `start`, with the LP
+        """The decomposition's plan (`memplan.planners.milp.decompose`) from `start`, with the LP
         relaxation's bound; the best simulated of it, `start` and `fallback` that validates and fits
         (`chosen` in the report says which)."""
         model = build(self.problem, self.budget, self.window, self.forbidden)

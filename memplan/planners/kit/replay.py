@@ -8,7 +8,8 @@ the op read:
    rebuilt there the same way (it has a producer, is not swapped out at `t`, and its own
    inputs follow this rule; a cycle cannot be rebuilt);
 2. no op writes an input again between the replayed op and `t` (the replay would read
-   the new value), for the target's ops and for every op a rebuild replays.
+   the new value), for the target's ops and for every op a rebuild replays
+   (`input_overwritten`, the one definition of this rule).
 
 A storage freed by the framework before backward whose producer read something that is
 gone by then (an imported log's released constant, an input freed early) cannot be
@@ -22,7 +23,26 @@ from __future__ import annotations
 
 import bisect
 
-from ..model import Decision, Trace
+from ...model import Decision, Trace
+from .gaps import alive_at
+
+
+def input_overwritten(trace: Trace, sid: int, before: int) -> bool:
+    """Rule 2: True when an op replayed to rebuild `sid` before op `before` reads a storage
+    (other than `sid`) that is written again after that op and before `before`."""
+    for j in trace.lineage(sid, before)[0]:
+        for r in trace.ops[j].reads:
+            writers = trace.writers[r]
+            later = bisect.bisect_right(writers, j)  # the first write of r after op j (writers ascend)
+            if r != sid and later < len(writers) and writers[later] < before:
+                return True
+    return False
+
+
+def can_replay(trace: Trace, sid: int, before: int) -> bool:
+    """True when `sid` can be rebuilt before op `before` by replaying its writers, whatever else
+    is away: it has a producer in the trace (`Trace.recomputable`) and rule 2 holds."""
+    return trace.recomputable(sid) and not input_overwritten(trace, sid, before)
 
 
 def replayable(trace: Trace, decisions: list[Decision]) -> list[Decision]:
@@ -62,15 +82,14 @@ class _Replay:
     def can_replay(self, sid: int, t: int, path: tuple[int, ...]) -> bool:
         """Rule 2 for `sid`'s ops before `t`, and rule 1 for each of their inputs."""
         if (sid, t) not in self.memo:
-            ops, inputs = self.trace.lineage(sid, t)
-            self.memo[(sid, t)] = not _overwritten(self.trace, sid, ops, t) and all(
+            inputs = self.trace.lineage(sid, t)[1]
+            self.memo[(sid, t)] = not input_overwritten(self.trace, sid, t) and all(
                 self.present(r, t) or self.rebuildable(r, t, (*path, sid)) for r in inputs)
         return self.memo[(sid, t)]
 
     def present(self, sid: int, t: int) -> bool:
         """Alive at op t and not inside one of its gaps (a gap ends before back_before)."""
-        s = self.trace.storages[sid]
-        return s.alloc_op <= t < s.free_op and not any(self._away(d, t) for d in self.gaps.get(sid, ()))
+        return alive_at(self.trace, sid, t) and not any(self._away(d, t) for d in self.gaps.get(sid, ()))
 
     def rebuildable(self, sid: int, t: int, path: tuple[int, ...]) -> bool:
         """Recomputable, not on the host at t, not already being rebuilt, and replayable."""
@@ -80,14 +99,3 @@ class _Replay:
 
     def _away(self, d: Decision, t: int) -> bool:
         return any(lo <= t < hi for lo, hi in d.away_ranges(self.trace.num_steps))
-
-
-def _overwritten(trace: Trace, sid: int, ops: tuple[int, ...], t: int) -> bool:
-    """True when an input (other than `sid`) of one of `ops` is written again after it, before `t`."""
-    for j in ops:
-        for r in trace.ops[j].reads:
-            writers = trace.writers[r]
-            later = bisect.bisect_right(writers, j)  # the first write of r after op j
-            if r != sid and later < len(writers) and writers[later] < t:
-                return True
-    return False

@@ -16,7 +16,7 @@ import traceback
 
 import numpy as np
 
-from ._home_pso import Chunk, Score
+from .pso import Chunk, Score
 
 
 def available_cores() -> int:

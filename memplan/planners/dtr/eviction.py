@@ -19,7 +19,7 @@ rebuilt for the replay and dropped again, as `memplan.sim.chains` runs a recompu
 Each eviction becomes one recompute gap: from the storage's last access before the
 eviction to its next access. Evictable: non-persistent activations with a producer in the
 trace (`Trace.recomputable`) that some later op reads, and whose replay there would read the
-values its producer read (no input written again in between: `memplan.planners._replay`'s rule
+values its producer read (no input written again in between: `memplan.planners.kit.replay`'s rule
 2); parameters, gradients, optimizer state and inputs stay. The op's own operands are locked
 while it runs.
 """
@@ -30,8 +30,9 @@ import bisect
 
 import numpy as np
 
-from ..model import Trace
-from ._rebuild import Rebuilder
+from ...model import Trace
+from ..kit.gaps import alive_at
+from ..kit.rebuild import Rebuilder
 
 MIN_STALENESS_S = 1e-12  # a storage used by the op just before still has a non-zero staleness
 
@@ -164,8 +165,7 @@ class DtrRun:
         return out
 
     def _absent(self, sid: int, op: int) -> bool:
-        s = self.trace.storages[sid]
-        return sid in self.evicted or not s.alloc_op <= op < s.free_op
+        return sid in self.evicted or not alive_at(self.trace, sid, op)
 
 
 def _children(trace: Trace) -> list[list[int]]:

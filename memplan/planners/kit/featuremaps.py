@@ -1,11 +1,12 @@
 """Feature maps and keep/swap/recompute policies over them (HOME, Capuchin, SuperNeurons).
 
-A feature map is an activation made in forward and read again in backward (what autograd
-saved), at least `min_bytes` large; it is one storage, and one entry of a policy vector:
+A feature map is a saved activation with room in its gap (`memplan.planners.kit.saved`), at
+least `min_bytes` large (and never empty); it is one storage, and one entry of a policy vector:
 KEEP (0), SWAP (1) or RECOMPUTE (2), HOME's numbering (paper 004 §3.3). Its gap runs from
 its last forward access to its first backward access. A swap's prefetch is issued
-`lead` backward layers (`Trace.layers`) before the layer that needs it: HOME's Fig. 4
-issues PRE2 when BWD4 starts for BWD3.
+`lead` backward layers (`Trace.layers`) before the layer that needs it
+(`memplan.planners.kit.prefetch.lead_trigger`): HOME's Fig. 4 issues PRE2 when BWD4 starts
+for BWD3.
 
 A policy becomes decisions through one rule set (`Decoder`), so that every policy,
 random ones included, is a plan the validator accepts:
@@ -20,19 +21,21 @@ random ones included, is a plan the validator accepts:
 
 from __future__ import annotations
 
-import bisect
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Decision, Trace
-from ..sim.chains import MAX_CHAIN_DEPTH
-from ..sim.memo import ProbeMemo
+from ...model import Decision, Trace
+from ...sim.chains import MAX_CHAIN_DEPTH
+from ...sim.memo import ProbeMemo
+from .gaps import alive_at
+from .prefetch import DEFAULT_LEAD, backward_layer_starts, lead_trigger
+from .replay import can_replay
+from .saved import saved_gaps
 
 KEEP, SWAP, RECOMPUTE = 0, 1, 2  # HOME's policy values (paper 004 §3.3)
 DEFAULT_MIN_BYTES = 1 << 20  # smaller activations stay resident: a copy's latency would cost more than they save
-DEFAULT_LEAD = 1  # backward layers between a prefetch and the layer that needs it (HOME Fig. 4)
 # Rebuilds nested deeper than this keep the storage instead: well inside the depth the simulator
 # follows, whatever order it walks a lineage in.
 MAX_DEPTH = MAX_CHAIN_DEPTH // 2
@@ -61,46 +64,20 @@ class FeatureMaps:
 
     def trigger(self, k: int, back: int, lead: int = DEFAULT_LEAD) -> int:
         """The prefetch op of feature map `k` when it must be back before op `back`."""
-        starts = self.layer_starts
-        here = bisect.bisect_right(starts, back) - 1  # the backward layer holding `back`
-        op = starts[here - lead] if here - lead >= 0 else back
-        return int(min(max(op, self.out_after[k] + 1), back))
+        return lead_trigger(self.layer_starts, int(self.out_after[k]), back, lead)
 
 
 def feature_maps(trace: Trace, min_bytes: int = DEFAULT_MIN_BYTES) -> FeatureMaps:
-    """The feature maps of `trace`: saved activations of at least `min_bytes` with a gap."""
-    rows = []
-    for s in trace.storages:
-        if s.kind != "activation" or s.nbytes < max(min_bytes, 1) or s.id in trace.engine_owned:
-            continue
-        back = next((i for i in trace.accesses[s.id] if trace.ops[i].phase == "backward"), None)
-        if back is None:
-            continue
-        accesses = trace.accesses[s.id]
-        out = accesses[bisect.bisect_left(accesses, back) - 1]
-        if out + 1 < back:  # an empty gap saves nothing
-            rows.append((trace.producer(s.id) or 0, s.id, out, back))
-    rows.sort()
-    sid = np.array([r[1] for r in rows], dtype=np.int64)
-    back = np.array([r[3] for r in rows], dtype=np.int64)
-    starts = tuple(sorted(layer.ops[0] for layer in trace.layers if layer.phase == "backward"))
-    return FeatureMaps(trace=trace, storage=sid, out_after=np.array([r[2] for r in rows], dtype=np.int64),
+    """The feature maps of `trace`: saved activations of at least `min_bytes` (and at least a byte)
+    with room in their gap, in forward order of production."""
+    gaps = sorted(saved_gaps(trace, max(min_bytes, 1)), key=lambda g: (trace.producer(g.storage) or 0, g.storage))
+    sid = np.array([g.storage for g in gaps], dtype=np.int64)
+    back = np.array([g.back_before for g in gaps], dtype=np.int64)
+    return FeatureMaps(trace=trace, storage=sid, out_after=np.array([g.last_forward for g in gaps], dtype=np.int64),
                        back_before=back, nbytes=trace.nbytes[sid] if len(sid) else np.zeros(0, np.int64),
                        recomputable=np.array([can_replay(trace, int(s), int(b)) for s, b in zip(sid, back)],
                                              dtype=np.bool_),
-                       layer_starts=starts or (0,))
-
-
-def can_replay(trace: Trace, sid: int, before: int) -> bool:
-    """True when `sid` can be rebuilt before op `before` by replaying its writers: it has a
-    producer, and no input of those writers is written again before `before`."""
-    if not trace.recomputable(sid):
-        return False
-    for j in trace.lineage(sid, before)[0]:
-        for r in trace.ops[j].reads:
-            if r != sid and any(j < w < before for w in trace.writers[r]):
-                return False
-    return True
+                       layer_starts=backward_layer_starts(trace) or (0,))
 
 
 class Decoder:
@@ -170,9 +147,8 @@ class Decoder:
             mapped = tuple(self.index[r] for r in inputs if r in self.index)
             state = dict(zip(mapped, states(mapped))) if mapped else {}
             for r in inputs:
-                s, action = trace.storages[r], state.get(self.index.get(r), KEEP)
-                alive = s.alloc_op <= op < s.free_op
-                if alive and action != RECOMPUTE:
+                action = state.get(self.index.get(r), KEEP)
+                if alive_at(trace, r, op) and action != RECOMPUTE:
                     if action == SWAP:
                         fetched.append(self.index[r])
                     continue

@@ -7,7 +7,7 @@ timing. A removal's recomputation may read another candidate: one that is offloa
 is brought back early, by the recomputation's op (its gap ends there; the validator
 forbids rebuilding from the host), and one that is removed too is rebuilt first. So an
 offload is always possible; a removal is possible when its recomputation, and those of
-the removed gaps that read it, can run (`memplan.planners._rebuild`).
+the removed gaps that read it, can run (`memplan.planners.kit.rebuild`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..model import Trace
-from ._activations import SavedGap
-from ._rebuild import Rebuilder
+from ...model import Trace
+from .rebuild import Rebuilder
+from .saved import SavedGap
 
 OFFLOAD, REMOVE = 1, 2  # what a gap is decided as (0: undecided)
 

@@ -3,7 +3,7 @@
 DTR is an online rematerializer: it runs the program under a memory cap and, when an
 allocation does not fit, evicts the activation with the smallest h_DTR = cost / (size x
 staleness), rematerializing an evicted tensor when it is used again
-(`memplan.planners._dtr_sim` has the policy). Replayed over the trace with the cost
+(`memplan.planners.dtr.eviction` has the policy). Replayed over the trace with the cost
 model's op times, its evictions become an ordinary plan of recompute decisions that the
 validator checks, the simulator times and the executor runs.
 
@@ -12,18 +12,19 @@ replayed op's discarded outputs, inputs rebuilt along the way), so its plan at c
 need more than c in the simulator. The planner therefore runs DTR at the budget and,
 while the simulator does not fit the plan under the budget, again at lower caps (a fixed
 grid of shares of the trace's peak, at most MAX_TRIES runs). Evictions whose replay cannot run (an input gone
-or overwritten by then: `memplan.planners._replay`) are kept instead.
+or overwritten by then: `memplan.planners.kit.replay`) are kept instead.
 """
 
 from __future__ import annotations
 
-from ..cost.model import Cost
-from ..model import Decision, Plan, Trace
-from ..sim.simulate import Simulator
-from ..sim.validate import static_load
-from ._dtr_sim import DtrRun
-from ._replay import replayable
-from .base import infeasible, register
+from ...cost.model import Cost
+from ...model import Decision, Plan, Trace
+from ...sim.simulate import Simulator
+from ...sim.validate import static_load
+from ..base import infeasible, register
+from ..kit.prefetch import in_issue_order
+from ..kit.replay import replayable
+from .eviction import DtrRun
 
 MAX_TRIES = 10  # DTR runs (the budget, then lower caps) before the budget counts as out of reach
 GRID_STEP = 0.025  # the lower caps: multiples of this share of the trace's peak
@@ -53,7 +54,7 @@ def dtr_decisions(trace: Trace, cost: Cost, cap_bytes: int) -> tuple[Decision, .
     """The replayable recompute decisions of one DTR run at `cap_bytes`."""
     gaps = DtrRun(trace, cost.durations, cap_bytes).gaps()
     decisions = [Decision(storage=s, action="recompute", out_after=o, back_before=b) for s, o, b in gaps]
-    return tuple(sorted(replayable(trace, decisions), key=lambda d: (d.back_before, d.storage)))
+    return in_issue_order(replayable(trace, decisions))
 
 
 def _caps(budget: int, peak: int) -> list[int]:

@@ -26,8 +26,9 @@ import itertools
 
 import numpy as np
 
-from ._milp_columns import MIB, MS, Columns, Model
-from ._milp_layers import LayerProblem
+from ..kit.prefetch import issue_key
+from .columns import MIB, MS, Columns, Model
+from .layers import LayerProblem
 
 MAX_POSITIONS = 0  # window value meaning "the whole gap"
 
@@ -54,7 +55,7 @@ class _Builder:
         self.m, self.p, self.c = model, model.problem, model.cols
         self.budget, self.window, self.forbidden = budget_bytes, window, forbidden
         p = self.p
-        self.need = sorted(range(len(p.units)), key=lambda k: (p.units[k].back_before, p.units[k].storage))
+        self.need = sorted(range(len(p.units)), key=lambda k: issue_key(p.units[k]))
         # Longer than any schedule: every copy and every possible replay after the baseline.
         replays = sum(float(p.op_s[list(rb.transient)].sum()) for rb in p.rebuilds.values())
         self.big_m = MS * (p.baseline_s + sum(u.d2h_s + u.h2d_s for u in p.units) + replays) + 1.0

@@ -2,7 +2,7 @@
 over every storage that can move, as AutoSwap moves them).
 
 Decision units are gaps: the ops strictly between two consecutive accesses of one storage
-(`memplan.planners._autoswap_scores.find_candidates` with every gap of every storage), and for
+(`memplan.planners.kit.candidates.find_candidates` with every gap of every storage), and for
 a storage alive across the iteration (weights, optimizer state) the wrap-around gap from its
 last access to its first one in the next iteration. A unit is at least `min_bytes` large and,
 when a budget is given, spans an op whose unplanned load is over it (leaving elsewhere cannot
@@ -31,10 +31,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..cost.model import Cost
-from ..model import Trace
-from ._activations import saved_gaps
-from ._autoswap_scores import find_candidates
+from ...cost.model import Cost
+from ...model import Trace
+from ..kit.candidates import find_candidates
+from ..kit.gaps import alive_at, gap_covers
+from ..kit.ops import op_starts
+from ..kit.replay import input_overwritten
+from ..kit.saved import saved_gaps
 
 MAX_DEPTH = 64  # rebuilds nested deeper than this are refused (the simulator does not follow them either)
 MOVES = ("all", "activations")  # what may move: every gap of every storage, or saved activations' only
@@ -61,9 +64,7 @@ class Unit:
 
     def covers(self, op: int) -> bool:
         """True when the storage is away while `op` runs, should the unit leave."""
-        if self.wraps:
-            return op > self.out_after or op < self.back_before
-        return self.out_after < op < self.back_before
+        return gap_covers(self.out_after, self.back_before, op)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +141,7 @@ def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | 
         base = [replace(u, group=k) for k, u in enumerate(kept)]
     positions = _positions(trace, base)
     n = len(trace.ops)
-    prefix = np.concatenate([[0.0], np.cumsum(cost.durations)])
+    prefix = op_starts(cost)
     ends = np.append(positions[1:], n)
     born = np.zeros(n + 1, dtype=np.int64)
     alive = trace.free_ops > trace.alloc_ops
@@ -217,7 +218,7 @@ def _rebuild(trace: Trace, op: int, targets, units, units_of: dict) -> Rebuild:
             index[sid] = len(nodes)
             ops = trace.lineage(sid, op)[0]
             rebuildable = bool(ops) and trace.recomputable(sid) and depth < MAX_DEPTH \
-                and not overwritten_input(trace, sid, op)
+                and not input_overwritten(trace, sid, op)
             nodes.append({"storage": sid, "unit": unit, "ops": ops, "nbytes": int(trace.nbytes[sid]), "children": [],
                           "depth": depth, "rebuildable": rebuildable})
         return index[sid]
@@ -243,17 +244,7 @@ def _rebuild(trace: Trace, op: int, targets, units, units_of: dict) -> Rebuild:
 def _needs(trace: Trace, sid: int, op: int, units, units_of: dict) -> int | None:
     """How input `sid` of a replay before `op` is found: None resident, -1 rebuilt (freed by the
     framework), k >= 0 depending on unit k, whose gap covers `op`."""
-    s = trace.storages[sid]
-    if not s.alloc_op <= op < s.free_op:
+    if not alive_at(trace, sid, op):
         return -1
     return next((k for k in units_of.get(sid, ()) if units[k].covers(op)), None)
 
-
-def overwritten_input(trace: Trace, sid: int, op: int) -> bool:
-    """True when an op replayed to rebuild `sid` before `op` reads a storage written again
-    between it and `op` (the replay would read the new value)."""
-    for j in trace.lineage(sid, op)[0]:
-        for r in trace.ops[j].reads:
-            if r != sid and any(j < w < op for w in trace.writers[r]):
-                return True
-    return False

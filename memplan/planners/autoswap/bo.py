@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import scipy.optimize  # noqa: F401  (loaded before `_one_thread` sets its limit, so that the limit covers it)
+import torch
+from threadpoolctl import threadpool_limits
 
-from ..progress import progress_bar
+from ...progress import progress_bar
+from ...sim.simulate import Simulator
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,7 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
         The weights of the lowest overhead; ties go to the plan that swaps fewer bytes,
         then to the earlier evaluation.
     """
-    import optuna
+    import optuna  # local: a second to import, needed by a BO search only (the registry imports every planner)
 
     score = _objective_fn(problem, objective)
     cache: dict[tuple, tuple[float, int]] = {}
@@ -87,8 +92,6 @@ def _best_so_far(evaluations: list[Evaluation]) -> str:
 
 def _sampler(optuna, seed: int):
     """Optuna's GP sampler (a maintained Bayesian-optimisation implementation)."""
-    import warnings
-
     with warnings.catch_warnings():
         # deterministic_objective is marked experimental; the simulator is deterministic.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -99,8 +102,6 @@ def _objective_fn(problem, objective: str | Callable) -> Callable:
     """The overhead of a plan: simulated, or a caller's function (e.g. measured on a GPU)."""
     if callable(objective):
         return objective
-    from ..sim.simulate import Simulator
-
     simulator = Simulator(problem.trace, problem.cost)
 
     def simulated(plan) -> float:
@@ -123,12 +124,8 @@ def _one_thread():
     times; more threads only add synchronisation, and on a busy host their spinning made
     the search 3x slower (README, planning time). Torch's own pool is set alike. The limit
     applies to libraries loaded when it is set, so scipy (which the sampler imports on first
-    use) is imported first.
+    use) is imported with this module.
     """
-    import scipy.optimize  # noqa: F401  (loads scipy's own BLAS now, so that the limit covers it too)
-    import torch
-    from threadpoolctl import threadpool_limits
-
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -141,7 +138,7 @@ def _one_thread():
 @contextlib.contextmanager
 def _quiet_optuna():
     """Optuna logs every trial at INFO; keep it to warnings while we search, then restore."""
-    import optuna
+    import optuna  # local: see tune_weights
 
     before = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)

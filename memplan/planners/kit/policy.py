@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost.model import Cost
-from ..model import Plan
-from ..sim.simulate import Simulator
-from ..sim.validate import static_load
-from ._featuremaps import DEFAULT_LEAD, Decoder, FeatureMaps
+from ...cost.model import Cost
+from ...model import Plan
+from ...sim.simulate import Simulator
+from ...sim.validate import static_load
+from .featuremaps import Decoder, FeatureMaps
+from .fitting import smallest_fitting_budget
+from .prefetch import DEFAULT_LEAD
 
 INFEASIBLE = 1e3  # scores from here up are infeasible policies (overheads stay far below: 1e3 = 100,000%)
-CAP_RESOLUTION = 1e-3  # how closely `smallest_cap` brackets the smallest budget a plan fits (share of its peak)
+# How closely the smallest budget a policy fits is bracketed (share of its peak): the searches over
+# policies name it often, and one byte would cost a dozen more simulations each time.
+CAP_RESOLUTION = 1e-3
 
 
 class PolicyEvaluator:
@@ -33,7 +37,7 @@ class PolicyEvaluator:
         self.memo: dict[bytes, float] = {}
 
     def plan(self, policy: np.ndarray) -> Plan:
-        """The plan of a policy (`memplan.planners._featuremaps.Decoder`)."""
+        """The plan of a policy (`memplan.planners.kit.featuremaps.Decoder`)."""
         return Plan(decisions=self.decode(policy))
 
     def __call__(self, policy: np.ndarray) -> float:
@@ -45,8 +49,9 @@ class PolicyEvaluator:
         return score
 
     def smallest_cap(self, policy: np.ndarray) -> int:
-        """The smallest budget (above this one) under which `policy` fits: see `smallest_cap`."""
-        return smallest_cap(self.simulator, self.plan(policy), self.budget_bytes)
+        """About the smallest budget (from this one up) under which `policy` fits, to CAP_RESOLUTION."""
+        return smallest_fitting_budget(self.simulator, self.plan(policy), self.budget_bytes,
+                                       resolution_share=CAP_RESOLUTION)
 
     def _score(self, plan: Plan) -> float:
         result = self.simulator.run(plan, self.budget_bytes)
@@ -54,17 +59,3 @@ class PolicyEvaluator:
             return float(result.overhead)
         return INFEASIBLE + int(static_load(self.fm.trace, plan.decisions).max()) / self.budget_bytes
 
-
-def smallest_cap(simulator: Simulator, plan: Plan, above: int) -> int:
-    """About the smallest budget over `above` under which the simulator runs `plan` (bisection
-    between `above` and the plan's peak without a cap, where it always runs, to CAP_RESOLUTION):
-    what a planner names as the smallest load it reaches when `above` does not fit."""
-    lo, hi = above, simulator.run(plan, None).peak_load_bytes
-    resolution = max(1, int(hi * CAP_RESOLUTION))
-    while hi - lo > resolution:
-        mid = (lo + hi) // 2
-        if simulator.run(plan, mid).feasible:
-            hi = mid
-        else:
-            lo = mid
-    return hi

@@ -1,9 +1,9 @@
 """HOME (paper 004 §3): keep, swap or recompute every feature map, chosen by a particle swarm.
 
-The policy vector has one entry per feature map (memplan.planners._featuremaps: 0 retain,
-1 swap, 2 recompute); the swarm is Algorithms 1 and 3 exactly (memplan.planners._home_pso);
-the Policy Evaluator is the shared simulator (memplan.planners._policy_eval). Particles are
-spread over worker processes (memplan.planners._home_workers); the result depends on the
+The policy vector has one entry per feature map (memplan.planners.kit.featuremaps: 0 retain,
+1 swap, 2 recompute); the swarm is Algorithms 1 and 3 exactly (memplan.planners.home.pso);
+the Policy Evaluator is the shared simulator (memplan.planners.kit.policy). Particles are
+spread over worker processes (memplan.planners.home.workers); the result depends on the
 seed only, not on the number of workers, unless a time limit cuts the search short.
 
 Registered names:
@@ -33,17 +33,19 @@ import time
 
 import numpy as np
 
-from ..cost.model import Cost
-from ..errors import InfeasibleBudgetError, MemplanError
-from ..model import Plan, Trace
-from ..progress import progress_bar
-from ..sim.simulate import Simulator
-from ._featuremaps import DEFAULT_LEAD, DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, feature_maps
-from ._home_pso import History, random_policies, swarm
-from ._home_workers import available_cores, make_chunks
-from ._policy_eval import INFEASIBLE, PolicyEvaluator
-from ._refine import Refiner, policy_of
-from .base import get_planner, infeasible, register
+from ...cost.model import Cost
+from ...errors import MemplanError
+from ...model import Plan, Trace
+from ...progress import progress_bar
+from ...sim.simulate import Simulator
+from ..base import infeasible, register
+from ..kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, feature_maps
+from ..kit.fitting import fitting_plans
+from ..kit.policy import INFEASIBLE, PolicyEvaluator
+from ..kit.prefetch import DEFAULT_LEAD
+from ..kit.refine import Refiner, policy_of
+from .pso import History, random_policies, swarm
+from .workers import available_cores, make_chunks
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,7 @@ def _home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int, iters: int,
     policies = random_policies(fm.allowed(), particles, np.random.default_rng(seed))
     seeds: list[Plan] = []
     if seeded:
-        seeds = _seed_plans(trace, budget_bytes, cost)
+        seeds = fitting_plans(trace, budget_bytes, cost, SEED_PLANNERS, Simulator(trace, cost))
         starts = np.array([policy_of(fm, p.decisions)[0] for p in seeds], dtype=np.int8).reshape(-1, len(fm))
         policies[:len(starts)] = starts[:particles]
     evaluator(policies[0])  # compiles the simulator before any worker is forked
@@ -110,22 +112,6 @@ def _home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int, iters: int,
     found = [evaluator.plan(best)] if score < INFEASIBLE else []
     plan = min(found + seeds, key=lambda p: evaluator.simulator.run(p, budget_bytes).time_s)
     return plan.with_meta(history=_history_record(history, len(fm), workers))
-
-
-def _seed_plans(trace: Trace, budget_bytes: int, cost: Cost) -> list[Plan]:
-    """SEED_PLANNERS' plans that the simulator runs within the budget."""
-    out = []
-    simulator = Simulator(trace, cost)
-    for planner in SEED_PLANNERS:
-        spec = get_planner(planner)
-        try:
-            plan = spec.fn(trace, budget_bytes, cost, seed=0, **spec.defaults)
-        except InfeasibleBudgetError:
-            continue
-        result = simulator.run(plan, budget_bytes)
-        if result.feasible and result.peak_load_bytes <= budget_bytes:
-            out.append(plan)
-    return out
 
 
 def _search(evaluator: PolicyEvaluator, policies: np.ndarray, iters: int, workers: int, deadline: float,
@@ -192,7 +178,7 @@ def home_seeded(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, i
                 min_bytes: int = DEFAULT_MIN_BYTES, lead: int = DEFAULT_LEAD) -> Plan:
     """HOME's swarm with other planners' plans among its first particles (SEED_PLANNERS), then a
     mutation step: single-entry changes of the swarm's best, kept while they lower the overhead
-    (a local search, `memplan.planners._refine`), all within the time limit; the seed plans
+    (a local search, `memplan.planners.kit.refine`), all within the time limit; the seed plans
     themselves (with their own prefetch triggers) stay candidates, the best simulated one wins."""
     return _home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
                  workers=workers, min_bytes=min_bytes, lead=lead, name="home:seeded", seeded=True)

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost.model import Cost
-from ..errors import InfeasibleBudgetError, MemplanError
-from ..model import Plan, Trace
-from ..units import format_bytes
-from . import _autoswap_schedule as sched
-from ._autoswap_bo import tune_weights
-from ._autoswap_scores import DEFAULT_MIN_BYTES, Candidates, all_scores, find_candidates, standardize
-from .base import register
+from ...cost.model import Cost
+from ...errors import InfeasibleBudgetError, MemplanError
+from ...model import Plan, Trace
+from ...pool import with_pool
+from ...units import format_bytes
+from ..base import register
+from ..kit.candidates import DEFAULT_MIN_BYTES, Candidates, find_candidates
+from . import schedule as sched
+from .bo import tune_weights
+from .scores import all_scores, standardize
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ def load_min_bytes(trace: Trace, min_bytes: int = DEFAULT_MIN_BYTES, multi_swap:
         Bytes; the unconstrained peak when there are no candidates.
     """
     cand = find_candidates(trace, min_bytes, multi_swap)
-    return sched.load_min(trace.load, cand) if len(trace.ops) else 0
+    return sched.load_min(trace, cand)
 
 
 def make_problem(trace: Trace, budget_bytes: int, cost: Cost, *, min_bytes: int = DEFAULT_MIN_BYTES,
@@ -66,7 +68,7 @@ def make_problem(trace: Trace, budget_bytes: int, cost: Cost, *, min_bytes: int 
             floor with `allow_multi_swap`).
     """
     cand = find_candidates(trace, min_bytes, allow_multi_swap)
-    floor = sched.load_min(trace.load, cand)
+    floor = sched.load_min(trace, cand)
     if budget_bytes < floor:
         if not len(cand):
             raise _no_candidates(budget_bytes, floor, planner, min_bytes)
@@ -226,8 +228,6 @@ def attach_pool(trace: Trace, plan: Plan, *, cost: Cost, seed: int = 0, time_lim
     Swap-outs release their memory when the simulated device-to-host copy completes, so
     the pool is timed with the same `cost` as the plan.
     """
-    from ..pool import with_pool
-
     limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
     return with_pool(trace, plan, allocator="smartpool", seed=seed, cost=cost, **limit)
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Decision
-from ._milp_layers import LayerProblem
-from ._milp_columns import Model
+from ...model import Decision
+from .columns import Model
+from .layers import LayerProblem
 
 log = logging.getLogger(__name__)
 

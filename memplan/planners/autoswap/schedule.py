@@ -13,30 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost.model import Cost
-from ..model import Decision
-from ._autoswap_scores import Candidates, absent_mask, op_starts
+from ...cost.model import Cost
+from ...model import Decision, Trace
+from ..kit.candidates import Candidates
+from ..kit.gaps import away_mask, load_without
+from ..kit.ops import op_starts
 
 
-def reduced_load(load: np.ndarray, cand: Candidates) -> np.ndarray:
-    """The load curve with every gap of `cand` taken off (LOAD' with all of them swapped)."""
-    n = len(load)
-    delta = np.zeros(n + 1, dtype=np.int64)
-    for o, b, size in zip(cand.out_after, cand.back_before, cand.nbytes):
-        if b > o:
-            delta[o + 1] -= size
-            delta[b] += size
-        else:
-            delta[o + 1] -= size
-            delta[n] += size
-            delta[0] -= size
-            delta[b] += size
-    return load + np.cumsum(delta)[:n]
-
-
-def load_min(load: np.ndarray, cand: Candidates) -> int:
-    """The lowest peak reachable by swapping every gap of `cand` once (§VI-B1)."""
-    return int(reduced_load(load, cand).max()) if len(load) else 0
+def load_min(trace: Trace, cand: Candidates) -> int:
+    """The lowest peak reachable by swapping every gap of `cand` once (§VI-B1): LOAD' with all of them away."""
+    gaps = zip(cand.storage.tolist(), cand.out_after.tolist(), cand.back_before.tolist())
+    return int(load_without(trace, gaps).max()) if trace.ops else 0
 
 
 def priority_order(priority: np.ndarray, primary: np.ndarray) -> np.ndarray:
@@ -66,7 +53,7 @@ def select(load: np.ndarray, cand: Candidates, order: np.ndarray, budget_bytes: 
     if current.max(initial=0) <= budget_bytes:
         return chosen, current
     for i in order:
-        current[absent_mask(n, int(cand.out_after[i]), int(cand.back_before[i]))] -= cand.nbytes[i]
+        current[away_mask(n, int(cand.out_after[i]), int(cand.back_before[i]))] -= cand.nbytes[i]
         chosen.append(int(i))
         if current.max() <= budget_bytes:
             break

@@ -57,6 +57,16 @@ class CachingAllocator:
             return K_LARGE_BUFFER
         return round_up(size, K_ROUND_LARGE)
 
+    def _join(self, small: bool, left: _Block, right: _Block) -> _Block:
+        """`right` merged into its free neighbour `left`; returns `left`."""
+        left.size += right.size
+        left.next = right.next
+        if right.next:
+            right.next.prev = left
+        if self.tails[small] is right:
+            self.tails[small] = left
+        return left
+
     def _insert(self, small: bool, block: _Block) -> None:
         self.by_id[id(block)] = block
         bisect.insort(self.pools[small], (block.size, block.addr, id(block)))
@@ -123,21 +133,7 @@ class CachingAllocator:
         for other in (block.prev, block.next):
             if other is not None and other.free and other.segment == block.segment:
                 self._remove(small, other)
-                if other is block.prev:
-                    other.size += block.size
-                    other.next = block.next
-                    if block.next:
-                        block.next.prev = other
-                    if self.tails[small] is block:
-                        self.tails[small] = other
-                    block = other
-                else:
-                    block.size += other.size
-                    block.next = other.next
-                    if other.next:
-                        other.next.prev = block
-                    if self.tails[small] is other:
-                        self.tails[small] = block
+                block = self._join(small, *((other, block) if other is block.prev else (block, other)))
         self._insert(small, block)
 
 _VA_BASE = {True: 0, False: 1 << 50}  # expandable: small and large segments in separate virtual ranges

@@ -110,15 +110,23 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
             recorder.measured = time_ops_apart(step_fn, example_inputs, [op.name for op in recorder.ops],
                                                time_repeats, time_clock)
     log.info("traced %d ops, %d storages in %.2f s", len(recorder.ops), len(recorder.table.entries), seconds)
-    timing = ({"op_times": bench.summary()} if bench else
-              {"time_repeats": time_repeats, "time_clock": time_clock} if recorder.measured else {})
-    if bench and bench.inner_bytes():  # JSON keys are strings: memplan.cost.device_memory reads them back
-        timing["op_inner_bytes"] = {str(op): nbytes for op, nbytes in sorted(bench.inner_bytes().items())}
+    timing = _timing_meta(bench, bool(recorder.measured), time_repeats, time_clock)
     info = {"source": "tracer", "fake": fake, "warmup": warmup, "torch": torch.__version__,
             **timing, **({"torch_threads": torch.get_num_threads()} if timing else {}),
             "math": math_settings(torch.device(device).type), "device": device, "trace_seconds": round(seconds, 3),
             **(meta or {})}
     return recorder.build(info)
+
+
+def _timing_meta(bench: OpBench | None, measured: bool, time_repeats: int, time_clock: str) -> dict:
+    """How the trace's op times were found: op by op on the device (with each op's inner memory),
+    or over repeated iterations on the CPU; empty when it has none."""
+    if bench is None:
+        return {"time_repeats": time_repeats, "time_clock": time_clock} if measured else {}
+    timing: dict = {"op_times": bench.summary()}
+    if bench.inner_bytes():  # JSON keys are strings: memplan.cost.device_memory reads them back
+        timing["op_inner_bytes"] = {str(op): nbytes for op, nbytes in sorted(bench.inner_bytes().items())}
+    return timing
 
 
 class _Recorder(TorchDispatchMode):

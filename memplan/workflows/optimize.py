@@ -185,21 +185,16 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
         plan: a saved plan (a Plan or a JSON path) to use instead of planning.
         trace: a saved trace (a Trace or a path) to use instead of tracing.
         seed: planner seed.
-        measure: which steps' peak memory to measure and check against the budget (a
-            dispatch-level meter on CPU, the CUDA allocator's counters on a GPU): "first" (the
-            default: every step runs the same program, and with a budget the first step of every
-            plan made again, until one keeps it), True (every step) or False (none: nor is the
-            budget checked). A step measured above its budget logs a warning and is listed in
-            `stats()["over_budget_steps"]`. On the CPU the meter sums the live storages after
-            every op, which can make a step of many small ops 2-3 times slower (so only the
-            first pays it by default); on a GPU it reads the allocator's counters.
+        measure: which steps' peak memory to measure and check against the budget: "first" (the
+            default: the first step of every plan made, re-planning until one keeps it), True
+            (every step) or False (none, and no check). A step over its budget logs a warning and
+            is listed in `stats()["over_budget_steps"]`. The CPU meter sums the live storages after
+            every op (2-3 times slower on many small ops); a GPU reads the allocator's counters.
         time_repeats: on the CPU, time every op of the real trace as the least over this many
-            more iterations (undone afterwards, like the traced one), so the planner and the
-            simulator price ops at their measured durations; 0: roofline estimates.
+            more iterations (undone afterwards); 0: roofline estimates.
         time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
-        fake: trace fake copies of the model, optimizer state and inputs (nothing of the step is
-            allocated, so a step that does not fit the device unplanned can be planned); None:
-            on a GPU, where the unplanned step may not fit, else a real trace.
+        fake: trace fake copies of the model, its state and inputs, allocating nothing (None: on
+            a GPU, where the unplanned step may not fit).
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.
@@ -211,11 +206,9 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
     run_on = device_of(example_inputs, model)
     if optimizer is not None and not is_fake(example_inputs, model):
         prime_optimizer_state(optimizer)
-    if trace is None:
-        trace = trace_step(step_fn, example_inputs, model, optimizer, time_repeats, time_clock,
-                           fake=run_on.type == "cuda" if fake is None else fake)
-    else:
-        trace = load_trace(trace)
+    trace = load_trace(trace) if trace is not None else trace_step(
+        step_fn, example_inputs, model, optimizer, time_repeats, time_clock,
+        fake=run_on.type == "cuda" if fake is None else fake)
     keeper = None
     if plan is None:
         trace = as_allocated_on(trace, run_on)

@@ -61,22 +61,18 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
         seed: workload, planner and training seed.
         baseline: one of `torch_tools.BASELINES` instead of a plan.
         planner_params: the planner's hyper-parameters (e.g. {"time_limit_s": 10}).
-        clock: what the timed steps (and the op times of a trace made here) measure: "wall", or
-            "cpu", the main thread's CPU time, which other work on a shared host does not inflate
-            but which leaves out waiting (for copies, say).
-        timed_steps: after the metered steps, this many more steps without the meter (whose
-            per-op bookkeeping slows a CPU step), timed only: `measured_step_s` is their median.
-        trace: a saved trace of this workload (a Trace or a path) to plan instead of tracing it.
-            Without one, a CPU run under a CPU profile (`calibrate --device cpu`) traces with
-            measured op times, so the simulator prices every op as this machine ran it.
+        clock: what timed steps and a trace's op times measure: "wall", or "cpu" (this thread's
+            CPU time: not inflated by a shared host, but blind to waiting for copies).
+        timed_steps: this many more steps after the metered ones, timed without the meter.
+        trace: a saved trace (a Trace or a path) to plan instead of tracing; a CPU run under a
+            CPU profile traces with measured op times.
         memory_cap: emulate a device with this many bytes: on a GPU the allocator may use no
             more (`torch.cuda.set_per_process_memory_fraction`); on the CPU a step measuring more
             fails as running out of memory would.
         fake: trace fake copies (None: on a GPU, where the unplanned step may not fit).
-        allocator: the CUDA allocator (`allocators.AllocatorMode`): "caching", "expandable"
-            (segments), "pool" (the plan's layout: a fresh process's first CUDA work must be
-            this run), or "auto": the pool for a plan with a layout on CUDA, else expandable
-            segments (unless PYTORCH_CUDA_ALLOC_CONF configures the allocator).
+        allocator: the CUDA allocator: "caching", "expandable" (segments), "pool" (the plan's
+            layout; the process's first CUDA work), or "auto": the pool for a plan with a layout,
+            else expandable segments (unless PYTORCH_CUDA_ALLOC_CONF sets the allocator).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
@@ -84,10 +80,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
         over in allocated bytes, and on a GPU 5% over in reserved bytes), what keeping it
         took (`margin_bytes`, `replanned`, `final_plan_from_step`), `measured_step_s`
         (median step time after the first step, less the meter's own bookkeeping) beside
-        `simulated_step_s` (the simulator's time for the plan), the executor's counters,
-        `allocator` and `pool` (a pooled run's pool size and per-step counters,
-        `memplan.exec.pooled`) and, with `check`, `max_param_diff` and `max_buffer_diff`
-        against plain training.
+        `simulated_step_s`, the executor's counters, `allocator` and `pool` (memplan.exec.pooled)
+        and, with `check`, `max_param_diff` and `max_buffer_diff` against plain training.
     Raises:
         MemplanError: the unplanned step (planner none) cannot fit `memory_cap`; the error
             names planners that fit and their budget.

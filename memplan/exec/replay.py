@@ -22,7 +22,7 @@ memory that way; replaying single ops is the same mechanism as selective checkpo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -32,8 +32,9 @@ from ..model.program import ReplayStep
 from ..tracing.opinfo import distinct, leaves, split_tensors, storage_key
 
 
-@dataclass(frozen=True)
-class _Ref:
+# Named tuples, not frozen dataclasses: a replayed op makes several, and a tuple is built
+# three times faster (a frozen dataclass sets each field through object.__setattr__).
+class _Ref(NamedTuple):
     """A tensor argument: a view of trace storage `sid`."""
 
     sid: int
@@ -44,8 +45,7 @@ class _Ref:
     device: torch.device
 
 
-@dataclass(frozen=True)
-class _Call:
+class _Call(NamedTuple):
     """One recorded op call."""
 
     func: object  # the aten OpOverload
@@ -67,6 +67,7 @@ class Replayer:
         self.calls: dict[int, _Call] = {}
         self.temporaries: dict[int, torch.UntypedStorage] = {}  # inputs rebuilt for the current op's chains
         self._weak: dict[int, StorageWeakRef] = {}
+        self._random: dict = {}  # aten overload -> whether it draws from the generator
         self.replayed_ops = 0  # over all steps
 
     def begin_step(self) -> None:
@@ -76,7 +77,10 @@ class Replayer:
 
     def rng_before(self, func, args: tuple) -> torch.Tensor | None:
         """The generator state a random op is about to use (None for other ops)."""
-        if torch.Tag.nondeterministic_seeded not in func.tags:
+        random = self._random.get(func)
+        if random is None:
+            random = self._random[func] = torch.Tag.nondeterministic_seeded in func.tags
+        if not random:
             return None
         return _rng_state(_device_of(args))
 
@@ -95,8 +99,7 @@ class Replayer:
         def ref(t):
             if not isinstance(t, torch.Tensor):
                 return t
-            return _Ref(sid=sids[storage_key(t)], offset=t.storage_offset(), size=tuple(t.shape),
-                        stride=tuple(t.stride()), dtype=t.dtype, device=t.device)
+            return _Ref(sids[storage_key(t)], t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
         written = frozenset(sids[k] for k in in_place)
         first = {}
@@ -105,8 +108,7 @@ class Replayer:
                 first.setdefault(storage_key(t), position)
         outputs = tuple((first[storage_key(t)], w) for w, t in zip(op.writes, writes)
                         if w not in written and storage_key(t) in first)
-        self.calls[index] = _Call(func=func, args=_map(ref, args), kwargs=_map(ref, kwargs),
-                                  written=written, rng=rng, outputs=outputs)
+        self.calls[index] = _Call(func, _map(ref, args), _map(ref, kwargs), written, rng, outputs)
 
     def can_rebuild(self, steps: tuple[ReplayStep, ...]) -> bool:
         """True when every op the replay runs was recorded in this step."""
@@ -167,10 +169,14 @@ class Replayer:
 
 def _map(fn, value):
     """`fn` applied to every leaf of an aten call's arguments (tuples, lists and dicts of leaves):
-    torch's pytree does the same for any structure, at several times the cost per call."""
-    if isinstance(value, (tuple, list)):
-        return type(value)(_map(fn, v) for v in value)
-    if isinstance(value, dict):
+    torch's pytree does the same for any structure, at several times the cost per call. Exact
+    types: a _Ref is a tuple too, and a torch.Size holds no tensors."""
+    kind = type(value)
+    if kind is list:
+        return [_map(fn, v) for v in value]
+    if kind is tuple:
+        return tuple([_map(fn, v) for v in value])
+    if kind is dict:
         return {k: _map(fn, v) for k, v in value.items()}
     return fn(value)
 

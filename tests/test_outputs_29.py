@@ -19,23 +19,10 @@ from memplan.cli import main
 from memplan.conv.db import ConvDB, Row
 from memplan.conv.kernels import parse_kernel
 from memplan.testing.synthetic import chain_trace
-from memplan.tracing.io import write_trace
 
-from user_errors import one_line_error
+from user_errors import json_run, one_line_error, trace_file  # noqa: F401 (trace_file: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def trace_file(tmp_path):
-    path = tmp_path / "t.jsonl"
-    write_trace(chain_trace(6), path)
-    return path
-
-
-def _json_run(capsys, argv) -> tuple[int, dict]:
-    rc = main([str(a) for a in argv])
-    return rc, json.loads(capsys.readouterr().out)
 
 
 # --- 9. pool --plan: one simulation, interpreted ------------------------------------------------------------
@@ -88,9 +75,9 @@ def test_conv_db_show_takes_a_kind_of_source(capsys, tmp_path):
         conv.put([Row(kernel=kernel, algo="pytorch", source="cpu:Some CPU (2 threads)", time_s=1e-3,
                       workspace_bytes=None),
                   Row(kernel=kernel, algo="fft", source="model:v100", time_s=2e-3, workspace_bytes=0)])
-    rc, shown = _json_run(capsys, ["conv-db", "show", db, "--source", "cpu", "--json"])
+    rc, shown = json_run(capsys, ["conv-db", "show", db, "--source", "cpu", "--json"])
     assert [s["source"] for s in shown["sources"]] == ["cpu:Some CPU (2 threads)"]
-    rc, rows = _json_run(capsys, ["conv-db", "show", db, "--source", "cpu", "--kernel", kernel.describe(), "--json"])
+    rc, rows = json_run(capsys, ["conv-db", "show", db, "--source", "cpu", "--kernel", kernel.describe(), "--json"])
     assert [r["algo"] for r in rows["rows"]] == ["pytorch"]
 
 
@@ -108,7 +95,7 @@ def test_a_batch_at_the_limit_is_not_called_the_maximum(capsys, monkeypatch):
     from memplan.workflows import maxbatch
 
     monkeypatch.setattr(maxbatch, "_planned_probe", lambda *a: lambda b: (True, {}))
-    rc, out = _json_run(capsys, ["maxbatch", "resnet18-cifar", "--memory", "1GiB", "--limit", "8", "--json"])
+    rc, out = json_run(capsys, ["maxbatch", "resnet18-cifar", "--memory", "1GiB", "--limit", "8", "--json"])
     assert rc == 0 and out["max_batch"] == 8 and out["at_limit"] is True
     assert main(["maxbatch", "resnet18-cifar", "--memory", "1GiB", "--limit", "8"]) == 0
     assert "max batch at least 8" in capsys.readouterr().out
@@ -121,14 +108,14 @@ TINY_RUN = ["run", "transformer-encoder", "--batch", "2", "--config", "seq_len=8
 
 
 def test_run_json_says_which_budget_the_prediction_used(capsys):
-    rc, out = _json_run(capsys, [*TINY_RUN, "--planner", "sqrt-n", "--budget", "100%", "--steps", "1", "--json"])
+    rc, out = json_run(capsys, [*TINY_RUN, "--planner", "sqrt-n", "--budget", "100%", "--steps", "1", "--json"])
     assert rc == 0 and out["budget_bytes"] is not None
     assert out["predicted"]["budget_source"] == "plan" and out["predicted"]["budget_bytes"] == out["budget_bytes"]
     assert out["simulated_peak_bytes"] == out["executor"]["simulated_peak_bytes"]
 
 
 def test_a_pytorch_tool_reports_no_executor_figures(capsys):
-    rc, out = _json_run(capsys, [*TINY_RUN, "--baseline", "save-on-cpu", "--steps", "1", "--json"])
+    rc, out = json_run(capsys, [*TINY_RUN, "--baseline", "save-on-cpu", "--steps", "1", "--json"])
     assert rc == 0 and out["executor"] is None and out["simulated_peak_bytes"] is None
 
 

@@ -17,25 +17,11 @@ import pytest
 
 from memplan.cli import main
 from memplan.model import read_plan
-from memplan.testing.synthetic import chain_trace
 from memplan.tracing.formats import load_any
-from memplan.tracing.io import write_trace
 
-from user_errors import files_under, one_line_error
+from user_errors import files_under, json_run, one_line_error, trace_file  # noqa: F401 (trace_file: a fixture)
 
 GPT2 = ["n_layer=1", "vocab_size=64"]  # a small GPT-2: the options reach transformers' own checks fast
-
-
-@pytest.fixture
-def trace_file(tmp_path):
-    path = tmp_path / "t.jsonl"
-    write_trace(chain_trace(6), path)
-    return path
-
-
-def _json_run(capsys, argv) -> tuple[int, dict]:
-    rc = main([str(a) for a in argv])
-    return rc, json.loads(capsys.readouterr().out)
 
 
 # --- 1. a model's own validation of --config is one line naming the model and the option ------------
@@ -146,7 +132,7 @@ def test_dqn_train_defaults_to_budgets_it_can_learn_at(capsys, tmp_path):
     # The old default: 60% is below the lowest load the agent can reach on this trace.
     assert "infeasible" in one_line_error(capsys, ["dqn", "train", trace, "--budgets", "80%,60%", "--episodes", "1",
                                                    "-o", tmp_path / "w.json"])
-    rc, out = _json_run(capsys, ["dqn", "train", trace, "--episodes", "1", "-o", tmp_path / "w.json", "--json"])
+    rc, out = json_run(capsys, ["dqn", "train", trace, "--episodes", "1", "-o", tmp_path / "w.json", "--json"])
     peak = load_any(trace).peak_load_bytes
     assert rc == 0 and len(out["problems"]) == 2
     assert all(0 < p["budget_bytes"] < peak and p["best_overhead"] is not None for p in out["problems"])
@@ -157,13 +143,13 @@ def test_dqn_train_defaults_to_budgets_it_can_learn_at(capsys, tmp_path):
 
 def test_simulate_uses_the_device_the_plan_was_made_for(capsys, tmp_path, trace_file):
     plan = tmp_path / "p.json"
-    rc, planned = _json_run(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--budget", "90%",
+    rc, planned = json_run(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--budget", "90%",
                                      "--device", "gtx1080ti", "-o", plan, "--json"])
     assert rc == 0 and read_plan(plan).device["name"] == "gtx1080ti"
-    rc, simulated = _json_run(capsys, ["simulate", trace_file, "--plan", plan, "--json"])
+    rc, simulated = json_run(capsys, ["simulate", trace_file, "--plan", plan, "--json"])
     assert simulated["device"] == "gtx1080ti" and simulated["device_source"] == "plan"
     assert simulated["time_s"] == planned["predicted"]["time_s"]
-    rc, other = _json_run(capsys, ["simulate", trace_file, "--plan", plan, "--device", "h100", "--json"])
+    rc, other = json_run(capsys, ["simulate", trace_file, "--plan", plan, "--device", "h100", "--json"])
     assert other["device_source"] == "given" and other["time_s"] < simulated["time_s"]
 
 

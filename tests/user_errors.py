@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+import pytest
+
 from memplan.cli import USAGE_ERROR, main
+from memplan.testing.synthetic import chain_trace
+from memplan.tracing.io import write_trace
 
 PREFIX = "memplan: error: "
 
@@ -25,3 +30,17 @@ def files_under(folder: str | os.PathLike) -> set[str]:
     """Every file below `folder` (relative names), hidden temporaries included."""
     root = Path(folder)
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def json_run(capsys, argv) -> tuple[int, dict]:
+    """Run the CLI on `argv` (with --json among them); its exit code and the JSON it printed."""
+    rc = main([str(a) for a in argv])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture
+def trace_file(tmp_path):
+    """A small chain trace written as JSON lines (a test imports this fixture by name)."""
+    path = tmp_path / "t.jsonl"
+    write_trace(chain_trace(6), path)
+    return path

@@ -16,8 +16,9 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.exec.compress import compress, decompress
 from memplan.exec.engine import ThreadCopyEngine
-from memplan.exec.runner import INSERTED_LIMIT
+from memplan.exec.resync import INSERTED_LIMIT
 from memplan.exec.slab import host_layout
+from memplan.model import Decision, Plan
 from memplan.planners.base import known_planners, plan as make_plan
 from memplan.sim.program import compile_program
 from memplan.workflows.optimize import optimize, trace_step
@@ -387,3 +388,52 @@ def test_actions_that_find_no_storage_are_counted_and_warned_about(tiny_trace, m
     assert stats["unresolved"] > 0
     assert all(s["unresolved"] > 0 for s in stats["steps_measured"])
     assert sum("planned actions found no storage" in r.getMessage() for r in caplog.records) == STEPS
+
+
+class _Chain(torch.nn.Module):
+    """a = x·w, a long chain on from a, then a read again: in `odd` steps a chain op reads a
+    instead of its predecessor (same op name, same sizes) while a is swapped out."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((64,), 0.5))
+        self.odd = False
+
+    def forward(self, x):
+        a = x * self.w
+        h = a + 1.0
+        for k in range(8):
+            h = torch.tanh((a if self.odd and k == 4 else h) + 1.0)
+        return (h + a).sum()
+
+
+def _chain_step():
+    model = _Chain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        opt.zero_grad(set_to_none=True)
+        model(x).backward()
+        opt.step()
+
+    return model, opt, step
+
+
+def test_a_plain_op_touching_a_storage_away_brings_it_back_and_leaves_the_program():
+    x = torch.linspace(-1.0, 1.0, 64)
+    model, opt, step = _chain_step()
+    trace = trace_step(step, (x,), model, opt)
+    a = trace.ops[0].writes[0]  # x * w
+    first, last = trace.accesses[a][1], [j for j in trace.accesses[a] if trace.ops[j].phase == "forward"][-1]
+    plan = Plan(decisions=(Decision(storage=a, action="swap", out_after=first, back_before=last),))
+    run = optimize(step, x, trace=trace, plan=plan, model=model, optimizer=opt, measure=False)
+    assert run.runtime.runner.plain[14] and trace.ops[14].reads != (a,)
+    model.odd = True  # op 14, plain in the program, now reads a while it is away
+    run(x)
+    stats = run.stats()
+    run.close()
+    assert stats["diverged_steps"] == 1 and stats["restored"] == 1
+    plain_model, _, plain = _chain_step()
+    plain_model.odd = True
+    plain(x)
+    assert torch.equal(model.w, plain_model.w)

@@ -71,10 +71,20 @@ class StorageFinder:
         return storage
 
 
-def tensor_args(args: tuple, kwargs: dict):
-    """The tensor arguments of an aten call (tensors, or lists of tensors, one level deep)."""
-    for value in (*args, *kwargs.values()):
+def touched_entries(away: dict, args: tuple, kwargs: dict) -> list:
+    """The entries of `away` (by storage address) under the tensor arguments of an aten call
+    (tensors, or lists of tensors, one level deep), each once. Runs at every op while a storage
+    is away: a plain loop, no generators."""
+    found: dict[int, object] = {}
+    for value in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(value, torch.Tensor):
-            yield value
+            entry = away.get(value.untyped_storage()._cdata)
+            if entry is not None:
+                found[entry.sid] = entry
         elif isinstance(value, (list, tuple)):
-            yield from (t for t in value if isinstance(t, torch.Tensor))
+            for t in value:
+                if isinstance(t, torch.Tensor):
+                    entry = away.get(t.untyped_storage()._cdata)
+                    if entry is not None:
+                        found[entry.sid] = entry
+    return list(found.values())

@@ -6,30 +6,17 @@ that point (memplan.model.program): swap-outs, releases, prefetches, waits, drop
 recomputations. A swap-out whose decision lets its copy run beside its op (`overlap`: the
 op only reads it) starts the copy before the op and releases after it. A storage is found
 among the tensors of the op the program acts after, or through its owner for a wrap-around
-gap (memplan.exec.locate).
+gap (memplan.exec.locate). A run made elsewhere than its trace stays in sync by the rules of
+memplan.exec.resync.
 
-NOTE how the run stays in sync with a trace made elsewhere (a fake trace, another device):
- 1. Ops that move no data and come and go between runs (`OPTIONAL_OPS`: lift_fresh, detach,
-    `.item()`) pass without being matched.
- 2. An op the trace has a little later (within RESYNC_WINDOW) means the run skipped the trace's
-    ops before it: their actions run without their tensors (a swap-out or drop there finds no
-    storage and keeps it resident, counted `unresolved`), and the count goes on from there.
- 3. Any other op is one the trace does not have: it runs unplanned (`inserted_ops`); more than
-    INSERTED_LIMIT of them in a row leave the program for the step.
- 4. A storage is dropped for recomputation only when every op its replay needs was recorded in
-    this step, so a skipped op never leaves a storage that cannot be rebuilt.
-
-NOTE why storages are resized, not tensors re-pointed: every holder of a storage sees the
-change at once and sees the data again after the refill, because the StorageImpl is the
-same object -- the module's Parameter, the optimizer's references, tied weights, tensors
-autograd saved for backward and their views. Copies go through separate byte views whose
-version counters are their own, so autograd's saved-tensor checks never see a swap. An op
-touching a storage while it is away would read an empty buffer; that cannot happen while
-the run follows the trace, and it is checked: before every op, any tensor argument whose
-storage is not resident brings everything back and the rest of the step runs unplanned
-(`diverged`). Between steps, an op touching a storage left on the host (a wrap-around gap)
-brings it back. A convolution op the plan splits runs in micro-batches, as one op
-(memplan.exec.microconv says why not a module).
+NOTE why storages are resized, not tensors re-pointed: every holder of a storage (the
+Parameter, the optimizer, tied weights, tensors autograd saved and their views) sees the
+change and the refill, because the StorageImpl is the same object. Copies go through byte
+views with version counters of their own, so autograd's saved-tensor checks never see a swap.
+An op touching a storage while it is away would read an empty buffer: before every op, a
+tensor argument whose storage is not resident brings everything back and the rest of the
+step runs unplanned (`diverged`); between steps, it brings back that storage (a wrap-around
+gap). A convolution op the plan splits runs in micro-batches, as one op (memplan.exec.microconv).
 """
 
 from __future__ import annotations
@@ -46,10 +33,11 @@ from ..tracing.opinfo import OPTIONAL_OPS, counts_as_op, storage_roles
 from . import microconv
 from .engine import CopyEngine, blocked_s
 from .hostcopy import load, store, typed_bytes
-from .locate import StorageFinder, tensor_args
+from .locate import StorageFinder, touched_entries
 from .points import ProgramPoints
 from .replay import Replayer, adopt, byte_view
 from .residency import ExecStats, MovedStorage, Residency
+from .resync import INSERTED_LIMIT, RESYNC_WINDOW, op_ahead
 from .slab import HostSlab
 
 log = logging.getLogger(__name__)
@@ -57,8 +45,6 @@ log = logging.getLogger(__name__)
 # The method that runs each kind of action, looked up at every action (a test may replace one).
 _ACTION_METHODS = {ActionKind.SWAP_OUT: "_swap_out", ActionKind.RELEASE: "_release", ActionKind.PREFETCH: "_prefetch",
                    ActionKind.WAIT: "_wait", ActionKind.DROP: "_drop", ActionKind.RECOMPUTE: "_recompute"}
-RESYNC_WINDOW = 32  # trace ops looked ahead for an op the run makes out of turn (rule 2)
-INSERTED_LIMIT = 64  # ops in a row the trace does not have before the step leaves the program (rule 3)
 
 
 class StepRunner(TorchDispatchMode):
@@ -147,20 +133,24 @@ class StepRunner(TorchDispatchMode):
         if self.active and not self.off:
             i = self.pos
             if i < len(self.names) and (self._named.get(func) or self._name(func)) == self.names[i]:
-                if self.plain[i] and not self.away:  # the fast path: nothing to do, nothing to guard
-                    self.op_clock.value = i
-                    self.pos = i + 1
-                    self._inserted_in_a_row = 0
-                    return func(*args, **kwargs)
-                return self._run(i, func, args, kwargs)
+                if not self.plain[i]:
+                    return self._run(i, func, args, kwargs)
+                if self.away or self.replayer.temporaries:
+                    return self._plain(i, func, args, kwargs)
+                self.op_clock.value = i  # the fast path: nothing to do, nothing to guard
+                self.pos = i + 1
+                self._inserted_in_a_row = 0
+                return func(*args, **kwargs)
             return self._out_of_turn(func, args, kwargs)
         self._guard(func, args, kwargs)
         return func(*args, **kwargs)
 
     def _out_of_turn(self, func, args, kwargs):
-        """An op that is not the trace's next one (NOTE rules 1-3)."""
+        """An op that is not the trace's next one (memplan.exec.resync, rules 1-3)."""
         name = self._name(func)
-        ahead = None if name in OPTIONAL_OPS else self._ahead(name, func, args, kwargs)
+        ahead = None if name in OPTIONAL_OPS else op_ahead(
+            self.trace, self.names, self.pos, name, lambda: storage_roles(func, args, kwargs, None)[0],
+            self.finder.counted)
         if ahead is not None:
             self._skip_to(ahead)
             return self._run(ahead, func, args, kwargs)
@@ -174,17 +164,6 @@ class StepRunner(TorchDispatchMode):
             where = self.names[self.pos] if self.pos < len(self.names) else "end of step"
             self.diverge(f"op {self.pos} is {name}, the trace's {where}")
         return out
-
-    def _ahead(self, name: str, func, args, kwargs) -> int | None:
-        """The next trace op within the window with this name that reads storages of the sizes
-        this call reads (None: there is none, the call is one the trace does not have)."""
-        end = min(self.pos + 1 + RESYNC_WINDOW, len(self.names))
-        candidates = [j for j in range(self.pos + 1, end) if self.names[j] == name]
-        if not candidates:
-            return None
-        sizes = [self.finder.counted(t.untyped_storage().nbytes()) for t in storage_roles(func, args, kwargs, None)[0]]
-        storages = self.trace.storages
-        return next((j for j in candidates if [storages[s].nbytes for s in self.trace.ops[j].reads] == sizes), None)
 
     def _skip_to(self, j: int) -> None:
         """The run did not make trace ops pos..j-1: run their actions without their tensors."""
@@ -201,6 +180,19 @@ class StepRunner(TorchDispatchMode):
         if name is None:
             name = self._named[func] = str(func)
         return name
+
+    def _plain(self, i: int, func, args, kwargs):
+        """Op i, at which the program does nothing: guarded while storages are away."""
+        self.op_clock.value = i
+        if self.away:
+            self._guard(func, args, kwargs)
+            if self.off:
+                return func(*args, **kwargs)
+        if self.replayer.temporaries:
+            self.replayer.drop_temporaries()
+        self.pos = i + 1
+        self._inserted_in_a_row = 0
+        return func(*args, **kwargs)
 
     def _run(self, i: int, func, args, kwargs):
         self.op_clock.value = i
@@ -235,8 +227,7 @@ class StepRunner(TorchDispatchMode):
     def _guard(self, func, args, kwargs) -> None:
         if not self.away:
             return
-        touched = [self.away[k] for k in {t.untyped_storage()._cdata for t in tensor_args(args, kwargs)}
-                   if k in self.away]
+        touched = touched_entries(self.away, args, kwargs)
         if not touched:
             return
         if self.active and not self.off:

@@ -7,7 +7,9 @@ executor's Python, as on a GPU, where kernels run asynchronously) trains under:
 - `none`: memplan with nothing to do (a program without actions);
 - `guarded`: a program with one swap of a storage away for most of the step (so every op
   is checked against storages away: the executor's busiest path without doing work);
-- `sqrt-n`: recomputation by op replay.
+- `sqrt-n`: recomputation by op replay;
+- `empty mode`: no memplan, a PyTorch dispatch mode that only calls each op: the floor of any
+  executor that sees every op.
 
 Reported: microseconds per op of `none` and of `guarded` over plain, and microseconds per
 replayed op of `sqrt-n` over `guarded` (both run the executor at every op; the difference is
@@ -75,7 +77,7 @@ def measure() -> dict:
     torch.set_num_threads(1)
     model, opt, step, inputs = build()
     trace = trace_step(step, inputs, model, opt)
-    runs = {"plain": step}
+    runs = {"plain": step, "empty mode": _in_empty_mode(step)}
     runs["none"] = optimize(step, *inputs, trace=trace, planner="none", model=model, optimizer=opt, measure=False)
     runs["guarded"] = optimize(step, *inputs, trace=trace, plan=one_swap_plan(trace), model=model, optimizer=opt,
                                measure=False)
@@ -94,15 +96,31 @@ def measure() -> dict:
     replayed = stats["replayed_ops"] / max(stats["steps"], 1)
     guarded = runs["guarded"].stats()
     for name, fn in runs.items():
-        if name != "plain":
+        if hasattr(fn, "close"):
             fn.close()
     n = len(trace.ops)
     return {"ops_per_step": n, "replayed_ops_per_step": replayed, "step_s": med,
             "guarded_swaps": guarded["swapped_out"], "guarded_diverged": guarded["diverged_steps"],
             "us_per_op_none": (med["none"] - med["plain"]) / n * 1e6,
             "us_per_op_guarded": (med["guarded"] - med["plain"]) / n * 1e6,
+            "us_per_op_empty_mode": (med["empty mode"] - med["plain"]) / n * 1e6,
             # over `guarded`, which also runs the mode at every op: what recording and replaying cost
             "us_per_replayed_op": (med["sqrt-n"] - med["guarded"]) / max(replayed, 1) * 1e6}
+
+
+def _in_empty_mode(step):
+    """`step` under a dispatch mode that does nothing but run each op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class EmptyMode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def run(*inputs):
+        with EmptyMode():
+            step(*inputs)
+
+    return run
 
 
 def at_commit(commit: str) -> dict:
@@ -141,10 +159,12 @@ def main() -> None:
 
 def _markdown(report: dict) -> str:
     lines = [f"Executor overhead on the CPU, {report['model']}, one thread (measured; median of {ROUNDS} rounds)", "",
-             "| memplan | ops/step | plain step ms | us/op none | us/op guarded | us per replayed op (sqrt-n over guarded) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| memplan | ops/step | plain step ms | us/op empty mode | us/op none | us/op guarded | "
+             "us per replayed op (sqrt-n over guarded) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in report["rows"].items():
-        lines.append(f"| {name} | {r['ops_per_step']} | {r['step_s']['plain'] * 1e3:.2f} | {r['us_per_op_none']:.1f} | "
+        lines.append(f"| {name} | {r['ops_per_step']} | {r['step_s']['plain'] * 1e3:.2f} | "
+                     f"{r['us_per_op_empty_mode']:.1f} | {r['us_per_op_none']:.1f} | "
                      f"{r['us_per_op_guarded']:.1f} | {r['us_per_replayed_op']:.1f} |")
     return "\n".join(lines) + "\n"
 

@@ -18,6 +18,9 @@ median of alternating rounds. `--ref COMMIT` runs the same measurement on that c
 temporary git worktree, in a subprocess) in the same run, so the ratios compare like with like.
 
     python benchmarks/exec_overhead.py --ref e0c6f39 --out benchmarks/results/exec_overhead
+
+`--device cuda` measures the same on a GPU (its kernels are as tiny: what is measured is the
+host's work per op, which a GPU step of short kernels cannot hide).
 """
 
 from __future__ import annotations
@@ -37,16 +40,16 @@ WIDTH, DEPTH, BATCH = 16, 48, 4  # tiny Linear+ReLU layers: ~580 ops a step
 ROUNDS, STEPS = 7, 5
 
 
-def build():
+def build(device: str = "cpu"):
     import torch
 
     torch.manual_seed(0)
     layers = []
     for _ in range(DEPTH):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers)
+    model = torch.nn.Sequential(*layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+    x, y = torch.randn(BATCH, WIDTH, device=device), torch.randn(BATCH, WIDTH, device=device)
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
@@ -69,13 +72,14 @@ def one_swap_plan(trace):
     return Plan(decisions=(Decision(storage=sid, action="swap", out_after=out_after, back_before=back_before),))
 
 
-def measure() -> dict:
+def measure(device: str = "cpu") -> dict:
     import torch
 
     from memplan.workflows.optimize import optimize, trace_step
 
     torch.set_num_threads(1)
-    model, opt, step, inputs = build()
+    model, opt, step, inputs = build(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     trace = trace_step(step, inputs, model, opt)
     runs = {"plain": step, "empty mode": _in_empty_mode(step)}
     runs["none"] = optimize(step, *inputs, trace=trace, planner="none", model=model, optimizer=opt, measure=False)
@@ -87,9 +91,11 @@ def measure() -> dict:
     for _ in range(ROUNDS):
         for name, fn in runs.items():
             fn(*inputs)  # warm
+            sync()
             start = time.perf_counter()
             for _ in range(STEPS):
                 fn(*inputs)
+            sync()
             times[name].append((time.perf_counter() - start) / STEPS)
     med = {name: statistics.median(t) for name, t in times.items()}
     stats = runs["sqrt-n"].stats()
@@ -123,13 +129,13 @@ def _in_empty_mode(step):
     return run
 
 
-def at_commit(commit: str) -> dict:
+def at_commit(commit: str, device: str) -> dict:
     """The same measurement, run by this script on `commit`'s memplan."""
     with tempfile.TemporaryDirectory(prefix="memplan-ref-") as folder:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", folder, commit], check=True)
         try:
             env = {**os.environ, "PYTHONPATH": folder}
-            out = subprocess.run([sys.executable, __file__, "--measure"], env=env, check=True, capture_output=True,
+            out = subprocess.run([sys.executable, __file__, "--measure", "--device", device], env=env, check=True, capture_output=True,
                                  text=True, cwd=folder)
             return json.loads(out.stdout.strip().splitlines()[-1])
         finally:
@@ -140,16 +146,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", help="also measure this commit (e.g. e0c6f39)")
     ap.add_argument("--out", help="write OUT.json and OUT.md")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
-        print(json.dumps(measure()))
+        print(json.dumps(measure(args.device)))
         return
-    rows = {"this": measure()}
+    rows = {"this": measure(args.device)}
     if args.ref:
-        rows[args.ref] = at_commit(args.ref)
-    report = {"host": os.uname().nodename, "cpu_threads": 1, "model": f"{DEPTH}x(Linear({WIDTH})+ReLU), batch {BATCH}",
-              "rows": rows}
+        rows[args.ref] = at_commit(args.ref, args.device)
+    report = {"host": os.uname().nodename, "cpu_threads": 1, "device": args.device, "gpu": _gpu_name(args.device),
+              "model": f"{DEPTH}x(Linear({WIDTH})+ReLU), batch {BATCH}", "rows": rows}
     text = _markdown(report)
     print(text)
     if args.out:
@@ -157,8 +164,16 @@ def main() -> None:
         Path(args.out + ".md").write_text(text)
 
 
+def _gpu_name(device: str) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else None
+
+
 def _markdown(report: dict) -> str:
-    lines = [f"Executor overhead on the CPU, {report['model']}, one thread (measured; median of {ROUNDS} rounds)", "",
+    where = report.get("gpu") or "the CPU"
+    lines = [f"Executor overhead on {where}, {report['model']}, one host thread (measured; median of {ROUNDS} rounds)",
+             "",
              "| memplan | ops/step | plain step ms | us/op empty mode | us/op none | us/op guarded | "
              "us per replayed op (sqrt-n over guarded) |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -31,7 +31,7 @@ class TestAuto(PlannerConformance):
 def _best_other(trace, cost, budget) -> float | None:
     """The least simulated time of the planners auto runs, each planned on its own (milp included)."""
     simulator, times = Simulator(trace, cost), []
-    for name in (*FAST, "milp"):
+    for name in (*FAST, "autoswap:bo", "milp"):
         try:
             p = make_plan(trace, budget, planner=name, cost=cost, simulate_result=False)
         except InfeasibleBudgetError:
@@ -124,14 +124,15 @@ def test_an_auto_plan_trains_exactly_within_its_budget():
 
 
 def test_when_no_fast_planner_fits_milp_over_every_storage_runs(monkeypatch):
-    """Only Capuchin and TFLMS as fast planners (neither moves optimizer state) and milp's size
-    gate closed: auto still plans, with milp over every storage, which swaps the optimizer state
-    across the iteration boundary."""
+    """Only Capuchin and TFLMS as fast planners (neither moves optimizer state), no autoswap:bo
+    (which does), and milp's size gate closed: auto still plans, with milp over every storage,
+    which swaps the optimizer state across the iteration boundary."""
     import memplan.planners.auto as auto
     from test_milp import _optimizer_state_chain
 
     monkeypatch.setattr(auto, "FAST", ("capuchin", "tflms"))
     monkeypatch.setattr(auto, "MILP_MAX_GROUPS", 0)
+    monkeypatch.setattr(auto, "BO_SHARE", 0.0)
     trace = _optimizer_state_chain()
     got = make_plan(trace, 0.6, planner="auto", time_limit_s=60.0)
     assert validate(trace, got) == []

@@ -3,6 +3,7 @@
 import pytest
 
 from memplan.cost.model import Cost
+from memplan.errors import MemplanError
 from memplan.planners.autoswap import bo as _autoswap_bo
 from memplan.planners.base import plan
 from memplan.testing.synthetic import MIB, chain_trace
@@ -74,3 +75,26 @@ def test_search_runs_on_one_thread_and_restores_the_pools(monkeypatch):
     plan(_trace(), "60%", planner="autoswap:bo", device=DEVICE, simulate_result=False, n_trials=FEW_TRIALS)
     assert seen and all(n == 1 and pools <= {1} for n, pools in seen)
     assert (torch.get_num_threads(), [p["num_threads"] for p in threadpoolctl.threadpool_info()]) == before
+
+
+def test_a_time_limit_stops_the_search_after_the_pure_scores(stand_in, monkeypatch):
+    """`time_limit_s` bounds the search (auto gives it a share of its own limit): past it, no
+    sampled trial starts, but the four pure scores are still tried (one weighting each, and one
+    more for the plan returned)."""
+    import memplan.planners.autoswap as autoswap_module
+
+    weightings = []
+    combine = autoswap_module.combined_priority
+    monkeypatch.setattr(autoswap_module, "combined_priority",
+                        lambda problem, weights: weightings.append(weights) or combine(problem, weights))
+    got = plan(_trace(), "60%", planner="autoswap:bo", device=DEVICE, simulate_result=False, time_limit_s=1e-9)
+    pure = [plan(_trace(), "60%", planner=f"autoswap:{v}", device=DEVICE, simulate_result=False)
+            for v in ("aoa", "doa", "wdoa", "swdoa")]
+    assert len(weightings) == 4 + 1
+    assert _stand_in_objective(got) == min(_stand_in_objective(p) for p in pure)
+
+
+@pytest.mark.parametrize("limit", [0, -1.0])
+def test_a_time_limit_must_be_positive(limit):
+    with pytest.raises(MemplanError, match="time_limit_s must"):
+        plan(_trace(), "60%", planner="autoswap:bo", device=DEVICE, time_limit_s=limit)

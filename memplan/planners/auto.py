@@ -3,21 +3,23 @@
 Within one time limit (default 20 s) it
 1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
    PyTorch-style baselines), each scored by the simulator at the budget;
-2. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
+2. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
+3. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
    decision groups; over saved activations only when the model over every storage is
    larger), for MILP_SHARE of the time left; its proven bound is kept for the report (on
    larger models the decomposition improves too slowly to be worth the time, unless no
    fast planner reaches the budget: then milp over every storage runs, decomposed, since it
    moves what the others cannot, such as optimizer state across the iteration boundary);
-3. warm-starts a local search over keep / swap / recompute per feature map
+4. warm-starts a local search over keep / swap / recompute per feature map
    (`memplan.planners.kit.refine`) from each of the best REFINED plans so far, milp's included,
    sharing the time left until each reaches a local optimum;
-4. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
+5. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
    particles for at most SWARM_ITERS iterations) within what is left;
-5. with time still left, runs milp over every storage warm-started from the best plan so
+6. with time still left, runs milp over every storage warm-started from the best plan so
    far (its decomposition on a large model, never worse than that start in the simulator),
-   whose bound then replaces a bound over activations only;
-6. returns the plan of least simulated time that validates and fits the budget.
+   whose bound then replaces a bound over activations only (FINISH_S is kept back for scoring
+   its plan, so that auto ends within its limit);
+7. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
 (`refined_from`), every candidate's simulated overhead, and milp's bound where milp ran
@@ -52,10 +54,13 @@ log = logging.getLogger(__name__)
 FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "sqrt-n", "checkpoint-all",
         "save-on-cpu")
 DEFAULT_TIME_LIMIT_S = 20.0
-MILP_SHARE = 0.5  # of the time left after the fast planners
+BO_SHARE = 0.25  # of the time left after the fast planners, for autoswap:bo
+BO_MIN_S = 1.0  # autoswap:bo is not started with less time than this
+MILP_SHARE = 0.5  # of the time left after autoswap:bo
 MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
+FINISH_S = 2.0  # kept back from the last milp for scoring and validating its plan (large traces)
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
 SWARM_ITERS, SWARM_PARTICLES = 20, 20  # its size: it ends on its own on small traces (a result that a time cut
 # does not decide), and within the limit on large ones
@@ -97,6 +102,7 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
                             "gap_to_bound": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
     search = _Search(trace, budget_bytes, cost, seed, time.monotonic() + time_limit_s, min_bytes)
     search.fast()
+    search.bayesian()
     if milp:
         search.milp()
     search.refine()
@@ -141,8 +147,20 @@ class _Search:
             except InfeasibleBudgetError as exc:
                 self.named[name] = exc.min_feasible_bytes
 
+    def bayesian(self) -> None:
+        """Step 2: AutoSwap's weights tuned by Bayesian optimisation, for BO_SHARE of the time left."""
+        share = BO_SHARE * self.left()
+        if share < BO_MIN_S:
+            return
+        spec = get_planner("autoswap:bo")
+        try:
+            self.add("autoswap:bo", spec.fn(self.trace, self.budget, self.cost, seed=self.seed, time_limit_s=share,
+                                            **spec.defaults))
+        except InfeasibleBudgetError as exc:
+            self.named["autoswap:bo"] = exc.min_feasible_bytes
+
     def milp(self) -> None:
-        """Step 2: milp on a model small enough to solve whole."""
+        """Step 3: milp on a model small enough to solve whole."""
         share = MILP_SHARE * self.left()
         if share < MILP_MIN_S:
             return
@@ -163,7 +181,7 @@ class _Search:
         self.add("milp", plan)
 
     def refine(self) -> None:
-        """Step 3: local search from each of the best REFINED candidates, sharing the time left."""
+        """Step 4: local search from each of the best REFINED candidates, sharing the time left."""
         fm = feature_maps(self.trace, self.min_bytes)
         if not len(fm):
             return
@@ -178,7 +196,7 @@ class _Search:
             self.add(f"refined:{base.name}", refiner.plan(best))
 
     def swarm(self) -> None:
-        """Step 4: with time left after the local searches, `home:seeded` with the rest of it."""
+        """Step 5: with time left after the local searches, `home:seeded` with the rest of it."""
         left = self.left()
         if left < SWARM_MIN_S:
             return
@@ -192,9 +210,9 @@ class _Search:
         self.add("home:seeded", plan)
 
     def decompose(self) -> None:
-        """Step 5: with time left, milp over every storage warm-started from the best plan so far
+        """Step 6: with time left, milp over every storage warm-started from the best plan so far
         (decomposed on a large model; never worse than its start in the simulator)."""
-        left, ranked = self.left(), self.ranked()
+        left, ranked = self.left() - FINISH_S, self.ranked()
         if left < MILP_MIN_S or not ranked or (self.milp_report or {}).get("moves") == MOVES[0]:
             return
         try:
@@ -206,7 +224,7 @@ class _Search:
         self.add(f"milp from {ranked[0].name}", plan)
 
     def result(self) -> Plan:
-        """Step 4: the best candidate that validates; the infeasible-budget error without one."""
+        """Step 7: the best candidate that validates; the infeasible-budget error without one."""
         for chosen in self.ranked():
             if not validate(self.trace, chosen.plan, self.budget):
                 return chosen.plan.with_meta(report=self._report(chosen))

@@ -116,7 +116,7 @@ def combined_priority(problem: Problem, weights) -> np.ndarray:
 def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, score: str = "bo",
              smartpool: bool = False, min_bytes: int = DEFAULT_MIN_BYTES, allow_multi_swap: bool = False,
              n_trials: int = DEFAULT_TRIALS, objective="simulated", weights: object = None,
-             pool_time_limit_s: float | None = None) -> Plan:
+             pool_time_limit_s: float | None = None, time_limit_s: float | None = None) -> Plan:
     """AutoSwap: swap the highest-priority candidates until the load fits the budget.
 
     Args:
@@ -130,6 +130,7 @@ def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, scor
             "measured" is `memplan.workflows.run.measured_objective`.
         weights: fixed (a, b, c, d) for the combined score; skips the BO search.
         pool_time_limit_s: time limit for the pool search (smartpool only; default: the pool's).
+        time_limit_s: wall-clock limit for the BO search (bo only; None: all `n_trials`).
     Returns:
         The plan: one swap decision per chosen gap, with just-in-time prefetch triggers.
     Raises:
@@ -137,7 +138,7 @@ def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, scor
             when the pool exceeds the budget, naming a load at which swap plan and pool fit.
         MemplanError: a bad score, objective or weights.
     """
-    _check_args(score, objective, weights)
+    _check_args(score, objective, weights, time_limit_s)
     name = f"autoswap:{score}" + ("+smartpool" if smartpool else "")
 
     def swap_plan(budget: int) -> Plan:
@@ -145,7 +146,8 @@ def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, scor
             return Plan()
         problem = make_problem(trace, budget, cost, min_bytes=min_bytes, allow_multi_swap=allow_multi_swap,
                                planner=name)
-        return _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective, weights=weights)
+        return _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective, weights=weights,
+                             time_limit_s=time_limit_s)
 
     if not smartpool:
         return swap_plan(budget_bytes)
@@ -198,18 +200,19 @@ def _pooled_load(trace: Trace, bound: int, swap_plan, pool) -> int:
     return max(trace.peak_load_bytes, pool(Plan()).pool_bytes)
 
 
-def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective, weights) -> Plan:
+def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective, weights,
+                  time_limit_s: float | None = None) -> Plan:
     if score in SCORES:
         return plan_for_priority(problem, problem.scores[score])
     if weights is None:
         weights = tune_weights(problem, plan_for_priority, combined_priority, seed=seed, n_trials=n_trials,
-                               objective=objective)
+                               objective=objective, time_limit_s=time_limit_s)
     log.info("autoswap:bo weights a,b,c,d = %s", ", ".join(f"{w:+.3f}" for w in weights))
     result = plan_for_priority(problem, combined_priority(problem, weights))
     return result.with_meta(params={"weights": [float(w) for w in weights]})
 
 
-def _check_args(score: str, objective, weights) -> None:
+def _check_args(score: str, objective, weights, time_limit_s: float | None) -> None:
     if score not in VARIANTS:
         raise MemplanError(f"autoswap score must be one of {', '.join(VARIANTS)}, not {score!r}")
     if objective == "measured":
@@ -220,6 +223,8 @@ def _check_args(score: str, objective, weights) -> None:
                            f"not {objective!r}")
     if weights is not None and (len(weights) != len(SCORES) or any(abs(float(w)) > 1 for w in weights)):
         raise MemplanError("autoswap weights must be four numbers (a, b, c, d) in [-1, 1]")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise MemplanError(f"autoswap parameter time_limit_s must be positive, got {time_limit_s!r}")
 
 
 def attach_pool(trace: Trace, plan: Plan, *, cost: Cost, seed: int = 0, time_limit_s: float | None = None) -> Plan:

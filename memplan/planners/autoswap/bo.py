@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -40,7 +41,7 @@ class Evaluation:
 
 
 def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int, n_trials: int,
-                 objective: str | Callable = "simulated") -> tuple[float, ...]:
+                 objective: str | Callable = "simulated", time_limit_s: float | None = None) -> tuple[float, ...]:
     """Search the weights with Optuna's GPSampler and return the best ones.
 
     Args:
@@ -51,6 +52,8 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
         n_trials: evaluations (at least the four pure scores).
         objective: "simulated", or `objective(plan) -> overhead` (the workflows layer
             passes a measured one, `memplan.workflows.run.measured_objective`).
+        time_limit_s: start no trial after this many seconds (None: run all `n_trials`); the
+            four pure scores are always tried, so the result is never worse than theirs.
     Returns:
         The weights of the lowest overhead; ties go to the plan that swaps fewer bytes,
         then to the earlier evaluation.
@@ -78,7 +81,11 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
         study = optuna.create_study(direction="minimize", sampler=_sampler(optuna, seed))
         for one_hot in np.eye(len(WEIGHT_NAMES)):
             study.enqueue_trial(dict(zip(WEIGHT_NAMES, map(float, one_hot))))
-        study.optimize(run, n_trials=trials)
+        started = time.monotonic()
+        study.optimize(run, n_trials=MIN_TRIALS)  # the pure scores, whatever the limit
+        left = None if time_limit_s is None else time_limit_s - (time.monotonic() - started)
+        if left is None or left > 0:
+            study.optimize(run, n_trials=trials - MIN_TRIALS, timeout=left)
     best = min(evaluations, key=lambda e: (e.overhead, e.swapped_bytes, e.trial))
     log.info("autoswap:bo: %d evaluations, %d distinct plans, best overhead %.4f", len(evaluations), len(cache),
              best.overhead)

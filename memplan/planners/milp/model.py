@@ -274,18 +274,23 @@ class _Builder:
         the earliest of them ended: t_q >= end(out_j) + sum of d2h over those with out >= out_j.
         Prefetches due by q and issued at or after position a were all copied one after another
         from t_a on: o_q >= t_a + sum of h2d over them.
+
+        The sums over "those with out >= out_j" are suffix sums, one per j: each is a column
+        y_j = y_next + (d2h of j if released by q), so the cuts at q hold O(n) coefficients,
+        not O(n^2) (the same LP: y only pushes t up, so the optimum takes it at its least).
         """
         p, c, m = self.p, self.c, self.m
         by_out = sorted(range(len(p.units)), key=lambda k: p.units[k].out_after)
         for q in np.flatnonzero(np.maximum(p.seg_load, p.pre_load) > self.budget):
             op = int(p.positions[q])
             inside = [k for k in by_out if p.units[k].out_after < op <= p.units[k].back_before]
-            for a, j in enumerate(inside):
-                i = p.position_of(p.units[j].out_after)
-                terms = [(self.t[q], 1), (self.o[i], -1)]
-                for k in inside[a:]:
-                    terms += [(col, -MS * p.units[k].d2h_s * coef) for col, coef in self._released(k, q, late=False)]
-                c.ge(terms, MS * p.seg_s[i])
+            suffix = c.add(len(inside))  # suffix[a]: d2h seconds (ms) of inside[a:] released by q
+            for a, k in enumerate(inside):
+                terms = [(suffix[a], 1)] + ([(suffix[a + 1], -1)] if a + 1 < len(inside) else [])
+                c.eq(terms + [(col, -MS * p.units[k].d2h_s * coef) for col, coef in self._released(k, q, late=False)],
+                     0)
+                i = p.position_of(p.units[k].out_after)
+                c.ge([(self.t[q], 1), (self.o[i], -1), (suffix[a], -1)], MS * p.seg_s[i])
         for k_last in {p.units[k].back_before for k in range(len(p.units))}:
             q = p.position_of(k_last)
             for a in range(max(0, q - self._cut_reach()), q + 1):

@@ -277,7 +277,7 @@ class _Builder:
 
         The sums over "those with out >= out_j" are suffix sums, one per j: each is a column
         y_j = y_next + (d2h of j if released by q), so the cuts at q hold O(n) coefficients,
-        not O(n^2) (the same LP: y only pushes t up, so the optimum takes it at its least).
+        not O(n^2) (each y equals its sum: the same LP, with fewer nonzeros).
         """
         p, c, m = self.p, self.c, self.m
         by_out = sorted(range(len(p.units)), key=lambda k: p.units[k].out_after)

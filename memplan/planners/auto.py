@@ -1,7 +1,7 @@
 """`auto`: the planner to use when you do not know which one to use.
 
 Within one time limit (default 20 s) it
-1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
+1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, DTR, the
    PyTorch-style baselines), each scored by the simulator at the budget;
 2. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
 3. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
@@ -51,7 +51,7 @@ from .milp.layers import MOVES, layer_problem
 
 log = logging.getLogger(__name__)
 
-FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "sqrt-n", "checkpoint-all",
+FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "dtr", "sqrt-n", "checkpoint-all",
         "save-on-cpu")
 DEFAULT_TIME_LIMIT_S = 20.0
 BO_SHARE = 0.25  # of the time left after the fast planners, for autoswap:bo
@@ -62,7 +62,7 @@ MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
 FINISH_S = 2.0  # kept back from the last milp for scoring and validating its plan (large traces)
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
-SWARM_ITERS, SWARM_PARTICLES = 20, 20  # its size: it ends on its own on small traces (a result that a time cut
+SWARM_ITERS, SWARM_PARTICLES = 50, 100  # its size: it ends on its own on small traces (a result that a time cut
 # does not decide), and within the limit on large ones
 
 

@@ -17,8 +17,8 @@ Within one time limit (default 20 s) it
    particles for at most SWARM_ITERS iterations) within what is left;
 6. with time still left, runs milp over every storage warm-started from the best plan so
    far (its decomposition on a large model, never worse than that start in the simulator),
-   whose bound then replaces a bound over activations only (FINISH_S is kept back for scoring
-   its plan, so that auto ends within its limit);
+   whose bound then replaces a bound over activations only (FINISH_SHARE of the limit, at
+   least FINISH_S, is kept back: HiGHS and scoring the plans overrun a solve's own limit);
 7. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
@@ -60,7 +60,8 @@ MILP_SHARE = 0.5  # of the time left after autoswap:bo
 MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
-FINISH_S = 2.0  # kept back from the last milp for scoring and validating its plan (large traces)
+FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
+# solves and the scoring of its plans end up to a few seconds past its own limit on large traces
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
 SWARM_ITERS, SWARM_PARTICLES = 50, 100  # its size: it ends on its own on small traces (a result that a time cut
 # does not decide), and within the limit on large ones
@@ -100,7 +101,7 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
     if budget_bytes >= trace.peak_load_bytes:
         return Plan(report={"chosen": "none", "refined_from": None, "candidates": {"none": 0.0}, "bound": 0.0,
                             "gap_to_bound": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
-    search = _Search(trace, budget_bytes, cost, seed, time.monotonic() + time_limit_s, min_bytes)
+    search = _Search(trace, budget_bytes, cost, seed, time_limit_s, min_bytes)
     search.fast()
     search.bayesian()
     if milp:
@@ -115,9 +116,9 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
 class _Search:
     """The candidates so far, the loads the infeasible ones named, and milp's report."""
 
-    def __init__(self, trace: Trace, budget_bytes: int, cost: Cost, seed: int, deadline: float, min_bytes: int):
+    def __init__(self, trace: Trace, budget_bytes: int, cost: Cost, seed: int, limit_s: float, min_bytes: int):
         self.trace, self.budget, self.cost, self.seed = trace, budget_bytes, cost, seed
-        self.deadline, self.min_bytes = deadline, min_bytes
+        self.limit_s, self.deadline, self.min_bytes = limit_s, time.monotonic() + limit_s, min_bytes
         self.simulator = Simulator(trace, cost)
         self.candidates: list[Candidate] = []
         self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
@@ -212,7 +213,7 @@ class _Search:
     def decompose(self) -> None:
         """Step 6: with time left, milp over every storage warm-started from the best plan so far
         (decomposed on a large model; never worse than its start in the simulator)."""
-        left, ranked = self.left() - FINISH_S, self.ranked()
+        left, ranked = self.left() - max(FINISH_S, FINISH_SHARE * self.limit_s), self.ranked()
         if left < MILP_MIN_S or not ranked or (self.milp_report or {}).get("moves") == MOVES[0]:
             return
         try:

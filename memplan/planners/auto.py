@@ -140,26 +140,25 @@ class _Search:
     def ranked(self) -> list[Candidate]:
         return sorted(self.candidates, key=lambda c: (c.time_s, c.name))
 
+    def run_planner(self, name: str, **params) -> None:
+        """Plan with registered planner `name` (its defaults and `params`) and keep its plan as a
+        candidate, or the load its infeasible-budget error names."""
+        spec = get_planner(name)
+        try:
+            self.add(name, spec.fn(self.trace, self.budget, self.cost, seed=self.seed, **spec.defaults, **params))
+        except InfeasibleBudgetError as exc:
+            self.named[name] = exc.min_feasible_bytes
+
     def fast(self) -> None:
         """Step 1: every fast planner (all of them run: they take a fraction of a second each)."""
         for name in FAST:
-            spec = get_planner(name)
-            try:
-                self.add(name, spec.fn(self.trace, self.budget, self.cost, seed=self.seed, **spec.defaults))
-            except InfeasibleBudgetError as exc:
-                self.named[name] = exc.min_feasible_bytes
+            self.run_planner(name)
 
     def bayesian(self) -> None:
         """Step 2: AutoSwap's weights tuned by Bayesian optimisation, for BO_SHARE of the time left."""
         share = BO_SHARE * self.left()
-        if share < BO_MIN_S:
-            return
-        spec = get_planner("autoswap:bo")
-        try:
-            self.add("autoswap:bo", spec.fn(self.trace, self.budget, self.cost, seed=self.seed, time_limit_s=share,
-                                            **spec.defaults))
-        except InfeasibleBudgetError as exc:
-            self.named["autoswap:bo"] = exc.min_feasible_bytes
+        if share >= BO_MIN_S:
+            self.run_planner("autoswap:bo", time_limit_s=share)
 
     def milp(self) -> None:
         """Step 3: milp on a model small enough to solve whole."""
@@ -200,16 +199,9 @@ class _Search:
     def swarm(self) -> None:
         """Step 5: with time left after the local searches, `home:seeded` with the rest of it."""
         left = self.left()
-        if left < SWARM_MIN_S:
-            return
-        spec = get_planner("home:seeded")
-        try:
-            plan = spec.fn(self.trace, self.budget, self.cost, seed=self.seed, time_limit_s=left, workers=1,
-                           min_bytes=self.min_bytes, iters=SWARM_ITERS, particles=SWARM_PARTICLES)
-        except InfeasibleBudgetError as exc:
-            self.named["home:seeded"] = exc.min_feasible_bytes
-            return
-        self.add("home:seeded", plan)
+        if left >= SWARM_MIN_S:
+            self.run_planner("home:seeded", time_limit_s=left, workers=1, min_bytes=self.min_bytes,
+                             iters=SWARM_ITERS, particles=SWARM_PARTICLES)
 
     def decompose(self) -> None:
         """Step 6: with time left, milp over every storage warm-started from the best plan so far

@@ -25,7 +25,7 @@ import numpy as np
 
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
-from memplan.planners.autoswap import attach_pool, load_min_bytes
+from memplan.planners.autoswap import load_min_bytes
 from memplan.planners.base import plan
 from memplan.workflows.sweep import SweepResult, plot_pareto, sweep
 from memplan.sim.simulate import simulate
@@ -141,9 +141,9 @@ def fig10(models: list[str], n_trials: int) -> dict:
 
     Two references per budget: `caching` with no swapping at all (the paper's baseline is
     CnMem without AutoSwap) and `caching` replaying the same swap plan. The composition is
-    spelled out (the autoswap:bo plan, then `attach_pool`, as `autoswap:bo+smartpool` does)
+    spelled out (the autoswap:bo plan, then its pool, as `autoswap:bo+smartpool` first tries)
     so that budgets whose pool does not fit still show the footprint, marked "over budget";
-    `plan(..., planner="autoswap:bo+smartpool")` refuses those.
+    `plan(..., planner="autoswap:bo+smartpool")` plans those again under a smaller load.
     """
     from memplan import pool
     from memplan.pool.search import compile_kernel
@@ -161,7 +161,7 @@ def fig10(models: list[str], n_trials: int) -> dict:
             if budget < floor:
                 continue
             swaps = plan(trace, budget, planner="autoswap:bo", cost=cost, simulate_result=False, n_trials=n_trials)
-            result = attach_pool(trace, swaps, cost=cost, time_limit_s=POOL_TIME_LIMIT_S)
+            result = pool.with_pool(trace, swaps, cost=cost, time_limit_s=POOL_TIME_LIMIT_S)
             same_swaps = pool.layout(trace, result, allocator="caching", cost=cost).footprint_bytes
             sim = simulate(trace, result, cost=cost, budget=budget)
             points.append({"budget_bytes": budget, "footprint_bytes": result.pool_bytes,

@@ -147,6 +147,32 @@ def test_a_slow_copy_makes_the_release_wait_instead_of_exceeding_the_budget(tiny
     _kept_budget(stats)
 
 
+class _CountingEngine(ThreadCopyEngine):
+    """Counts how the compute side waits for copies: on the device (`wait`) or on the host (`sync`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = {"wait": 0, "sync": 0}
+
+    def wait(self, ticket):
+        self.calls["wait"] += 1
+        super().wait(ticket)
+
+    def sync(self, ticket):
+        self.calls["sync"] += 1
+        super().sync(ticket)
+
+
+def test_a_release_waits_for_its_copy_on_the_compute_side_not_on_the_host(tiny_trace, tiny_reference):
+    # On a GPU `sync` blocks the host until the copy is done, draining the device's queue at every
+    # release; `wait` orders the free after the copy on the compute stream (engine.py, rule 5).
+    engine = _CountingEngine()
+    got, stats = _planned(tiny_workload, plan=swap_all_plan(tiny_trace, lead=1), engine=engine, trace=tiny_trace)
+    _same_state(got, tiny_reference)
+    assert stats["released"] > 0 and engine.calls["sync"] == 0
+    assert engine.calls["wait"] >= stats["released"] + stats["prefetched"]
+
+
 def test_vgg11_cifar_autoswap_doa_at_half_the_peak_keeps_its_budget():
     out = run_workload("vgg11-cifar", 32, planner="autoswap:doa", budget="50%", steps=STEPS, check=True)
     assert out["within_budget"] and out["max_param_diff"] == 0.0 and out["max_buffer_diff"] == 0.0

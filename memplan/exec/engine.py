@@ -16,8 +16,12 @@ NOTE stream safety -- the whole argument, in one place:
  4. No storage is used before its prefetch landed: the program's wait calls `wait(ticket)`
     (CUDA: the compute stream waits on the event, on the device; CPU: blocks on the Future).
  5. Device memory a swap-out reads is freed only after the copy finished: the program's
-    release calls `sync(ticket)` (the host waits for the copy) before freeing, so no
-    allocator hands the block out while a lane still reads it.
+    release calls `wait(ticket)` before freeing (CUDA: the compute stream waits for the
+    copy's event, on the device, and the host runs on; CPU: blocks on the Future). A block
+    freed on the compute stream goes only to later work of that stream (PyTorch's
+    allocators keep per-stream pools; a pool's slots are used by compute-stream work), all
+    of it ordered after the copy. A host wait here (`sync`) would drain the device queue
+    at every release: the copy's time would add to the step instead of hiding under it.
  6. A host region is rewritten by a later swap-out only after the prefetch that read it
     landed: regions are laid out offline over [swap-out, wait] intervals (slab.py), and
     the later swap-out is submitted after the compute side waited (rule 4).

@@ -269,7 +269,8 @@ class StepRunner(TorchDispatchMode):
     def _release(self, entry: MovedStorage, k: int, found=None) -> None:
         if entry.state != Residency.LEAVING:
             return
-        self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.sync)
+        # the compute side waits for the copy, on the device on a GPU (memplan.exec.engine, rule 5)
+        self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.wait)
         entry.storage.resize_(0)
         entry.state = Residency.AWAY
         self.stats.released += 1

@@ -1,8 +1,8 @@
 """Pool planners: `smartpool`, `smartpool-bestfit`, `smartpool-firstfit`.
 
 They keep every storage resident (no swaps) and lay all buffers out in one offline-planned
-pool. To pool a swap plan, use `memplan.pool.with_pool(trace, plan)` (AutoSwap's
-`+smartpool` variants do).
+pool. `X+smartpool` lays the pool out over any swap or recompute planner X's plan
+(`memplan.planners.base.compositions.compose_pool`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def ucudnn_planner(trace, budget_bytes, cost, *, seed=0, mode="wr", composed=Fal
 
     Args:
         composed: part of `X+ucudnn:...`: ops where the trace exceeds the budget get no
-            workspace, and a budget below the peak is X's business (memplan.planners.base.compose).
+            workspace, and a budget below the peak is X's business (memplan.planners.base.compositions.compose).
         workspace: the workspace limit in bytes ("64MiB" on the command line).
         policy: batch-size policy: "all", "powerOfTwo" or "undivided".
         source: benchmark source: "model" (for the cost's device), "cpu" or "cudnn".

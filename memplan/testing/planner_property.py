@@ -24,7 +24,7 @@ from ..budget import parse_budget
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, NeedsOpsError
 from ..model import Plan, Trace
-from ..planners.base import get_planner, plan
+from ..planners.base import get_planner, known_planners, plan
 from ..sim.simulate import simulate
 from ..sim.validate import validate
 
@@ -35,15 +35,20 @@ FAST_PARAMS: dict[str, dict] = {
     "smartpool": {"time_limit_s": POOL_LIMIT_S},
     "auto": {"time_limit_s": AUTO_LIMIT_S},
     "autoswap:bo": {"n_trials": BO_TRIALS},
-    "autoswap:bo+smartpool": {"n_trials": BO_TRIALS, "pool_time_limit_s": POOL_LIMIT_S},
-    **{f"autoswap:{score}+smartpool": {"pool_time_limit_s": POOL_LIMIT_S} for score in ("doa", "aoa", "wdoa", "swdoa")},
 }
+# Compositions X+Y (not registered names) the property is checked on besides every registered planner.
+COMPOSED = ("autoswap:doa+smartpool", "capuchin+smartpool", "dtr+smartpool", "sqrt-n+smartpool-bestfit")
 PLANNED, INFEASIBLE, REFUSED = "planned", "infeasible", "refused"  # the outcomes that keep the property
 
 
 def fast_params(planner: str) -> dict:
-    """The parameters property tests pass to `planner` ({} for a planner without an entry)."""
-    return dict(FAST_PARAMS.get(planner, {}))
+    """The parameters property tests pass to `planner` ({} for a planner without an entry); a
+    composition `X+Y` gets X's, and Y's under the names the composition gives them."""
+    base, sep, other = planner.rpartition("+")
+    if not sep or planner in known_planners():
+        return dict(FAST_PARAMS.get(planner, {}))
+    prefix = "pool_" if get_planner(other).decides == {"pool"} else ""
+    return {**fast_params(base), **{prefix + k: v for k, v in fast_params(other).items()}}
 
 
 def check_planner(trace: Trace, planner: str, budget, *, cost: Cost | None = None, seed: int = 0,

@@ -1,9 +1,9 @@
-"""AutoSwap (paper 000 §IV): priority-score swap planning, its Bayesian-optimised variant,
-and the combined SmartPool + AutoSwap mode (§V).
+"""AutoSwap (paper 000 §IV): priority-score swap planning and its Bayesian-optimised variant.
 
 Registered names: `autoswap:doa`, `autoswap:aoa`, `autoswap:wdoa`, `autoswap:swdoa`,
-`autoswap:bo`, and each of them with `+smartpool` (swap plan first, then the offline pool
-laid out over the resulting buffers).
+`autoswap:bo`. The combined SmartPool + AutoSwap mode (§V: swap plan first, then the
+offline pool over the resulting buffers) is `autoswap:X+smartpool`, the composition any
+swap or recompute planner has (`memplan.planners.base.compositions.compose_pool`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import numpy as np
 from ...cost.model import Cost
 from ...errors import InfeasibleBudgetError, MemplanError
 from ...model import Plan, Trace
-from ...pool import with_pool
 from ...units import format_bytes
 from ..base import register
 from ..kit.candidates import DEFAULT_MIN_BYTES, Candidates, find_candidates
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 SCORES = ("aoa", "doa", "wdoa", "swdoa")  # the order of the BO weights a, b, c, d (Eq. 3)
 VARIANTS = SCORES + ("bo",)
 DEFAULT_TRIALS = 35  # §VI-B2: BO converges within 30 to 40 evaluations
-SETTLE_STEPS = 4  # +smartpool below its budget: re-plans upward for a load that fits, then the no-swap layout
 OBJECTIVES = ("simulated",)  # or a callable plan -> overhead (a measured one comes from the workflows layer)
 
 
@@ -114,90 +112,34 @@ def combined_priority(problem: Problem, weights) -> np.ndarray:
 
 
 def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, score: str = "bo",
-             smartpool: bool = False, min_bytes: int = DEFAULT_MIN_BYTES, allow_multi_swap: bool = False,
+             min_bytes: int = DEFAULT_MIN_BYTES, allow_multi_swap: bool = False,
              n_trials: int = DEFAULT_TRIALS, objective="simulated", weights: object = None,
-             pool_time_limit_s: float | None = None, time_limit_s: float | None = None) -> Plan:
+             time_limit_s: float | None = None) -> Plan:
     """AutoSwap: swap the highest-priority candidates until the load fits the budget.
 
     Args:
         trace, budget_bytes, cost, seed: see `memplan.planners.base`.
         score: "doa", "aoa", "wdoa", "swdoa" or "bo" (Bayesian-optimised weights, §IV-C).
-        smartpool: lay out the SmartPool pool over the swap plan's buffers afterwards.
         min_bytes: candidate size threshold (§IV-A, default 1 MiB).
         allow_multi_swap: below load_min, swap further gaps (storages more than once).
         n_trials: BO evaluations (bo only).
         objective: "simulated" overhead, or a function plan -> overhead (bo only); the CLI's
             "measured" is `memplan.workflows.run.measured_objective`.
         weights: fixed (a, b, c, d) for the combined score; skips the BO search.
-        pool_time_limit_s: time limit for the pool search (smartpool only; default: the pool's).
         time_limit_s: wall-clock limit for the BO search (bo only; None: all `n_trials`).
     Returns:
         The plan: one swap decision per chosen gap, with just-in-time prefetch triggers.
     Raises:
-        InfeasibleBudgetError: the budget is below load_min (names it); with smartpool, also
-            when the pool exceeds the budget, naming a load at which swap plan and pool fit.
+        InfeasibleBudgetError: the budget is below load_min (names it).
         MemplanError: a bad score, objective or weights.
     """
     _check_args(score, objective, weights, time_limit_s)
-    name = f"autoswap:{score}" + ("+smartpool" if smartpool else "")
-
-    def swap_plan(budget: int) -> Plan:
-        if budget >= trace.peak_load_bytes:
-            return Plan()
-        problem = make_problem(trace, budget, cost, min_bytes=min_bytes, allow_multi_swap=allow_multi_swap,
-                               planner=name)
-        return _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective, weights=weights,
-                             time_limit_s=time_limit_s)
-
-    if not smartpool:
-        return swap_plan(budget_bytes)
-    return _pooled(trace, budget_bytes, swap_plan,
-                   lambda p: attach_pool(trace, p, cost=cost, seed=seed, time_limit_s=pool_time_limit_s), name)
-
-
-def _pooled(trace: Trace, budget_bytes: int, swap_plan, pool, name: str) -> Plan:
-    """The swap plan at `budget_bytes` with its pool laid out (§V), if both fit.
-
-    Raises:
-        InfeasibleBudgetError: below load_min, or the pool exceeds the budget; it names a
-            load at which this planner does fit (`_pooled_load`), not only a lower bound.
-    """
-    try:
-        result = pool(swap_plan(budget_bytes))
-    except InfeasibleBudgetError as exc:
-        found = _pooled_load(trace, exc.min_feasible_bytes, swap_plan, pool)
-        raise InfeasibleBudgetError(f"{exc}; with its pool, the smallest feasible load it found is "
-                                    f"{format_bytes(found)} ({found} bytes)",
-                                    budget_bytes=budget_bytes, min_feasible_bytes=found) from None
-    # At or above the peak nothing is swapped and the pool does not depend on the budget:
-    # `memplan.planners.base.plan` refuses a pool over an asked-for budget with its size.
-    if result.pool_bytes > budget_bytes and budget_bytes < trace.peak_load_bytes:
-        found = _pooled_load(trace, result.pool_bytes, swap_plan, pool)
-        raise InfeasibleBudgetError(
-            f"budget {format_bytes(budget_bytes)} is infeasible for planner {name!r}: the pool it laid out needs "
-            f"{format_bytes(result.pool_bytes)} over its swaps; the smallest feasible load it found is "
-            f"{format_bytes(found)} ({found} bytes)", budget_bytes=budget_bytes, min_feasible_bytes=found)
-    return result
-
-
-def _pooled_load(trace: Trace, bound: int, swap_plan, pool) -> int:
-    """A load at which the swap plan and its pool both fit, searched upward from `bound`.
-
-    `bound` is a lower bound (load_min, or a pool that overflowed a smaller budget). A
-    larger budget swaps less, which changes the pool, so each candidate load is planned
-    again until its pool fits it; after `SETTLE_STEPS` tries, the layout without swaps,
-    which fits at its own footprint (and at least the peak, where nothing is swapped).
-    """
-    load = bound
-    for _ in range(SETTLE_STEPS):
-        try:
-            pooled = pool(swap_plan(load)).pool_bytes
-        except InfeasibleBudgetError as exc:
-            pooled = max(exc.min_feasible_bytes, load + 1)
-        if pooled <= load:
-            return load
-        load = pooled
-    return max(trace.peak_load_bytes, pool(Plan()).pool_bytes)
+    if budget_bytes >= trace.peak_load_bytes:
+        return Plan()
+    problem = make_problem(trace, budget_bytes, cost, min_bytes=min_bytes, allow_multi_swap=allow_multi_swap,
+                           planner=f"autoswap:{score}")
+    return _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective, weights=weights,
+                         time_limit_s=time_limit_s)
 
 
 def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective, weights,
@@ -227,21 +169,9 @@ def _check_args(score: str, objective, weights, time_limit_s: float | None) -> N
         raise MemplanError(f"autoswap parameter time_limit_s must be positive, got {time_limit_s!r}")
 
 
-def attach_pool(trace: Trace, plan: Plan, *, cost: Cost, seed: int = 0, time_limit_s: float | None = None) -> Plan:
-    """The plan with the SmartPool pool (§III) laid out over its buffers (§V: swap first, then pool).
-
-    Swap-outs release their memory when the simulated device-to-host copy completes, so
-    the pool is timed with the same `cost` as the plan.
-    """
-    limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
-    return with_pool(trace, plan, allocator="smartpool", seed=seed, cost=cost, **limit)
-
-
 for _variant in VARIANTS:
     _summary = {"doa": "duration of absence", "aoa": "area of absence", "wdoa": "weighted duration of absence",
                 "swdoa": "submodular weighted duration of absence",
                 "bo": "Bayesian-optimised combination of the four scores"}[_variant]
     register(f"autoswap:{_variant}", f"AutoSwap (paper 000 §IV), priority score: {_summary}",
-             decides=("swap",), score=_variant, smartpool=False)(autoswap)
-    register(f"autoswap:{_variant}+smartpool", f"AutoSwap:{_variant} then the SmartPool pool (paper 000 §V)",
-             decides=("swap", "pool"), score=_variant, smartpool=True)(autoswap)
+             decides=("swap",), score=_variant)(autoswap)

@@ -8,7 +8,8 @@ Every module of this package is a family, found by the registry (memplan.registr
 new family is one module plus its test). `plan()` checks the parameters,
 times the planner, fills the plan's metadata and attaches the simulator's prediction.
 A name `X+Y`, where Y decides only micro-batches (a convolution planner such as
-`ucudnn:wd`), composes any swap/recompute planner X with it (`compose`).
+`ucudnn:wd`), composes any swap/recompute planner X with it; where Y decides
+only the pool (`smartpool`...), Y lays the pool out over X's plan (memplan.planners.base.compositions).
 """
 
 from __future__ import annotations
@@ -16,56 +17,22 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable
 
-from ..budget import UNLIMITED, Budget, parse_budget
-from ..cost.model import Cost
-from ..cost.profiles import DeviceProfile, profile_to_json
-from ..errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
-from ..model import Plan, Trace, expect_trace
-from ..registry import Registry
-from ..sim.convview import conv_view
-from ..sim.simulate import simulate
-from ..units import MAX_BYTES, ByteSize, format_bytes, parse_bytes
+from ...budget import UNLIMITED, Budget, parse_budget
+from ...cost.model import Cost
+from ...cost.profiles import DeviceProfile, profile_to_json
+from ...errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
+from ...model import Plan, Trace, expect_trace
+from ...registry import Registry
+from ...sim.simulate import simulate
+from ...units import MAX_BYTES, ByteSize, format_bytes, parse_bytes
+from .compositions import compose, compose_pool
+from .spec import DECIDES, Param, PlannerFn, PlannerSpec
 
 log = logging.getLogger(__name__)
 
-PlannerFn = Callable[..., Plan]
-DECIDES = ("swap", "recompute", "pool", "microbatch")  # what a planner may decide
-ABOUT_OPS = ("swap", "recompute", "microbatch")  # decisions that need ops (a pool-only trace has none)
 _COMMON = ("trace", "budget_bytes", "cost", "seed")  # arguments every planner takes
-
-
-@dataclass(frozen=True)
-class Param:
-    """One planner parameter: its name, type (from the annotation) and default."""
-
-    name: str  # keyword name
-    type: type  # int, float, bool, str or ByteSize; object when unannotated
-    default: object  # the default value
-
-
-@dataclass(frozen=True)
-class PlannerSpec:
-    """One registered planner name."""
-
-    name: str  # e.g. "autoswap:bo"
-    fn: PlannerFn  # the planning function
-    defaults: dict  # fixed keyword arguments this name passes (e.g. the variant)
-    summary: str  # one line for `memplan planners`
-    decides: frozenset  # a subset of DECIDES
-    params: tuple[Param, ...]  # what a user may set
-
-    @property
-    def needs_ops(self) -> bool:
-        """True when it decides something about ops, so a pool-only trace cannot be planned by it."""
-        return bool(self.decides & set(ABOUT_OPS))
-
-    def describe(self) -> dict:
-        """The JSON-ready record `memplan planners --json` prints."""
-        return {"name": self.name, "summary": self.summary, "decides": sorted(self.decides),
-                "params": {p.name: {"type": p.type.__name__, "default": p.default} for p in self.params}}
 
 
 PLANNERS: Registry[PlannerSpec] = Registry("planner", "memplan.planners")
@@ -125,47 +92,12 @@ def get_planner(name: str) -> PlannerSpec:
     planners = known_planners()
     if name in planners:
         return planners[name]
-    base, sep, conv = name.rpartition("+")
-    if sep and base in planners and planners.get(conv) and planners[conv].decides == {"microbatch"}:
-        return compose(planners[base], planners[conv])
+    base, sep, other = name.rpartition("+")
+    if sep and base in planners and planners.get(other) and planners[other].decides == {"microbatch"}:
+        return compose(planners[base], planners[other])
+    if sep and base in planners and planners.get(other) and planners[other].decides == {"pool"}:
+        return compose_pool(planners[base], planners[other])
     raise unknown_name("planner", name, planners)
-
-
-def compose(base: PlannerSpec, conv: PlannerSpec) -> PlannerSpec:
-    """`base+conv`: the conv planner decides every convolution first, called with
-    `composed=True` (a planner deciding micro-batches registers `composed=False` as a fixed
-    argument): then it gives an op workspace only within the room the trace leaves it under
-    the budget, and raises nothing for a budget below the trace's peak. So the workspaces
-    never add to what must be freed, and a budget `base` meets alone it still meets. Then
-    `base` plans swaps and recomputes under the budget on the trace as those decisions make
-    it (memplan.sim.convview: the chosen conv times, and each op's workspace as a storage
-    alive while it runs). Parameters go to the planner that has them.
-
-    Raises:
-        MemplanError: `base` decides micro-batches or lays out a pool (its buffers would not
-            include the workspaces), or both take a parameter of the same name.
-    """
-    name = f"{base.name}+{conv.name}"
-    if base.decides & {"microbatch", "pool"}:
-        raise MemplanError(f"cannot compose {name!r}: {base.name} decides {', '.join(sorted(base.decides))}; "
-                           f"compose a convolution planner with a swap or recompute planner")
-    clash = {p.name for p in base.params} & {p.name for p in conv.params}
-    if clash:
-        raise MemplanError(f"cannot compose {name!r}: both planners take {', '.join(sorted(clash))}")
-    conv_names = {p.name for p in conv.params}
-
-    def fn(trace, budget_bytes, cost, *, seed, **params):
-        convs = conv.fn(trace, budget_bytes, cost, seed=seed, **{**conv.defaults, "composed": True},
-                        **{k: v for k, v in params.items() if k in conv_names})
-        view, durations = conv_view(trace, cost.durations, convs.microbatches)
-        plan_ = base.fn(view, budget_bytes, Cost(profile=cost.profile, durations=durations), seed=seed, **base.defaults,
-                        **{k: v for k, v in params.items() if k not in conv_names})
-        # decisions on the view's workspace storages (not in the trace) would mean nothing
-        kept = tuple(d for d in plan_.decisions if d.storage < len(trace.storages))
-        return plan_.with_meta(decisions=kept, microbatches=convs.microbatches)
-
-    return PlannerSpec(name=name, fn=fn, defaults={}, summary=f"{base.name} on the trace as {conv.name} makes it",
-                       decides=base.decides | conv.decides, params=base.params + conv.params)
 
 
 def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner: str = "none",
@@ -217,11 +149,11 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
 
 def planning_bytes(spec: PlannerSpec, trace: Trace, cap: int | None) -> int:
     """The bytes a planner plans under: the cap; without one, the trace's unconstrained peak
-    (no limit binds there), or for a planner deciding micro-batches no limit at all (its
-    workspaces may take memory above the trace's own peak)."""
+    (no limit binds there), or for a planner deciding micro-batches or a pool no limit at all
+    (workspaces and a layout's fragmentation may take memory above the trace's own peak)."""
     if cap is not None:
         return cap
-    return MAX_BYTES if "microbatch" in spec.decides else trace.peak_load_bytes
+    return MAX_BYTES if spec.decides & {"microbatch", "pool"} else trace.peak_load_bytes
 
 
 def _run_planner(spec: PlannerSpec, trace: Trace, budget_bytes: int, cost: Cost, seed: int, params: dict, *,

@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import GIB, device_info, emit, gib, main, read, run_case, trace_once  # noqa: E402
+from gpu_cases import GIB, GROUP, device_info, emit, gib, group_notes, main, read, run_case, trace_once  # noqa: E402
 
 NAME = "gpu_budget"
 STRICT = 1.05  # the strict form's cap: the budget + 5%
@@ -72,7 +72,7 @@ def group_main(group: str, args) -> None:
 
 
 def report(out: str) -> str:
-    rows = [r for r in read(out, NAME) if r.get("case") not in (None, "env")]
+    rows = [r for r in read(out, NAME) if r.get("case") not in (None, "env", GROUP)]
     env = next((r for r in read(out, NAME) if r.get("case") == "env"), {})
     lines = [f"# GPU budget ({env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}; measured)", "",
              "Command: `python benchmarks/gpu_budget.py --out DIR`. Allocated and reserved are the CUDA allocator's "
@@ -93,7 +93,7 @@ def report(out: str) -> str:
             "-" if r.get("max_param_diff") is None else f"{r['max_param_diff']:.3g}",
             "-" if r.get("measured_step_s") is None else f"{r['measured_step_s']:.4f}",
             (r.get("error") or r.get("skipped") or "").replace("|", "/")[:160])) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + group_notes(read(out, NAME))) + "\n"
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import sys
 import time
 import traceback
 
+GIB = 2**30
+GROUP = "group"  # the case of a record about a whole group (its process failed)
 RUN_KEYS = ("budget_bytes", "memory_cap_bytes", "trace_peak_bytes", "simulated_peak_bytes", "measured_peak_bytes",
             "measured_peak_reserved_bytes", "within_budget", "margin_bytes", "replanned", "final_plan_from_step",
             "measured_step_s", "simulated_step_s", "max_param_diff", "max_buffer_diff", "op_times", "trace_source")
@@ -61,9 +63,27 @@ def run_groups(script: str, name: str, groups: list[str], args) -> None:
             continue
         cmd = [sys.executable, script, "--out", args.out, "--group", group, "--deadline-s", str(left)]
         try:
-            subprocess.run(cmd + (["--dry-run"] if args.dry_run else []), timeout=left, check=False)
-        except subprocess.TimeoutExpired:
-            emit(args.out, name, {"group": group, "error": "group timed out at the deadline"})
+            done = subprocess.run(cmd + (["--dry-run"] if args.dry_run else []), timeout=left, check=False,
+                                  stderr=subprocess.PIPE, text=True)
+        except subprocess.TimeoutExpired as exc:
+            emit(args.out, name, {"group": group, "case": GROUP, "error": "the group timed out at the deadline",
+                                  "stderr_tail": _text(exc.stderr)[-3000:]})
+            continue
+        sys.stderr.write(done.stderr)
+        if done.returncode:  # a group that dies says why in the report (a silent one cost a GPU run its rows)
+            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            emit(args.out, name, {"group": group, "case": GROUP, "error": f"its process exited with "
+                                  f"{done.returncode}: {last}"[:600], "stderr_tail": done.stderr[-3000:]})
+
+
+def _text(out) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+
+def group_notes(rows: list[dict]) -> list[str]:
+    """Report lines for the groups whose process failed (they have no rows of their own)."""
+    failed = [r for r in rows if r.get("case") == GROUP]
+    return ["", *(f"Group {r['group']}: {r['error']}" for r in failed)] if failed else []
 
 
 def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, **kwargs) -> dict:
@@ -133,8 +153,6 @@ def trace_once(model: str, batch: int, device: str, config: dict):
 
     return trace_workload(model, batch, fake=True, device=device, time_ops=device == "cuda", **config)
 
-
-GIB = 2**30
 
 
 def gib(x) -> str:

@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import device_info, emit, gib, main, read, run_case, trace_once  # noqa: E402
+from gpu_cases import device_info, emit, gib, group_notes, main, read, run_case, trace_once  # noqa: E402
 
 NAME = "gpu_speed"
 GROUPS = {"transformer": ("transformer-encoder", 32, {}, "50%"),  # the quickest first: a deadline cuts the last
@@ -110,7 +110,7 @@ def report(out: str) -> str:
             "-" if not (sim and step) else f"{sim / step - 1:+.0%}", r.get("replanned", "-"),
             (r.get("executor") or {}).get("diverged_steps", "-"),
             (r.get("error") or r.get("skipped") or "").replace("|", "/")[:120])) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + group_notes(rows)) + "\n"
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ def test_planners_lists_the_baselines(capsys):
     listed = {p["name"]: p["summary"] for p in json.loads(out)["planners"]}
     for name in ("none", "save-on-cpu", "checkpoint-all", "sqrt-n"):
         assert listed[name]
+    assert json.loads(out)["compose_with"] == {"microbatch": ["ucudnn:wd", "ucudnn:wr"],
+                                               "pool": ["smartpool", "smartpool-bestfit", "smartpool-firstfit"]}
     code, out, _ = _run(capsys, "planners")
     assert code == 0 and any(line.startswith("sqrt-n ") for line in out.splitlines())
+    assert any(line.startswith("X+Y ") for line in out.splitlines())
 
 
 def test_plan_writes_a_valid_plan(capsys, trace_file, tmp_path):

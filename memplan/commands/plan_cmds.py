@@ -224,10 +224,16 @@ def run_planners(args) -> int:
     """List registered planner names with their one-line summaries."""
 
     planners = [spec.describe() for spec in known_planners(args.decides).values()]
+    # X+Y, X any swap or recompute planner: Y decides the convolutions first, or lays the pool out after
+    seconds = {kind: [name for name, spec in known_planners().items() if spec.decides == {kind}]
+               for kind in ("microbatch", "pool")}
     if args.json:
-        emit_json({"planners": json.loads(json.dumps(planners, default=str))})
-    else:
-        print_rows([(p["name"], f"[{', '.join(p['decides']) or 'nothing'}] {p['summary']}") for p in planners])
+        emit_json({"planners": json.loads(json.dumps(planners, default=str)), "compose_with": seconds})
+        return 0
+    ys = ", ".join(seconds["microbatch"] + seconds["pool"])
+    composed = ("X+Y", f"X any swap or recompute planner, Y one of {ys} "
+                       "(e.g. capuchin+smartpool, autoswap:doa+ucudnn:wd)")
+    print_rows([(p["name"], f"[{', '.join(p['decides']) or 'nothing'}] {p['summary']}") for p in planners] + [composed])
     return 0
 
 

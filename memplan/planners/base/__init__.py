@@ -83,7 +83,8 @@ def known_planners(decides: str | None = None) -> dict[str, PlannerSpec]:
 
 def get_planner(name: str) -> PlannerSpec:
     """The planner registered as `name`, or the composition `X+Y` of a registered planner X
-    with a registered convolution planner Y (one that decides only micro-batches).
+    with a registered convolution planner Y (one that decides only micro-batches) or pool
+    planner Y (one that decides only the pool).
 
     Raises:
         UnknownNameError: listing the known names.
@@ -93,10 +94,11 @@ def get_planner(name: str) -> PlannerSpec:
     if name in planners:
         return planners[name]
     base, sep, other = name.rpartition("+")
-    if sep and base in planners and planners.get(other) and planners[other].decides == {"microbatch"}:
-        return compose(planners[base], planners[other])
-    if sep and base in planners and planners.get(other) and planners[other].decides == {"pool"}:
-        return compose_pool(planners[base], planners[other])
+    second = planners.get(other) if sep and base in planners else None
+    if second is not None and second.decides == {"microbatch"}:
+        return compose(planners[base], second)
+    if second is not None and second.decides == {"pool"}:
+        return compose_pool(planners[base], second)
     raise unknown_name("planner", name, planners)
 
 

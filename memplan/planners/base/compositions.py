@@ -79,10 +79,9 @@ def compose_pool(base: PlannerSpec, pool: PlannerSpec) -> PlannerSpec:
         layouts: dict = {}  # (decisions, budget) -> the laid-out plan: a plan that did not change is not laid out again
 
         def pooled(load: int, budget: int) -> Plan:
-            """base's plan at `load` (no limit: at the peak), laid out as the program the executor
-            runs under `budget` (the budget decides where compute waits for swap-outs to free memory)."""
-            plan_ = base.fn(trace, trace.peak_load_bytes if load >= MAX_BYTES else load, cost, seed=seed,
-                            **base.defaults, **mine)
+            """base's plan at `load`, laid out as the program the executor runs under `budget`
+            (the budget decides where compute waits for swap-outs to free memory)."""
+            plan_ = base.fn(trace, load, cost, seed=seed, **base.defaults, **mine)
             plan_ = plan_.with_meta(budget_bytes=None if budget >= MAX_BYTES else budget)
             key = (plan_.decisions, plan_.budget_bytes)
             if key not in layouts:
@@ -127,8 +126,9 @@ def _fit(trace: Trace, budget_bytes: int, pooled: Pooled) -> Plan | InfeasibleBu
         The plan; else the smallest pool laid out, or base's error when it cannot plan at the
         budget itself.
     """
-    load, cut, smallest, before = budget_bytes, MIN_CUT, None, None
-    reached, out_of_reach = budget_bytes, None  # the last load base planned, the highest it did not
+    load = trace.peak_load_bytes if budget_bytes >= MAX_BYTES else budget_bytes  # no limit: nothing need move
+    cut, smallest, before = MIN_CUT, None, None
+    reached, out_of_reach = load, None  # the last load base planned, the highest it did not
     for tries in range(1, POOL_TRIES + 1):
         try:
             result = pooled(load, budget_bytes)
@@ -138,8 +138,7 @@ def _fit(trace: Trace, budget_bytes: int, pooled: Pooled) -> Plan | InfeasibleBu
             out_of_reach = load
         else:
             if result.pool_bytes <= budget_bytes:
-                planned = trace.peak_load_bytes if load >= MAX_BYTES else load
-                return result.with_meta(report={**result.report, "pool_tries": tries, "planned_load_bytes": planned})
+                return result.with_meta(report={**result.report, "pool_tries": tries, "planned_load_bytes": load})
             smallest, reached = min(smallest or result.pool_bytes, result.pool_bytes), load
             cut = 2 * cut if result.decisions == before else max(MIN_CUT, result.pool_bytes / budget_bytes - 1)
             before = result.decisions

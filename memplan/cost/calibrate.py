@@ -7,7 +7,8 @@ events on the current stream):
 - kernel launch latency, from a burst of tiny kernels;
 - achieved FP32, TF32, BF16 and FP16 FLOP/s, with large square matmuls (the roofline prices
   each op at the one its dtype and the trace's TF32 settings say: `memplan.cost.model`);
-- device memory bandwidth, with a large device-to-device copy (bytes read + written).
+- device memory bandwidth, with a large device-to-device copy (bytes read + written);
+- the host's work per op and per executor step (memplan.cost.calibrate_host).
 
 The profile stores the measured *achieved* rates as its peaks and sets the efficiency
 factors to 1.0, so the roofline uses what this machine really reaches with large
@@ -20,11 +21,12 @@ from __future__ import annotations
 import logging
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
 from ..errors import MemplanError
+from .calibrate_host import HostCosts, measure_host
 from .profiles import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class Measurements:
     bf16_flops: float  # achieved BF16 matmul FLOP/s
     hbm_bytes_per_s: float  # device copy: (read + written bytes) / s
     fp16_flops: float | None = None  # achieved FP16 matmul FLOP/s (None: not measured, the BF16 rate stands in)
+    host: HostCosts | None = None  # the host's work per op and per executor step (None: not measured)
 
 
 def calibrate(gpu: int = 0, *, name: str | None = None, repeats: int = REPEATS) -> DeviceProfile:
@@ -93,7 +96,8 @@ def profile_from(m: Measurements, *, name: str, description: str, memory_bytes: 
                          bf16_flops=m.bf16_flops, memory_bytes=memory_bytes, hbm_bytes_per_s=m.hbm_bytes_per_s,
                          h2d_bytes_per_s=m.h2d_bytes_per_s, d2h_bytes_per_s=m.d2h_bytes_per_s, launch_s=m.launch_s,
                          copy_latency_s=m.copy_latency_s, compute_efficiency=1.0, memory_efficiency=1.0,
-                         link_efficiency=1.0, calibrated=True, kind=kind, fp16_flops=m.fp16_flops)
+                         link_efficiency=1.0, calibrated=True, kind=kind, fp16_flops=m.fp16_flops,
+                         **(asdict(m.host) if m.host is not None else {}))
 
 
 def slug(text: str) -> str:
@@ -105,7 +109,8 @@ def measure(repeats: int = REPEATS) -> Measurements:
     """Run every measurement on the current CUDA device."""
     h2d, d2h = link_bandwidth(LINK_BYTES, repeats)
     return Measurements(h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, copy_latency_s=copy_latency(repeats),
-                        launch_s=launch_latency(repeats), fp32_flops=matmul_flops("float32", False, repeats),
+                        launch_s=launch_latency(repeats), host=measure_host("cuda"),
+                        fp32_flops=matmul_flops("float32", False, repeats),
                         tf32_flops=matmul_flops("float32", True, repeats),
                         bf16_flops=matmul_flops("bfloat16", False, repeats),
                         fp16_flops=matmul_flops("float16", False, repeats),

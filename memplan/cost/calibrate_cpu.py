@@ -3,7 +3,8 @@
 On the CPU the host is the device: the memory a plan keeps live is host memory, and a swap
 is a copy into the executor's host slab, i.e. between two host buffers. So the profile's
 "link" is that copy's bandwidth (the same each way), its copy latency that of a tiny copy,
-and its launch latency the dispatch overhead of one tiny eager op. Each figure is the median
+and its launch latency the dispatch overhead of one tiny eager op; the host's work per op and
+per executor step as memplan.cost.calibrate_host measures it. Each figure is the median
 of several wall-clock repeats after a warm-up, with the thread count torch uses now (written
 into the description: the figures hold for that count). Sizes are kept small so the whole
 calibration takes a few seconds.
@@ -16,11 +17,11 @@ import os
 import platform
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from .calibrate import Measurements, profile_from
+from .calibrate_host import measure_host
 from .profiles import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,9 @@ def measure_cpu(repeats: int = REPEATS) -> Measurements:
     """Run every measurement on the CPU."""
     copy = host_copy_bandwidth(COPY_BYTES, repeats)
     fp32 = matmul_flops("float32", MATMUL_N, repeats)
+    launch = dispatch_s(repeats)
     return Measurements(h2d_bytes_per_s=copy, d2h_bytes_per_s=copy, copy_latency_s=small_copy_s(repeats),
-                        launch_s=dispatch_s(repeats), fp32_flops=fp32, tf32_flops=fp32,
+                        launch_s=launch, host=measure_host("cpu", launch), fp32_flops=fp32, tf32_flops=fp32,
                         bf16_flops=matmul_flops("bfloat16", BF16_MATMUL_N, repeats),
                         fp16_flops=matmul_flops("float16", FP16_MATMUL_N, repeats),
                         hbm_bytes_per_s=2 * copy)  # a copy reads and writes its bytes
@@ -81,15 +83,15 @@ def host_copy_bandwidth(nbytes: int, repeats: int = REPEATS) -> float:
 
 
 def small_copy_s(repeats: int = REPEATS) -> float:
-    """Seconds of one tiny host copy handed to a one-thread worker and waited for: the fixed
-    cost per copy as the CPU executor pays it (its copy lanes are such workers)."""
+    """Seconds of one tiny host copy: the fixed cost per copy as the CPU executor pays it (its
+    copies run inline, memplan.exec.engine)."""
     src, dst = torch.ones(SMALL_COPY_BYTES, dtype=torch.uint8), torch.zeros(SMALL_COPY_BYTES, dtype=torch.uint8)
-    with ThreadPoolExecutor(max_workers=1) as lane:
-        def burst():
-            for _ in range(SMALL_COPIES):
-                lane.submit(dst.copy_, src).result()
 
-        return time_wall(burst, repeats) / SMALL_COPIES
+    def burst():
+        for _ in range(SMALL_COPIES):
+            dst.copy_(src)
+
+    return time_wall(burst, repeats) / SMALL_COPIES
 
 
 def dispatch_s(repeats: int = REPEATS) -> float:

@@ -24,6 +24,17 @@ class Cost:
 
     profile: DeviceProfile  # the device the times are for
     durations: np.ndarray  # seconds per op (float64, indexed by op index)
+    host_in_durations: bool = False  # the durations were measured as wall time with the host's work in them
+
+    @property
+    def host_op_s(self) -> float:
+        """Host work per op beside its duration (none where the durations hold it already)."""
+        return 0.0 if self.host_in_durations else self.profile.host_op_s
+
+    @property
+    def host_async(self) -> bool:
+        """A GPU's host issues work ahead of the device; the CPU is its own device."""
+        return self.profile.kind != "cpu"
 
     @classmethod
     def for_trace(cls, trace: Trace, device: str | DeviceProfile = "h100", allow_tf32: bool | None = None) -> "Cost":
@@ -42,7 +53,9 @@ class Cost:
             else roofline_s(op.flops, op.bytes_accessed, _dtype_of(trace, op), profile,
                             uses_tf32(op.name, math) if allow_tf32 is None else allow_tf32)
             for op in trace.ops], dtype=np.float64)
-        return cls(profile=profile, durations=durations)
+        # CPU op times measured over whole iterations hold the host's work (memplan.tracing.optimes)
+        wall = bool(trace.meta.get("time_repeats")) and all(op.duration_s is not None for op in trace.ops)
+        return cls(profile=profile, durations=durations, host_in_durations=wall)
 
     def d2h_s(self, nbytes: float) -> float:
         """Seconds to copy `nbytes` device-to-host over the link (pinned memory)."""

@@ -52,6 +52,12 @@ class DeviceProfile:
     gpus_per_node: int = 8  # GPUs sharing the intra-node link
     kind: str = "gpu"  # "cpu": the host itself is the device, its "link" a copy into the host slab
     fp16_flops: float | None = None  # peak FP16 FLOP/s, dense; None: as bf16_flops (files before it was kept)
+    # The host's work, which the device waits for when it is faster (memplan.sim.simulate, "host"):
+    host_op_s: float = 0.0  # per op of plain eager training: Python, autograd, dispatch, launch
+    hook_s: float = 0.0  # per saved-tensor pack or unpack the hooked executor handles
+    mode_op_s: float = 0.0  # per op through the interpreted executor's dispatch mode, beyond host_op_s
+    replay_op_s: float = 0.0  # per op the interpreted executor replays, beyond host_op_s
+    action_s: float = 0.0  # per executor action (swap-out, release, prefetch, wait, drop, recomputation)
 
     def peak_flops(self, dtype: str | None, allow_tf32: bool = False) -> float:
         """Peak FLOP/s for ops of `dtype`: BF16 or FP16 rate for 16-bit types; for the rest the
@@ -65,6 +71,13 @@ class DeviceProfile:
 
 # PCIe theoretical per-direction rates: Gen3 x16 15.75 GB/s, Gen4 x16 31.5 GB/s, Gen5 x16 63 GB/s.
 _PCIE3, _PCIE4, _PCIE5 = 15.75 * GBPS, 31.5 * GBPS, 63.0 * GBPS
+
+# The host of a GPU server (measured on the H100/H200 hosts of benchmarks/results, torch 2.11):
+# plain eager gpt2@8 ran 2,195 ops in 0.0327 s and transformer-encoder@32 719 in 0.0095 s,
+# host-bound, 13-15 us an op; a dispatch mode that only calls each op added 12.8 us an op
+# (gpu_unseen_h100). Hook, replay and action costs are the CPU's (exec_overhead, this project's
+# host) scaled by that mode's GPU/CPU ratio (12.8 / 5.2); `memplan calibrate` measures them.
+GPU_HOST = {"host_op_s": 12e-6, "hook_s": 6e-6, "mode_op_s": 12.8e-6, "replay_op_s": 130e-6, "action_s": 20e-6}
 
 BUILTIN = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TF, TF32 494.7 TF dense
@@ -120,7 +133,8 @@ BUILTIN = {
 _LINKS = {"h100": ("nvlink4", "ib-ndr"), "h200": ("nvlink4", "ib-ndr"), "a100": ("nvlink3", "ib-hdr"),
           "v100": ("nvlink2", "ib-hdr"), "p100": ("pcie3", "ib-hdr"), "rtx2080ti": ("pcie3", "ib-hdr"),
           "gtx1080ti": ("pcie3", "ib-hdr")}
-BUILTIN = {name: replace(p, intra_link=_LINKS[name][0], inter_link=_LINKS[name][1]) for name, p in BUILTIN.items()}
+BUILTIN = {name: replace(p, intra_link=_LINKS[name][0], inter_link=_LINKS[name][1], **GPU_HOST)
+           for name, p in BUILTIN.items()}
 
 
 def get_profile(name_or_path: str | DeviceProfile) -> DeviceProfile:

@@ -63,3 +63,7 @@ class ExecStats:
     inserted_ops: int = 0  # ops the run made that the trace does not have (ran unplanned)
     unresolved: int = 0  # actions not done: storage not found or not as traced (kept resident)
     link_bytes: int = 0  # bytes over the host link, both directions (before compression)
+    ops_in_mode: int = 0  # ops that went through the interpreted runner's dispatch mode
+    regions_recomputed: int = 0  # module calls run again to recompute (hooked runner)
+    late_unpacks: int = 0  # saved tensors autograd unpacked before the program brought them back
+    host_s: float = 0.0  # seconds the hooked runner's hooks took (its host work)

@@ -25,29 +25,25 @@ import logging
 from types import SimpleNamespace
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..model import Trace
-from ..model.program import Action, ActionKind, StepProgram
+from ..model.program import StepProgram
 from ..tracing.opinfo import OPTIONAL_OPS, counts_as_op, storage_roles
 from . import microconv
-from .engine import CopyEngine, blocked_s
-from .hostcopy import load, store, typed_bytes
-from .locate import StorageFinder, touched_entries
+from .engine import CopyEngine
+from .locate import touched_entries
+from .mover import Mover
 from .points import ProgramPoints
-from .replay import Replayer, adopt, byte_view
-from .residency import ExecStats, MovedStorage, Residency
+from .replay import Replayer, adopt
+from .residency import MovedStorage, Residency
 from .resync import INSERTED_LIMIT, RESYNC_WINDOW, op_ahead
 from .slab import HostSlab
 
 log = logging.getLogger(__name__)
 
-# The method that runs each kind of action, looked up at every action (a test may replace one).
-_ACTION_METHODS = {ActionKind.SWAP_OUT: "_swap_out", ActionKind.RELEASE: "_release", ActionKind.PREFETCH: "_prefetch",
-                   ActionKind.WAIT: "_wait", ActionKind.DROP: "_drop", ActionKind.RECOMPUTE: "_recompute"}
 
-
-class StepRunner(TorchDispatchMode):
+class StepRunner(Mover, TorchDispatchMode):
     """Runs `program` for `trace` at every op of a step.
 
     Args:
@@ -60,11 +56,8 @@ class StepRunner(TorchDispatchMode):
 
     def __init__(self, trace: Trace, program: StepProgram, engine: CopyEngine, slab: HostSlab,
                  model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None):
-        super().__init__()
-        self.trace = trace
-        self.program = program
-        self.engine = engine
-        self.slab = slab
+        Mover.__init__(self, trace, program, engine, slab, model, optimizer)
+        TorchDispatchMode.__init__(self)
         self.names = [op.name for op in trace.ops]
         self._named: dict = {}  # OpOverload -> its name (str() of an overload formats it every time)
         self.points = ProgramPoints(program)
@@ -73,11 +66,6 @@ class StepRunner(TorchDispatchMode):
         busy = self.points.busy_ops() | set(self.replayer.ops)
         self.plain = [i not in busy for i in range(len(self.names))]
         self.idle = not busy and not program.start_away  # nothing to do at any op: the mode need not be entered
-        self.entries = {d.storage: MovedStorage(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
-                                                dtype=trace.storages[d.storage].dtype) for d in program.decisions}
-        self.away: dict[int, MovedStorage] = {}  # storage address -> entry, for every storage not resident
-        self.stats = ExecStats()
-        self.finder = StorageFinder(trace, self.stats, model, optimizer)
         self.pos = 0
         self.active = False
         self.off = False
@@ -86,12 +74,20 @@ class StepRunner(TorchDispatchMode):
         # allocator (memplan.exec.pooled) matches allocation requests to planned slots by it.
         self.op_clock = SimpleNamespace(value=-1)
 
-    # --- steps ----------------------------------------------------------------------------
+    def __enter__(self):
+        # The trace was recorded under saved-tensor hooks (memplan.tracing.tracer), which change
+        # which detaches autograd makes: the same identity hooks make the same op sequence.
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(_same, _same)
+        self._hooks.__enter__()
+        return super().__enter__()
 
-    def settle(self) -> None:
-        """Put storages where a step starts with them: on the host for gaps across the boundary."""
-        for k in self.program.start_away:
-            self._send_away(k)
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._hooks.__exit__(*exc)
+
+    # --- steps ----------------------------------------------------------------------------
 
     def begin_step(self) -> None:
         """Start a step: the op count restarts and storages take their place at a step start."""
@@ -119,17 +115,11 @@ class StepRunner(TorchDispatchMode):
         self.off = True
         self.restore()
 
-    def restore(self) -> None:
-        """Bring every storage the program moved back to the device."""
-        for entry in list(self.entries.values()):
-            if entry.state != Residency.RESIDENT:
-                self.stats.restored += 1
-                self._bring_back(entry)
-
     # --- the mode -------------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.stats.ops_in_mode += 1
         if self.active and not self.off:
             i = self.pos
             if i < len(self.names) and (self._named.get(func) or self._name(func)) == self.names[i]:
@@ -239,21 +229,6 @@ class StepRunner(TorchDispatchMode):
 
     # --- actions ----------------------------------------------------------------------------
 
-    def _act(self, action: Action, found) -> None:
-        d = self.program.decisions[action.decision]
-        entry = self.entries[d.storage]
-        getattr(self, _ACTION_METHODS[action.kind])(entry, action.decision, found)
-
-    def _swap_out(self, entry: MovedStorage, k: int, found) -> None:
-        if entry.state == Residency.LEAVING and entry.decision == k:  # its copy started beside the op
-            if self.program.decisions[k].sync:
-                self._release(entry, k)
-            return
-        storage = self.finder.found(entry, found)
-        if storage is None or entry.state != Residency.RESIDENT:
-            return
-        self._copy_out(entry, storage, k)
-
     def _copy_beside(self, i: int, func, args, kwargs) -> None:
         """Start the copies of storages op i only reads before it runs (the swap-out after it
         then only releases): on a GPU they run beside the op, as vDNN overlaps a layer's offload
@@ -266,43 +241,11 @@ class StepRunner(TorchDispatchMode):
                 self._copy_out(entry, storage, action.decision, release=False)
                 self.stats.copied_beside += 1
 
-    def _release(self, entry: MovedStorage, k: int, found=None) -> None:
-        if entry.state != Residency.LEAVING:
-            return
-        # the compute side waits for the copy, on the device on a GPU (memplan.exec.engine, rule 5)
-        self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.wait)
-        entry.storage.resize_(0)
-        entry.state = Residency.AWAY
-        self.stats.released += 1
+    def _can_rebuild(self, k: int) -> bool:
+        return self.replayer.can_rebuild(self.program.rebuilds[k].steps)  # NOTE rule 4
 
-    def _prefetch(self, entry: MovedStorage, k: int, found=None) -> None:
-        if entry.state == Residency.LEAVING:  # fetched before its swap-out was released: it never left
-            self.engine.cancel(entry.d2h)
-            self._resident(entry)
-            self.stats.kept += 1
-        if entry.state != Residency.AWAY:
-            return
-        self._copy_in(entry)
-        self.stats.prefetched += 1
-
-    def _wait(self, entry: MovedStorage, k: int, found=None) -> None:
-        if entry.state == Residency.AWAY:
-            self.stats.late_prefetches += 1
-            self._copy_in(entry)
-        if entry.state == Residency.COMING:
-            self.stats.prefetch_wait_s += blocked_s(self.engine, entry.h2d, self.engine.wait)
-            self._resident(entry)
-
-    def _drop(self, entry: MovedStorage, k: int, found) -> None:
-        storage = self.finder.found(entry, found)
-        if storage is None or entry.state != Residency.RESIDENT:
-            return
-        if not self.replayer.can_rebuild(self.program.rebuilds[k].steps):  # NOTE rule 4
-            self.stats.unresolved += 1
-            return
-        self._leave(entry, storage, k, Residency.DROPPED)
-        storage.resize_(0)
-        self.stats.dropped += 1
+    def _after_rebuild(self) -> None:
+        self.replayer.drop_temporaries()
 
     def _recompute(self, entry: MovedStorage, k: int, found=None) -> None:
         if entry.state != Residency.DROPPED:
@@ -323,68 +266,7 @@ class StepRunner(TorchDispatchMode):
         self._resident(entry)
         self.stats.recomputed += 1
 
-    # --- moving bytes ---------------------------------------------------------------------------
 
-    def _copy_out(self, entry: MovedStorage, storage: torch.UntypedStorage, k: int, release: bool = True) -> None:
-        """Start the swap-out of `storage` into decision k's host region (a `sync` decision's
-        release follows at once unless `release` is false)."""
-        d = self.program.decisions[k]
-        region = self.slab.region(k)
-        src = byte_view(storage)
-        self._leave(entry, storage, k, Residency.LEAVING)
-        typed = typed_bytes(src, entry.dtype) if d.compress_ratio is not None else None
 
-        def job():
-            entry.host_copy = store(src, typed, region)
-
-        entry.d2h = self.engine.submit("d2h", job)
-        self.stats.swapped_out += 1
-        self.stats.swapped_out_bytes += entry.nbytes
-        self.stats.link_bytes += entry.nbytes
-        if d.sync and release:
-            self._release(entry, k)
-
-    def _copy_in(self, entry: MovedStorage) -> None:
-        """Allocate the storage again and start copying its bytes back."""
-        entry.storage.resize_(entry.real_nbytes)
-        dst = byte_view(entry.storage)
-
-        def job():
-            load(dst, entry.host_copy)
-
-        entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
-        entry.state = Residency.COMING
-        self.stats.link_bytes += entry.nbytes
-
-    def _leave(self, entry: MovedStorage, storage: torch.UntypedStorage, k: int, state: str) -> None:
-        """The storage stops being resident: from now on no op may touch it (see `_guard`)."""
-        entry.storage, entry.decision, entry.state = storage, k, state
-        self.away[storage._cdata] = entry
-
-    def _resident(self, entry: MovedStorage) -> None:
-        self.away.pop(entry.storage._cdata, None)
-        entry.state, entry.storage = Residency.RESIDENT, None
-
-    def _bring_back(self, entry: MovedStorage) -> None:
-        if entry.state == Residency.LEAVING:
-            self.engine.sync(entry.d2h)
-            self._resident(entry)
-        elif entry.state == Residency.DROPPED:
-            self._recompute(entry, entry.decision)
-            self.replayer.drop_temporaries()
-        else:
-            self._wait(entry, entry.decision)
-
-    def _send_away(self, k: int) -> None:
-        """A step starts with decision k's storage on the host: send it there now if it is not."""
-        entry = self.entries[self.program.decisions[k].storage]
-        if entry.state != Residency.RESIDENT:
-            return
-        storage = self.finder.owned(entry)
-        if storage is None:
-            self.stats.unresolved += 1
-            return
-        with _disable_current_modes():  # not the step's ops (settle may run in one)
-            self._copy_out(entry, storage, k)
-            self._release(entry, k)
-        self.stats.start_sent += 1
+def _same(t):
+    return t

@@ -1,8 +1,9 @@
 """PlanRuntime: everything that runs one step program on one model, installed and removed as a unit.
 
 It owns the copy lanes, the host slab (laid out offline from the program), the step runner
-(a dispatch mode that runs the program's actions at every op) and the memory meter that
-measures every step. `installed()` enters the meter and the runner (in that order: the
+(at autograd's saved-tensor hooks for a hooked program, memplan.exec.hooked; else a dispatch
+mode that runs the program's actions at every op, memplan.exec.runner) and the memory meter
+that measures every step. `installed()` enters the meter and the runner (in that order: the
 meter sees what the runner does) and any hooks; leaving it removes all of them.
 
 Storages whose gap crosses the iteration boundary stay on the host between two steps.
@@ -22,8 +23,9 @@ import torch
 
 from ..errors import MemplanError
 from ..model import Trace
-from ..model.program import StepProgram
+from ..model.program import HOOKED, StepProgram
 from .engine import CopyEngine, engine_for
+from .hooked import HookedRunner
 from .meter import MemoryMeter
 from .runner import StepRunner
 from .slab import HostSlab, host_layout
@@ -61,7 +63,10 @@ class PlanRuntime:
         self.engine = engine or engine_for(self.device)
         layout = host_layout(trace, program)
         self.slab = HostSlab(layout, pin=self.device.type == "cuda" and layout.nbytes > 0)
-        self.runner = StepRunner(trace, program, self.engine, self.slab, model, optimizer)
+        if program.level == HOOKED:
+            self.runner = HookedRunner(trace, program, self.engine, self.slab, model, optimizer, self.device)
+        else:
+            self.runner = StepRunner(trace, program, self.engine, self.slab, model, optimizer)
         if measure not in MEASURE_CHOICES:
             raise MemplanError(f"measure must be one of {', '.join(map(repr, MEASURE_CHOICES))}, got {measure!r}")
         self.measure = measure
@@ -73,8 +78,16 @@ class PlanRuntime:
         self.pool = None  # a PoolSession (memplan.exec.pooled) serving the plan's layout, once attached
         self._idle_guards: list = []
         self._in_step = False
-        self._unresolved_before = 0  # the runner's count when the current step began
+        self._before = self._counters()  # the runner's counts when the current step began
         self._closed = False
+
+    def _counters(self) -> dict:
+        """The runner's counts that each step reports (what this step added to them)."""
+        stats = self.runner.stats
+        replayer = getattr(self.runner, "replayer", None)
+        return {"diverged_steps": stats.diverged_steps, "unresolved": stats.unresolved,
+                "ops_in_mode": stats.ops_in_mode, "replayed_ops": replayer.replayed_ops if replayer else 0,
+                "regions_recomputed": stats.regions_recomputed, "host_s": stats.host_s}
 
     def host_buffers(self) -> tuple:
         """Host memory beside the device role (a meter must not count it)."""
@@ -91,7 +104,7 @@ class PlanRuntime:
         """Start one training iteration (ends the previous one if it is still open)."""
         self.end_step()
         self.runner.begin_step()
-        self._unresolved_before = self.runner.stats.unresolved
+        self._before = self._counters()
         if self.meter is not None and (self.measure != "first" or not self.steps):
             self.meter.active = True
             self.meter.track((self._persistent(), inputs))
@@ -107,10 +120,9 @@ class PlanRuntime:
         self._in_step = False
         if self.pool is not None:
             self.pool.end_step()
-        diverged = self.runner.stats.diverged_steps
         self.runner.end_step()
-        record = {"step": len(self.steps), "diverged": self.runner.stats.diverged_steps > diverged,
-                  "unresolved": self.runner.stats.unresolved - self._unresolved_before}
+        record = {"step": len(self.steps), **{k: v - self._before[k] for k, v in self._counters().items()}}
+        record["diverged"] = record.pop("diverged_steps") > 0
         if record["unresolved"]:
             log.warning("step %d: %d planned actions found no storage of the traced size where the trace put it; "
                         "those storages stayed resident (more memory than planned)", record["step"],
@@ -203,7 +215,9 @@ class PlanRuntime:
     def stats(self) -> dict:
         """Counters, host memory, and the measured against the simulated peak per step."""
         measured = [s for s in self.steps if s.get("measured_peak_bytes") is not None]
-        return {**asdict(self.runner.stats), "replayed_ops": self.runner.replayer.replayed_ops,
+        replayer = getattr(self.runner, "replayer", None)
+        return {**asdict(self.runner.stats), "replayed_ops": replayer.replayed_ops if replayer else 0,
+                "level": self.program.level,
                 "decisions": len(self.program.decisions), "slab_bytes": self.slab.nbytes,
                 "pinned_host_bytes": self.slab.nbytes if self.slab.pin else 0,
                 "budget_bytes": self.program.budget_bytes,

@@ -13,7 +13,8 @@ swap, resident -> dropped -> resident for a recompute):
     prefetch  before op i: allocate the storage again and start copying it back
     wait      before op i: the compute stream waits until the copy back has landed
     drop      after op i: free the storage at once (it will be recomputed)
-    recompute before op i: replay the ops that wrote it (`chains`), inputs first
+    recompute before op i: replay the ops that wrote it (`chains`), inputs first; in a hooked
+              program, run again the module call that made it (`regions`)
 
 A convolution op with decided kernels (`microbatches`) runs them split as decided
 (memplan.exec.microconv); its workspace is the kernels' own business.
@@ -85,6 +86,19 @@ class Rebuild:
     frees: tuple[int, ...] = ()  # temporary inputs (its own or earlier rebuilds') dropped once it is done
 
 
+PLAIN, HOOKED, INTERPRETED = "plain", "hooked", "interpreted"
+LEVELS = (PLAIN, HOOKED, INTERPRETED)  # how the executor runs a program (memplan.sim.lowering)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegionRun:
+    """One module call (a region) run again to recompute storages it saved (a hooked program)."""
+
+    call: int  # index into Trace.calls
+    stop: int  # ops [call.first_op, stop) run again: it stops once it saved the last capture
+    captures: tuple[tuple[int, int], ...]  # (index into Trace.saved, storage id) taken from the run
+
+
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
     """What the simulation of a step program predicts for one step (`SimResult.summary` as a record)."""
@@ -101,6 +115,9 @@ class Prediction:
     shortfall_bytes: int  # by how much it did not fit
     budget_bytes: int | None  # the cap it was simulated under (None: no cap)
     budget_source: str  # where that cap came from (memplan.budget.BudgetSource)
+    level: str = "plain"  # how the executor runs it: plain, hooked or interpreted (memplan.sim.lowering)
+    dropped: int = 0  # hooked: the plan's decisions left out (kept resident)
+    level_reason: str = ""  # why the level, or why decisions were dropped
 
     def to_json(self) -> dict:
         """The JSON object (the keys of `SimResult.summary`)."""
@@ -119,6 +136,9 @@ class StepProgram:
     budget_bytes: int | None = None  # the budget it was compiled under
     trace_digest: str | None = None  # Trace.digest of its trace
     predicted: Prediction  # the simulation of the program
+    level: str = INTERPRETED  # how the executor runs it (LEVELS)
+    regions: dict[int, RegionRun] = field(default_factory=dict)  # hooked: recompute decision -> its region run
+    holds: dict[int, int] = field(default_factory=dict)  # hooked: storage -> the later free_op a region's hold gives it
 
     @property
     def captured_ops(self) -> frozenset:

@@ -17,6 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from .conv import ConvParams
+from .hookpoints import Call, Saved
 
 KINDS = ("param", "grad", "optimizer_state", "input", "activation", "temp", "workspace")
 PHASES = ("forward", "backward", "optimizer")
@@ -24,7 +25,8 @@ OWNER_KINDS = ("param", "buffer", "grad", "state")
 # Ops of the data-parallel engines (DDP, FSDP2) and their collectives: what they write is theirs.
 ENGINE_OP_PREFIXES = ("c10d.", "_c10d_functional.", "fsdp.")
 SCHEMA = "memplan.trace"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: saved tensors and module calls (memplan.model.hookpoints)
+READABLE_VERSIONS = (2, 3)  # version 2 files have neither
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +110,8 @@ class Trace:
     meta: dict = field(default_factory=dict)  # source, model, batch, device, notes
     num_steps_hint: int = 0  # time-axis length for traces without ops
     owners: tuple[Owner, ...] = ()  # holders of persistent storages (traced models only)
+    saved: tuple[Saved, ...] = ()  # tensors autograd saved, in pack order (traced models only)
+    calls: tuple[Call, ...] = ()  # module calls of the forward, by first op (traced models only)
 
     def __post_init__(self):
         for i, s in enumerate(self.storages):
@@ -119,6 +123,14 @@ class Trace:
         for owner in self.owners:
             if not 0 <= owner.storage < len(self.storages):
                 raise ValueError(f"owner names storage {owner.storage}, the trace has {len(self.storages)}")
+        for saved in self.saved:
+            known = saved.storage is None or 0 <= saved.storage < len(self.storages)
+            if not known or max(saved.packed_at, saved.unpacked_at or 0) > len(self.ops):
+                raise ValueError(f"a saved tensor names storage {saved.storage} or a point outside the trace")
+        for call in self.calls:
+            if call.end_op > len(self.ops) or call.end_saved > len(self.saved) or \
+                    not all(0 <= a < len(self.storages) for a in call.args):
+                raise ValueError(f"call of module {call.module!r} ends outside the trace")
 
     # --- sizes and the load curve -------------------------------------------------------
 

@@ -10,7 +10,10 @@
   first backward use.
 - `sqrt-n`: Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost": the
   forward layers split into about sqrt(n) segments, segment outputs kept, the inside
-  recomputed with the same mechanics.
+  recomputed with the same mechanics. Where the trace records module calls, segments are cut
+  only between the model's blocks (memplan.planners.kit.blocks), so each segment is a run of
+  whole blocks that the executor recomputes natively, as torch.utils.checkpoint does; ops
+  outside every block (embeddings, the head, the loss) are kept.
 
 They ignore the budget for their decisions; each raises `infeasible(...)` when the peak
 its plan reaches in the simulator with no cap (recompute chains' temporaries included)
@@ -26,6 +29,7 @@ from ..cost.model import Cost
 from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from .base import infeasible, register
+from .kit.blocks import block_calls
 from .kit.replay import replayable
 from .kit.saved import SavedGap, last_access_before, saved_activations
 
@@ -79,8 +83,9 @@ def plan_sqrt_n(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
 
 
 def sqrt_n_segments(trace: Trace, segments: int | None = None) -> dict[int, int]:
-    """Map every forward op to its segment: forward layers (ops of one leaf module; single
-    ops when the trace names no modules) cut into `segments` runs of equal length.
+    """Map forward ops to their segment: forward layers (ops of one leaf module; single ops when
+    the trace names no modules) cut into `segments` runs of equal length, or, where the trace
+    records module calls, the model's blocks cut into runs of whole blocks (ops outside them in none).
 
     Args:
         trace: the trace.
@@ -93,6 +98,10 @@ def sqrt_n_segments(trace: Trace, segments: int | None = None) -> dict[int, int]
     if not starts:
         return {}
     count = max(1, min(len(starts), segments or round(math.sqrt(len(starts)))))
+    blocks = block_calls(trace)
+    if len(blocks) > 1:  # whole blocks per segment: about `count`, at most one a block
+        per_block = math.ceil(len(blocks) / min(count, len(blocks)))
+        return {i: k // per_block for k, b in enumerate(blocks) for i in range(b.first_op, b.end_op)}
     per_segment = math.ceil(len(starts) / count)
     # Ops before the first layer belong to the first; any other op to the layer it follows.
     return {i: max(0, bisect.bisect_right(starts, i) - 1) // per_segment for i in forward}

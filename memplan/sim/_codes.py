@@ -11,8 +11,8 @@ NO_WRAP, HEAD_WRAP, TAIL_WRAP = 0, 1, 2
 D2H_COPY, H2D_COPY, EXTRA_WORK = 0, 1, 2  # kinds of recorded intervals (third column of `copies`)
 SYNC, OVERLAP = 1, 2  # bits of d_sync: the compute stream waits; the copy may start with its op
 # Indices into the float result vector.
-R_TIME, R_COMPUTE, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE, R_SYNC_STALL, R_COPY_BUSY = range(7)
-N_FLOAT_RESULTS = 7
+R_TIME, R_COMPUTE, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE, R_SYNC_STALL, R_COPY_BUSY, R_HOST = range(8)
+N_FLOAT_RESULTS = 8
 # Indices into the int result vector.
 I_FEASIBLE, I_BAD_OP, I_SHORTFALL, I_PEAK, I_LINK, I_N_LOAD_EVENTS, I_N_HOST_EVENTS, I_N_PROGRAM = range(8)
 N_INT_RESULTS = 8

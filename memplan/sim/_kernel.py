@@ -18,7 +18,7 @@ except ImportError:  # numba is a dependency, but keep the simulator usable with
 from ._codes import (
     A_DROP, A_PREFETCH, A_RECOMPUTE, A_RELEASE, A_SWAP_OUT, A_WAIT, EXTRA_WORK,
     I_BAD_OP, I_FEASIBLE, I_LINK, I_N_HOST_EVENTS, I_N_LOAD_EVENTS, I_N_PROGRAM, I_PEAK, I_SHORTFALL, N_FLOAT_RESULTS,
-    N_INT_RESULTS, NO_WRAP, OVERLAP, R_COMPUTE, R_COPY_BUSY, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE,
+    N_INT_RESULTS, NO_WRAP, OVERLAP, R_COMPUTE, R_COPY_BUSY, R_HOST, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE,
     R_SYNC_STALL, R_TIME, RECOMPUTE, SWAP, SYNC, TAIL_WRAP)
 
 
@@ -140,6 +140,18 @@ def _land(d, i, t, land, d_wrap, d_comp_s, floats, copies, n_copies, record, pro
 
 
 @njit(cache=True)
+def _issue(seconds, h, t, host_async, floats):
+    """The host spends `seconds` issuing work the device then runs: returns (h, t). An asynchronous
+    host (a GPU's) runs ahead on its own clock `h` and the device waits only when it catches up;
+    a synchronous one (the CPU, which is the device) adds its time to the device's."""
+    h = (h if host_async else t) + seconds
+    if h > t:
+        floats[R_HOST] += h - t
+        t = h
+    return h, t
+
+
+@njit(cache=True)
 def _fail(ints, op, shortfall, peak):
     """Mark the result infeasible at `op`."""
     ints[I_FEASIBLE] = 0
@@ -151,9 +163,9 @@ def _fail(ints, op, shortfall, peak):
 @njit(cache=True)
 def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s,
-               d_chain_s, d_chain_alloc, d_chain_free,
+               d_chain_s, d_chain_alloc, d_chain_free, d_chain_host_s,
                issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
-               absent_at_start, d_back, d_wait_first, budget, record, emit):
+               absent_at_start, d_back, d_wait_first, host_s, host_async, budget, record, emit):
     """Simulate one iteration; see `memplan.sim.simulate` for the contract.
 
     Returns:
@@ -188,6 +200,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     n_copies = 0
     n_load, n_host = 0, 0
     t = 0.0
+    h = 0.0  # the host's clock (asynchronous hosts)
     load = 0
     peak = 0
     d2h_free, h2d_free = 0.0, 0.0
@@ -249,6 +262,7 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 _fail(ints, i, short, peak)
                 return floats, ints, load_t, load_v, host_t, host_v, op_start, copies[:n_copies], prog[:n_prog]
             n_prog = _emit(prog, n_prog, i, 0, A_RECOMPUTE, d, emit)
+            h, t = _issue(d_chain_host_s[d], h, t, host_async, floats)
             n_copies = _extra_work(copies, n_copies, t, d_chain_s[d], record)
             t += d_chain_s[d]
             floats[R_RECOMPUTE] += d_chain_s[d]
@@ -281,7 +295,8 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             if d_kind[d] == SWAP and not waited[d]:
                 t, n_copies, n_prog = _land(d, i, t, land, d_wrap, d_comp_s, floats, copies, n_copies, record,
                                             prog, n_prog, emit)
-        # (5) the op itself
+        # (5) the op itself, once the host has issued it
+        h, t = _issue(host_s[i], h, t, host_async, floats)
         op_start[i] = t
         t += durations[i]
         floats[R_COMPUTE] += durations[i]

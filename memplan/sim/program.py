@@ -15,7 +15,7 @@ from ..budget import budget_in_force
 from ..cost.model import Cost
 from ..errors import MemplanError
 from ..model import Plan, Trace
-from ..model.program import Action, ActionKind, Prediction, Rebuild, ReplayStep, StepProgram
+from ..model.program import INTERPRETED, Action, ActionKind, Prediction, Rebuild, ReplayStep, StepProgram
 from .simulate import Simulator
 
 
@@ -28,7 +28,8 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator |
     if plan.trace_digest is not None and plan.trace_digest != trace.digest:
         raise MemplanError(f"plan was made for trace {plan.trace_digest}, not this one ({trace.digest})")
     budget, source = budget_in_force(None, plan.budget_bytes, trace.peak_load_bytes)
-    result, rows, chains = (simulator or Simulator(trace, cost)).program_rows(plan, budget)
+    result, rows, chains, lowered = (simulator or Simulator(trace, cost)).program_rows(plan, budget)
+    decisions = lowered.decisions
     if not result.feasible:
         raise MemplanError(f"the plan does not fit its budget of {budget} bytes: op {result.infeasible_op} is "
                            f"{result.shortfall_bytes} bytes short")
@@ -36,13 +37,13 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator |
                     for op, after, kind, d in rows)
     rebuilds = {k: Rebuild(steps=tuple(ReplayStep(storage=s.storage, ops=s.ops, temporary=s.temporary)
                                        for s in chain.steps), frees=chain.frees)
-                for k, chain in chains.items()}
-    start_away = tuple(k for k, d in enumerate(plan.decisions)
+                for k, chain in chains.items()} if lowered.level == INTERPRETED else {}
+    start_away = tuple(k for k, d in enumerate(decisions)
                        if d.action == "swap" and d.wraps and d.prefetch_at <= d.back_before)
     predicted = Prediction(**replace(result, budget_bytes=budget, budget_source=source).summary())
-    return StepProgram(decisions=plan.decisions, actions=actions, start_away=start_away, rebuilds=rebuilds,
+    return StepProgram(decisions=decisions, actions=actions, start_away=start_away, rebuilds=rebuilds,
                        microbatches=plan.microbatches, budget_bytes=budget, trace_digest=trace.digest,
-                       predicted=predicted)
+                       predicted=predicted, level=lowered.level, regions=lowered.regions, holds=lowered.holds)
 
 
 _FETCHES = (ActionKind.PREFETCH, ActionKind.RECOMPUTE)  # actions that bring a storage's bytes back

@@ -8,7 +8,8 @@ import numpy as np
 
 from ..budget import BudgetSource
 
-BREAKDOWN_KEYS = ("compute_s", "memory_stall_s", "prefetch_stall_s", "recompute_s", "sync_stall_s", "overlap_s")
+BREAKDOWN_KEYS = ("compute_s", "memory_stall_s", "prefetch_stall_s", "recompute_s", "sync_stall_s", "overlap_s",
+                  "host_s")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -37,6 +38,9 @@ class SimResult:
     lanes: dict = field(default_factory=dict)  # per lane ("compute", "d2h", "h2d") a list of (start, end)
     budget_bytes: int | None = None  # the cap it was simulated under (None: no cap)
     budget_source: BudgetSource = BudgetSource.NONE  # where that cap came from
+    level: str = "plain"  # how the executor runs the plan: plain, hooked or interpreted (memplan.sim.lowering)
+    dropped: int = 0  # hooked: decisions left out (kept resident), none of the executor's hooks can run them
+    level_reason: str = ""  # why the level, or why decisions were dropped
 
     @property
     def overhead(self) -> float:
@@ -60,4 +64,7 @@ class SimResult:
             "shortfall_bytes": int(self.shortfall_bytes),
             "budget_bytes": self.budget_bytes,
             "budget_source": str(self.budget_source),
+            "level": self.level,
+            "dropped": self.dropped,
+            "level_reason": self.level_reason,
         }

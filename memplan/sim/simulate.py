@@ -35,6 +35,13 @@ Semantics (the contract of DESIGN.md, "Simulator semantics"):
   head [0, back_before] the storage starts the iteration on the host; with the trigger in
   the tail it starts resident and the tail prefetch (for the next iteration) holds its
   bytes until the end.
+- The host issues every op (and a recomputation's ops) before the device runs it: the cost
+  model's host work per op (`Cost.host_op_s`, none where measured op times hold it), plus what
+  the executor adds at the plan's level (memplan.sim.lowering): a hook per saved-tensor pack and
+  unpack (hooked), the dispatch mode per op and each replayed op (interpreted), and each
+  action. A GPU's host runs ahead on its own clock and the device waits for it only when it
+  catches up (host_s); the CPU is its own device: its host work adds to the step, and so do
+  its copies, which it makes itself (memplan.exec.engine) instead of on copy engines.
 - The iteration ends when the compute stream finishes, plus, in steady state, the wait the
   next iteration (taken to repeat this one) would have for wrap-around copies: a tail
   prefetch landing after its op's start there, or a head prefetch there delayed by this
@@ -59,6 +66,7 @@ from . import _codes as K
 from .kernel import compiled
 from .chains import plan_chains
 from .convview import conv_view
+from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering
 from .memo import ProbeMemo
 from .result import SimResult
 
@@ -118,15 +126,14 @@ class Simulator:
     Search planners create one and call `run` thousands of times.
     """
 
-    def __init__(self, trace: Trace, cost: Cost, kernel: ModuleType | None = None):
+    def __init__(self, trace: Trace, cost: Cost, kernel: ModuleType | None = None, hooks: bool = True):
         self.trace = trace
         self.cost = cost
         self._kernel = kernel or compiled()  # memplan.sim.kernel: compiled, or interpreted for one run
         n = trace.num_steps
-        alive = trace.free_ops > trace.alloc_ops
-        ids = np.arange(len(trace.storages))
-        self._birth_ptr, self._birth_ids = _csr(trace.alloc_ops[alive], ids[alive], n)
-        self._death_ptr, self._death_ids = _csr(trace.free_ops[alive] - 1, ids[alive], n)
+        self._births = _csr(trace.alloc_ops[trace.free_ops > trace.alloc_ops],
+                            np.arange(len(trace.storages))[trace.free_ops > trace.alloc_ops], n)
+        self._deaths = {(): self._deaths_with({})}  # by the holds of a hooked plan (memplan.sim.lowering)
         # A pool-only trace (no ops) runs its time axis as steps that take no time.
         self._durations = np.zeros(n) if not trace.ops else np.ascontiguousarray(cost.durations, dtype=np.float64)
         self._prefix = np.concatenate([[0.0], np.cumsum(self._durations)])
@@ -136,8 +143,11 @@ class Simulator:
         # Chains of plans that differ in a few decisions are mostly the same (memplan.sim.memo).
         self._chain_memo = ProbeMemo()
         self._recent_chains: dict[tuple, dict] = {}
-        # Sequential sum, exactly as the kernel accumulates time: no plan gives time == baseline.
-        self.baseline_time_s = float(self._prefix[-1])
+        self.lowering = Lowering(trace, self._durations) if hooks and trace.ops else None
+        self._host = _host_per_op(trace, cost)
+        # The kernel's own run of no plan: a plan without decisions takes exactly this time.
+        self.baseline_time_s = float(self._run_lowered(Lowered(level=PLAIN, decisions=()), NO_CAP_BYTES,
+                                                       False, False)[1][K.R_TIME])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
 
     @property
@@ -146,30 +156,77 @@ class Simulator:
         return self._prefix[:-1]
 
     def run(self, plan: Plan | None = None, budget_bytes: int | None = None, timeline: bool = False) -> SimResult:
-        """Simulate under `plan` with a cap of `budget_bytes` (None: no cap)."""
+        """Simulate under `plan` with a cap of `budget_bytes` (None: no cap), at the level it runs."""
         return self._simulate(plan, budget_bytes, timeline, emit=False)[0]
 
-    def program_rows(self, plan: Plan | None, budget_bytes: int | None) -> tuple[SimResult, np.ndarray, dict]:
+    def program_rows(self, plan: Plan | None, budget_bytes: int | None) -> tuple[SimResult, np.ndarray, dict, Lowered]:
         """Simulate and return the step program the simulation ran.
 
         Returns:
-            (result, rows, chains): rows (op, after, action, decision) in execution order, as
-            `memplan.sim._kernel` emits them, and the recompute chain of every recompute decision.
+            (result, rows, chains, lowered): rows (op, after, action, decision) in execution order, as
+            `memplan.sim._kernel` emits them, the recompute chain of every recompute decision, and the
+            plan at the level it runs (rows and chains index its decisions).
         """
-        result, rows, chains = self._simulate(plan, budget_bytes, False, emit=True)
-        return result, rows, chains
+        return self._simulate(plan, budget_bytes, False, emit=True)
 
     def _simulate(self, plan, budget_bytes, timeline: bool, emit: bool):
         microbatches = plan.microbatches if plan else ()
         if microbatches:
             return self._view_of(microbatches)._simulate(replace(plan, microbatches=()), budget_bytes, timeline, emit)
-        decisions = plan.decisions if plan else ()
-        arrays, chains = self._plan_arrays(decisions)
         budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
+        lowered = self.lower(plan.decisions if plan else ())
+        out = self._run_lowered(lowered, budget, timeline, emit)
+        if lowered.level == HOOKED:  # interpreted where its hooked form does not fit (or, with no cap, peaks higher)
+            interpreted = Lowered(level=INTERPRETED, decisions=tuple(plan.decisions),
+                                  reason=f"its hooked form does not fit ({lowered.reason or 'later hook points'})")
+            if not out[2][K.I_FEASIBLE]:
+                out, lowered = self._run_lowered(interpreted, budget, timeline, emit), interpreted
+            elif budget_bytes is None:
+                other = self._run_lowered(interpreted, budget, timeline, emit)
+                if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
+                    out, lowered = other, replace(interpreted, reason="its hooked form peaks higher")
+        arrays, floats, ints, recorded, rows, chains = out
+        return self._result(arrays, floats, ints, recorded, timeline, lowered), rows, chains, lowered
+
+    def hooked(self, plan: Plan, budget_bytes: int | None) -> SimResult | None:
+        """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
+        lowered = self.lower(plan.decisions)
+        if lowered.level != HOOKED or plan.microbatches:
+            return None
+        budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
+        arrays, floats, ints, recorded, _, _ = self._run_lowered(lowered, budget, False, False)
+        return self._result(arrays, floats, ints, recorded, False, lowered)
+
+    def lower(self, decisions) -> Lowered:
+        """`decisions` at the level they would run (memplan.sim.lowering; before the budget's say)."""
+        if self.lowering is None:
+            return Lowered(level=PLAIN if not decisions else INTERPRETED, decisions=tuple(decisions),
+                           reason="" if not decisions else "op by op (a view of micro-batched convolutions)")
+        return self.lowering.lower(decisions)
+
+    def _run_lowered(self, lowered: Lowered, budget: int, timeline: bool, emit: bool):
+        arrays, chains = self._plan_arrays(lowered)
         floats, ints, *recorded, rows = self._kernel.run_kernel(
-            self._durations, self.trace.nbytes, self._birth_ptr, self._birth_ids, self._death_ptr,
-            self._death_ids, *arrays, budget, timeline, emit)
-        return self._result(arrays, floats, ints, recorded, timeline), rows, chains
+            self._durations, self.trace.nbytes, *self._births, *self._deaths_for(lowered.holds), *arrays,
+            budget, timeline, emit)
+        return arrays, floats, ints, recorded, rows, chains
+
+    def _deaths_for(self, holds: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        key = tuple(sorted(holds.items()))
+        if key not in self._deaths:
+            if len(self._deaths) >= RECENT_CHAINS:
+                self._deaths = {(): self._deaths[()]}
+            self._deaths[key] = self._deaths_with(holds)
+        return self._deaths[key]
+
+    def _deaths_with(self, holds: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """Storages grouped by the op after which they are freed, some held longer (`holds`)."""
+        trace = self.trace
+        free = trace.free_ops.copy()
+        for sid, until in holds.items():
+            free[sid] = max(free[sid], min(until, trace.num_steps))
+        alive = free > trace.alloc_ops
+        return _csr(free[alive] - 1, np.arange(len(trace.storages))[alive], trace.num_steps)
 
     def _view_of(self, microbatches) -> Simulator:
         """A simulator of the trace as the conv decisions make it; the last one is kept (search
@@ -177,17 +234,19 @@ class Simulator:
         key, sim = self._views
         if key != microbatches:
             view, durations = conv_view(self.trace, self._durations, microbatches)
-            sim = Simulator(view, Cost(profile=self.cost.profile, durations=durations), self._kernel)
+            sim = Simulator(view, Cost(profile=self.cost.profile, durations=durations,
+                                       host_in_durations=self.cost.host_in_durations), self._kernel, hooks=False)
             sim.baseline_time_s = self.baseline_time_s
             self._views = (microbatches, sim)
         return sim
 
     # --- per-plan preparation ----------------------------------------------------------------
 
-    def _plan_arrays(self, decisions) -> tuple[tuple, dict]:
+    def _plan_arrays(self, lowered: Lowered) -> tuple[tuple, dict]:
         """Flat per-decision arrays and per-op event lists for the kernel (vectorised), and the
         recompute chains by decision."""
         trace, cost, n = self.trace, self.cost, self.trace.num_steps
+        decisions = lowered.decisions
         # One flat iterator: numpy converts it much faster than a list of tuples (search planners
         # prepare thousands of plans).
         fields = np.fromiter(itertools.chain.from_iterable(
@@ -209,20 +268,32 @@ class Simulator:
         wrap = np.where(wraps, np.where(trigger > out_after, K.TAIL_WRAP, K.HEAD_WRAP), K.NO_WRAP).astype(np.int64)
         absent = np.zeros(len(trace.storages), dtype=np.bool_)
         absent[sid[wrap == K.HEAD_WRAP]] = True
-        chain, chain_alloc, chain_free, chains = self._chains_for(decisions, kind)
+        chains = self._chains_for(lowered)
+        chain, chain_alloc, chain_free, chain_host = self._chain_arrays(chains, len(kind), lowered.level)
         wait_first = self._wait_first(decisions, chains)
         ids = np.arange(len(sid))
         rank = np.where(swap, -1, self._producers[sid])
-        return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, chain_alloc, chain_free,
+        host = self._host[lowered.level]
+        if len(sid) and (cost.profile.action_s or not cost.host_async):
+            host = host.copy()  # actions: swap: out, release, prefetch, wait; recompute: drop, run
+            np.add.at(host, np.concatenate([out_after, out_after, trigger[swap], back]), cost.profile.action_s)
+            if not cost.host_async:  # the CPU copies on its one thread (memplan.exec.engine), nothing beside
+                np.add.at(host, out_after[swap], d2h[swap])
+                np.add.at(host, trigger[swap], h2d[swap])
+                d2h, h2d = np.zeros_like(d2h), np.zeros_like(h2d)
+        return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, chain_alloc, chain_free, chain_host,
                 *_event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
                 *_event_csr(back, rank, ids, n),
                 *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back,
-                wait_first), chains
+                wait_first, host, cost.host_async), chains
 
-    def _chains_for(self, decisions, kind) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-        """Per decision: chain seconds, bytes allocated when it starts and freed when it is done;
-        and the chains of the recompute decisions (memplan.sim.chains), reused for a plan with the
-        same recompute decisions as a recent one (search planners vary the others too)."""
+    def _chains_for(self, lowered: Lowered) -> dict:
+        """The recompute chains by decision: region runs of a hooked plan (memplan.sim.lowering), else
+        op replays (memplan.sim.chains), reused for a plan with the same recompute decisions as a
+        recent one (search planners vary the others too)."""
+        decisions = lowered.decisions
+        if lowered.level == HOOKED:
+            return self.lowering.chains(lowered, self._producers) if lowered.regions else {}
         key = tuple((k, d.storage, d.out_after, d.back_before) for k, d in enumerate(decisions)
                     if d.action == "recompute")
         chains = self._recent_chains.get(key)
@@ -232,11 +303,19 @@ class Simulator:
             if len(self._recent_chains) >= RECENT_CHAINS:
                 self._recent_chains.clear()
             self._recent_chains[key] = chains
-        n = len(kind)
+        return chains
+
+    def _chain_arrays(self, chains: dict, n: int, level: str) -> tuple[np.ndarray, ...]:
+        """Per decision: chain seconds, bytes allocated when it starts and freed when it is done, and
+        the host's work to issue its ops (replayed through Python when interpreted)."""
+        profile = self.cost.profile
+        per_op = self.cost.host_op_s + (profile.replay_op_s if level == INTERPRETED else 0.0)
         seconds, alloc, freed = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        host = np.zeros(n)
         for k, chain in chains.items():
             seconds[k], alloc[k], freed[k] = chain.seconds, chain.alloc_bytes, chain.free_bytes
-        return seconds, alloc, freed, chains
+            host[k] = per_op * sum(len(step.ops) for step in chain.steps)
+        return seconds, alloc, freed, host
 
     @staticmethod
     def _wait_first(decisions, chains: dict) -> np.ndarray:
@@ -251,7 +330,7 @@ class Simulator:
 
     # --- results ---------------------------------------------------------------------------------
 
-    def _result(self, arrays, floats, ints, recorded, timeline: bool) -> SimResult:
+    def _result(self, arrays, floats, ints, recorded, timeline: bool, lowered: Lowered) -> SimResult:
         feasible = bool(ints[K.I_FEASIBLE])
         stalls = floats[K.R_MEM_STALL] + floats[K.R_PREFETCH_STALL] + floats[K.R_SYNC_STALL]
         breakdown = {
@@ -261,6 +340,7 @@ class Simulator:
             "recompute_s": float(floats[K.R_RECOMPUTE]),
             "sync_stall_s": float(floats[K.R_SYNC_STALL]),
             "overlap_s": float(max(0.0, floats[K.R_COPY_BUSY] - stalls)),
+            "host_s": float(floats[K.R_HOST]),
         }
         extra = {}
         if timeline and feasible:
@@ -279,6 +359,7 @@ class Simulator:
             link_bytes=int(ints[K.I_LINK]),
             infeasible_op=None if feasible else int(ints[K.I_BAD_OP]),
             shortfall_bytes=0 if feasible else int(ints[K.I_SHORTFALL]),
+            level=lowered.level, dropped=lowered.dropped, level_reason=lowered.reason,
             **extra)
 
     def _lanes(self, op_start, copies) -> dict:
@@ -304,6 +385,20 @@ def _host_peak(arrays, recorded, ints) -> int:
     # swap-out starting at that instant.
     order = np.lexsort((host_v[:n_host], host_t[:n_host]))
     return int(max(start, start + np.cumsum(host_v[:n_host][order]).max()))
+
+
+def _host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
+    """The host's work at each op at each level: plain eager training; with the hooked executor's
+    pack and unpack hooks (at the op after their point); with the interpreted one's dispatch mode
+    (and its identity hooks)."""
+    n, profile = trace.num_steps, cost.profile
+    plain = np.full(n, cost.host_op_s)
+    hooked = plain.copy()
+    points = [s.packed_at for s in trace.saved] + [s.unpacked_at for s in trace.saved if s.unpacked_at is not None]
+    if n and points and profile.hook_s:
+        np.add.at(hooked, np.minimum(points, n - 1), profile.hook_s)
+    # the interpreted runner counts every op in its mode, under identity saved-tensor hooks (memplan.exec.runner)
+    return {PLAIN: plain, HOOKED: hooked, INTERPRETED: hooked + profile.mode_op_s}
 
 
 def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:

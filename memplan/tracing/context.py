@@ -1,7 +1,8 @@
 """Where the traced program is while an op runs: its phase and its owning module.
 
 Forward ops belong to the innermost module whose forward is running (global module
-forward hooks). Backward ops belong to the module whose forward created the autograd
+forward hooks); with a `clock`, every module call made while autograd records is kept as a
+`Call` (memplan.model.hookpoints). Backward ops belong to the module whose forward created the autograd
 node that is executing: when a module's forward returns, the nodes it created are
 found by walking the autograd graph back from its outputs, and remembered by their
 sequence numbers (ints, so no reference keeps a graph or its saved tensors alive).
@@ -12,6 +13,8 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
+from ..model import Call
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
@@ -29,10 +32,15 @@ class ProgramContext:
             module called at top level becomes the root.
     """
 
-    def __init__(self, model: torch.nn.Module | None = None):
+    def __init__(self, model: torch.nn.Module | None = None, clock=None, storages_of=None):
+        self.clock = clock  # () -> (ops, packs) so far: module calls are recorded when given
+        self.storages_of = storages_of  # (args, kwargs) -> their tensors' storage ids (a call's `args`)
+        self.calls: list[Call] = []  # in the order they returned
+        self._occurrences: dict[str, int] = {}
         self._names: dict[int, str] = {}
+        self._modules: list[torch.nn.Module] = []
         self._param_owner: dict[int, str] = {}
-        self._stack: list[tuple[str, int]] = []  # (module path, highest node seq before it ran)
+        self._stack: list[tuple] = []  # (module path, highest node seq before it ran, occurrence, clock at its start)
         self._node_module: dict[int, str] = {}
         self._optimizer_depth = 0
         self._after_backward = False
@@ -73,6 +81,8 @@ class ProgramContext:
                    register_module_forward_hook(self._post_forward),
                    register_optimizer_step_pre_hook(self._pre_step),
                    register_optimizer_step_post_hook(self._post_step)]
+        if self.clock is not None and self.storages_of is not None:  # after the global hook, with kwargs
+            handles += [m.register_forward_pre_hook(self._arguments, with_kwargs=True) for m in self._modules]
         try:
             yield self
         finally:
@@ -83,6 +93,8 @@ class ProgramContext:
 
     def _adopt(self, root: torch.nn.Module) -> None:
         for name, mod in root.named_modules():
+            if id(mod) not in self._names:
+                self._modules.append(mod)
             self._names.setdefault(id(mod), name)
             for param in mod.parameters(recurse=False):
                 self._param_owner.setdefault(id(param), name)
@@ -91,14 +103,28 @@ class ProgramContext:
         if id(module) not in self._names and not self._stack:
             self._adopt(module)
         name = self._names.get(id(module), type(module).__name__)
-        self._stack.append((name, _max_seq(args)))
+        occurrence = self._occurrences.get(name, 0)
+        self._occurrences[name] = occurrence + 1
+        named = id(module) in self._names  # a module the executor can find again by its path
+        start = [*self.clock(), ()] if self.clock is not None and named and torch.is_grad_enabled() else None
+        self._stack.append((name, _max_seq(args), occurrence, start))
         self._after_backward = False
 
     def _post_forward(self, module, args, output):
         if not self._stack:
             return
-        name, floor = self._stack.pop()
+        name, floor, occurrence, start = self._stack.pop()
         self._claim_nodes(output, name, floor)
+        if start is not None:
+            end = self.clock()
+            self.calls.append(Call(module=name, occurrence=occurrence, first_op=start[0], end_op=end[0],
+                                   first_saved=start[1], end_saved=end[1], args=start[2]))
+
+    def _arguments(self, module, args, kwargs):
+        """A model module's call: its arguments' storages, on the record the global pre-hook began."""
+        start = self._stack[-1][3] if self._stack else None
+        if start is not None:
+            start[2] = self.storages_of(args, kwargs)
 
     def _claim_nodes(self, output, name: str, floor: int) -> None:
         """Assign unclaimed autograd nodes created inside this module's forward to it."""

@@ -15,12 +15,14 @@ from dataclasses import asdict, fields
 
 from ..errors import TraceFormatError
 from ..fileio import atomic_write_text, read_text
-from ..model import SCHEMA, SCHEMA_VERSION, ConvParams, Op, Owner, Storage, Trace
+from ..model import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, Call, ConvParams, Op, Owner, Saved, Storage, Trace
 
 _REQUIRED = {
     "storage": {"id": int, "nbytes": int, "kind": str, "alloc_op": int, "free_op": int},
     "op": {"index": int, "name": str, "phase": str},
     "owner": {"storage": int, "kind": str},
+    "saved": {"packed_at": int},
+    "call": {"module": str, "occurrence": int, "first_op": int, "end_op": int, "first_saved": int, "end_saved": int},
 }
 _OPTIONAL = {
     "storage": {"persistent": bool, "dtype": (str, type(None)), "shape": (list, type(None)),
@@ -28,19 +30,25 @@ _OPTIONAL = {
     "op": {"module": str, "reads": list, "writes": list, "flops": (int, float),
            "bytes_accessed": int, "duration_s": (int, float, type(None)), "conv": dict},
     "owner": {"name": str, "group": int, "index": int, "key": str},
+    "saved": {"storage": (int, type(None)), "unpacked_at": (int, type(None))},
+    "call": {"args": list},
 }
-_CLASSES = {"storage": Storage, "op": Op, "owner": Owner}
+_CLASSES = {"storage": Storage, "op": Op, "owner": Owner, "saved": Saved, "call": Call}
+# The header's count of each record kind, by the name it has there.
+_COUNTS = (("storages", "storage"), ("ops", "op"), ("owners", "owner"), ("saved", "saved"), ("calls", "call"))
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write `trace` to `path` as JSON lines, atomically."""
     header = {"schema": SCHEMA, "version": SCHEMA_VERSION, "meta": trace.meta,
               "num_steps_hint": trace.num_steps_hint, "storages": len(trace.storages), "ops": len(trace.ops),
-              "owners": len(trace.owners)}
+              "owners": len(trace.owners), "saved": len(trace.saved), "calls": len(trace.calls)}
     lines = [json.dumps(header, default=str)]
     lines += [json.dumps({"type": "storage", **_compact(asdict(s))}) for s in trace.storages]
     lines += [json.dumps({"type": "op", **_compact(asdict(op))}) for op in trace.ops]
     lines += [json.dumps({"type": "owner", **_compact(asdict(o))}) for o in trace.owners]
+    lines += [json.dumps({"type": "saved", **_compact(asdict(s))}) for s in trace.saved]
+    lines += [json.dumps({"type": "call", **asdict(c)}) for c in trace.calls]
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
@@ -61,8 +69,9 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
     header = _json_line(lines[0], source, 1)
     if header.get("schema") != SCHEMA:
         raise TraceFormatError(f"{source}:1: field 'schema': expected {SCHEMA!r}, got {header.get('schema')!r}")
-    if header.get("version") != SCHEMA_VERSION:
-        raise TraceFormatError(f"{source}:1: field 'version': expected {SCHEMA_VERSION}, got {header.get('version')!r}")
+    if header.get("version") not in READABLE_VERSIONS:
+        raise TraceFormatError(f"{source}:1: field 'version': expected one of {READABLE_VERSIONS}, "
+                               f"got {header.get('version')!r}")
     records: dict[str, list] = {kind: [] for kind in _REQUIRED}
     for lineno, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -84,7 +93,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
         raise TraceFormatError(f"{source}:1: field 'num_steps_hint' or 'meta': wrong type")
     try:
         trace = Trace(storages=tuple(records["storage"]), ops=tuple(records["op"]), owners=tuple(records["owner"]),
-                      meta=meta, num_steps_hint=hint)
+                      saved=tuple(records["saved"]), calls=tuple(records["call"]), meta=meta, num_steps_hint=hint)
     except ValueError as exc:
         raise TraceFormatError(f"{source}: {exc}") from None
     _check_references(trace, source)
@@ -93,7 +102,7 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
 
 def _check_counts(header: dict, records: dict[str, list], source: str) -> None:
     """Traces written with record counts must have them all (older files have none)."""
-    for name, kind in (("storages", "storage"), ("ops", "op"), ("owners", "owner")):
+    for name, kind in _COUNTS:
         expected = header.get(name)
         if expected is None:
             continue
@@ -117,7 +126,7 @@ def _check_references(trace: Trace, source: str) -> None:
                                    f"the trace's {horizon} steps")
 
 
-_ALWAYS_WRITTEN = ("id", "index", "alloc_op", "free_op", "nbytes", "storage", "group")
+_ALWAYS_WRITTEN = ("id", "index", "alloc_op", "free_op", "nbytes", "storage", "group", "packed_at")
 
 
 def _compact(record: dict) -> dict:
@@ -148,7 +157,7 @@ def _check_fields(record: dict, kind: str, source: str, lineno: int) -> None:
             raise TraceFormatError(f"{source}:{lineno}: unknown {kind} field {name!r}")
         if not _is(value, typ):
             raise TraceFormatError(f"{source}:{lineno}: field {name!r}: wrong type {type(value).__name__}")
-    for name in ("reads", "writes", "shape"):
+    for name in ("reads", "writes", "shape", "args"):
         if isinstance(record.get(name), list) and not all(_is(v, int) for v in record[name]):
             raise TraceFormatError(f"{source}:{lineno}: field {name!r}: expected a list of integers")
 
@@ -165,7 +174,7 @@ def _build(kind: str, record: dict):
     cls = _CLASSES[kind]
     names = {f.name for f in fields(cls)}
     args = {k: v for k, v in record.items() if k in names}
-    for key in ("reads", "writes", "shape"):
+    for key in ("reads", "writes", "shape", "args"):
         if isinstance(args.get(key), list):
             args[key] = tuple(args[key])
     if "conv" in args:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .opinfo import counts_as_op, is_recorded
+from .opinfo import OPTIONAL_OPS, counts_as_op, is_recorded
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,34 @@ def time_ops(step_fn: Callable, inputs: tuple, names: list[str], repeats: int,
         timer = _OpClock(clock)
         with timer:
             step_fn(*inputs)
-        if timer.names == names:
-            runs.append(timer.seconds)
+        aligned = timer.seconds if timer.names == names else align(names, timer.names, timer.seconds)
+        if aligned is not None:
+            runs.append(aligned)
         else:
             log.warning("a timed iteration ran %d ops where the trace has %d: discarded", len(timer.names),
                         len(names))
     if not runs:
         return None
     return [min(column) for column in zip(*runs)]
+
+
+def align(names: list[str], ran: list[str], seconds: list[float]) -> list[float] | None:
+    """`seconds` of the ops `ran` given to the traced ops `names`, where the two differ only in
+    optional ops (memplan.tracing.opinfo.OPTIONAL_OPS: the trace is made under saved-tensor hooks,
+    which skip some detaches): an optional op that ran untraced adds its time to the next op, a
+    traced one that did not run takes none. None when they differ otherwise."""
+    out, carry, j = [], 0.0, 0
+    for name, s in zip(ran, seconds):
+        while j < len(names) and name != names[j] and names[j] in OPTIONAL_OPS:
+            out.append(0.0)
+            j += 1
+        if j < len(names) and name == names[j]:
+            out.append(s + carry)
+            carry, j = 0.0, j + 1
+        elif name in OPTIONAL_OPS:
+            carry += s
+        else:
+            return None
+    if any(n not in OPTIONAL_OPS for n in names[j:]):
+        return None
+    return out + [0.0] * (len(names) - j)

@@ -18,9 +18,11 @@ measured with CUDA events as it runs; with real CPU tensors and `time_repeats`, 
 wall time over that many more iterations (`optimes`). The math settings in force (TF32,
 autocast) are recorded in `meta["math"]` (`mathmode`), for the cost model.
 
-No saved-tensor hooks are installed while tracing: with them autograd runs fewer ops (it
-skips the `detach` it makes of an in-place op's saved output), and the trace must be the
-op sequence plain training runs, which the executor matches op by op. `Trace.owners` says who holds each persistent storage
+Saved-tensor hooks record every tensor autograd saves (`Trace.saved`) and the context every
+module call (`Trace.calls`): the points the hooked executor acts at (memplan.model.hookpoints).
+Under them autograd skips the `detach` it makes of an in-place op's saved output, an optional
+op (memplan.tracing.opinfo) that plain training runs and the interpreted executor lets pass;
+measured CPU op times are aligned over it (memplan.tracing.optimes). `Trace.owners` says who holds each persistent storage
 between steps: a parameter, buffer or parameter's gradient by name, or optimizer state by
 (param group, index in the group, state key); the executor finds them with it before any op
 of a step runs.
@@ -39,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 
 from ..errors import MemplanError, model_code
-from ..model import Op, Owner, Trace
+from ..model import Op, Owner, Saved, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
 from .fake import new_fake_mode, optimizer_as_on_device, quiet_fake_warnings
@@ -137,6 +139,9 @@ class _Recorder(TorchDispatchMode):
         self.table = StorageTable()
         self.context = context
         self.ops: list[Op] = []
+        self.saved: list[list] = []  # per pack: [storage id or None, packed at, unpacked at or None]
+        context.clock = lambda: (len(self.ops), len(self.saved))
+        context.storages_of = self._storages_of
         self.alive_at_end: set[int] = set()
         self.owners: tuple[Owner, ...] = ()
         self._timer = _CudaTimer() if timed else None
@@ -146,7 +151,7 @@ class _Recorder(TorchDispatchMode):
 
     def run(self, step_fn: Callable, inputs: tuple) -> None:
         """Run the step once under the mode and the module hooks."""
-        with self.context.installed(), self, self._watching_resizes():
+        with self.context.installed(), self, self._watching_resizes(), self._saving():
             step_fn(*inputs)
         self.alive_at_end = {e.sid for e in self.table.alive()}
         self.table.sweep(len(self.ops))
@@ -169,6 +174,25 @@ class _Recorder(TorchDispatchMode):
             yield
         finally:
             torch.UntypedStorage.resize_ = original
+
+    def _storages_of(self, args, kwargs) -> tuple[int, ...]:
+        entries = (self.table.lookup(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+        return tuple(dict.fromkeys(e.sid for e in entries if e is not None))
+
+    def _saving(self):
+        """Record what autograd saves, and when backward unpacks it (the tensor itself is kept)."""
+        def pack(t):
+            entry = self.table.lookup(t)
+            self.saved.append([None if entry is None else entry.sid, len(self.ops), None])
+            return len(self.saved) - 1, t
+
+        def unpack(packed):
+            n, t = packed
+            if self.saved[n][2] is None:
+                self.saved[n][2] = len(self.ops)
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -224,7 +248,10 @@ class _Recorder(TorchDispatchMode):
         durations = self._timer.durations(n) if self._timer else self.measured
         if durations:
             ops = tuple(_with_duration(op, d) for op, d in zip(ops, durations))
-        return Trace(storages=storages, ops=ops, meta=meta, owners=self.owners)
+        saved = tuple(Saved(storage=sid, packed_at=packed, unpacked_at=unpacked)
+                      for sid, packed, unpacked in self.saved)
+        calls = tuple(sorted(self.context.calls, key=lambda c: (c.first_op, -c.end_op, c.first_saved)))
+        return Trace(storages=storages, ops=ops, meta=meta, owners=self.owners, saved=saved, calls=calls)
 
 
 def owner_records(table: StorageTable, model, optimizer) -> tuple[Owner, ...]:

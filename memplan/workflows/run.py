@@ -210,7 +210,7 @@ def _report(run: _Run, step, records: list[dict], timed: list[float], budget_byt
     settled = records[stats["final_plan_from_step"]:] or records[-1:]
     return {"model": run.name, "batch": run.batch, "planner": run.baseline or run.planner, "baseline": run.baseline,
             "device": str(run.device), "budget_bytes": budget_bytes, "trace_peak_bytes": step.trace.peak_load_bytes,
-            "simulated_peak_bytes": None if predicted is None else predicted.peak_load_bytes,
+            "trace_ops": len(step.trace.ops), "simulated_peak_bytes": None if predicted is None else predicted.peak_load_bytes,
             "measured_peak_bytes": max(r["measured_peak_bytes"] for r in records),
             "measured_peak_reserved_bytes": _largest(r.get("measured_peak_reserved_bytes") for r in records),
             "memory_cap_bytes": run.memory_cap, "within_budget": within_budget(settled, budget_bytes),

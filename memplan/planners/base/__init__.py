@@ -28,6 +28,7 @@ from ...registry import Registry
 from ...sim.simulate import simulate
 from ...units import MAX_BYTES, ByteSize, format_bytes, parse_bytes
 from .compositions import compose, compose_pool
+from .hooks_fit import fit_hooked
 from .spec import DECIDES, Param, PlannerFn, PlannerSpec
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,9 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
     params = check_params(spec, params)
     started = time.perf_counter()
     result = _run_planner(spec, trace, planning_bytes(spec, trace, cap), cost, seed, params, limited=cap is not None)
+    if cap is not None and spec.decides & {"swap", "recompute"}:
+        result = fit_hooked(lambda load: _run_planner(spec, trace, load, cost, seed, params, limited=True),
+                            trace, cap, result, cost, time.perf_counter() - started)
     elapsed = time.perf_counter() - started
     if cap is not None and result.pool_bytes is not None and result.pool_bytes > cap:
         raise pool_over_budget(cap, result.pool_bytes, planner)

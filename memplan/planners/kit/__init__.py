@@ -14,6 +14,7 @@
 | `refine` | the local search over policies |
 | `ledger` | saved-activation gaps decided one at a time and the load they leave |
 | `ops` | an op's aten name, which ops are convolutions, unconstrained op start times |
+| `blocks` | the model's blocks (the module calls torch.utils.checkpoint users wrap) |
 
 The kit imports no planner family (only `memplan.planners.base` of this package), and
 `tests/test_planning_kit.py` fails when a module outside it defines one of `RULES` (or a
@@ -36,4 +37,5 @@ RULES = {
     "Refiner": "refine", "policy_of": "refine",
     "Ledger": "ledger",
     "aten_name": "ops", "is_convolution": "ops", "CONV_OPS": "ops", "op_starts": "ops",
+    "block_calls": "blocks",
 }

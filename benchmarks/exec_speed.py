@@ -1,0 +1,175 @@
+"""Planned training at the speed of plain PyTorch (issue 34's CPU proxy): memplan's plans beside
+`torch.utils.checkpoint` at the same memory, on models whose ops are as short as a GPU's.
+
+On one host thread, each configuration trains in a fresh process: plain (memplan `none`),
+PyTorch's checkpoint around every block (`torch-checkpoint`), and memplan's planners at
+checkpoint's measured peak (the first round measures it). Rounds alternate the order of the
+configurations; a configuration's step time is the median over rounds of each run's median
+timed step. Every memplan run plans on a calibrated CPU profile from a real trace whose ops
+were timed, so its simulated step answers to the measured one. Reported per run: the step,
+its ratio to plain and to checkpoint, the measured peak, the executor's level and per-step
+counts (ops through a dispatch mode, replayed ops, regions run again), the simulated step.
+
+    python benchmarks/exec_speed.py --out benchmarks/results/exec_speed [--rounds 3] [--timed 15]
+
+Writes OUT.json and OUT.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CASES = {
+    "gpt2-tiny@1": ("hf:gpt2", 1, {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}),
+    "transformer-encoder@2": ("transformer-encoder", 2, {}),
+}
+PLAIN, CHECKPOINT = "plain", "torch-checkpoint"
+PLANNERS = ("sqrt-n", "dtr", "capuchin", "autoswap:doa", "auto")
+PLANNER_PARAMS = {"auto": {"time_limit_s": 10.0}}
+PEAK_SLACK = 0.03  # a plan runs "at checkpoint's memory" when its measured peak is within 3% of it
+METERED = 1  # metered steps (the first, which checks the budget)
+
+
+def run_one(case: str, config: str, budget: int | None, profile: str, timed: int) -> dict:
+    """One configuration in this process (the child side)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from memplan.workflows.run import run_workload
+
+    model, batch, model_config = CASES[case]
+    planner = "none" if config in (PLAIN, CHECKPOINT) else config
+    out = run_workload(model, batch, planner=planner, budget=budget if planner != "none" else None, steps=METERED,
+                       timed_steps=timed, profile=profile, config=dict(model_config),
+                       baseline=CHECKPOINT if config == CHECKPOINT else None,
+                       planner_params=PLANNER_PARAMS.get(config))
+    executor = out.get("executor") or {}
+    per_step = (executor.get("steps_measured") or [{}])[0]
+    return {"case": case, "config": config, "step_s": out["measured_step_s"],
+            "timed_step_s": out.get("timed_step_s"), "peak_bytes": out["measured_peak_bytes"],
+            "budget_bytes": budget, "simulated_step_s": out.get("simulated_step_s"),
+            "level": (out.get("predicted") or {}).get("level"), "ops": out.get("trace_ops"),
+            "ops_in_mode": per_step.get("ops_in_mode"), "replayed_ops": per_step.get("replayed_ops"),
+            "regions_recomputed": per_step.get("regions_recomputed"), "host_s": per_step.get("host_s"),
+            "diverged_steps": executor.get("diverged_steps"), "within_budget": out.get("within_budget")}
+
+
+def child(case: str, config: str, budget: int | None, profile: str, timed: int) -> dict:
+    """Run one configuration in a fresh process with one host thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, __file__, "--one", case, config, str(budget or 0), profile, str(timed)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        return {"case": case, "config": config, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def calibrate(out: Path) -> str:
+    """A calibrated CPU profile (one thread), written beside the results."""
+    path = out.with_name(out.name + "_cpu.json")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "memplan", "calibrate", "--device", "cpu", "-o", str(path)],
+                   check=True, capture_output=True, env=env)
+    return str(path)
+
+
+def bench(rounds: int, timed: int, out: Path) -> dict:
+    profile = calibrate(out)
+    runs: list[dict] = []
+    budgets: dict[str, int] = {}
+    for case in CASES:
+        first = child(case, CHECKPOINT, None, profile, timed)
+        runs.append({**first, "round": 0})
+        budgets[case] = first["peak_bytes"]
+        configs = [PLAIN, CHECKPOINT, *PLANNERS]
+        for r in range(rounds):
+            order = configs[r % len(configs):] + configs[:r % len(configs)]  # alternate who goes first
+            for config in order:
+                rec = child(case, config, budgets[case] if config in PLANNERS else None, profile, timed)
+                runs.append({**rec, "round": r + 1})
+                print(json.dumps(runs[-1]), flush=True)
+    return {"rounds": rounds, "timed_steps": timed, "profile": profile, "budgets": budgets, "runs": runs,
+            "host": os.uname().nodename, "cpus": os.cpu_count(), "load": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def summarize(result: dict) -> list[dict]:
+    """One row per (case, configuration): medians over the rounds after the first."""
+    rows = []
+    for case in CASES:
+        mine = [r for r in result["runs"] if r["case"] == case and r["round"] > 0]
+        median = {c: statistics.median([r["step_s"] for r in mine if r["config"] == c and "error" not in r] or
+                                       [float("nan")]) for c in (PLAIN, CHECKPOINT, *PLANNERS)}
+        for config in (PLAIN, CHECKPOINT, *PLANNERS):
+            recs = [r for r in mine if r["config"] == config]
+            ok = [r for r in recs if "error" not in r]
+            if not ok:
+                rows.append({"case": case, "config": config, "error": recs[0]["error"] if recs else "not run"})
+                continue
+            last = ok[-1]
+            sims = [r["simulated_step_s"] for r in ok if r.get("simulated_step_s")]
+            sim = statistics.median(sims) if sims else None
+            rows.append({"case": case, "config": config, "step_s": median[config],
+                         "x_plain": median[config] / median[PLAIN], "x_checkpoint": median[config] / median[CHECKPOINT],
+                         "peak_bytes": last["peak_bytes"], "checkpoint_peak_bytes": result["budgets"][case],
+                         "at_checkpoint_memory": abs(last["peak_bytes"] - result["budgets"][case])
+                         <= PEAK_SLACK * result["budgets"][case],
+                         "level": last.get("level"), "ops_in_mode": last.get("ops_in_mode"),
+                         "replayed_ops": last.get("replayed_ops"), "regions_recomputed": last.get("regions_recomputed"),
+                         "simulated_step_s": sim, "sim_error": None if sim is None else sim / median[config] - 1,
+                         "within_budget": last.get("within_budget"), "diverged_steps": last.get("diverged_steps")})
+    return rows
+
+
+def markdown(result: dict, rows: list[dict]) -> str:
+    lines = [f"Planned training on the CPU, one host thread (measured; {result['date']}, load "
+             f"{', '.join(f'{x:.2f}' for x in result['load'])}; median of {result['rounds']} alternating rounds, each "
+             f"run a fresh process, {result['timed_steps']} timed steps each)", "",
+             "| model | run | level | step ms | x plain | x checkpoint | peak MB | at ckpt memory | ops in mode | "
+             "replayed ops | regions | simulated ms | sim error |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['config']} | error: {r['error']} |" + " |" * 10)
+            continue
+        sim = "-" if r["simulated_step_s"] is None else f"{1e3 * r['simulated_step_s']:.2f}"
+        err = "-" if r["sim_error"] is None else f"{100 * r['sim_error']:+.1f}%"
+        lines.append(f"| {r['case']} | {r['config']} | {r['level'] or '-'} | {1e3 * r['step_s']:.2f} | "
+                     f"{r['x_plain']:.2f} | {r['x_checkpoint']:.2f} | {r['peak_bytes'] / 1e6:.3f} | "
+                     f"{'yes' if r['at_checkpoint_memory'] else 'no'} | {_n(r['ops_in_mode'])} | "
+                     f"{_n(r['replayed_ops'])} | {_n(r['regions_recomputed'])} | {sim} | {err} |")
+    return "\n".join(lines) + "\n"
+
+
+def _n(x) -> str:
+    return "-" if x is None else str(x)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--one":
+        case, config, budget, profile, timed = sys.argv[2:7]
+        print(json.dumps(run_one(case, config, int(budget) or None, profile, int(timed))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/exec_speed")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timed", type=int, default=15)
+    args = parser.parse_args()
+    out = Path(args.out)
+    result = bench(args.rounds, args.timed, out)
+    rows = summarize(result)
+    result["rows"] = rows
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result, rows))
+    print(markdown(result, rows))
+
+
+if __name__ == "__main__":
+    main()

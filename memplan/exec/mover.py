@@ -1,0 +1,194 @@
+"""Moving a step's storages off the device and back: what both executors do at an action.
+
+A Mover holds, per storage the step program moves, where it is (memplan.exec.residency), and
+runs the program's actions on it: a swap-out copies a storage into its host region and frees its
+device bytes at the release (resizing the storage to 0: every holder of it sees the change), a
+prefetch allocates it again and copies it back, a wait joins that copy, a drop frees a storage to
+be recomputed. How a storage is found and how a recomputation runs is the executor's own: op by
+op in a dispatch mode (memplan.exec.runner) or at autograd's hooks (memplan.exec.hooked).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ..model import Trace
+from ..model.program import Action, ActionKind, StepProgram
+from .engine import CopyEngine, blocked_s
+from .hostcopy import load, store, typed_bytes
+from .locate import StorageFinder
+from .replay import byte_view
+from .residency import ExecStats, MovedStorage, Residency
+from .slab import HostSlab
+
+# The method that runs each kind of action, looked up at every action (a test may replace one).
+ACTION_METHODS = {ActionKind.SWAP_OUT: "_swap_out", ActionKind.RELEASE: "_release", ActionKind.PREFETCH: "_prefetch",
+                  ActionKind.WAIT: "_wait", ActionKind.DROP: "_drop", ActionKind.RECOMPUTE: "_recompute"}
+
+
+class Mover:
+    """The storages `program` moves and the actions that move them.
+
+    Args:
+        trace: the traced iteration.
+        program: its compiled step program.
+        engine: the copy lanes.
+        slab: the host slab (one region per swap decision).
+        model, optimizer: where owned storages are found (wrap-around gaps).
+    """
+
+    def __init__(self, trace: Trace, program: StepProgram, engine: CopyEngine, slab: HostSlab,
+                 model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None):
+        self.trace = trace
+        self.program = program
+        self.engine = engine
+        self.slab = slab
+        self.entries = {d.storage: MovedStorage(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
+                                                dtype=trace.storages[d.storage].dtype) for d in program.decisions}
+        self.away: dict[int, MovedStorage] = {}  # storage address -> entry, for every storage not resident
+        self.stats = ExecStats()
+        self.finder = StorageFinder(trace, self.stats, model, optimizer)
+
+    def settle(self) -> None:
+        """Put storages where a step starts with them: on the host for gaps across the boundary."""
+        for k in self.program.start_away:
+            self._send_away(k)
+
+    def restore(self) -> None:
+        """Bring every storage the program moved back to the device."""
+        for entry in list(self.entries.values()):
+            if entry.state != Residency.RESIDENT:
+                self.stats.restored += 1
+                self._bring_back(entry)
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def _act(self, action: Action, found) -> None:
+        d = self.program.decisions[action.decision]
+        entry = self.entries[d.storage]
+        getattr(self, ACTION_METHODS[action.kind])(entry, action.decision, found)
+
+    def _swap_out(self, entry: MovedStorage, k: int, found) -> None:
+        if entry.state == Residency.LEAVING and entry.decision == k:  # its copy started beside the op
+            if self.program.decisions[k].sync:
+                self._release(entry, k)
+            return
+        storage = self.finder.found(entry, found)
+        if storage is None or entry.state != Residency.RESIDENT:
+            return
+        self._copy_out(entry, storage, k)
+
+    def _release(self, entry: MovedStorage, k: int, found=None) -> None:
+        if entry.state != Residency.LEAVING:
+            return
+        # the compute side waits for the copy, on the device on a GPU (memplan.exec.engine, rule 5)
+        self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.wait)
+        entry.storage.resize_(0)
+        entry.state = Residency.AWAY
+        self.stats.released += 1
+
+    def _prefetch(self, entry: MovedStorage, k: int, found=None) -> None:
+        if entry.state == Residency.LEAVING:  # fetched before its swap-out was released: it never left
+            self.engine.cancel(entry.d2h)
+            self._resident(entry)
+            self.stats.kept += 1
+        if entry.state != Residency.AWAY:
+            return
+        self._copy_in(entry)
+        self.stats.prefetched += 1
+
+    def _wait(self, entry: MovedStorage, k: int, found=None) -> None:
+        if entry.state == Residency.AWAY:
+            self.stats.late_prefetches += 1
+            self._copy_in(entry)
+        if entry.state == Residency.COMING:
+            self.stats.prefetch_wait_s += blocked_s(self.engine, entry.h2d, self.engine.wait)
+            self._resident(entry)
+
+    def _drop(self, entry: MovedStorage, k: int, found) -> None:
+        storage = self.finder.found(entry, found)
+        if storage is None or entry.state != Residency.RESIDENT:
+            return
+        if not self._can_rebuild(k):
+            self.stats.unresolved += 1
+            return
+        self._leave(entry, storage, k, Residency.DROPPED)
+        storage.resize_(0)
+        self.stats.dropped += 1
+
+    def _can_rebuild(self, k: int) -> bool:
+        """Whether recompute decision k's storage can be rebuilt when its time comes."""
+        raise NotImplementedError
+
+    def _recompute(self, entry: MovedStorage, k: int, found=None) -> None:
+        raise NotImplementedError
+
+    def _after_rebuild(self) -> None:
+        """A storage was rebuilt outside the program (restore, divergence): clean up after it."""
+
+    # --- moving bytes ---------------------------------------------------------------------------
+
+    def _copy_out(self, entry: MovedStorage, storage: torch.UntypedStorage, k: int, release: bool = True) -> None:
+        """Start the swap-out of `storage` into decision k's host region (a `sync` decision's
+        release follows at once unless `release` is false)."""
+        d = self.program.decisions[k]
+        region = self.slab.region(k)
+        src = byte_view(storage)
+        self._leave(entry, storage, k, Residency.LEAVING)
+        typed = typed_bytes(src, entry.dtype) if d.compress_ratio is not None else None
+
+        def job():
+            entry.host_copy = store(src, typed, region)
+
+        entry.d2h = self.engine.submit("d2h", job)
+        self.stats.swapped_out += 1
+        self.stats.swapped_out_bytes += entry.nbytes
+        self.stats.link_bytes += entry.nbytes
+        if d.sync and release:
+            self._release(entry, k)
+
+    def _copy_in(self, entry: MovedStorage) -> None:
+        """Allocate the storage again and start copying its bytes back."""
+        entry.storage.resize_(entry.real_nbytes)
+        dst = byte_view(entry.storage)
+
+        def job():
+            load(dst, entry.host_copy)
+
+        entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
+        entry.state = Residency.COMING
+        self.stats.link_bytes += entry.nbytes
+
+    def _leave(self, entry: MovedStorage, storage: torch.UntypedStorage, k: int, state: str) -> None:
+        """The storage stops being resident: from now on no op may touch it (see `_guard`)."""
+        entry.storage, entry.decision, entry.state = storage, k, state
+        self.away[storage._cdata] = entry
+
+    def _resident(self, entry: MovedStorage) -> None:
+        self.away.pop(entry.storage._cdata, None)
+        entry.state, entry.storage = Residency.RESIDENT, None
+
+    def _bring_back(self, entry: MovedStorage) -> None:
+        if entry.state == Residency.LEAVING:
+            self.engine.sync(entry.d2h)
+            self._resident(entry)
+        elif entry.state == Residency.DROPPED:
+            self._recompute(entry, entry.decision)
+            self._after_rebuild()
+        else:
+            self._wait(entry, entry.decision)
+
+    def _send_away(self, k: int) -> None:
+        """A step starts with decision k's storage on the host: send it there now if it is not."""
+        entry = self.entries[self.program.decisions[k].storage]
+        if entry.state != Residency.RESIDENT:
+            return
+        storage = self.finder.owned(entry)
+        if storage is None:
+            self.stats.unresolved += 1
+            return
+        with _disable_current_modes():  # not the step's ops (settle may run in one)
+            self._copy_out(entry, storage, k)
+            self._release(entry, k)
+        self.stats.start_sent += 1

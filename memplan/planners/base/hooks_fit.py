@@ -1,0 +1,57 @@
+"""Plans that run at autograd's hooks: a plan whose hooked form misses its budget is planned again.
+
+A planner decides at op granularity; the hooked executor acts only at saved-tensor packs and
+unpacks and recomputes whole module calls (memplan.sim.lowering), which can hold a little more
+memory than the plan assumed. Where that makes the hooked form miss the budget, the step would
+run interpreted (a dispatch mode at every op: several times the host's work). So the planner
+plans again under a load cut by the shortfall (twice as deep when the plan did not change), a
+few times while that stays cheap, and the first plan whose hooked form fits is taken; else the
+planner's own plan stands (and runs interpreted).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ...errors import InfeasibleBudgetError
+from ...model import Plan, Trace
+from ...sim.simulate import Simulator
+
+log = logging.getLogger(__name__)
+
+MAX_TRIES = 4  # plans made again at most
+TIME_FACTOR = 3.0  # ... and for at most this many times the first plan's planning time (plus a second)
+
+
+def fit_hooked(plan_at, trace: Trace, cap: int, first: Plan, cost, first_s: float) -> Plan:
+    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits `cap`.
+
+    Args:
+        plan_at: load -> the planner's plan there (raises InfeasibleBudgetError when it has none).
+        first: the plan made at `cap`, which took `first_s` seconds.
+    """
+    sim = Simulator(trace, cost)
+    result = sim.hooked(first, cap)
+    if result is None or result.feasible:
+        return first
+    load, cut, previous, started = cap, 0, first.decisions, time.perf_counter()
+    for _ in range(MAX_TRIES):
+        cut = max(result.shortfall_bytes, 2 * cut if cut else 1)
+        load -= cut
+        if load <= 0 or time.perf_counter() - started > TIME_FACTOR * first_s + 1.0:
+            break
+        try:
+            plan = plan_at(load)
+        except InfeasibleBudgetError:
+            break
+        result = sim.hooked(plan, cap)
+        if result is not None and result.feasible:
+            log.info("planned again under %d bytes: its hooked form fits %d", load, cap)
+            return plan
+        if result is None:
+            break
+        if plan.decisions == previous:
+            cut *= 2
+        previous = plan.decisions
+    return first

@@ -35,6 +35,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from ..model import Trace
 from ..model.hookpoints import hook_points
@@ -240,14 +241,20 @@ class HookedRunner(Mover):
                 fresh[sid] = t.untyped_storage()
                 if len(fresh) == len(wanted):
                     raise _RegionDone
-            return None  # nothing of the run is kept
+            # held by the run's graph until the run ends, as the simulator counts it; detached, as
+            # torch.utils.checkpoint's recompute does: a saved output would hold its own node (a
+            # cycle only the garbage collector frees, for a graph no backward releases)
+            return t.detach()
 
         buffers = [(b, b.detach().clone()) for b in held.module.buffers()] if self.restores[run.call] else []
+        # arguments cut from the step's graph (as torch.utils.checkpoint's are): a run stopped midway may
+        # leave a node behind, which must not hold the step's graph alive
+        args, kwargs = tree_map_only(torch.Tensor, _cut, (held.args, held.kwargs))
         self.rerunning = True
         try:
             with _rng_restored(held.rng), torch.enable_grad(), _autocast(held.autocast), \
                     torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
-                held.module(*held.args, **held.kwargs)
+                held.module(*args, **kwargs)
         except _RegionDone:
             pass
         finally:
@@ -319,6 +326,11 @@ def _autocast_state(device_type: str) -> tuple:
 def _autocast(state: tuple):
     device_type, enabled, dtype = state
     return torch.autocast(device_type, dtype=dtype, enabled=enabled)
+
+
+def _cut(t: torch.Tensor) -> torch.Tensor:
+    """`t` without its history, requiring grad as it did (so autograd saves what it saved)."""
+    return t.detach().requires_grad_(t.requires_grad)
 
 
 def _never_unpacked(_):

@@ -219,8 +219,8 @@ class Lowering:
     def _transient_bytes(self, first: int, stop: int, wanted: set) -> int:
         """The largest memory the run holds at once beside what it captures. What it makes lives as
         long as in the step (Python frees it at the same point of the same code), but a tensor
-        autograd saved, which nothing saves in the run: the run's frames may hold it until the run
-        stops. Module buffers it updates are copied first (the executor restores them)."""
+        autograd saves, which the run's graph holds until the run stops. Module buffers it updates
+        are copied first (the executor restores them)."""
         trace = self.trace
         delta = np.zeros(stop - first + 1, dtype=np.int64)
         buffers = 0

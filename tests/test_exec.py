@@ -45,11 +45,11 @@ def _plain(make):
     return w
 
 
-def _planned(make, *, plan=None, planner="none", budget=None, engine=None, trace=None, **params):
+def _planned(make, *, plan=None, planner="none", budget=None, engine=None, trace=None, executor="auto", **params):
     """Train STEPS steps under a plan, every one measured; returns the workload and the step's stats."""
     w = make()
     step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, planner=planner,
-                    budget=budget, trace=trace, measure=True, **params)
+                    budget=budget, trace=trace, measure=True, executor=executor, **params)
     if engine is not None:
         step.runtime.engine.close()
         step.runtime.engine = step.runtime.runner.engine = engine
@@ -128,7 +128,8 @@ def test_hand_made_plans_are_bit_identical_under_a_lagging_copy_lane(tiny_trace,
     plan = {"async": swap_all_plan(tiny_trace, lead=1), "sync+zvc": swap_all_plan(tiny_trace, compress=0.5, sync=True),
             "recompute": recompute_plan(tiny_trace)}[kind]
     slow = ThreadCopyEngine(before_job=lambda lane: time.sleep(0.005))  # the copy "stream" lags far behind
-    got, stats = _planned(tiny_workload, plan=plan, engine=slow, trace=tiny_trace)
+    # the interpreted runner: it replays every recomputation op by op (the hooked one: memplan.exec.hooked)
+    got, stats = _planned(tiny_workload, plan=plan, engine=slow, trace=tiny_trace, executor="interpreted")
     _same_state(got, tiny_reference)
     _kept_budget(stats)
     moved = stats["recomputed"] if kind == "recompute" else stats["released"] + stats["kept"]
@@ -452,7 +453,7 @@ def test_a_plain_op_touching_a_storage_away_brings_it_back_and_leaves_the_progra
     a = trace.ops[0].writes[0]  # x * w
     first, last = trace.accesses[a][1], [j for j in trace.accesses[a] if trace.ops[j].phase == "forward"][-1]
     plan = Plan(decisions=(Decision(storage=a, action="swap", out_after=first, back_before=last),))
-    run = optimize(step, x, trace=trace, plan=plan, model=model, optimizer=opt, measure=False)
+    run = optimize(step, x, trace=trace, plan=plan, model=model, optimizer=opt, measure=False, executor="interpreted")
     assert run.runtime.runner.plain[14] and trace.ops[14].reads != (a,)
     model.odd = True  # op 14, plain in the program, now reads a while it is away
     run(x)

@@ -3,8 +3,8 @@
 DESIGN.md, "Lower the plan, do not interpret it". A plan runs at one of three levels:
 
 - plain: no decision; nothing is installed in the step.
-- hooked: the decisions take tensors autograd saved (`Trace.saved`) out of memory, within one
-  step. The executor (memplan.exec.hooked) acts only at saved-tensor packs and unpacks, the
+- hooked: the decisions take tensors autograd saved (`Trace.saved`) out of memory until backward
+  needs them (then autograd alone holds them: memplan.exec.hooked, rule 1). The executor (memplan.exec.hooked) acts only at saved-tensor packs and unpacks, the
   step's points with a hook (memplan.model.hookpoints), and recomputes by running a module call
   again (a region) as ordinary PyTorch. So the plan is moved onto those points: a swap-out or
   drop after op i happens at the first hook point at or after i + 1, a prefetch at the last one
@@ -96,6 +96,8 @@ class Lowering:
         regions = {kept.index(moved[k]): run for k, run in regions.items()} if unmade else regions
         why = next((r for r in reasons if r), "") or (
             f"no module call can recompute storage {moved[min(unmade)].storage}" if unmade else "")
+        if not kept:  # nothing left to act on
+            return Lowered(level=PLAIN, decisions=(), dropped=len(decisions), reason=why)
         return Lowered(level=HOOKED, decisions=kept, regions=regions, holds=self._holds(kept, regions),
                        dropped=len(decisions) - len(kept), reason=why)
 
@@ -104,8 +106,8 @@ class Lowering:
         first = self.first_pack.get(d.storage)
         if first is None:
             return f"storage {d.storage} is not a tensor autograd saves"
-        if d.wraps:
-            return f"storage {d.storage} leaves across the step's end"
+        if d.wraps or self.trace.ops[d.back_before].phase != "backward":
+            return f"storage {d.storage} is away until op {d.back_before}, not until backward unpacks it"
         if self.trace.saved[first].packed_at > self.after(d.out_after + 1):
             return f"storage {d.storage} leaves before autograd saves it"
         return ""
@@ -170,14 +172,15 @@ class Lowering:
 
     def _candidates(self, sid: int, at: int) -> list[tuple[int, int]]:
         """(call, stop) of every call that makes `sid` and saves it before op `at` and writes nothing that
-        existed before it but module buffers (restored after a run), smallest first."""
+        existed before it but module buffers (restored after a run), smallest first; the model's own
+        call is none (it would run the whole forward again from the step's inputs)."""
         key = (sid, at)
         if key not in self._candidates_memo:
             writers = [i for i in self.trace.writers[sid] if i < at]
             pack = self.first_pack[sid]
             stop = self.trace.saved[pack].packed_at
             found = [(call.end_op - call.first_op, c) for c, call in enumerate(self.calls)
-                     if call.first_op <= writers[0] and writers[-1] < call.end_op
+                     if call.module and call.first_op <= writers[0] and writers[-1] < call.end_op
                      and call.first_saved <= pack < call.end_saved and self._rerunnable(c, stop)]
             self._candidates_memo[key] = [(c, stop) for _, c in sorted(found)]
         return self._candidates_memo[key]
@@ -206,7 +209,7 @@ class Lowering:
             call = self.calls[c]
             run = RegionRun(call=c, stop=stop, captures=captures)
             wanted = tuple(sid for _, sid in captures)
-            transient = self._transient_bytes(call.first_op, stop, set(wanted))
+            transient = self._transient_bytes(c, stop, set(wanted))
             kept = sum(int(self.trace.nbytes[s]) for s in wanted)
             ops = tuple(range(call.first_op, stop))
             chain = Chain(steps=(ChainStep(storage=wanted[0], ops=ops, temporary=False),), adopted=wanted[1:],
@@ -216,14 +219,13 @@ class Lowering:
             self._runs[key] = (run, chain)
         return self._runs[key]
 
-    def _transient_bytes(self, first: int, stop: int, wanted: set) -> int:
-        """The largest memory the run holds at once beside what it captures. What it makes lives as
-        long as in the step (Python frees it at the same point of the same code), but a tensor
-        autograd saves, which the run's graph holds until the run stops. Module buffers it updates
-        are copied first (the executor restores them)."""
-        trace = self.trace
+    def _transient_bytes(self, c: int, stop: int, wanted: set) -> int:
+        """The largest memory a run of call `c` holds at once beside what it captures. What it makes
+        lives as long as in the step (Python frees it at the same point of the same code), but a
+        tensor autograd saves, which the run's graph holds until the run stops. When the call updates
+        module buffers, the executor copies all of its module's first (to restore them after)."""
+        trace, first = self.trace, self.calls[c].first_op
         delta = np.zeros(stop - first + 1, dtype=np.int64)
-        buffers = 0
         for i in range(first, stop):
             for w in trace.ops[i].writes:
                 s = trace.storages[w]
@@ -231,9 +233,17 @@ class Lowering:
                     end = stop if w in self.first_pack else min(s.free_op, stop)
                     delta[i - first] += s.nbytes
                     delta[end - first] -= s.nbytes
-                elif w in self._buffers and s.alloc_op < first:
-                    buffers += s.nbytes
-        return int(np.cumsum(delta).max(initial=0)) + buffers
+        return int(np.cumsum(delta).max(initial=0)) + self._buffer_copies(c)
+
+    def _buffer_copies(self, c: int) -> int:
+        """Bytes of the module buffers a run of call `c` copies: all of its module's, if it updates any
+        (memplan.exec.hooked does the same)."""
+        call = self.calls[c]
+        if not any(w in self._buffers for i in range(call.first_op, call.end_op) for w in self.trace.ops[i].writes):
+            return 0
+        prefix = call.module + "."
+        return sum(self.trace.storages[o.storage].nbytes for o in self.trace.owners
+                   if o.kind == "buffer" and o.name.startswith(prefix))
 
     def chains(self, lowered: Lowered, producers: np.ndarray) -> dict[int, Chain]:
         """The chain of every recompute decision of a hooked plan: the first of a run (in producer

@@ -19,8 +19,10 @@ from ..model.program import INTERPRETED, Action, ActionKind, Prediction, Rebuild
 from .simulate import Simulator
 
 
-def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator | None = None) -> StepProgram:
-    """The step program of `plan` under its own budget.
+def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator | None = None,
+                    hooks: bool = True) -> StepProgram:
+    """The step program of `plan` under its own budget, at the level it runs (memplan.sim.lowering;
+    with `hooks` false, interpreted: the dispatch-mode runner, which needs no model).
 
     Raises:
         MemplanError: the plan is for another trace, or it does not fit its budget.
@@ -28,7 +30,7 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator |
     if plan.trace_digest is not None and plan.trace_digest != trace.digest:
         raise MemplanError(f"plan was made for trace {plan.trace_digest}, not this one ({trace.digest})")
     budget, source = budget_in_force(None, plan.budget_bytes, trace.peak_load_bytes)
-    result, rows, chains, lowered = (simulator or Simulator(trace, cost)).program_rows(plan, budget)
+    result, rows, chains, lowered = (simulator or Simulator(trace, cost, hooks=hooks)).program_rows(plan, budget)
     decisions = lowered.decisions
     if not result.feasible:
         raise MemplanError(f"the plan does not fit its budget of {budget} bytes: op {result.infeasible_op} is "

@@ -176,7 +176,7 @@ class Simulator:
         budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
         lowered = self.lower(plan.decisions if plan else ())
         out = self._run_lowered(lowered, budget, timeline, emit)
-        if lowered.level == HOOKED:  # interpreted where its hooked form does not fit (or, with no cap, peaks higher)
+        if lowered.level == HOOKED or lowered.dropped:  # interpreted where its hooked form does not fit (or, with no cap, peaks higher)
             interpreted = Lowered(level=INTERPRETED, decisions=tuple(plan.decisions),
                                   reason=f"its hooked form does not fit ({lowered.reason or 'later hook points'})")
             if not out[2][K.I_FEASIBLE]:
@@ -191,7 +191,7 @@ class Simulator:
     def hooked(self, plan: Plan, budget_bytes: int | None) -> SimResult | None:
         """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
         lowered = self.lower(plan.decisions)
-        if lowered.level != HOOKED or plan.microbatches:
+        if lowered.level == INTERPRETED or plan.microbatches or not plan.decisions:
             return None
         budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
         arrays, floats, ints, recorded, _, _ = self._run_lowered(lowered, budget, False, False)

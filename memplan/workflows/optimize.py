@@ -39,6 +39,7 @@ import torch
 from ..budget import UNLIMITED, Budget, parse_budget
 from ..cost.device_memory import cublas_handles, cublas_workspace_bytes, device_view
 from ..cost.model import Cost
+from ..errors import MemplanError
 from ..exec.runtime import PlanRuntime
 from ..model import Plan, Trace, check_plan, read_plan
 from ..model.program import StepProgram
@@ -49,6 +50,8 @@ from .step_trace import (device_of, find_in_step, input_signature, is_fake, load
                          prime_optimizer_state, trace_step)
 
 log = logging.getLogger(__name__)
+
+EXECUTORS = ("auto", "interpreted")  # optimize(executor=...): hooked where a plan can be, or always interpreted
 
 __all__ = ["OptimizedStep", "optimize", "prime_optimizer_state", "trace_step", "model_of", "input_signature"]
 
@@ -66,7 +69,7 @@ class OptimizedStep:
 
     def __init__(self, step_fn: Callable, trace: Trace, plan: Plan, runtime: PlanRuntime, signature: tuple,
                  model: torch.nn.Module | None = None, *, keeper: BudgetKeeper | None = None,
-                 cost: Cost | None = None, measure: bool = True):
+                 cost: Cost | None = None, measure: bool = True, hooks: bool = True):
         self.step_fn = step_fn
         self.model = model
         self.trace = trace
@@ -77,6 +80,7 @@ class OptimizedStep:
         self.keeper = keeper
         self._cost = cost
         self._measure = measure
+        self._hooks = hooks  # new plans compile for the hooked executor where they can
         self._earlier_steps: list[dict] = []  # step records of runtimes replaced by a new plan
         self.on_settled: Callable[[], None] | None = None  # called once a measured step keeps the budget
         self._ctx = None
@@ -123,7 +127,7 @@ class OptimizedStep:
 
     def _run_plan(self, plan: Plan) -> None:
         """From the next step on, run `plan` (the current runtime brings everything back first)."""
-        program = compile_program(self.trace, plan, self._cost)
+        program = compile_program(self.trace, plan, self._cost, hooks=self._hooks)
         runtime = PlanRuntime(self.trace, program, self.model, device=self.runtime.device,
                               optimizer=self.runtime.optimizer, measure=True if self._measure is True else "first")
         self._earlier_steps += self.runtime.steps
@@ -170,7 +174,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
-             **planner_params) -> OptimizedStep:
+             executor: str = "auto", **planner_params) -> OptimizedStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -195,14 +199,19 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
         time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
         fake: trace fake copies of the model, its state and inputs, allocating nothing (None: on
             a GPU, where the unplanned step may not fit).
+        executor: "auto": the plan runs at autograd's hooks where it can (memplan.exec.hooked), else
+            interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.
     Raises:
         MemplanError: a plan that was made for another trace, an unknown planner, ...
     """
+    if executor not in EXECUTORS:
+        raise MemplanError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     model = model_of(step_fn, model)
     optimizer = optimizer if optimizer is not None else find_in_step(step_fn, torch.optim.Optimizer, "optimizer")
+    hooks = executor == "auto" and model is not None  # a region run needs the module
     run_on = device_of(example_inputs, model)
     if optimizer is not None and not is_fake(example_inputs, model):
         prime_optimizer_state(optimizer)
@@ -219,12 +228,12 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
         cost = Cost.for_trace(trace, device)
         plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
         check_plan(trace, plan)
-    runtime = PlanRuntime(trace, compile_program(trace, plan, cost), model, device=run_on, optimizer=optimizer,
-                          measure=measure)
+    runtime = PlanRuntime(trace, compile_program(trace, plan, cost, hooks=hooks), model, device=run_on,
+                          optimizer=optimizer, measure=measure)
     if not is_fake(example_inputs, model):
         runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model, keeper=keeper,
-                         cost=cost, measure=measure)
+                         cost=cost, measure=measure, hooks=hooks)
 
 
 def _planned(trace: Trace, budget: Budget, keep: bool, **how) -> tuple[Plan, BudgetKeeper | None]:

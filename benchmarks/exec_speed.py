@@ -2,8 +2,9 @@
 `torch.utils.checkpoint` at the same memory, on models whose ops are as short as a GPU's.
 
 On one host thread, each configuration trains in a fresh process: plain (memplan `none`),
-PyTorch's checkpoint around every block (`torch-checkpoint`), and memplan's planners at
-checkpoint's measured peak (the first round measures it). Rounds alternate the order of the
+PyTorch's checkpoint around every block (`torch-checkpoint`), memplan's planners at
+checkpoint's measured peak (the first round measures it), and capuchin and autoswap:doa, which
+reach no less on these models, at 90% of the plain peak. Rounds alternate the order of the
 configurations; a configuration's step time is the median over rounds of each run's median
 timed step. Every memplan run plans on a calibrated CPU profile from a real trace whose ops
 were timed, so its simulated step answers to the measured one. Reported per run: the step,
@@ -31,13 +32,16 @@ CASES = {
     "transformer-encoder@2": ("transformer-encoder", 2, {}),
 }
 PLAIN, CHECKPOINT = "plain", "torch-checkpoint"
-PLANNERS = ("sqrt-n", "dtr", "capuchin", "autoswap:doa", "auto")
-PLANNER_PARAMS = {"auto": {"time_limit_s": 10.0}}
+AT_CHECKPOINT = ("sqrt-n", "dtr", "save-on-cpu", "auto")  # planned at checkpoint's measured peak
+LOOSER = ("capuchin", "autoswap:doa")  # they reach no less on these models: planned at LOOSER_BUDGET
+LOOSER_BUDGET = "90%"
+PLANNERS = AT_CHECKPOINT + LOOSER
+PLANNER_PARAMS = {"auto": {"time_limit_s": 10.0}, "autoswap:doa": {"min_bytes": 0}}
 PEAK_SLACK = 0.03  # a plan runs "at checkpoint's memory" when its measured peak is within 3% of it
 METERED = 1  # metered steps (the first, which checks the budget)
 
 
-def run_one(case: str, config: str, budget: int | None, profile: str, timed: int) -> dict:
+def run_one(case: str, config: str, budget, profile: str, timed: int) -> dict:
     """One configuration in this process (the child side)."""
     import torch
 
@@ -92,7 +96,8 @@ def bench(rounds: int, timed: int, out: Path) -> dict:
         for r in range(rounds):
             order = configs[r % len(configs):] + configs[:r % len(configs)]  # alternate who goes first
             for config in order:
-                rec = child(case, config, budgets[case] if config in PLANNERS else None, profile, timed)
+                budget = budgets[case] if config in AT_CHECKPOINT else LOOSER_BUDGET if config in LOOSER else None
+                rec = child(case, config, budget, profile, timed)
                 runs.append({**rec, "round": r + 1})
                 print(json.dumps(runs[-1]), flush=True)
     return {"rounds": rounds, "timed_steps": timed, "profile": profile, "budgets": budgets, "runs": runs,
@@ -116,12 +121,12 @@ def summarize(result: dict) -> list[dict]:
             last = ok[-1]
             sims = [r["simulated_step_s"] for r in ok if r.get("simulated_step_s")]
             sim = statistics.median(sims) if sims else None
-            rows.append({"case": case, "config": config, "step_s": median[config],
+            rows.append({"case": case, "config": config, "budget": last["budget_bytes"], "step_s": median[config],
                          "x_plain": median[config] / median[PLAIN], "x_checkpoint": median[config] / median[CHECKPOINT],
                          "peak_bytes": last["peak_bytes"], "checkpoint_peak_bytes": result["budgets"][case],
                          "at_checkpoint_memory": abs(last["peak_bytes"] - result["budgets"][case])
                          <= PEAK_SLACK * result["budgets"][case],
-                         "level": last.get("level"), "ops_in_mode": last.get("ops_in_mode"),
+                         "level": last.get("level"), "ops": last.get("ops"), "ops_in_mode": last.get("ops_in_mode"),
                          "replayed_ops": last.get("replayed_ops"), "regions_recomputed": last.get("regions_recomputed"),
                          "simulated_step_s": sim, "sim_error": None if sim is None else sim / median[config] - 1,
                          "within_budget": last.get("within_budget"), "diverged_steps": last.get("diverged_steps")})
@@ -132,18 +137,19 @@ def markdown(result: dict, rows: list[dict]) -> str:
     lines = [f"Planned training on the CPU, one host thread (measured; {result['date']}, load "
              f"{', '.join(f'{x:.2f}' for x in result['load'])}; median of {result['rounds']} alternating rounds, each "
              f"run a fresh process, {result['timed_steps']} timed steps each)", "",
-             "| model | run | level | step ms | x plain | x checkpoint | peak MB | at ckpt memory | ops in mode | "
-             "replayed ops | regions | simulated ms | sim error |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| model | run | budget | level | step ms | x plain | x checkpoint | peak MB | at ckpt memory | ops | "
+             "ops in mode | replayed ops | regions | simulated ms | sim error |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | {r['config']} | error: {r['error']} |" + " |" * 10)
+            lines.append(f"| {r['case']} | {r['config']} | error: {r['error']} |" + " |" * 12)
             continue
         sim = "-" if r["simulated_step_s"] is None else f"{1e3 * r['simulated_step_s']:.2f}"
         err = "-" if r["sim_error"] is None else f"{100 * r['sim_error']:+.1f}%"
-        lines.append(f"| {r['case']} | {r['config']} | {r['level'] or '-'} | {1e3 * r['step_s']:.2f} | "
+        budget = r["budget"] if isinstance(r["budget"], str) or r["budget"] is None else f"{r['budget'] / 1e6:.3f} MB"
+        lines.append(f"| {r['case']} | {r['config']} | {budget or '-'} | {r['level'] or '-'} | {1e3 * r['step_s']:.2f} | "
                      f"{r['x_plain']:.2f} | {r['x_checkpoint']:.2f} | {r['peak_bytes'] / 1e6:.3f} | "
-                     f"{'yes' if r['at_checkpoint_memory'] else 'no'} | {_n(r['ops_in_mode'])} | "
+                     f"{'yes' if r['at_checkpoint_memory'] else 'no'} | {_n(r['ops'])} | {_n(r['ops_in_mode'])} | "
                      f"{_n(r['replayed_ops'])} | {_n(r['regions_recomputed'])} | {sim} | {err} |")
     return "\n".join(lines) + "\n"
 
@@ -155,7 +161,8 @@ def _n(x) -> str:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
         case, config, budget, profile, timed = sys.argv[2:7]
-        print(json.dumps(run_one(case, config, int(budget) or None, profile, int(timed))))
+        budget = None if budget == "0" else budget if budget.endswith("%") else int(budget)
+        print(json.dumps(run_one(case, config, budget, profile, int(timed))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/exec_speed")

@@ -25,7 +25,8 @@ RUN_KEYS = ("budget_bytes", "memory_cap_bytes", "trace_peak_bytes", "simulated_p
             "measured_peak_reserved_bytes", "within_budget", "margin_bytes", "replanned", "final_plan_from_step",
             "measured_step_s", "simulated_step_s", "max_param_diff", "max_buffer_diff", "op_times", "trace_source")
 EXEC_KEYS = ("diverged_steps", "skipped_ops", "inserted_ops", "unresolved", "swapped_out", "recomputed",
-             "replayed_ops", "prefetch_wait_s", "release_wait_s")
+             "replayed_ops", "prefetch_wait_s", "release_wait_s", "level", "ops_in_mode", "regions_recomputed",
+             "late_unpacks", "host_s", "steps_measured")
 
 
 def parse(description: str, default_deadline_s: float) -> argparse.Namespace:

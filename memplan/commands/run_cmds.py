@@ -74,6 +74,9 @@ def add_run(sub):
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
                         "peak exceeds the budget by more than 2%%")
     p.add_argument("--baseline", default=None, help="torch-checkpoint | sac-compute | save-on-cpu | compile-budget | compile-budget:F (F in (0, 1])")
+    p.add_argument("--executor", choices=("auto", "interpreted"), default="auto",
+                   help="auto: at autograd's hooks where the plan can run there, else interpreted (a dispatch "
+                        "mode at every op); interpreted: always the dispatch mode")
     p.add_argument("--allocator", choices=AllocatorMode.names(), default=AllocatorMode.AUTO.value,
                    help="CUDA allocator: PyTorch's caching one, with expandable segments, or pool: the plan's "
                         "SmartPool layout (X+smartpool planners); auto (default): pool for such a plan on cuda")
@@ -111,7 +114,8 @@ def run(args) -> int:
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
                            seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock,
-                           config=config, memory_cap=args.memory_cap, fake=args.fake, allocator=args.allocator)
+                           config=config, memory_cap=args.memory_cap, fake=args.fake, allocator=args.allocator,
+                           executor=args.executor)
     if args.json:
         emit_json(out)
     else:

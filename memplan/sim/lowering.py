@@ -80,15 +80,14 @@ class Lowering:
 
     # --- plans -------------------------------------------------------------------------------
 
-    def lower(self, decisions, microbatches=()) -> Lowered:
+    def lower(self, decisions) -> Lowered:
         """The hooked form of `decisions` (interpreted where it cannot be hooked at all)."""
-        if not decisions and not microbatches:
+        if not decisions:
             return Lowered(level=PLAIN, decisions=())
         decisions = tuple(decisions)
-        if microbatches or not self.trace.saved:
-            why = "micro-batched convolutions run op by op" if microbatches else \
-                "the trace has no saved-tensor records (traced before memplan recorded them)"
-            return Lowered(level=INTERPRETED, decisions=decisions, reason=why)
+        if not self.trace.saved:
+            return Lowered(level=INTERPRETED, decisions=decisions,
+                           reason="the trace has no saved-tensor records (traced before memplan recorded them)")
         reasons = [self._unhookable(d) for d in decisions]
         moved = tuple(m for m, why in zip(map(self._moved, decisions), reasons) if m is not None and not why)
         regions, unmade = self._regions(moved)

@@ -74,6 +74,7 @@ NO_CAP_BYTES = np.iinfo(np.int64).max // 4  # the cap the kernel runs under with
 DEFAULT_DEVICE = "h100"  # the profile of a simulation given none, of a plan that records none
 NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
 RECENT_CHAINS = 4096  # plans' recompute chains kept by their recompute decisions
+MICRO_BATCHES = "micro-batched convolutions run op by op"  # why such a plan is interpreted
 
 
 def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile | None = None,
@@ -171,8 +172,11 @@ class Simulator:
 
     def _simulate(self, plan, budget_bytes, timeline: bool, emit: bool):
         microbatches = plan.microbatches if plan else ()
-        if microbatches:
-            return self._view_of(microbatches)._simulate(replace(plan, microbatches=()), budget_bytes, timeline, emit)
+        if microbatches:  # run op by op: the interpreted runner splits them (memplan.exec.microconv)
+            result, rows, chains, lowered = self._view_of(microbatches)._simulate(
+                replace(plan, microbatches=()), budget_bytes, timeline, emit)
+            lowered = replace(lowered, level=INTERPRETED, reason=MICRO_BATCHES)
+            return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, chains, lowered
         budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
         lowered = self.lower(plan.decisions if plan else ())
         out = self._run_lowered(lowered, budget, timeline, emit)
@@ -201,7 +205,7 @@ class Simulator:
         """`decisions` at the level they would run (memplan.sim.lowering; before the budget's say)."""
         if self.lowering is None:
             return Lowered(level=PLAIN if not decisions else INTERPRETED, decisions=tuple(decisions),
-                           reason="" if not decisions else "op by op (a view of micro-batched convolutions)")
+                           reason="" if not decisions else "the trace has no ops to hook")
         return self.lowering.lower(decisions)
 
     def _run_lowered(self, lowered: Lowered, budget: int, timeline: bool, emit: bool):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -47,7 +47,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
                  device: str = "cpu", profile: str = "h100", check: bool = False, seed: int = 0,
                  config: dict | None = None, baseline: str | None = None, trace=None, timed_steps: int = 0,
                  planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
-                 fake: bool | None = None, allocator: str = "auto") -> dict:
+                 fake: bool | None = None, allocator: str = "auto", executor: str = "auto") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -73,6 +73,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
         allocator: the CUDA allocator: "caching", "expandable" (segments), "pool" (the plan's
             layout; the process's first CUDA work), or "auto": the pool for a plan with a layout,
             else expandable segments (unless PYTORCH_CUDA_ALLOC_CONF sets the allocator).
+        executor: "auto" (at autograd's hooks where the plan can run there) or "interpreted" (the
+            dispatch-mode runner; always so under the pool allocator, which needs its op clock).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
@@ -88,8 +90,10 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
     """
     run = _Run(name=name, batch=batch, planner=planner, device=device, profile=profile, seed=seed,
                config=config or {}, baseline=baseline, clock=clock, memory_cap=memory_cap,
-               budget=_run_budget(budget, planner, baseline, memory_cap))
+               budget=_run_budget(budget, planner, baseline, memory_cap), executor=executor)
     mode = _prepare(run, allocator)
+    if mode == AllocatorMode.POOL:
+        run = replace(run, executor="interpreted")  # the pool matches requests by the op clock only it publishes
     w = get_workload(name, batch, device=device, seed=seed, **run.config)
     step = _planned_step(run, w, trace, fake, planner_params or {})
     pool = _serve_allocator(run, step, mode)
@@ -120,6 +124,7 @@ class _Run:
     baseline: str | None  # a PyTorch tool run instead of a plan
     clock: str  # what timed steps measure
     memory_cap: int | None  # the emulated device's bytes
+    executor: str = "auto"  # memplan.workflows.optimize.EXECUTORS
 
 
 def _run_budget(budget, planner: str, baseline: str | None, memory_cap: int | None) -> Budget:
@@ -159,7 +164,7 @@ def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):
                         planner="none" if run.baseline else run.planner, device=run.profile, model=w.model,
                         optimizer=w.optimizer, seed=run.seed, measure="first", trace=trace,
                         time_repeats=OP_TIME_REPEATS if cpu_profile else 0, time_clock=run.clock, fake=fake,
-                        **planner_params)
+                        executor=run.executor, **planner_params)
 
 
 def _serve_allocator(run: _Run, step, mode: AllocatorMode):

@@ -1,0 +1,143 @@
+"""Plans lowered onto the hooked executor's points and regions (memplan.sim.lowering), and the host's work
+the simulator prices at each level. Oracles: the validator, the trace's own records read here afresh, and
+sums worked out by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import memplan
+from memplan.cost.model import Cost
+from memplan.cost.profiles import get_profile
+from memplan.model import Plan
+from memplan.model.hookpoints import hook_points
+from memplan.planners.kit.blocks import block_calls
+from memplan.sim.program import compile_program
+from memplan.sim.simulate import Simulator
+from memplan.sim.validate import OVER_BUDGET, validate
+
+GPT2 = {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}
+HOST = {"host_op_s": 0.0, "hook_s": 0.0, "mode_op_s": 0.0, "replay_op_s": 0.0, "action_s": 0.0}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return memplan.trace_workload("hf:gpt2", 1, fake=True, **GPT2)
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return memplan.trace_workload("resnet18-cifar", 4, fake=True)
+
+
+def _lowered(trace, planner, budget="90%", **params):
+    plan = memplan.plan(trace, budget, planner=planner, **params)
+    return plan, Simulator(trace, Cost.for_trace(trace)).lower(plan.decisions)
+
+
+def test_the_tracer_records_every_pack_and_the_blocks(gpt2):
+    assert gpt2.saved and all(s.storage is not None and s.unpacked_at is not None for s in gpt2.saved)
+    assert all(s.packed_at <= s.unpacked_at for s in gpt2.saved)
+    assert [c.module for c in block_calls(gpt2)] == [f"transformer.h.{i}" for i in range(GPT2["n_layer"])]
+    for call in gpt2.calls:  # a call's packs were made while it ran
+        assert all(call.first_op <= gpt2.saved[k].packed_at <= call.end_op for k in range(call.first_saved, call.end_saved))
+
+
+@pytest.mark.parametrize("planner", ["sqrt-n", "dtr", "save-on-cpu"])
+def test_a_hooked_plan_acts_only_at_hook_points_and_stays_valid(gpt2, planner):
+    plan, lowered = _lowered(gpt2, planner, "85%")
+    assert lowered.level == "hooked"
+    assert [v for v in validate(gpt2, Plan(decisions=lowered.decisions)) if v.kind != OVER_BUDGET] == []
+    points = set(hook_points(gpt2.saved, len(gpt2.ops)))
+    program = compile_program(gpt2, plan, Cost.for_trace(gpt2))
+    assert program.level == "hooked"
+    for a in program.actions:
+        if a.kind.value in ("swap_out", "drop", "prefetch", "recompute"):
+            assert (a.op + 1 if a.after else a.op) in points, a
+    for d in lowered.decisions:  # every storage leaves after its first pack, and comes back in backward
+        first = min(s.packed_at for s in gpt2.saved if s.storage == d.storage)
+        assert first <= d.out_after + 1 and gpt2.ops[d.back_before].phase == "backward"
+
+
+def test_a_region_run_makes_what_it_captures_from_what_is_there(gpt2):
+    plan, lowered = _lowered(gpt2, "dtr", "85%")
+    away = [(d.storage, d.out_after, d.back_before) for d in lowered.decisions]
+    for k, run in lowered.regions.items():
+        call, at = gpt2.calls[run.call], lowered.decisions[k].back_before
+        assert call.module  # never the model's own call
+        for index, sid in run.captures:
+            assert call.first_saved <= index < call.end_saved and gpt2.saved[index].storage == sid
+            assert call.first_op <= gpt2.producer(sid) < run.stop <= call.end_op
+        for i in range(call.first_op, run.stop):
+            for r in gpt2.ops[i].reads:
+                s = gpt2.storages[r]
+                if s.alloc_op < call.first_op:  # an input: alive then, or held as an argument; never away
+                    assert s.alloc_op <= at < s.free_op or r in call.args
+                    assert not any(sid == r and lo < at < hi for sid, lo, hi in away)
+
+
+def test_sqrt_n_runs_each_block_once_as_torch_checkpoint_does(gpt2):
+    _, lowered = _lowered(gpt2, "sqrt-n", None)
+    runs = {(run.call, lowered.decisions[k].back_before) for k, run in lowered.regions.items()}
+    assert sorted(gpt2.calls[c].module for c, _ in runs) == [c.module for c in block_calls(gpt2)]
+
+
+def test_what_cannot_be_hooked_runs_interpreted(gpt2, resnet):
+    sim = Simulator(gpt2, Cost.for_trace(gpt2))
+    assert sim.lower(()).level == "plain"
+    unrecorded = dataclasses.replace(gpt2, saved=(), calls=())
+    plan = memplan.plan(gpt2, "85%", planner="dtr")
+    assert Simulator(unrecorded, Cost.for_trace(unrecorded)).lower(plan.decisions).level == "interpreted"
+    micro = memplan.plan(resnet, None, planner="ucudnn:wr")
+    assert micro.microbatches and memplan.simulate(resnet, micro).level == "interpreted"
+
+
+def test_the_cpu_host_adds_its_work_and_a_gpu_host_runs_ahead(gpt2):
+    durations = Cost.for_trace(gpt2, "h100").durations
+    n = len(gpt2.ops)
+    cpu = dataclasses.replace(get_profile("h100"), kind="cpu", **{**HOST, "host_op_s": 1e-5})
+    assert Simulator(gpt2, Cost(profile=cpu, durations=durations)).baseline_time_s == \
+        pytest.approx(durations.sum() + n * 1e-5)
+    gpu = dataclasses.replace(get_profile("h100"), **{**HOST, "host_op_s": 1e-5})
+    busy = np.full(n, 1e-3)  # the device always slower: only the first op waits for the host
+    assert Simulator(gpt2, Cost(profile=gpu, durations=busy)).baseline_time_s == pytest.approx(busy.sum() + 1e-5)
+    idle = np.zeros(n)  # the device always faster: the host's pace
+    assert Simulator(gpt2, Cost(profile=gpu, durations=idle)).baseline_time_s == pytest.approx(n * 1e-5)
+
+
+def test_each_level_pays_its_host_work(gpt2):
+    plan = memplan.plan(gpt2, "85%", planner="save-on-cpu")
+    cpu = dataclasses.replace(get_profile("h100"), kind="cpu", copy_latency_s=0.0, d2h_bytes_per_s=1e30,
+                              h2d_bytes_per_s=1e30, **{**HOST, "hook_s": 1e-6})  # copies that take no time
+    cost = Cost(profile=cpu, durations=np.zeros(len(gpt2.ops)))
+    hooked = Simulator(gpt2, cost).hooked(plan, None)
+    events = len(gpt2.saved) + sum(s.unpacked_at is not None for s in gpt2.saved)
+    assert hooked.breakdown["host_s"] == pytest.approx(events * 1e-6)
+    moded = dataclasses.replace(cpu, mode_op_s=2e-6)
+    interpreted = Simulator(gpt2, Cost(profile=moded, durations=np.zeros(len(gpt2.ops))), hooks=False).run(plan, None)
+    assert interpreted.level == "interpreted"
+    assert interpreted.breakdown["host_s"] == pytest.approx(events * 1e-6 + len(gpt2.ops) * 2e-6)
+
+
+def test_op_times_measured_on_the_cpu_hold_the_host_already(gpt2):
+    timed = dataclasses.replace(gpt2, meta={**gpt2.meta, "time_repeats": 3},
+                                ops=tuple(dataclasses.replace(op, duration_s=1e-6) for op in gpt2.ops))
+    assert Cost.for_trace(timed, "h100").host_op_s == 0.0 and Cost.for_trace(gpt2, "h100").host_op_s > 0
+
+
+def test_a_trace_keeps_its_hook_records_on_disk_and_older_files_read(gpt2, tmp_path):
+    memplan.write_trace(gpt2, tmp_path / "t.jsonl")
+    again = memplan.read_trace(tmp_path / "t.jsonl")
+    assert again.saved == gpt2.saved and again.calls == gpt2.calls and again.digest == gpt2.digest
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    header = lines[0].replace('"version": 3', '"version": 2')
+    old = [header] + [line for line in lines[1:] if '"type": "saved"' not in line and '"type": "call"' not in line]
+    (tmp_path / "old.jsonl").write_text("\n".join(old).replace(f'"saved": {len(gpt2.saved)}', '"saved": 0')
+                                        .replace(f'"calls": {len(gpt2.calls)}', '"calls": 0') + "\n")
+    older = memplan.read_trace(tmp_path / "old.jsonl")
+    assert older.saved == () and older.ops == gpt2.ops
+    assert Simulator(older, Cost.for_trace(older)).lower(memplan.plan(gpt2, "85%", planner="dtr").decisions).level \
+        == "interpreted"

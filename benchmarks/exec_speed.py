@@ -11,7 +11,7 @@ were timed, so its simulated step answers to the measured one. Reported per run:
 its ratio to plain and to checkpoint, the measured peak, the executor's level and per-step
 counts (ops through a dispatch mode, replayed ops, regions run again), the simulated step.
 
-    python benchmarks/exec_speed.py --out benchmarks/results/exec_speed [--rounds 3] [--timed 15]
+    python benchmarks/exec_speed.py --out benchmarks/results/exec_speed [--rounds 3] [--timed 15] [--clock cpu]
 
 Writes OUT.json and OUT.md.
 """
@@ -41,7 +41,7 @@ PEAK_SLACK = 0.03  # a plan runs "at checkpoint's memory" when its measured peak
 METERED = 1  # metered steps (the first, which checks the budget)
 
 
-def run_one(case: str, config: str, budget, profile: str, timed: int) -> dict:
+def run_one(case: str, config: str, budget, profile: str, timed: int, clock: str) -> dict:
     """One configuration in this process (the child side)."""
     import torch
 
@@ -53,7 +53,7 @@ def run_one(case: str, config: str, budget, profile: str, timed: int) -> dict:
     out = run_workload(model, batch, planner=planner, budget=budget if planner != "none" else None, steps=METERED,
                        timed_steps=timed, profile=profile, config=dict(model_config),
                        baseline=CHECKPOINT if config == CHECKPOINT else None,
-                       planner_params=PLANNER_PARAMS.get(config))
+                       planner_params=PLANNER_PARAMS.get(config), clock=clock)
     executor = out.get("executor") or {}
     per_step = (executor.get("steps_measured") or [{}])[0]
     return {"case": case, "config": config, "step_s": out["measured_step_s"],
@@ -65,10 +65,10 @@ def run_one(case: str, config: str, budget, profile: str, timed: int) -> dict:
             "diverged_steps": executor.get("diverged_steps"), "within_budget": out.get("within_budget")}
 
 
-def child(case: str, config: str, budget: int | None, profile: str, timed: int) -> dict:
+def child(case: str, config: str, budget, profile: str, timed: int, clock: str) -> dict:
     """Run one configuration in a fresh process with one host thread."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--one", case, config, str(budget or 0), profile, str(timed)]
+    cmd = [sys.executable, __file__, "--one", case, config, str(budget or 0), profile, str(timed), clock]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         return {"case": case, "config": config, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
@@ -84,12 +84,12 @@ def calibrate(out: Path) -> str:
     return str(path)
 
 
-def bench(rounds: int, timed: int, out: Path) -> dict:
+def bench(rounds: int, timed: int, out: Path, clock: str) -> dict:
     profile = calibrate(out)
     runs: list[dict] = []
     budgets: dict[str, int] = {}
     for case in CASES:
-        first = child(case, CHECKPOINT, None, profile, timed)
+        first = child(case, CHECKPOINT, None, profile, timed, clock)
         runs.append({**first, "round": 0})
         budgets[case] = first["peak_bytes"]
         configs = [PLAIN, CHECKPOINT, *PLANNERS]
@@ -97,10 +97,10 @@ def bench(rounds: int, timed: int, out: Path) -> dict:
             order = configs[r % len(configs):] + configs[:r % len(configs)]  # alternate who goes first
             for config in order:
                 budget = budgets[case] if config in AT_CHECKPOINT else LOOSER_BUDGET if config in LOOSER else None
-                rec = child(case, config, budget, profile, timed)
+                rec = child(case, config, budget, profile, timed, clock)
                 runs.append({**rec, "round": r + 1})
                 print(json.dumps(runs[-1]), flush=True)
-    return {"rounds": rounds, "timed_steps": timed, "profile": profile, "budgets": budgets, "runs": runs,
+    return {"rounds": rounds, "timed_steps": timed, "clock": clock, "profile": profile, "budgets": budgets, "runs": runs,
             "host": os.uname().nodename, "cpus": os.cpu_count(), "load": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M")}
 
@@ -134,7 +134,7 @@ def summarize(result: dict) -> list[dict]:
 
 
 def markdown(result: dict, rows: list[dict]) -> str:
-    lines = [f"Planned training on the CPU, one host thread (measured; {result['date']}, load "
+    lines = [f"Planned training on the CPU, one host thread (measured, {result['clock']} clock; {result['date']}, load "
              f"{', '.join(f'{x:.2f}' for x in result['load'])}; median of {result['rounds']} alternating rounds, each "
              f"run a fresh process, {result['timed_steps']} timed steps each)", "",
              "| model | run | budget | level | step ms | x plain | x checkpoint | peak MB | at ckpt memory | ops | "
@@ -160,17 +160,20 @@ def _n(x) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
-        case, config, budget, profile, timed = sys.argv[2:7]
+        case, config, budget, profile, timed, clock = sys.argv[2:8]
         budget = None if budget == "0" else budget if budget.endswith("%") else int(budget)
-        print(json.dumps(run_one(case, config, budget, profile, int(timed))))
+        print(json.dumps(run_one(case, config, budget, profile, int(timed), clock)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/exec_speed")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timed", type=int, default=15)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="what steps and op times measure: the thread's CPU time (default: a shared host's "
+                             "other work does not inflate it; one thread, copies inline) or wall time")
     args = parser.parse_args()
     out = Path(args.out)
-    result = bench(args.rounds, args.timed, out)
+    result = bench(args.rounds, args.timed, out, args.clock)
     rows = summarize(result)
     result["rows"] = rows
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")

@@ -99,27 +99,33 @@ def test_the_cpu_host_adds_its_work_and_a_gpu_host_runs_ahead(gpt2):
     durations = Cost.for_trace(gpt2, "h100").durations
     n = len(gpt2.ops)
     cpu = dataclasses.replace(get_profile("h100"), kind="cpu", **{**HOST, "host_op_s": 1e-5})
-    assert Simulator(gpt2, Cost(profile=cpu, durations=durations)).baseline_time_s == \
+    assert Simulator(gpt2, Cost(profile=cpu, durations=durations, priced_host=True)).baseline_time_s == \
         pytest.approx(durations.sum() + n * 1e-5)
     gpu = dataclasses.replace(get_profile("h100"), **{**HOST, "host_op_s": 1e-5})
     busy = np.full(n, 1e-3)  # the device always slower: only the first op waits for the host
-    assert Simulator(gpt2, Cost(profile=gpu, durations=busy)).baseline_time_s == pytest.approx(busy.sum() + 1e-5)
+    assert Simulator(gpt2, Cost(profile=gpu, durations=busy, priced_host=True)).baseline_time_s == pytest.approx(busy.sum() + 1e-5)
     idle = np.zeros(n)  # the device always faster: the host's pace
-    assert Simulator(gpt2, Cost(profile=gpu, durations=idle)).baseline_time_s == pytest.approx(n * 1e-5)
+    assert Simulator(gpt2, Cost(profile=gpu, durations=idle, priced_host=True)).baseline_time_s == pytest.approx(n * 1e-5)
 
 
 def test_each_level_pays_its_host_work(gpt2):
     plan = memplan.plan(gpt2, "85%", planner="save-on-cpu")
     cpu = dataclasses.replace(get_profile("h100"), kind="cpu", copy_latency_s=0.0, d2h_bytes_per_s=1e30,
                               h2d_bytes_per_s=1e30, **{**HOST, "hook_s": 1e-6})  # copies that take no time
-    cost = Cost(profile=cpu, durations=np.zeros(len(gpt2.ops)))
+    cost = Cost(profile=cpu, durations=np.zeros(len(gpt2.ops)), priced_host=True)
     hooked = Simulator(gpt2, cost).hooked(plan, None)
     events = len(gpt2.saved) + sum(s.unpacked_at is not None for s in gpt2.saved)
     assert hooked.breakdown["host_s"] == pytest.approx(events * 1e-6)
     moded = dataclasses.replace(cpu, mode_op_s=2e-6)
-    interpreted = Simulator(gpt2, Cost(profile=moded, durations=np.zeros(len(gpt2.ops))), hooks=False).run(plan, None)
+    interpreted = Simulator(gpt2, Cost(profile=moded, durations=np.zeros(len(gpt2.ops)), priced_host=True), hooks=False).run(plan, None)
     assert interpreted.level == "interpreted"
     assert interpreted.breakdown["host_s"] == pytest.approx(events * 1e-6 + len(gpt2.ops) * 2e-6)
+
+
+def test_only_a_traced_pytorch_step_pays_the_host(gpt2):
+    assert Cost.for_trace(gpt2, "h100").priced_host
+    imported = dataclasses.replace(gpt2, meta={**gpt2.meta, "source": "dtr-log"})
+    assert Cost.for_trace(imported, "h100").host_op_s == 0.0 and not Cost.for_trace(imported, "h100").priced_host
 
 
 def test_op_times_measured_on_the_cpu_hold_the_host_already(gpt2):

@@ -25,16 +25,28 @@ class Cost:
     profile: DeviceProfile  # the device the times are for
     durations: np.ndarray  # seconds per op (float64, indexed by op index)
     host_in_durations: bool = False  # the durations were measured as wall time with the host's work in them
+    # The host's work is priced for a traced PyTorch step (what memplan's executor runs); a trace from
+    # elsewhere (a DTR log, a memory snapshot, a problem built by hand) is the device's work alone.
+    priced_host: bool = False
 
     @property
     def host_op_s(self) -> float:
         """Host work per op beside its duration (none where the durations hold it already)."""
-        return 0.0 if self.host_in_durations else self.profile.host_op_s
+        return 0.0 if self.host_in_durations or not self.priced_host else self.profile.host_op_s
+
+    def executor_s(self, what: str) -> float:
+        """The executor's host work per `what` ("hook", "mode_op", "replay_op" or "action"), if priced."""
+        return getattr(self.profile, f"{what}_s") if self.priced_host else 0.0
+
+    def carried(self, durations: np.ndarray) -> "Cost":
+        """This cost model with other durations (a view of the trace), pricing the host as this one does."""
+        return Cost(profile=self.profile, durations=durations, host_in_durations=self.host_in_durations,
+                    priced_host=self.priced_host)
 
     @property
     def host_async(self) -> bool:
-        """A GPU's host issues work ahead of the device; the CPU is its own device."""
-        return self.profile.kind != "cpu"
+        """A GPU's host issues work ahead of the device; the CPU is its own device (its copies too)."""
+        return self.profile.kind != "cpu" or not self.priced_host
 
     @classmethod
     def for_trace(cls, trace: Trace, device: str | DeviceProfile = "h100", allow_tf32: bool | None = None) -> "Cost":
@@ -55,7 +67,8 @@ class Cost:
             for op in trace.ops], dtype=np.float64)
         # CPU op times measured over whole iterations hold the host's work (memplan.tracing.optimes)
         wall = bool(trace.meta.get("time_repeats")) and all(op.duration_s is not None for op in trace.ops)
-        return cls(profile=profile, durations=durations, host_in_durations=wall)
+        return cls(profile=profile, durations=durations, host_in_durations=wall,
+                   priced_host=trace.meta.get("source") == "tracer")
 
     def d2h_s(self, nbytes: float) -> float:
         """Seconds to copy `nbytes` device-to-host over the link (pinned memory)."""

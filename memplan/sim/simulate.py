@@ -64,6 +64,7 @@ from ..cost.profiles import DeviceProfile, profile_from_json
 from ..model import Plan, Trace, check_plan, expect_trace
 from . import _codes as K
 from .kernel import compiled
+from .arrays import csr, event_csr, host_peak, host_per_op
 from .chains import plan_chains
 from .convview import conv_view
 from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering
@@ -132,7 +133,7 @@ class Simulator:
         self.cost = cost
         self._kernel = kernel or compiled()  # memplan.sim.kernel: compiled, or interpreted for one run
         n = trace.num_steps
-        self._births = _csr(trace.alloc_ops[trace.free_ops > trace.alloc_ops],
+        self._births = csr(trace.alloc_ops[trace.free_ops > trace.alloc_ops],
                             np.arange(len(trace.storages))[trace.free_ops > trace.alloc_ops], n)
         self._deaths = {(): self._deaths_with({})}  # by the holds of a hooked plan (memplan.sim.lowering)
         # A pool-only trace (no ops) runs its time axis as steps that take no time.
@@ -145,7 +146,7 @@ class Simulator:
         self._chain_memo = ProbeMemo()
         self._recent_chains: dict[tuple, dict] = {}
         self.lowering = Lowering(trace, self._durations) if hooks and trace.ops else None
-        self._host = _host_per_op(trace, cost)
+        self._host = host_per_op(trace, cost)
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
         self.baseline_time_s = float(self._run_lowered(Lowered(level=PLAIN, decisions=()), NO_CAP_BYTES,
                                                        False, False)[1][K.R_TIME])
@@ -230,7 +231,7 @@ class Simulator:
         for sid, until in holds.items():
             free[sid] = max(free[sid], min(until, trace.num_steps))
         alive = free > trace.alloc_ops
-        return _csr(free[alive] - 1, np.arange(len(trace.storages))[alive], trace.num_steps)
+        return csr(free[alive] - 1, np.arange(len(trace.storages))[alive], trace.num_steps)
 
     def _view_of(self, microbatches) -> Simulator:
         """A simulator of the trace as the conv decisions make it; the last one is kept (search
@@ -238,8 +239,7 @@ class Simulator:
         key, sim = self._views
         if key != microbatches:
             view, durations = conv_view(self.trace, self._durations, microbatches)
-            sim = Simulator(view, Cost(profile=self.cost.profile, durations=durations,
-                                       host_in_durations=self.cost.host_in_durations), self._kernel, hooks=False)
+            sim = Simulator(view, self.cost.carried(durations), self._kernel, hooks=False)
             sim.baseline_time_s = self.baseline_time_s
             self._views = (microbatches, sim)
         return sim
@@ -278,17 +278,17 @@ class Simulator:
         ids = np.arange(len(sid))
         rank = np.where(swap, -1, self._producers[sid])
         host = self._host[lowered.level]
-        if len(sid) and (cost.profile.action_s or not cost.host_async):
+        if len(sid) and (cost.executor_s("action") or not cost.host_async):
             host = host.copy()  # actions: swap: out, release, prefetch, wait; recompute: drop, run
-            np.add.at(host, np.concatenate([out_after, out_after, trigger[swap], back]), cost.profile.action_s)
+            np.add.at(host, np.concatenate([out_after, out_after, trigger[swap], back]), cost.executor_s("action"))
             if not cost.host_async:  # the CPU copies on its one thread (memplan.exec.engine), nothing beside
                 np.add.at(host, out_after[swap], d2h[swap])
                 np.add.at(host, trigger[swap], h2d[swap])
                 d2h, h2d = np.zeros_like(d2h), np.zeros_like(h2d)
         return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, chain_alloc, chain_free, chain_host,
-                *_event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
-                *_event_csr(back, rank, ids, n),
-                *_event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back,
+                *event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
+                *event_csr(back, rank, ids, n),
+                *event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back,
                 wait_first, host, cost.host_async), chains
 
     def _chains_for(self, lowered: Lowered) -> dict:
@@ -312,8 +312,7 @@ class Simulator:
     def _chain_arrays(self, chains: dict, n: int, level: str) -> tuple[np.ndarray, ...]:
         """Per decision: chain seconds, bytes allocated when it starts and freed when it is done, and
         the host's work to issue its ops (replayed through Python when interpreted)."""
-        profile = self.cost.profile
-        per_op = self.cost.host_op_s + (profile.replay_op_s if level == INTERPRETED else 0.0)
+        per_op = self.cost.host_op_s + (self.cost.executor_s("replay_op") if level == INTERPRETED else 0.0)
         seconds, alloc, freed = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         host = np.zeros(n)
         for k, chain in chains.items():
@@ -359,7 +358,7 @@ class Simulator:
             baseline_time_s=self.baseline_time_s,
             peak_load_bytes=int(ints[K.I_PEAK]),
             breakdown=breakdown,
-            host_peak_bytes=_host_peak(arrays, recorded, ints) if feasible else 0,
+            host_peak_bytes=host_peak(arrays, recorded, ints) if feasible else 0,
             link_bytes=int(ints[K.I_LINK]),
             infeasible_op=None if feasible else int(ints[K.I_BAD_OP]),
             shortfall_bytes=0 if feasible else int(ints[K.I_SHORTFALL]),
@@ -375,47 +374,3 @@ class Simulator:
         for name, kind in (("d2h", K.D2H_COPY), ("h2d", K.H2D_COPY)):
             lanes[name] = [(float(s), float(e)) for s, e, k in copies if k == kind]
         return lanes
-
-
-def _host_peak(arrays, recorded, ints) -> int:
-    """Largest pinned host memory held at once (needs the recorded host events)."""
-    wrap, link_bytes = arrays[3], arrays[4]
-    host_t, host_v = recorded[2], recorded[3]
-    n_host = int(ints[K.I_N_HOST_EVENTS])
-    start = int(link_bytes[wrap == K.HEAD_WRAP].sum())
-    if n_host == 0:
-        return start if link_bytes.size else 0
-    # At equal times releases go first: a prefetch that lands frees its host copy for a
-    # swap-out starting at that instant.
-    order = np.lexsort((host_v[:n_host], host_t[:n_host]))
-    return int(max(start, start + np.cumsum(host_v[:n_host][order]).max()))
-
-
-def _host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
-    """The host's work at each op at each level: plain eager training; with the hooked executor's
-    pack and unpack hooks (at the op after their point); with the interpreted one's dispatch mode
-    (and its identity hooks)."""
-    n, profile = trace.num_steps, cost.profile
-    plain = np.full(n, cost.host_op_s)
-    hooked = plain.copy()
-    points = [s.packed_at for s in trace.saved] + [s.unpacked_at for s in trace.saved if s.unpacked_at is not None]
-    if n and points and profile.hook_s:
-        np.add.at(hooked, np.minimum(points, n - 1), profile.hook_s)
-    # the interpreted runner counts every op in its mode, under identity saved-tensor hooks (memplan.exec.runner)
-    return {PLAIN: plain, HOOKED: hooked, INTERPRETED: hooked + profile.mode_op_s}
-
-
-def _csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Group `values` by integer `keys` in [0, n) as (ptr, ids)."""
-    order = np.argsort(keys, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(ptr, keys + 1, 1)
-    return np.cumsum(ptr), np.ascontiguousarray(values[order], dtype=np.int64)
-
-
-def _event_csr(ops: np.ndarray, rank: np.ndarray, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Decision `ids` grouped by op as a CSR, ordered by (op, rank, id) within the list."""
-    order = np.lexsort((ids, rank, ops))
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(ptr, ops + 1, 1)
-    return np.cumsum(ptr), np.ascontiguousarray(ids[order], dtype=np.int64)

@@ -194,46 +194,54 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
             (every step) or False (none, and no check). A step over its budget logs a warning and
             is listed in `stats()["over_budget_steps"]`. The CPU meter sums the live storages after
             every op (2-3 times slower on many small ops); a GPU reads the allocator's counters.
-        time_repeats: on the CPU, time every op of the real trace as the least over this many
-            more iterations (undone afterwards); 0: roofline estimates.
+        time_repeats: on the CPU, time every op of the real trace (the least of this many more
+            iterations, undone afterwards); 0: roofline estimates.
         time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
         fake: trace fake copies of the model, its state and inputs, allocating nothing (None: on
             a GPU, where the unplanned step may not fit).
-        executor: "auto": the plan runs at autograd's hooks where it can (memplan.exec.hooked), else
-            interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
+        executor: "auto": at autograd's hooks where the plan can run there; or "interpreted".
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.
     Raises:
         MemplanError: a plan that was made for another trace, an unknown planner, ...
     """
-    if executor not in EXECUTORS:
-        raise MemplanError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     model = model_of(step_fn, model)
     optimizer = optimizer if optimizer is not None else find_in_step(step_fn, torch.optim.Optimizer, "optimizer")
-    hooks = executor == "auto" and model is not None  # a region run needs the module
+    hooks = _hooked(executor, model)
     run_on = device_of(example_inputs, model)
     if optimizer is not None and not is_fake(example_inputs, model):
         prime_optimizer_state(optimizer)
     trace = load_trace(trace) if trace is not None else trace_step(
         step_fn, example_inputs, model, optimizer, time_repeats, time_clock,
         fake=run_on.type == "cuda" if fake is None else fake)
-    keeper = None
     if plan is None:
         trace = as_allocated_on(trace, run_on)
-        cost = Cost.for_trace(trace, device)
-        plan, keeper = _planned(trace, UNLIMITED if budget is None else parse_budget(budget), measure is not False,
-                                planner=planner, cost=cost, seed=seed, **planner_params)
-    else:
-        cost = Cost.for_trace(trace, device)
-        plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
-        check_plan(trace, plan)
+    cost = Cost.for_trace(trace, device)
+    plan, keeper = _plan_of(trace, plan, budget, measure is not False, planner=planner, cost=cost, seed=seed,
+                            **planner_params)
     runtime = PlanRuntime(trace, compile_program(trace, plan, cost, hooks=hooks), model, device=run_on,
                           optimizer=optimizer, measure=measure)
     if not is_fake(example_inputs, model):
         runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model, keeper=keeper,
                          cost=cost, measure=measure, hooks=hooks)
+
+
+def _plan_of(trace: Trace, plan, budget, keep: bool, **how) -> tuple[Plan, BudgetKeeper | None]:
+    """The plan given (a Plan or a JSON path, checked against `trace`), else one made under `budget`."""
+    if plan is None:
+        return _planned(trace, UNLIMITED if budget is None else parse_budget(budget), keep, **how)
+    plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
+    check_plan(trace, plan)
+    return plan, None
+
+
+def _hooked(executor: str, model) -> bool:
+    """Whether plans may run at autograd's hooks (a region run needs the module)."""
+    if executor not in EXECUTORS:
+        raise MemplanError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    return executor == "auto" and model is not None
 
 
 def _planned(trace: Trace, budget: Budget, keep: bool, **how) -> tuple[Plan, BudgetKeeper | None]:

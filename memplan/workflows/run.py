@@ -61,8 +61,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
         seed: workload, planner and training seed.
         baseline: one of `torch_tools.BASELINES` instead of a plan.
         planner_params: the planner's hyper-parameters (e.g. {"time_limit_s": 10}).
-        clock: what timed steps and a trace's op times measure: "wall", or "cpu" (this thread's
-            CPU time: not inflated by a shared host, but blind to waiting for copies).
+        clock: what timed steps and a trace's op times measure: "wall", or "cpu" (this thread's CPU time).
         timed_steps: this many more steps after the metered ones, timed without the meter.
         trace: a saved trace (a Trace or a path) to plan instead of tracing; a CPU run under a
             CPU profile traces with measured op times.
@@ -73,8 +72,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
         allocator: the CUDA allocator: "caching", "expandable" (segments), "pool" (the plan's
             layout; the process's first CUDA work), or "auto": the pool for a plan with a layout,
             else expandable segments (unless PYTORCH_CUDA_ALLOC_CONF sets the allocator).
-        executor: "auto" (at autograd's hooks where the plan can run there) or "interpreted" (the
-            dispatch-mode runner; always so under the pool allocator, which needs its op clock).
+        executor: as `optimize` takes it ("interpreted" always under the pool allocator).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
@@ -91,9 +89,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
     run = _Run(name=name, batch=batch, planner=planner, device=device, profile=profile, seed=seed,
                config=config or {}, baseline=baseline, clock=clock, memory_cap=memory_cap,
                budget=_run_budget(budget, planner, baseline, memory_cap), executor=executor)
-    mode = _prepare(run, allocator)
-    if mode == AllocatorMode.POOL:
-        run = replace(run, executor="interpreted")  # the pool matches requests by the op clock only it publishes
+    run, mode = _prepare(run, allocator)
     w = get_workload(name, batch, device=device, seed=seed, **run.config)
     step = _planned_step(run, w, trace, fake, planner_params or {})
     pool = _serve_allocator(run, step, mode)
@@ -143,9 +139,10 @@ def _measured_against(budget: Budget, trace) -> int:
     return trace.peak_load_bytes if cap is None else cap
 
 
-def _prepare(run: _Run, allocator: str) -> AllocatorMode:
+def _prepare(run: _Run, allocator: str) -> tuple[_Run, AllocatorMode]:
     """Options checked, the CUDA allocator chosen and installed (before the run's first CUDA
-    allocation) and the memory cap in force."""
+    allocation) and the memory cap in force; under the pool allocator the run is interpreted (the
+    pool matches requests by the op clock only the interpreted runner publishes)."""
     if run.clock not in CLOCKS:
         raise MemplanError(f"clock {run.clock!r}: expected one of {', '.join(CLOCKS)}")
     if run.baseline:
@@ -153,7 +150,7 @@ def _prepare(run: _Run, allocator: str) -> AllocatorMode:
     mode = choose_allocator(allocator, planner=run.planner, device=run.device, baseline=run.baseline)
     install_allocator(mode)
     prepare_device(run.device, run.memory_cap, pooled=mode == AllocatorMode.POOL)
-    return mode
+    return (replace(run, executor="interpreted") if mode == AllocatorMode.POOL else run), mode
 
 
 def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ...cost.model import Cost
 from ...errors import InfeasibleBudgetError, MemplanError
 from ...model import Plan, Trace
 from ...pool import with_pool
@@ -44,7 +43,7 @@ def compose(base: PlannerSpec, conv: PlannerSpec) -> PlannerSpec:
         convs = conv.fn(trace, budget_bytes, cost, seed=seed, **{**conv.defaults, "composed": True},
                         **{k: v for k, v in params.items() if k in conv_names})
         view, durations = conv_view(trace, cost.durations, convs.microbatches)
-        plan_ = base.fn(view, budget_bytes, Cost(profile=cost.profile, durations=durations, host_in_durations=cost.host_in_durations), seed=seed, **base.defaults,
+        plan_ = base.fn(view, budget_bytes, cost.carried(durations), seed=seed, **base.defaults,
                         **{k: v for k, v in params.items() if k not in conv_names})
         # decisions on the view's workspace storages (not in the trace) would mean nothing
         kept = tuple(d for d in plan_.decisions if d.storage < len(trace.storages))

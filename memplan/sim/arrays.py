@@ -1,0 +1,54 @@
+"""The simulator's per-trace and per-plan arrays: storages grouped by op, and the host's work per op."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost.model import Cost
+from ..model import Trace
+from ..model.program import HOOKED, INTERPRETED, PLAIN
+from . import _codes as K
+
+
+def host_peak(arrays, recorded, ints) -> int:
+    """Largest pinned host memory held at once (needs the recorded host events)."""
+    wrap, link_bytes = arrays[3], arrays[4]
+    host_t, host_v = recorded[2], recorded[3]
+    n_host = int(ints[K.I_N_HOST_EVENTS])
+    start = int(link_bytes[wrap == K.HEAD_WRAP].sum())
+    if n_host == 0:
+        return start if link_bytes.size else 0
+    # At equal times releases go first: a prefetch that lands frees its host copy for a
+    # swap-out starting at that instant.
+    order = np.lexsort((host_v[:n_host], host_t[:n_host]))
+    return int(max(start, start + np.cumsum(host_v[:n_host][order]).max()))
+
+
+def host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
+    """The host's work at each op at each level: plain eager training; with the hooked executor's
+    pack and unpack hooks (at the op after their point); with the interpreted one's dispatch mode
+    (and its identity hooks)."""
+    n = trace.num_steps
+    plain = np.full(n, cost.host_op_s)
+    hooked = plain.copy()
+    points = [s.packed_at for s in trace.saved] + [s.unpacked_at for s in trace.saved if s.unpacked_at is not None]
+    if n and points and cost.executor_s("hook"):
+        np.add.at(hooked, np.minimum(points, n - 1), cost.executor_s("hook"))
+    # the interpreted runner counts every op in its mode, under identity saved-tensor hooks (memplan.exec.runner)
+    return {PLAIN: plain, HOOKED: hooked, INTERPRETED: hooked + cost.executor_s("mode_op")}
+
+
+def csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Group `values` by integer `keys` in [0, n) as (ptr, ids)."""
+    order = np.argsort(keys, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(ptr, keys + 1, 1)
+    return np.cumsum(ptr), np.ascontiguousarray(values[order], dtype=np.int64)
+
+
+def event_csr(ops: np.ndarray, rank: np.ndarray, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Decision `ids` grouped by op as a CSR, ordered by (op, rank, id) within the list."""
+    order = np.lexsort((ids, rank, ops))
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(ptr, ops + 1, 1)
+    return np.cumsum(ptr), np.ascontiguousarray(ids[order], dtype=np.int64)

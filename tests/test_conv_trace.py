@@ -2,9 +2,12 @@
 kernels (the same with fake and real tensors), traces keep them on disk, and a plan's conv
 decisions are checked against them and charged by the simulator and the validator."""
 
+import dataclasses
+
 import pytest
 import torch
 
+from memplan.cost.model import Cost
 from memplan.errors import TraceFormatError
 from memplan.model import MicroBatch, Plan, PlanMismatchError, check_plan
 from memplan.sim.simulate import simulate
@@ -117,8 +120,10 @@ def test_the_simulator_and_the_validator_charge_chosen_times_and_workspaces(trac
     ops = _conv_ops(traced)
     decisions = _decide(traced, ops[0], ["fwd"], time_s=0.5, workspace=64 * MIB) + \
         _decide(traced, ops[3], ["bwd_data", "bwd_filter"], time_s=0.25, workspace=32 * MIB)
-    plain, planned = simulate(traced), simulate(traced, Plan(microbatches=decisions))
+    device = dataclasses.replace(Cost.for_trace(traced), priced_host=False)  # the device's time (no executor)
+    plain, planned = simulate(traced, cost=device), simulate(traced, Plan(microbatches=decisions), cost=device)
     assert planned.time_s == pytest.approx(plain.time_s - plain_time(traced, ops[0]) - plain_time(traced, ops[3]) + 1.0)
+    assert simulate(traced, Plan(microbatches=decisions)).level == "interpreted"  # op by op, its host priced
     load = traced.load
     assert planned.peak_load_bytes == max(traced.peak_load_bytes, int(load[ops[0]]) + 64 * MIB,
                                           int(load[ops[3]]) + 32 * MIB)

@@ -108,7 +108,7 @@ TINY_RUN = ["run", "transformer-encoder", "--batch", "2", "--config", "seq_len=8
 
 
 def test_run_json_says_which_budget_the_prediction_used(capsys):
-    rc, out = json_run(capsys, [*TINY_RUN, "--planner", "sqrt-n", "--budget", "100%", "--steps", "1", "--json"])
+    rc, out = json_run(capsys, [*TINY_RUN, "--planner", "dtr", "--budget", "100%", "--steps", "1", "--json"])
     assert rc == 0 and out["budget_bytes"] is not None
     assert out["predicted"]["budget_source"] == "plan" and out["predicted"]["budget_bytes"] == out["budget_bytes"]
     assert out["simulated_peak_bytes"] == out["executor"]["simulated_peak_bytes"]

@@ -1,5 +1,6 @@
 """The tracer: storages, lifetimes, kinds, phases, modules, FLOPs and saved tensors of one iteration."""
 
+import contextlib
 import dataclasses
 import json
 import resource
@@ -13,6 +14,7 @@ from torch.utils._pytree import tree_leaves
 
 from memplan.errors import MemplanError
 from memplan.tracing.io import read_trace, write_trace
+from memplan.tracing.opinfo import OPTIONAL_OPS
 from memplan.tracing.tracer import trace
 from memplan.workflows.workloads import trace_workload
 from memplan.zoo import Workload
@@ -202,24 +204,31 @@ def test_conv_flops_and_bytes(real_trace):
     assert conv.bytes_accessed == 4 * (x + w + b + y)
 
 
-def test_trace_is_the_op_sequence_of_plain_training(real_trace):
-    # Saved-tensor hooks would change it (autograd detaches an in-place op's saved output
-    # only without them): the tracer installs none, so the executor meets the same ops.
-    work = SmallNet(4)
-    work.step(*work.inputs)
-    seen = []
-
-    class Names(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func.namespace != "prim" and any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs, out))):
-                seen.append(str(func))
-            return out
-
-    with Names():
+def test_trace_is_the_op_sequence_of_plain_training_under_saved_tensor_hooks(real_trace):
+    # The tracer records under saved-tensor hooks (autograd then makes other detaches): under
+    # identity hooks plain training runs the trace's ops exactly (as the interpreted executor does),
+    # and without them the same ops but optional ones.
+    def names(hooked: bool) -> list[str]:
+        work = SmallNet(4)
         work.step(*work.inputs)
-    assert seen == [o.name for o in real_trace.ops]
-    assert "aten.detach.default" in seen
+        seen = []
+
+        class Names(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func.namespace != "prim" and any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs, out))):
+                    seen.append(str(func))
+                return out
+
+        with Names(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooked \
+                else contextlib.nullcontext():
+            work.step(*work.inputs)
+        return seen
+
+    traced = [o.name for o in real_trace.ops]
+    assert names(hooked=True) == traced
+    plain = names(hooked=False)
+    assert plain != traced and [n for n in plain if n not in OPTIONAL_OPS] == [n for n in traced if n not in OPTIONAL_OPS]
 
 
 def test_owners_name_parameters_gradients_and_optimizer_state(real_trace):

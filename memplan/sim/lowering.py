@@ -174,6 +174,8 @@ class Lowering:
         existed before it but module buffers (restored after a run), smallest first; the model's own
         call is none (it would run the whole forward again from the step's inputs)."""
         key = (sid, at)
+        if self.trace.engine_owned:  # DDP or FSDP2 hook their modules' calls: no call runs again without them
+            return []
         if key not in self._candidates_memo:
             writers = [i for i in self.trace.writers[sid] if i < at]
             pack = self.first_pack[sid]

@@ -23,9 +23,10 @@ import logging
 import time
 from collections.abc import Callable
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .opinfo import OPTIONAL_OPS, counts_as_op, is_recorded
+from .opinfo import counts_as_op, is_recorded
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,10 @@ def time_ops(step_fn: Callable, inputs: tuple, names: list[str], repeats: int,
     runs = []
     for _ in range(repeats):
         timer = _OpClock(clock)
-        with timer:
+        with timer, torch.autograd.graph.saved_tensors_hooks(_same, _same):  # the trace's ops (tracer.py)
             step_fn(*inputs)
-        aligned = timer.seconds if timer.names == names else align(names, timer.names, timer.seconds)
-        if aligned is not None:
-            runs.append(aligned)
+        if timer.names == names:
+            runs.append(timer.seconds)
         else:
             log.warning("a timed iteration ran %d ops where the trace has %d: discarded", len(timer.names),
                         len(names))
@@ -83,23 +83,6 @@ def time_ops(step_fn: Callable, inputs: tuple, names: list[str], repeats: int,
     return [min(column) for column in zip(*runs)]
 
 
-def align(names: list[str], ran: list[str], seconds: list[float]) -> list[float] | None:
-    """`seconds` of the ops `ran` given to the traced ops `names`, where the two differ only in
-    optional ops (memplan.tracing.opinfo.OPTIONAL_OPS: the trace is made under saved-tensor hooks,
-    which skip some detaches): an optional op that ran untraced adds its time to the next op, a
-    traced one that did not run takes none. None when they differ otherwise."""
-    out, carry, j = [], 0.0, 0
-    for name, s in zip(ran, seconds):
-        while j < len(names) and name != names[j] and names[j] in OPTIONAL_OPS:
-            out.append(0.0)
-            j += 1
-        if j < len(names) and name == names[j]:
-            out.append(s + carry)
-            carry, j = 0.0, j + 1
-        elif name in OPTIONAL_OPS:
-            carry += s
-        else:
-            return None
-    if any(n not in OPTIONAL_OPS for n in names[j:]):
-        return None
-    return out + [0.0] * (len(names) - j)
+
+def _same(t):
+    return t

@@ -20,9 +20,9 @@ autocast) are recorded in `meta["math"]` (`mathmode`), for the cost model.
 
 Saved-tensor hooks record every tensor autograd saves (`Trace.saved`) and the context every
 module call (`Trace.calls`): the points the hooked executor acts at (memplan.model.hookpoints).
-Under them autograd skips the `detach` it makes of an in-place op's saved output, an optional
-op (memplan.tracing.opinfo) that plain training runs and the interpreted executor lets pass;
-measured CPU op times are aligned over it (memplan.tracing.optimes). `Trace.owners` says who holds each persistent storage
+Under them autograd makes other detaches than without (optional ops, memplan.tracing.opinfo):
+the interpreted executor and the CPU op timer run the step under identity hooks, so they meet
+the trace's ops exactly, and plain training differs from them only in optional ops. `Trace.owners` says who holds each persistent storage
 between steps: a parameter, buffer or parameter's gradient by name, or optimizer state by
 (param group, index in the group, state key); the executor finds them with it before any op
 of a step runs.

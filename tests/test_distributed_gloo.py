@@ -37,8 +37,9 @@ def _train(engine: str, rank: int, planner: str | None, budget) -> tuple[list[np
         for _ in range(STEPS):
             workload.step(x, y)
     else:
+        params = {"by_blocks": False} if planner == "sqrt-n" else {}  # Chen's layers: the MLP's blocks save nothing inside
         step = memplan.optimize(workload.step, x, y, planner=planner, budget=budget, model=workload.model,
-                                optimizer=workload.optimizer)
+                                optimizer=workload.optimizer, **params)
         for _ in range(STEPS):
             step(x, y)
         stats = step.stats()

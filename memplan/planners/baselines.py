@@ -13,7 +13,8 @@
   recomputed with the same mechanics. Where the trace records module calls, segments are cut
   only between the model's blocks (memplan.planners.kit.blocks), so each segment is a run of
   whole blocks that the executor recomputes natively, as torch.utils.checkpoint does; ops
-  outside every block (embeddings, the head, the loss) are kept.
+  outside every block (embeddings, the head, the loss) are kept. Where whole blocks do not fit
+  the budget (recomputing one holds all it saves), the layer segments are tried.
 
 They ignore the budget for their decisions; each raises `infeasible(...)` when the peak
 its plan reaches in the simulator with no cap (recompute chains' temporaries included)
@@ -26,6 +27,7 @@ import bisect
 import math
 
 from ..cost.model import Cost
+from ..errors import InfeasibleBudgetError
 from ..model import Decision, Plan, Trace
 from ..sim.simulate import Simulator
 from .base import infeasible, register
@@ -69,20 +71,29 @@ def plan_checkpoint_all(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
 @register("sqrt-n", "Chen et al. 2016: ~sqrt(n) segments of forward layers, recompute inside segments",
           decides=("recompute",))
 def plan_sqrt_n(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
-                segments: int | None = None) -> Plan:
+                segments: int | None = None, by_blocks: bool = True) -> Plan:
     """Checkpoint ~sqrt(n) consecutive segments of the n forward layers.
 
     Args:
         segments: number of segments; default round(sqrt(n)).
+        by_blocks: cut only between the model's blocks where the trace records them (each segment
+            recomputed natively, as torch.utils.checkpoint does; Chen's layer segments when they do
+            not fit the budget); False: Chen's layer segments, recomputed op by op.
     """
-    blocks = sqrt_n_segments(trace, segments)
-    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "sqrt-n", cost)
+    if by_blocks and block_calls(trace):
+        try:
+            return _finish(trace, budget_bytes, checkpoint_decisions(trace, sqrt_n_segments(trace, segments)),
+                           "sqrt-n", cost)
+        except InfeasibleBudgetError:
+            pass  # recomputing a whole block holds all it saves: layer segments may fit
+    layers = sqrt_n_segments(trace, segments, by_blocks=False)
+    return _finish(trace, budget_bytes, checkpoint_decisions(trace, layers), "sqrt-n", cost)
 
 
 # --- shared mechanics ---------------------------------------------------------------------------
 
 
-def sqrt_n_segments(trace: Trace, segments: int | None = None) -> dict[int, int]:
+def sqrt_n_segments(trace: Trace, segments: int | None = None, by_blocks: bool = True) -> dict[int, int]:
     """Map forward ops to their segment: forward layers (ops of one leaf module; single ops when
     the trace names no modules) cut into `segments` runs of equal length, or, where the trace
     records module calls, the model's blocks cut into runs of whole blocks (ops outside them in none).
@@ -90,6 +101,7 @@ def sqrt_n_segments(trace: Trace, segments: int | None = None) -> dict[int, int]
     Args:
         trace: the trace.
         segments: number of segments; None for round(sqrt(number of layers)).
+        by_blocks: cut between the model's blocks where the trace records them.
     Returns:
         {forward op index: segment number}.
     """
@@ -98,7 +110,7 @@ def sqrt_n_segments(trace: Trace, segments: int | None = None) -> dict[int, int]
     if not starts:
         return {}
     count = max(1, min(len(starts), segments or round(math.sqrt(len(starts)))))
-    blocks = block_calls(trace)
+    blocks = block_calls(trace) if by_blocks else []
     if len(blocks) > 1:  # whole blocks per segment: about `count`, at most one a block
         per_block = math.ceil(len(blocks) / min(count, len(blocks)))
         return {i: k // per_block for k, b in enumerate(blocks) for i in range(b.first_op, b.end_op)}

@@ -88,6 +88,9 @@ class Lowering:
         if not self.trace.saved:
             return Lowered(level=INTERPRETED, decisions=decisions,
                            reason="the trace has no saved-tensor records (traced before memplan recorded them)")
+        if self.trace.engine_owned and any(d.action == "recompute" for d in decisions):
+            return Lowered(level=INTERPRETED, decisions=decisions,  # DDP and FSDP2 hook their modules' calls
+                           reason="a data-parallel engine's module calls do not run again alone: replayed op by op")
         reasons = [self._unhookable(d) for d in decisions]
         moved = tuple(m for m, why in zip(map(self._moved, decisions), reasons) if m is not None and not why)
         regions, unmade = self._regions(moved)
@@ -174,8 +177,6 @@ class Lowering:
         existed before it but module buffers (restored after a run), smallest first; the model's own
         call is none (it would run the whole forward again from the step's inputs)."""
         key = (sid, at)
-        if self.trace.engine_owned:  # DDP or FSDP2 hook their modules' calls: no call runs again without them
-            return []
         if key not in self._candidates_memo:
             writers = [i for i in self.trace.writers[sid] if i < at]
             pack = self.first_pack[sid]

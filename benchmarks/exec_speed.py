@@ -37,7 +37,7 @@ LOOSER = ("capuchin", "autoswap:doa")  # they reach no less on these models: pla
 LOOSER_BUDGET = "90%"
 PLANNERS = AT_CHECKPOINT + LOOSER
 PLANNER_PARAMS = {"auto": {"time_limit_s": 10.0}, "autoswap:doa": {"min_bytes": 0}}
-PEAK_SLACK = 0.03  # a plan runs "at checkpoint's memory" when its measured peak is within 3% of it
+PEAK_SLACK = 0.03  # a plan runs "at checkpoint's memory" when its measured peak is at most 3% above it
 METERED = 1  # metered steps (the first, which checks the budget)
 
 
@@ -124,8 +124,7 @@ def summarize(result: dict) -> list[dict]:
             rows.append({"case": case, "config": config, "budget": last["budget_bytes"], "step_s": median[config],
                          "x_plain": median[config] / median[PLAIN], "x_checkpoint": median[config] / median[CHECKPOINT],
                          "peak_bytes": last["peak_bytes"], "checkpoint_peak_bytes": result["budgets"][case],
-                         "at_checkpoint_memory": abs(last["peak_bytes"] - result["budgets"][case])
-                         <= PEAK_SLACK * result["budgets"][case],
+                         "at_checkpoint_memory": last["peak_bytes"] <= (1 + PEAK_SLACK) * result["budgets"][case],
                          "level": last.get("level"), "ops": last.get("ops"), "ops_in_mode": last.get("ops_in_mode"),
                          "replayed_ops": last.get("replayed_ops"), "regions_recomputed": last.get("regions_recomputed"),
                          "simulated_step_s": sim, "sim_error": None if sim is None else sim / median[config] - 1,
@@ -137,7 +136,7 @@ def markdown(result: dict, rows: list[dict]) -> str:
     lines = [f"Planned training on the CPU, one host thread (measured, {result['clock']} clock; {result['date']}, load "
              f"{', '.join(f'{x:.2f}' for x in result['load'])}; median of {result['rounds']} alternating rounds, each "
              f"run a fresh process, {result['timed_steps']} timed steps each)", "",
-             "| model | run | budget | level | step ms | x plain | x checkpoint | peak MB | at ckpt memory | ops | "
+             "| model | run | budget | level | step ms | x plain | x checkpoint | peak MB | <= ckpt memory | ops | "
              "ops in mode | replayed ops | regions | simulated ms | sim error |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:

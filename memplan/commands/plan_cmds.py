@@ -16,6 +16,7 @@ from ..plots import plot_history
 from ..sim.validate import validate
 from ..tracing.formats import load_any
 from ..units import format_bytes
+from ..zoo.config import parse_value
 from .base import command
 from .options import add_json_flag, budget_option, nonnegative_int, output_of, positive_float
 from .output import emit_json, print_rows, readable
@@ -84,8 +85,6 @@ def parse_params(items: list[str]) -> dict:
     Raises:
         MemplanError: an item without `=` or with an empty key.
     """
-    from ..zoo.config import parse_value  # memplan.zoo imports torch (a second): only --param pays for it
-
     params = {}
     for item in items:
         key, sep, text = item.partition("=")

@@ -9,7 +9,7 @@ import sys
 
 from ..cost.profiles import get_profile, profile_to_json
 from ..errors import MemplanError
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, written_together
 from ..model import write_plan
 from ..planners.base import get_planner, known_planners, plan
 from ..plots import plot_history
@@ -122,11 +122,12 @@ def run_plan(args) -> int:
     if args.plot and not result.history.get("series"):
         raise MemplanError(f"planner {args.planner!r} records no search history to plot (search planners such as "
                            f"home do); nothing written")
-    write_plan(result, args.output)
-    if args.plot:
-        plot_history(f"{args.planner} at {_budget(result.budget_bytes, trace.peak_load_bytes)}", result.history,
-                     args.plot)
-        summary["plot"] = str(args.plot)
+    with written_together():  # the plan and its plot, or neither (even on Ctrl-C)
+        write_plan(result, args.output)
+        if args.plot:
+            plot_history(f"{args.planner} at {_budget(result.budget_bytes, trace.peak_load_bytes)}", result.history,
+                         args.plot)
+            summary["plot"] = str(args.plot)
     summary["output"] = str(args.output)
     if args.json:
         emit_json(summary)

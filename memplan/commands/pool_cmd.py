@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..cost.model import Cost
 from ..cost.profiles import get_profile
 from ..errors import MemplanError
-from ..fileio import atomic_write_text
+from ..fileio import atomic_write_text, written_together
 from ..model import read_plan
 from ..pool.allocators.base import ALLOCATORS
 from ..pool.api import solve
@@ -70,10 +70,11 @@ def run(args) -> int:
     result = solve(problem, args.allocator, time_limit_s=command_limit_s(args.time_limit), seed=args.seed, **options)
     if (args.offsets_out or args.plot) and result.offsets is None:
         raise MemplanError(f"allocator {args.allocator!r} has no single address space: no offsets to write or plot")
-    if args.offsets_out:
-        _write_offsets(args.offsets_out, result)
-    if args.plot:
-        plot_layout(result, args.plot)
+    with written_together():  # both or neither, even on Ctrl-C while the plot is drawn
+        if args.offsets_out:
+            _write_offsets(args.offsets_out, result)
+        if args.plot:
+            plot_layout(result, args.plot)
     _print(args, result)
     return 0
 

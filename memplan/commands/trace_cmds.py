@@ -6,8 +6,6 @@ import argparse
 import logging
 import sys
 
-from tqdm import tqdm
-
 from ..errors import MemplanError
 from ..plots import new_figure, save_figure
 from ..tracing.collectives import collective_totals
@@ -235,5 +233,6 @@ def _meta_text(key: str, value, trace) -> str:
 
 def _spinner(desc: str):
     """A tqdm counter of recorded ops on stderr (silent when stderr is not a terminal)."""
+    from tqdm import tqdm  # here: tracing pays for its import, `memplan --help` does not
 
     return tqdm(desc=desc, unit=" ops", file=sys.stderr, disable=None, leave=False)

@@ -1,5 +1,6 @@
 """The command line starts at once (issue 37): a command that neither traces, trains nor runs a
-torch-based planner imports no torch (a second or more of start-up).
+torch-based planner imports no torch (a second or more of start-up), and `memplan --help` imports
+not even numpy (command modules import their heavy layers where they run).
 
 The commands run one after another in a fresh interpreter, which reports after each whether
 torch is in `sys.modules`; a torch-based planner run last shows that the probe sees torch.
@@ -33,7 +34,7 @@ for argv in json.loads(sys.argv[1]):
         code = main(argv)
     except SystemExit as exc:  # --help
         code = exc.code
-    runs.append({"argv": argv, "code": code, "torch": "torch" in sys.modules})
+    runs.append({"argv": argv, "code": code, "torch": "torch" in sys.modules, "numpy": "numpy" in sys.modules})
     with open(sys.argv[2], "w") as fh:
         json.dump(runs, fh)
 """
@@ -77,4 +78,5 @@ def test_commands_that_do_not_train_import_no_torch(files):
     planned = [r["argv"][3] for r in runs if r["argv"][0] == "plan" and r["code"] == 0]
     assert len(planned) >= 20 and set(CONV_PLANNERS) <= set(planned)  # most planners really planned
     assert [r["argv"] for r in runs[:-1] if r["torch"]] == []
+    assert runs[0]["argv"] == ["--help"] and not runs[0]["numpy"]  # the parser alone: command modules import lightly
     assert runs[-1]["code"] == 0 and runs[-1]["torch"]  # the probe does see torch when it is loaded

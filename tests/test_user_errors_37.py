@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from memplan.cli import INTERRUPTED, main
-from memplan.commands import plan_cmds, pool_cmd
+from memplan import plots
+from memplan.pool import plot as pool_plot
 from memplan.fileio import atomic_output, written_together
 
 from user_errors import files_under, one_line_error, trace_file  # noqa: F401 (trace_file: a fixture)
@@ -57,7 +58,7 @@ def _interrupted_plot(result, path, *args, **kwargs):
 
 
 def test_pool_interrupted_while_plotting_leaves_no_output(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(pool_cmd, "plot_layout", _interrupted_plot)
+    monkeypatch.setattr(pool_plot, "plot_layout", _interrupted_plot)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "old.csv").write_text("id,offset\nold,0\n")
     for offsets in ("off.csv", "old.csv"):
@@ -76,7 +77,7 @@ def test_pool_writes_both_outputs_when_nothing_interrupts(tmp_path, monkeypatch)
 
 
 def test_plan_interrupted_while_plotting_writes_no_plan(capsys, tmp_path, monkeypatch, trace_file):
-    monkeypatch.setattr(plan_cmds, "plot_history", lambda title, history, path: _interrupted_plot(None, path))
+    monkeypatch.setattr(plots, "plot_history", lambda title, history, path: _interrupted_plot(None, path))
     rc = main(["plan", trace_file, "--planner", "home:fast", "--budget", "80%", "--time-limit", "1",
                "-o", tmp_path / "plan.json", "--plot", tmp_path / "conv.png"])
     assert rc == INTERRUPTED

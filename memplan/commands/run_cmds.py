@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..cost.profiles import get_profile
 from ..errors import MemplanError
-from ..planners.base import get_planner
 from ..units import format_bytes, parse_bytes
 from ..workflows.allocator_names import AllocatorMode
 from .base import command
@@ -142,6 +140,8 @@ def run(args) -> int:
 
 def _check_run_options(args) -> None:
     """The names, checked before the model is built and traced (the budget, when it was parsed)."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
     from ..zoo.registry import check_model_name  # torch (see run)
 
     check_model_name(args.model)

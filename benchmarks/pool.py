@@ -28,7 +28,7 @@ from memplan.pool.native import library
 from memplan.pool.problem import from_storages
 from memplan.fileio import atomic_write_text
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
+DATA = Path(__file__).resolve().parents[1] / "data" / "minimalloc-challenging"  # vendored, see its SOURCE.md
 RESULTS = Path(__file__).parent / "results"
 BASELINES = ("smartpool-bestfit", "smartpool-firstfit", "cnmem", "caching", "caching-expandable", "vdnnpp-highend")
 MODELS = (("vgg16", 100, 32), ("resnet50", 100, 32), ("resnet50", 256, 224))  # name, batch, input side

@@ -24,7 +24,7 @@ from memplan.pool.greedy import conflict_graph
 from memplan.pool.search import FOUND, PREORDERS, _Searcher, compile_kernel
 from memplan.fileio import atomic_write_text
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
+DATA = Path(__file__).resolve().parents[1] / "data" / "minimalloc-challenging"  # vendored, see its SOURCE.md
 RESULTS = Path(__file__).parent / "results"
 LETTERS = "ACLOTUWZ"
 SHOWN = 6  # fastest orders listed per file in the table

@@ -43,7 +43,7 @@ from memplan.model import CONV_KERNELS
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DEEPBENCH = ROOT.parent / "shared" / "data" / "deepbench"  # ../shared/data/deepbench from the repository
+DEEPBENCH = ROOT / "data" / "deepbench"  # vendored, see its SOURCE.md
 COEFFICIENTS = ROOT / "memplan" / "conv" / "coefficients.json"
 HELD_OUT = 1 / 3  # share of DeepBench's layers kept out of the fit
 SPLIT_SEED = 0  # the committed model's split

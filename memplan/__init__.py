@@ -7,7 +7,7 @@ Names are imported lazily so that `import memplan` stays cheap.
 
 from __future__ import annotations
 
-import importlib
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -37,8 +37,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'memplan' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -3,12 +3,14 @@
 An output goes to a temporary file in the target's folder and is renamed into place, so
 an interrupted or failed write never leaves a partial file under the target's name (nor
 the temporary one). The file gets the permissions a plain `open(path, "w")` would give
-(0666 minus the umask), not the 0600 of a temporary file.
+(0666 minus the umask), not the 0600 of a temporary file. A command with several outputs
+writes them inside `written_together()`: none is renamed into place before all are written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +19,8 @@ from pathlib import Path
 from .errors import MemplanError, TraceFormatError
 
 NEW_FILE_MODE = 0o666  # what open(path, "w") asks for; the umask takes its bits away
+# The outputs of the innermost open `written_together()` block: (temporary file, target) pairs.
+_TOGETHER: contextvars.ContextVar[list[tuple[str, Path]] | None] = contextvars.ContextVar("together", default=None)
 
 
 def read_text(path: str | os.PathLike, what: str) -> str:
@@ -84,7 +88,8 @@ def make_output_folder(path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
-    """Yield a temporary file name to write; on success it is renamed to `path`.
+    """Yield a temporary file name to write; on success it is renamed to `path` (inside
+    `written_together()`, when that block completes).
 
     Args:
         path: the output file.
@@ -99,21 +104,63 @@ def atomic_output(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
         os.close(fd)
     except OSError as exc:
-        raise MemplanError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        raise _cannot_write(path, exc) from None
+    together = _TOGETHER.get()
     try:
         yield tmp
         os.chmod(tmp, NEW_FILE_MODE & ~_umask())
-        os.replace(tmp, path)
+        if together is None:
+            os.replace(tmp, path)
+        else:
+            together.append((tmp, path))  # renamed when the block ends, removed if it fails
     except OSError as exc:
-        raise MemplanError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        raise _cannot_write(path, exc) from None
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if together is None or (tmp, path) not in together:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder, then rename."""
     with atomic_output(path) as tmp:
         Path(tmp).write_text(text)
+
+
+@contextlib.contextmanager
+def written_together() -> Iterator[None]:
+    """Outputs written inside (through `atomic_output`) appear only once the whole block has
+    completed: an error or an interruption (Ctrl-C) in it leaves none of them, nor their
+    temporary files, and a file they would replace keeps its old content.
+
+    Raises:
+        MemplanError: a finished output cannot be renamed into place.
+    """
+    staged: list[tuple[str, Path]] = []
+    token = _TOGETHER.set(staged)
+    completed = False
+    try:
+        yield
+        completed = True
+    finally:
+        _TOGETHER.reset(token)
+        _finish(staged, rename=completed)
+
+
+def _finish(staged: list[tuple[str, Path]], rename: bool) -> None:
+    """Rename the staged outputs into place (when `rename`); any temporary file left is removed."""
+    try:
+        for tmp, path in staged if rename else ():
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise _cannot_write(path, exc) from None
+    finally:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def _cannot_write(path: Path, exc: OSError) -> MemplanError:
+    return MemplanError(f"{path}: cannot write: {exc.strerror or exc}")
 
 
 def _umask() -> int:

@@ -13,8 +13,6 @@ import sys
 import threading
 import time
 
-from tqdm import tqdm
-
 SHOW_AFTER_S = 1.0  # a search shorter than this shows no bar at all
 TICK_S = 0.25  # how often a time-limited bar advances
 REDRAW_S = 0.1  # shortest time between two redraws (tqdm's default)
@@ -45,6 +43,8 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "it", enabled:
     stderr not being a terminal, hides it."""
     if not enabled or not sys.stderr.isatty():
         return _NoBar()
+    from tqdm import tqdm  # here: a command whose bar stays hidden does not pay for its import
+
     return tqdm(desc=desc, total=total, unit=unit, file=sys.stderr, delay=SHOW_AFTER_S, mininterval=REDRAW_S,
                 disable=None if enabled else True, leave=False, dynamic_ncols=True, bar_format=bar_format)
 

@@ -56,13 +56,12 @@ TOOLS = st.lists(st.sampled_from(["torch-checkpoint", "save-on-cpu", "compile-bu
 @pytest.fixture
 def cheap_compare(monkeypatch):
     """`compare` with its points, its calibration and its plots stubbed: what is fuzzed is the checking."""
-    from memplan.commands import compare_cmd
     from memplan.cost.profiles import get_profile
-    from memplan.workflows import compare
+    from memplan.workflows import compare, compare_report
 
     monkeypatch.setattr(compare, "compute_point", lambda task, settings: {"error": "not computed (fuzz test)"})
     monkeypatch.setattr(compare, "calibrate_cpu", lambda name=None: get_profile("h100"))
-    monkeypatch.setattr(compare_cmd, "write_report", lambda result, out, command: {"report": str(out)})
+    monkeypatch.setattr(compare_report, "write_report", lambda result, out, command: {"report": str(out)})
 
 
 @FUZZ_PATCHED

@@ -17,7 +17,7 @@ from memplan.pool.intervals import residency_problem
 from memplan.sim.validate import validate
 from memplan.testing.synthetic import chain_trace
 
-CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
+CHALLENGING = Path(__file__).resolve().parents[1] / "data" / "minimalloc-challenging"  # vendored, see its SOURCE.md
 OFFLINE = ("smartpool", "smartpool-bestfit", "smartpool-firstfit")
 
 

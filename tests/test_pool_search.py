@@ -14,7 +14,7 @@ import memplan.pool as mp
 from memplan.pool.greedy import conflict_graph
 from memplan.pool.search import FOUND, NOT_FOUND, PREORDERS, _Searcher, improve
 
-CHALLENGING = Path(__file__).resolve().parents[2] / "shared" / "data" / "minimalloc-challenging"  # ../shared beside the repo
+CHALLENGING = Path(__file__).resolve().parents[1] / "data" / "minimalloc-challenging"  # vendored, see its SOURCE.md
 FAR_FUTURE = float("inf")
 
 

@@ -5,6 +5,12 @@ to the `memplan` parser and sets `func(args) -> int` on it; the registry finds e
 this package (memplan.registry says why planners, allocators and commands all register this
 way), so a new command is one new module. Helpers shared by commands live in `options`,
 `output` and `models`, which command modules import (never memplan.cli, which imports them).
+
+Every command module is imported to build the parser, so at the top a command module imports
+only what its parser needs (the standard library, these helpers, `memplan.errors`, `units`,
+`budget`, `fileio`); numpy, torch and the layers built on them are imported by the functions
+that use them. `memplan --help`, and a mistake in a command's options, then cost no more than
+the parser (`tests/test_cli_startup.py` keeps numpy and torch out of `memplan --help`).
 """
 
 from __future__ import annotations

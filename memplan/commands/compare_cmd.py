@@ -7,7 +7,6 @@ import sys
 
 from ..units import format_bytes, parse_bytes
 from ..workflows import compare_settings as c
-from ..workflows.compare_report import write_report
 from .base import command
 from .options import add_json_flag, output_folder, positive_int, torch_device
 from .output import emit_json
@@ -52,6 +51,7 @@ def add_compare(sub):
 def run(args) -> int:
     """Compute the missing points, write the report, print where it is."""
     from ..workflows.compare import compare  # torch takes a second to import: only this command pays for it
+    from ..workflows.compare_report import write_report
 
     args.run_profile = args.run_profile or _default_run_profile(args.device)
     settings = c.CompareSettings(

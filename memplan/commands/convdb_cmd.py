@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import time
 
-from ..conv.db import ConvDB, Row
-from ..conv.deepbench import read_conv_csv
-from ..conv.kernels import parse_kernel, trace_kernels
 from ..conv.options import policy_sizes
-from ..cost.profiles import get_profile
 from ..errors import MemplanError
-from ..tracing.formats import load_any
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag
@@ -59,6 +54,9 @@ def add_conv_db(sub) -> None:
 
 
 def _kernels(args) -> list:
+    from ..conv.kernels import parse_kernel, trace_kernels
+    from ..tracing.formats import load_any
+
     kernels = [parse_kernel(spec) for spec in args.kernel]
     if args.trace:
         found = trace_kernels(load_any(args.trace))
@@ -72,7 +70,9 @@ def _kernels(args) -> list:
 
 def run_fill(args) -> int:
     """Benchmark what is missing, print what was added."""
+    from ..conv.db import ConvDB
     from ..conv.sources import get_source  # torch takes a second to import: only `fill` pays for it
+    from ..cost.profiles import get_profile
 
     kernels = _kernels(args)
     wanted = list(dict.fromkeys(k.with_batch(b) for k in kernels for b in policy_sizes(args.policy, k.n)))
@@ -96,6 +96,9 @@ def run_fill(args) -> int:
 
 def run_show(args) -> int:
     """Per-source summary, or one kernel's rows."""
+    from ..conv.db import ConvDB
+    from ..conv.kernels import parse_kernel
+
     with ConvDB(args.db, create=False) as db:
         if args.kernel is None:
             summary = [s for s in db.summary() if _matches(s["source"], args.source)]
@@ -134,6 +137,9 @@ def _matches(source: str, wanted: str | None) -> bool:
 
 def run_import(args) -> int:
     """Merge another database or DeepBench's CSV into DB."""
+    from ..conv.db import ConvDB, Row
+    from ..conv.deepbench import read_conv_csv
+
     is_sqlite = _head(args.file).startswith(b"SQLite format 3\0")
     with ConvDB(args.db) as db:
         if is_sqlite:

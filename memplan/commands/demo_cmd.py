@@ -10,14 +10,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..cost.model import Cost
-from ..cost.profiles import get_profile
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..fileio import make_output_folder
-from ..planners.base import known_planners, plan
-from ..plots import plot_load_curves
-from ..sim.simulate import simulate
-from ..tracing.io import write_trace
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budget_option, output_folder
@@ -55,6 +49,8 @@ def add_demo(sub) -> None:
 
 def run(args) -> int:
     """Trace, plan and simulate every demo model; print and plot the results."""
+    from ..planners.base import known_planners
+
     models = _parse_models(args.models)
     _check_options(models, args)
     out = make_output_folder(args.out)
@@ -84,6 +80,7 @@ def _parse_models(text: str) -> list[tuple[str, int]]:
 
 def _check_options(models: list[tuple[str, int]], args) -> None:
     """Every option checked before the first model is traced (the budget, when it was parsed)."""
+    from ..cost.profiles import get_profile
     from ..zoo.registry import check_model_name  # torch takes a second to import: only commands with models pay
 
     get_profile(args.device)
@@ -92,6 +89,11 @@ def _check_options(models: list[tuple[str, int]], args) -> None:
 
 
 def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) -> list[dict]:
+    from ..cost.model import Cost
+    from ..planners.base import plan
+    from ..plots import plot_load_curves
+    from ..sim.simulate import simulate
+    from ..tracing.io import write_trace
     from ..workflows.workloads import trace_workload  # torch (see _check_options)
 
     log.info("tracing %s at batch %d with fake tensors", model, batch)

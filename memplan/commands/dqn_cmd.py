@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from ..cost.model import Cost
-from ..cost.profiles import get_profile
-from ..tracing.formats import load_any
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budgets_option, nonnegative_int, output_of, positive_float, positive_int
@@ -63,6 +60,9 @@ def run_train(args) -> int:
 
 def _problems(args, min_bytes: int) -> tuple[list, list]:
     """(trace, budget) pairs and (path, budget, peak) names, every option checked first."""
+    from ..cost.model import Cost
+    from ..cost.profiles import get_profile
+    from ..tracing.formats import load_any
     # torch (see run_train)
     from ..planners.dqn import default_budgets
     from ..planners.dqn.net import load_weights

@@ -7,15 +7,10 @@ import json
 import logging
 import sys
 
-from ..cost.profiles import get_profile, profile_to_json
 from ..errors import MemplanError
-from ..fileio import atomic_write_text
-from ..model import write_plan
-from ..planners.base import get_planner, known_planners, plan
-from ..plots import plot_history
-from ..sim.validate import validate
-from ..tracing.formats import load_any
+from ..fileio import atomic_write_text, written_together
 from ..units import format_bytes
+from ..zoo.config import parse_value
 from .base import command
 from .options import add_json_flag, budget_option, nonnegative_int, output_of, positive_float
 from .output import emit_json, print_rows, readable
@@ -84,8 +79,6 @@ def parse_params(items: list[str]) -> dict:
     Raises:
         MemplanError: an item without `=` or with an empty key.
     """
-    from ..zoo.config import parse_value  # memplan.zoo imports torch (a second): only --param pays for it
-
     params = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -97,6 +90,12 @@ def parse_params(items: list[str]) -> dict:
 
 def run_plan(args) -> int:
     """Plan, validate, write the plan and print its predicted simulation."""
+    from ..model import write_plan
+    from ..planners.base import plan
+    from ..plots import plot_history
+    from ..sim.validate import validate
+    from ..tracing.formats import load_any
+
     _check_plan_options(args)
     trace = load_any(args.trace, args.format)
     params = parse_params(args.param)
@@ -123,11 +122,12 @@ def run_plan(args) -> int:
     if args.plot and not result.history.get("series"):
         raise MemplanError(f"planner {args.planner!r} records no search history to plot (search planners such as "
                            f"home do); nothing written")
-    write_plan(result, args.output)
-    if args.plot:
-        plot_history(f"{args.planner} at {_budget(result.budget_bytes, trace.peak_load_bytes)}", result.history,
-                     args.plot)
-        summary["plot"] = str(args.plot)
+    with written_together():  # the plan and its plot, or neither (even on Ctrl-C)
+        write_plan(result, args.output)
+        if args.plot:
+            plot_history(f"{args.planner} at {_budget(result.budget_bytes, trace.peak_load_bytes)}", result.history,
+                         args.plot)
+            summary["plot"] = str(args.plot)
     summary["output"] = str(args.output)
     if args.json:
         emit_json(summary)
@@ -138,6 +138,9 @@ def run_plan(args) -> int:
 
 def _check_plan_options(args) -> None:
     """Planner and device, checked before the trace is loaded (the budget, when it was parsed)."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+
     get_planner(args.planner)
     get_profile(args.device)
 
@@ -222,6 +225,7 @@ def _bytes(n: int | None) -> str:
 
 def run_planners(args) -> int:
     """List registered planner names with their one-line summaries."""
+    from ..planners.base import known_planners
 
     planners = [spec.describe() for spec in known_planners(args.decides).values()]
     # X+Y, X any swap or recompute planner: Y decides the convolutions first, or lays the pool out after
@@ -245,7 +249,7 @@ def run_calibrate(args) -> int:
     # torch takes a second to import: only the commands that run it pay for it
     from ..cost.calibrate import calibrate
     from ..cost.calibrate_cpu import calibrate_cpu
-
+    from ..cost.profiles import profile_to_json
 
     profile = calibrate_cpu(name=args.name) if args.device == "cpu" else calibrate(args.gpu, name=args.name)
     data = profile_to_json(profile)

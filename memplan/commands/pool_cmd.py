@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-from ..cost.model import Cost
-from ..cost.profiles import get_profile
 from ..errors import MemplanError
-from ..fileio import atomic_write_text
-from ..model import read_plan
-from ..pool.allocators.base import ALLOCATORS
-from ..pool.api import solve
-from ..pool.budget import command_limit_s
-from ..pool.intervals import residency_problem
-from ..pool.plot import plot_layout
-from ..pool.problem import from_storages, is_minimalloc_csv, read_minimalloc_csv
-from ..sim.simulate import simulation_device
-from ..tracing.formats import load_any
+from ..fileio import atomic_write_text, written_together
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, output_of, positive_float
@@ -52,6 +41,13 @@ def add_pool(sub):
 
 def load_problem(path: str, plan_path: str | None, device: str):
     """The PoolProblem for INPUT (and --plan)."""
+    from ..cost.model import Cost
+    from ..model import read_plan
+    from ..pool.intervals import residency_problem
+    from ..pool.problem import from_storages, is_minimalloc_csv, read_minimalloc_csv
+    from ..sim.simulate import simulation_device
+    from ..tracing.formats import load_any
+
     if is_minimalloc_csv(path):
         if plan_path:
             raise MemplanError("--plan applies to traces, not to a minimalloc CSV")
@@ -65,21 +61,29 @@ def load_problem(path: str, plan_path: str | None, device: str):
 
 def run(args) -> int:
     """Solve, validate (inside `solve`), write outputs, print."""
+    from ..pool.api import solve
+    from ..pool.budget import command_limit_s
+    from ..pool.plot import plot_layout
+
     options = _check_options(args)
     problem = load_problem(args.input, args.plan, args.device)
     result = solve(problem, args.allocator, time_limit_s=command_limit_s(args.time_limit), seed=args.seed, **options)
     if (args.offsets_out or args.plot) and result.offsets is None:
         raise MemplanError(f"allocator {args.allocator!r} has no single address space: no offsets to write or plot")
-    if args.offsets_out:
-        _write_offsets(args.offsets_out, result)
-    if args.plot:
-        plot_layout(result, args.plot)
+    with written_together():  # both or neither, even on Ctrl-C while the plot is drawn
+        if args.offsets_out:
+            _write_offsets(args.offsets_out, result)
+        if args.plot:
+            plot_layout(result, args.plot)
     _print(args, result)
     return 0
 
 
 def _check_options(args) -> dict:
     """Allocator options, every option checked before the input is loaded."""
+    from ..cost.profiles import get_profile
+    from ..pool.allocators.base import ALLOCATORS
+
     ALLOCATORS.get(args.allocator)  # an unknown name is refused, listing the known ones
     if args.order and args.allocator != "vdnnpp-highend":
         raise MemplanError("--order applies to --allocator vdnnpp-highend only")

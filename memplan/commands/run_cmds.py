@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..cost.profiles import get_profile
 from ..errors import MemplanError
-from ..planners.base import get_planner
 from ..units import format_bytes, parse_bytes
 from ..workflows.allocator_names import AllocatorMode
 from .base import command
@@ -20,8 +18,11 @@ def add_maxbatch(sub):
     """Register `memplan maxbatch`."""
     p = sub.add_parser("maxbatch", help="largest batch that fits a memory cap under a planner")
     p.add_argument("model", help="zoo model name, hf:<name>, tv:<name> or module:function")
-    p.add_argument("--memory", "--memory-cap", dest="memory", required=True,
-                   help="memory cap, e.g. 11GiB (on a GPU the allocator's limit while probing)")
+    cap = p.add_mutually_exclusive_group(required=True)  # two names for one limit: giving both is a mistake
+    cap.add_argument("--memory", type=parse_bytes, dest="memory", metavar="SIZE",
+                     help="memory cap, e.g. 11GiB (on a GPU the allocator's limit while probing)")
+    cap.add_argument("--memory-cap", type=parse_bytes, dest="memory", metavar="SIZE",
+                     help="the same as --memory (the name `run` uses)")
     p.add_argument("--planner", default="none")
     p.add_argument("--device", type=torch_device, default="cpu",
                    help="cuda: measured under the cap; cpu: planned/simulated")
@@ -36,8 +37,11 @@ def run_maxbatch(args) -> int:
     from ..workflows.maxbatch import max_batch  # torch takes a second to import: only this command pays for it
 
     use_working_dir()
-    out = max_batch(args.model, parse_bytes(args.memory), planner=args.planner, device=args.device,
+    out = max_batch(args.model, args.memory, planner=args.planner, device=args.device,
                     profile=args.profile, limit=args.limit)
+    if not out["max_batch"]:
+        raise MemplanError(f"no batch of {out['model']} fits {format_bytes(out['memory_bytes'])} with planner "
+                           f"{out['planner']}, not even 1: {_why_not(out['probes'][0])}")
     if args.json:
         emit_json(out)
         return 0
@@ -48,6 +52,15 @@ def run_maxbatch(args) -> int:
     for probe in out["probes"]:
         print(f"  batch {probe['batch']:<6} {'fits' if probe['fits'] else 'does not fit'}")
     return 0
+
+
+def _why_not(probe: dict) -> str:
+    """Why batch 1 did not fit, in a few words (the planner's refusal, or the simulated peak)."""
+    if "reason" in probe:
+        return probe["reason"]
+    if "predicted_peak_bytes" in probe:
+        return f"its plan simulates a peak of {format_bytes(probe['predicted_peak_bytes'])}"
+    return "its plan does not simulate within the cap"
 
 
 @command("run")
@@ -131,6 +144,8 @@ def run(args) -> int:
 
 def _check_run_options(args) -> None:
     """The names, checked before the model is built and traced (the budget, when it was parsed)."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
     from ..zoo.registry import check_model_name  # torch (see run)
 
     check_model_name(args.model)

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from ..budget import budget_in_force
-from ..cost.model import Cost
-from ..cost.profiles import get_profile
 from ..errors import MemplanError
-from ..model import read_plan
-from ..plots import GIB, save_figure, subplots
-from ..sim.comm import simulate_comm
-from ..sim.simulate import Simulator, simulation_device
-from ..tracing.formats import load_any
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budget_option, output_of
@@ -45,6 +36,13 @@ def add_simulate(sub) -> None:
 
 def run(args) -> int:
     """Simulate and print the result."""
+    from ..cost.model import Cost
+    from ..cost.profiles import get_profile
+    from ..model import read_plan
+    from ..sim.comm import simulate_comm
+    from ..sim.simulate import Simulator, simulation_device
+    from ..tracing.formats import load_any
+
     if args.device is not None:
         get_profile(args.device)
     trace = load_any(args.trace, args.format)
@@ -94,6 +92,9 @@ def _print(summary: dict) -> None:
 
 def _plot(trace, sim, result, budget, args) -> None:
     """Memory load with and without the plan above, the compute lane below."""
+    import numpy as np
+    from ..plots import GIB, save_figure, subplots
+
     fig, (top, lanes) = subplots(2, 1, figsize=(10, 5.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     base_starts = sim.baseline_op_start_s * 1e3
     top.step(base_starts, trace.load / GIB, where="post", color="black", lw=1, label="no plan")

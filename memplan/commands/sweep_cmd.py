@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..cost.profiles import get_profile
-from ..planners.base import get_planner
-from ..tracing.formats import load_any
 from ..units import format_bytes
-from ..workflows.sweep import plot_pareto, sweep
 from .base import command
 from .options import add_json_flag, budgets_option, output_of, positive_int
 from .output import emit_json, print_table
@@ -43,6 +39,9 @@ def add_sweep(sub):
 
 def run(args) -> int:
     """Run the sweep and print it."""
+    from ..tracing.formats import load_any
+    from ..workflows.sweep import plot_pareto, sweep
+
     _check_sweep_options(args)
     trace = load_any(args.trace)
     params = {name: _autoswap_params(args) for name in args.planner if name.startswith(AUTOSWAP_PREFIX)}
@@ -63,6 +62,9 @@ def run(args) -> int:
 
 def _check_sweep_options(args) -> None:
     """Planners and device, checked before the trace is loaded (the budgets, when they were parsed)."""
+    from ..cost.profiles import get_profile
+    from ..planners.base import get_planner
+
     for name in args.planner:
         get_planner(name)
     get_profile(args.device)

@@ -6,13 +6,7 @@ import argparse
 import logging
 import sys
 
-from tqdm import tqdm
-
 from ..errors import MemplanError
-from ..plots import new_figure, save_figure
-from ..tracing.collectives import collective_totals
-from ..tracing.formats import load_any
-from ..tracing.io import write_trace
 from ..units import format_bytes
 from .base import command
 from .models import fits_or_says_so, use_working_dir
@@ -82,6 +76,7 @@ def add_info(sub) -> None:
 
 def run_trace(args) -> int:
     """Trace the model and write the trace file."""
+    from ..tracing.io import write_trace
     # torch takes a second to import: only the commands that build a model pay for it
     from ..workflows.distributed import trace_rank
     from ..workflows.workloads import trace_workload
@@ -147,6 +142,7 @@ def _device_option(device: str) -> dict:
 
 def run_info(args) -> int:
     """Print the summary of a trace (and draw its load curve)."""
+    from ..tracing.formats import load_any
 
     trace = load_any(args.trace, args.format)
     summary = summarise(trace)
@@ -183,6 +179,7 @@ def summarise(trace) -> dict:
 
 def plot_load(trace, path) -> None:
     """Draw the memory load over op index, each phase shaded, to a PNG file."""
+    from ..plots import new_figure, save_figure
 
     fig, ax = new_figure()
     steps = range(trace.num_steps)
@@ -226,6 +223,8 @@ def _print_table(summary: dict, trace) -> None:
 
 def _meta_text(key: str, value, trace) -> str:
     """A meta entry in one readable line: collectives counted per kind, anything long cut short."""
+    from ..tracing.collectives import collective_totals
+
     if key == "collectives":
         return ", ".join(f"{kind} x{t['count']} ({format_bytes(t['bytes'])})"
                          for kind, t in collective_totals(trace).items())
@@ -235,5 +234,6 @@ def _meta_text(key: str, value, trace) -> str:
 
 def _spinner(desc: str):
     """A tqdm counter of recorded ops on stderr (silent when stderr is not a terminal)."""
+    from tqdm import tqdm  # here: tracing pays for its import, `memplan --help` does not
 
     return tqdm(desc=desc, unit=" ops", file=sys.stderr, disable=None, leave=False)

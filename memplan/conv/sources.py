@@ -14,7 +14,8 @@ Three sources, each naming its rows (`Row.source`):
 
 Planning reads options per micro-batch size from the database and has the source fill
 the sizes it lacks. An unknown workspace is planned as 0 bytes: a limit cannot bound
-what nobody knows, and the plan's `source` says the numbers are a CPU's.
+what nobody knows, and the plan's `source` says the numbers are a CPU's. The `cpu` and `cudnn`
+sources import torch when they are made: planning from the `model` source needs none.
 """
 
 from __future__ import annotations
@@ -25,12 +26,9 @@ import os
 import platform
 import time
 
-import torch
-
 from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError, unknown_name
 from .algos import FAMILIES, workspace_bytes
-from .cudnn import CudnnSource
 from .db import ConvDB, Row
 from .kernels import Kernel
 from .options import Option
@@ -66,6 +64,8 @@ class CpuSource:
     workspace_known = False
 
     def __init__(self, repeats: int = CPU_REPEATS):
+        import torch
+
         self.repeats = repeats
         self.name = f"cpu:{cpu_name()} ({torch.get_num_threads()} threads)"
 
@@ -89,6 +89,8 @@ def time_kernel(kernel: Kernel, repeats: int = CPU_REPEATS) -> float:
 
 def kernel_call(kernel: Kernel, device: str = "cpu"):
     """A no-argument function that runs `kernel` once through aten (random data, made once)."""
+    import torch
+
     dtype = getattr(torch, kernel.dtype)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(kernel.n, kernel.c, kernel.h, kernel.w, generator=gen).to(device, dtype)
@@ -128,6 +130,8 @@ def get_source(name: str, profile: DeviceProfile | None = None):
     if name == "cpu":
         return CpuSource()
     if name == "cudnn":
+        from .cudnn import CudnnSource
+
         return CudnnSource()
     raise unknown_name("benchmark source", name, SOURCES)
 

@@ -19,6 +19,7 @@ from ..cost.profiles import get_profile
 from ..errors import MemplanError, about_model
 from ..exec.runtime import BUDGET_TOLERANCE  # a run is over its budget when it measures more than budget x (1 + this)
 from ..tracing.optimes import CLOCKS
+from ..units import format_bytes
 from ..zoo.registry import get_workload
 from .allocator_names import AllocatorMode
 from .allocators import allocator_report, attach_pool, choose_allocator, install_allocator
@@ -129,6 +130,12 @@ def _run_budget(budget, planner: str, baseline: str | None, memory_cap: int | No
     budget = UNLIMITED if budget is None else parse_budget(budget)
     if memory_cap is not None and budget.unlimited and planner != "none" and not baseline:
         return Budget.of_bytes(int(memory_cap / (1 + RESERVED_TOLERANCE)))
+    if memory_cap is not None and budget.nbytes is not None and budget.nbytes > memory_cap:
+        # A share of the peak is known only once traced: its plan must then simulate within the cap.
+        raise MemplanError(f"--budget {format_bytes(budget.nbytes)} is more than --memory-cap "
+                           f"{format_bytes(memory_cap)}: a plan may not keep more than the device holds; give a "
+                           f"budget of at most the cap (or leave it out: a plan then gets the cap less "
+                           f"{RESERVED_TOLERANCE:.0%})")
     return budget
 
 

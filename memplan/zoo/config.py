@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from ..errors import MemplanError
@@ -73,7 +74,7 @@ def merge_config(what: str, defaults: Mapping, overrides: Mapping) -> dict:
 def coerce(what: str, key: str, value, default):
     """`value` converted to the type of `default` where that is lossless, else MemplanError.
 
-    Numbers must not be negative, and a count or size (an int whose default is at least 1)
+    Numbers must be finite and not negative, and a count or size (an int whose default is at least 1)
     must be at least 1: `n_layer=-3` or `num_classes=0` is refused, not built.
     """
     _check_sign(what, key, value, default)
@@ -89,6 +90,8 @@ def coerce(what: str, key: str, value, default):
 
 
 def _check_sign(what: str, key: str, value, default) -> None:
+    if _is_number(value) and not math.isfinite(value):  # lr=nan would train on NaNs without a word
+        raise MemplanError(f"model {what}: config {key}={value!r} must be a finite number")
     if default is None or not _is_number(value) or not _is_number(default):
         return
     if value < 0 or (value < 1 and isinstance(default, int) and default >= 1):

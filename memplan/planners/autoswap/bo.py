@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import scipy.optimize  # noqa: F401  (loaded before `_one_thread` sets its limit, so that the limit covers it)
-import torch
-from threadpoolctl import threadpool_limits
 
 from ...progress import progress_bar
 from ...sim.simulate import Simulator
@@ -131,8 +128,13 @@ def _one_thread():
     times; more threads only add synchronisation, and on a busy host their spinning made
     the search 3x slower (README, planning time). Torch's own pool is set alike. The limit
     applies to libraries loaded when it is set, so scipy (which the sampler imports on first
-    use) is imported with this module.
+    use) is imported first. All three are imported here, not with the module: the planner
+    registry imports every planner, and a command that plans without BO imports no torch.
     """
+    import scipy.optimize  # noqa: F401  (loaded before the limit is set, so that it covers it)
+    import torch
+    from threadpoolctl import threadpool_limits
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

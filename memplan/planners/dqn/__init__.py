@@ -18,7 +18,9 @@ against a limit lowered by the shortfall, up to RETRIES times; if no plan is lef
 logs a warning and swaps every candidate (the floor plan). `weights=none` starts `dqn` from a
 fresh network. Modules: `graph` (nodes, edges, features),
 `env` (transitions and rewards), `net` (structure2vec and the Q head, weights files),
-`train` (fitted Q-iteration).
+`train` (fitted Q-iteration). `net` and `train` hold the torch code and are imported by the
+functions that use them: the planner registry imports this package for every command that
+lists or looks up a planner, and those commands import no torch.
 """
 
 from __future__ import annotations
@@ -26,8 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ...cost.model import Cost
 from ...errors import MemplanError
@@ -42,8 +43,10 @@ from ..kit.prefetch import gap_decisions
 from ..kit.refine import Refiner, policy_of
 from .env import Env, Outcome
 from .graph import Graph, build_graph
-from .net import QNet, load_weights
-from .train import Instance, TrainConfig, TrainReport, greedy, train
+
+if TYPE_CHECKING:
+    from .net import QNet
+    from .train import TrainConfig, TrainReport
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,8 @@ def plan_dqn(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weig
         gamma, lr: discount and Adam step size.
         epsilon: starting epsilon (default 1.0 from scratch, 0.3 from weights).
     """
+    from .train import Instance, TrainConfig, train
+
     net, from_file = _network(weights, seed, required=False)
     graph = _graph(trace, budget_bytes, cost, min_bytes, "dqn")
     if graph is None:
@@ -144,6 +149,9 @@ def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, in
         InfeasibleBudgetError: a budget below its trace's floor, or at its peak (nothing to learn).
         NeedsOpsError: a trace without ops (a minimalloc pool problem).
     """
+    from .net import load_weights
+    from .train import Instance, TrainConfig, train
+
     instances = []
     for trace, budget in problems:
         _check_has_ops(trace)
@@ -206,6 +214,8 @@ def _widest(graph: Graph) -> list[tuple[int, int, int]]:
 
 def _network(weights: str | None, seed: int, required: bool) -> tuple[QNet, bool]:
     """(the network, whether it came from a file): `weights`, else the shipped file, else a fresh seeded one."""
+    from .net import load_weights
+
     if weights == FRESH and not required:
         return fresh_network(seed), False
     path = Path(weights) if weights is not None else SHIPPED_WEIGHTS
@@ -219,6 +229,10 @@ def _network(weights: str | None, seed: int, required: bool) -> tuple[QNet, bool
 
 def fresh_network(seed: int) -> QNet:
     """A newly initialised network, the same for the same seed."""
+    import torch
+
+    from .net import QNet
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return QNet()
@@ -227,6 +241,8 @@ def fresh_network(seed: int) -> QNet:
 def _greedy_fitting(net: QNet, graph: Graph, sim: Simulator) -> list[Outcome]:
     """The greedy outcomes against the budget and against limits SLACKS below it (slack leaves room for
     copies in flight), each redone against a lower limit while the simulator finds it short."""
+    from .train import Instance, greedy
+
     out = []
     for slack in SLACKS:
         target = int(graph.budget_bytes * (1.0 - slack))

@@ -79,6 +79,7 @@ class PlannedSteps:
         self._current: Callable | None = None  # the framework's step the traced function runs
         self._open: tuple | None = None  # (context, step) of an iteration begun and not ended
         self._unreported: set[StepKind] = set()
+        self._closed: list[dict] = []  # stats of the plans `close` released
 
     # --- planning ---------------------------------------------------------------------------
 
@@ -182,9 +183,16 @@ class PlannedSteps:
         self.reports.append(entry)
         self.report(entry)
 
+    def stats(self) -> list[dict]:
+        """Per plan made (released ones too): its batch and `OptimizedStep.stats()`, with every
+        measured step's peak (`steps_measured`) beside the budget."""
+        live = [{"batch": kind.describe(), **step.stats()} for kind, step in self.steps.items() if step is not None]
+        return self._closed + live
+
     def close(self) -> None:
         """End any open step, bring everything back and release every plan's host memory."""
         self.end()
+        self._closed = self.stats()
         for step in self.steps.values():
             if step is not None:
                 step.close()

@@ -28,6 +28,16 @@ TOLERANCE = 0.02
 WIDTH, BATCH = 128, 512
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: these small steps are many small ops, which a second thread only slows
+    down (on a busy 2-core host, twentyfold)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class MLP(L.LightningModule):
     def __init__(self):
         super().__init__()

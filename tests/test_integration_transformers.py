@@ -28,6 +28,16 @@ TINY = dict(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2)
 PLAN_OPTIONS = {"measure": True, "min_bytes": 64 * 1024}  # measure every step; storages this small are candidates
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: these small steps are many small ops, which a second thread only slows
+    down (on a busy 2-core host, twentyfold)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class Tokens(torch.utils.data.Dataset):
     """Random token sequences of 64 tokens."""
 

@@ -20,13 +20,16 @@ once untraced first, which makes them).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from ..errors import MemplanError
+from ..budget import parse_budget
+from ..errors import InfeasibleBudgetError
+from ..planners.base import check_params, get_planner
 from ..workflows.optimize import OptimizedStep, input_signature, optimize
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,7 @@ class PlannedSteps:
 
     def __init__(self, budget, planner: str = "auto", *, max_plans: int = DEFAULT_MAX_PLANS,
                  report: Callable[[dict], None] | None = None, **options):
+        _check_settings(budget, planner, options)
         self.budget = budget
         self.planner = planner
         self.max_plans = max_plans
@@ -99,7 +103,7 @@ class PlannedSteps:
         try:
             step = optimize(self._traced(kind, model), *inputs, budget=self.budget, planner=self.planner,
                             model=model, optimizer=optimizer, **self.options)
-        except MemplanError as exc:
+        except InfeasibleBudgetError as exc:
             return self._unplanned(kind, " ".join(str(exc).split()))
         step.restore()  # the framework's own code runs between steps: everything resident
         self._unreported.add(kind)
@@ -197,6 +201,18 @@ class PlannedSteps:
             if step is not None:
                 step.close()
         self.steps.clear()
+
+
+def _check_settings(budget, planner: str, options: dict) -> None:
+    """Refuse a bad budget, planner or planner parameter at once, not at the first batch.
+
+    Raises:
+        MemplanError: one line naming what is wrong.
+    """
+    if budget is not None:
+        parse_budget(budget)
+    own = set(inspect.signature(optimize).parameters)  # memplan.optimize's own keywords; the rest are the planner's
+    check_params(get_planner(planner), {k: v for k, v in options.items() if k not in own})
 
 
 def plan_report(kind: StepKind, step: OptimizedStep) -> dict:

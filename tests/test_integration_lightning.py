@@ -22,20 +22,12 @@ from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
 from memplan.exec.meter import MemoryMeter  # noqa: E402
 from memplan.integrations.lightning import MemplanCallback  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 STEPS = 20
 SHARE = 0.7
 TOLERANCE = 0.02
 WIDTH, BATCH = 128, 512
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: these small steps are many small ops, which a second thread only slows
-    down (on a busy 2-core host, twentyfold)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class MLP(L.LightningModule):

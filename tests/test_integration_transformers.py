@@ -20,22 +20,14 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from memplan.exec.meter import MemoryMeter  # noqa: E402
 from memplan.integrations.transformers import MemplanTrainer  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 STEPS = 20
 SHARE = 0.7  # the budget, of the plain step's peak
 TOLERANCE = 0.02  # a measured step may exceed the budget by this share
 LOGGED = ("loss", "grad_norm", "learning_rate")
 TINY = dict(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2)
 PLAN_OPTIONS = {"measure": True, "min_bytes": 64 * 1024}  # measure every step; storages this small are candidates
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: these small steps are many small ops, which a second thread only slows
-    down (on a busy 2-core host, twentyfold)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 class Tokens(torch.utils.data.Dataset):

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from ..cost.profiles import get_profile
-from ..errors import MemplanError
-from ..model import read_plan
-from ..tracing.formats import load_any
 from ..units import format_bytes
 from ..workflows.plan_report import write_report
 from .base import command
+from .inputs import trace_and_plan
 from .options import add_json_flag, output_of
 from .output import emit_json
 
@@ -31,12 +28,7 @@ def add_report(sub) -> None:
 
 def run(args) -> int:
     """Write the page and say what it shows."""
-    if args.device is not None:
-        get_profile(args.device)
-    trace = load_any(args.trace, args.format)
-    if not trace.ops:
-        raise MemplanError(f"{args.trace}: has no ops (a pool-only problem): there is no step to show")
-    plan = read_plan(args.plan, trace)
+    trace, plan = trace_and_plan(args)
     summary = write_report(trace, plan, args.output, args.device)
     if args.json:
         emit_json(summary)

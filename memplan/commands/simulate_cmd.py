@@ -8,15 +8,12 @@ import numpy as np
 
 from ..budget import budget_in_force
 from ..cost.model import Cost
-from ..cost.profiles import get_profile
-from ..errors import MemplanError
-from ..model import read_plan
 from ..plots import GIB, save_figure, subplots
 from ..sim.comm import simulate_comm
 from ..sim.simulate import Simulator, simulation_device
-from ..tracing.formats import load_any
 from ..units import format_bytes
 from .base import command
+from .inputs import trace_and_plan
 from .options import add_json_flag, budget_option, output_of
 from .output import emit_json
 
@@ -45,12 +42,7 @@ def add_simulate(sub) -> None:
 
 def run(args) -> int:
     """Simulate and print the result."""
-    if args.device is not None:
-        get_profile(args.device)
-    trace = load_any(args.trace, args.format)
-    if not trace.ops:
-        raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")
-    plan = read_plan(args.plan, trace) if args.plan else None
+    trace, plan = trace_and_plan(args)
     budget, source = budget_in_force(args.budget, None if plan is None else plan.budget_bytes, trace.peak_load_bytes)
     device, device_source = simulation_device(plan, args.device)
     sim = Simulator(trace, Cost.for_trace(trace, device))

@@ -81,7 +81,7 @@ class PlannedSteps:
         self.steps: dict[StepKind, OptimizedStep | None] = {}  # None: the kind runs unplanned
         self.reports: list[dict] = []  # every report made, in order
         self._current: Callable | None = None  # the framework's step the traced function runs
-        self._open: tuple | None = None  # (context, step) of an iteration begun and not ended
+        self._open: tuple | None = None  # (context, step, kind) of a step begun and not ended
         self._unreported: set[StepKind] = set()
         self._closed: list[dict] = []  # stats of the plans `close` released
 

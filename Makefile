@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e ".[hf,dev,docs]"
+	$(PY) -m pip install -q -e ".[hf,lightning,dev,docs]"
 	touch $(STAMP)
 
 clean:

@@ -31,6 +31,7 @@ _EXPORTS = {
     "simulate": "memplan.sim.simulate",
     "validate": "memplan.sim.validate",
     "optimize": "memplan.workflows.optimize",
+    "write_report": "memplan.workflows.plan_report",
     "MemplanError": "memplan.errors",
     "InfeasibleBudgetError": "memplan.errors",
 }

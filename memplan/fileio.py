@@ -38,7 +38,8 @@ SUFFIXES = {
     "JSON lines": (".jsonl",),
     "CSV": (".csv",),
     "SQLite": (".sqlite", ".sqlite3", ".db"),
-    "plot": (".png", ".pdf", ".svg"),  # matplotlib writes each of these as its name says
+    "plot": (".png", ".pdf", ".svg"),
+    "HTML": (".html", ".htm"),  # matplotlib writes each of these as its name says
 }
 
 

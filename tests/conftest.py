@@ -8,6 +8,7 @@
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 DEFAULT_EXAMPLES = 12  # per property (and per planner in tests/test_planner_property.py)
@@ -20,3 +21,15 @@ settings.register_profile(
 settings.register_profile("ci-long", parent=settings.get_profile("memplan"), max_examples=LONG_EXAMPLES,
                           derandomize=False)
 settings.load_profile("memplan")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of small training steps: many small ops, which a second
+    thread only slows down (on a busy 2-core host, twentyfold)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..budget import budget_in_force
-from ..errors import MemplanError
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budget_option, output_of
@@ -37,18 +36,11 @@ def add_simulate(sub) -> None:
 def run(args) -> int:
     """Simulate and print the result."""
     from ..cost.model import Cost
-    from ..cost.profiles import get_profile
-    from ..model import read_plan
     from ..sim.comm import simulate_comm
     from ..sim.simulate import Simulator, simulation_device
-    from ..tracing.formats import load_any
+    from .inputs import trace_and_plan
 
-    if args.device is not None:
-        get_profile(args.device)
-    trace = load_any(args.trace, args.format)
-    if not trace.ops:
-        raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")
-    plan = read_plan(args.plan, trace) if args.plan else None
+    trace, plan = trace_and_plan(args)
     budget, source = budget_in_force(args.budget, None if plan is None else plan.budget_bytes, trace.peak_load_bytes)
     device, device_source = simulation_device(plan, args.device)
     sim = Simulator(trace, Cost.for_trace(trace, device))

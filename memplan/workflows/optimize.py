@@ -29,6 +29,7 @@ step would create it (`prime_optimizer_state`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -101,6 +102,19 @@ class OptimizedStep:
             out = self._step(inputs)
         self._keep_budget()
         return out
+
+    @contextlib.contextmanager
+    def iteration(self, *inputs):
+        """One iteration under the plan, run by the code in the block rather than by `step_fn`:
+        for a framework whose own hooks begin and end the step (memplan.integrations.lightning).
+
+        Args:
+            *inputs: the step's inputs (the meter counts them as the step's memory).
+        """
+        with self.runtime.installed():
+            self.runtime.begin_step(inputs)
+            yield self
+        self._keep_budget()
 
     def _step(self, inputs: tuple):
         self.runtime.begin_step(inputs)

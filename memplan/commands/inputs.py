@@ -1,0 +1,23 @@
+"""What the commands that score a plan read: a trace with ops and the plan made for it."""
+
+from __future__ import annotations
+
+from ..cost.profiles import get_profile
+from ..errors import MemplanError
+from ..model import Plan, Trace, read_plan
+from ..tracing.formats import load_any
+
+
+def trace_and_plan(args) -> tuple[Trace, Plan | None]:
+    """The trace `args.trace` (format `args.format`), which must have ops, and the plan `args.plan`
+    made for it (None without one); `args.device`, if given, is checked first (one line if unknown).
+
+    Raises:
+        MemplanError: an unknown device, an unreadable file, a trace without ops, a plan of another trace.
+    """
+    if args.device is not None:
+        get_profile(args.device)
+    trace = load_any(args.trace, args.format)
+    if not trace.ops:
+        raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")
+    return trace, read_plan(args.plan, trace) if args.plan else None

@@ -27,7 +27,7 @@ import numpy as np
 from ..cost.model import Cost
 from ..fileio import atomic_write_text, check_output_path
 from ..model import Plan, Trace, check_plan
-from ..model.program import ActionKind, Rebuild
+from ..model.program import ActionKind, Rebuild, ReplayStep
 from ..sim.program import compile_program, residencies
 from ..sim.simulate import Simulator, simulation_device
 from ..units import format_bytes
@@ -197,6 +197,19 @@ def _copy_spans(trace: Trace, program, times: _Times) -> dict[tuple[int, str], t
     return out
 
 
+def _recompute_steps(trace: Trace, program, action, ran: set) -> list:
+    """What recompute `action` runs: its replay chain's steps, or in a hooked program (memplan.sim.lowering)
+    its module call's ops once per run (the run's other storages are adopted from it)."""
+    if program.level != "hooked":
+        return [s for s in program.rebuilds.get(action.decision, _NO_REBUILD).steps if s.ops]
+    run = program.regions[action.decision]
+    if (run, action.op) in ran:
+        return []
+    ran.add((run, action.op))
+    ops = tuple(range(trace.calls[run.call].first_op, run.stop))
+    return [ReplayStep(storage=program.decisions[action.decision].storage, ops=ops, temporary=False)]
+
+
 def _decision_events(trace: Trace, program, times: _Times, copies: dict) -> dict[int, list]:
     """Per storage: its transfers ["d2h"/"h2d", start, end] and its recomputations ["recompute",
     start, end, first op, last op] (the ops replayed, in the chains that run just before the op
@@ -205,13 +218,14 @@ def _decision_events(trace: Trace, program, times: _Times, copies: dict) -> dict
     out: dict[int, list] = {}
     replays: dict[int, list] = {}  # op -> (ops, event) of every chain step run before it
     adopted = []
+    ran: set = set()  # (region run, op) of a hooked program's runs so far
     for a in program.actions:
         sid = program.decisions[a.decision].storage
         if a.kind in (ActionKind.SWAP_OUT, ActionKind.PREFETCH):
             lane = "d2h" if a.kind == ActionKind.SWAP_OUT else "h2d"
             out.setdefault(sid, []).append(_rounded([lane, *copies[a.decision, lane]]))
         elif a.kind == ActionKind.RECOMPUTE:
-            steps = [s for s in program.rebuilds.get(a.decision, _NO_REBUILD).steps if s.ops]
+            steps = _recompute_steps(trace, program, a, ran)
             if not steps:
                 adopted.append((sid, a.op))
             seconds = [float(times.cost.durations[list(s.ops)].sum()) for s in steps]

@@ -250,8 +250,10 @@ def run_calibrate(args) -> int:
     from ..cost.calibrate import calibrate
     from ..cost.calibrate_cpu import calibrate_cpu
     from ..cost.profiles import profile_to_json
+    from ..workflows.calibrate_executor import with_executor_costs
 
     profile = calibrate_cpu(name=args.name) if args.device == "cpu" else calibrate(args.gpu, name=args.name)
+    profile = with_executor_costs(profile, "cpu" if args.device == "cpu" else f"cuda:{args.gpu}")
     data = profile_to_json(profile)
     if args.output:
         atomic_write_text(args.output, json.dumps(data, indent=1) + "\n")
@@ -283,4 +285,5 @@ def _profile_rows(data: dict) -> list[tuple[str, object]]:
             ("per op in a dispatch mode", f"{data.get('mode_op_s', 0.0) * 1e6:.1f} us"),
             ("per replayed op", f"{data.get('replay_op_s', 0.0) * 1e6:.1f} us"),
             ("per executor action", f"{data.get('action_s', 0.0) * 1e6:.1f} us"),
+            ("per region run", f"{data.get('region_s', 0.0) * 1e6:.1f} us"),
             ("memory", format_bytes(data["memory_bytes"])), ("kind", data.get("kind", "gpu"))]

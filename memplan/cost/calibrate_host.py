@@ -19,11 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 LAYERS, WIDTH, BATCH = 48, 16, 4  # 48 x (Linear(16) + ReLU) at batch 4: microseconds of work per op
 REPEATS = 9
 WARMUP = 3
-# A replayed op costs the interpreted executor about ten times what its dispatch mode costs per op,
-# and an action about two hooks (benchmarks/results/exec_overhead.md on this project's CPU: 55.8 us
-# per replayed op against 5.2 us per op in an empty mode).
+# A replayed op costs the interpreted executor about ten times what its dispatch mode costs per op
+# (benchmarks/results/exec_overhead.md on this project's CPU: 55.8 us per replayed op against 5.2 us
+# per op in an empty mode). Actions and region runs are measured with the executor itself
+# (memplan.workflows.calibrate_executor).
 REPLAY_PER_MODE_OP = 10.7
-ACTION_PER_HOOK = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +34,6 @@ class HostCosts:
     hook_s: float  # per saved-tensor pack or unpack
     mode_op_s: float  # per op through a dispatch mode
     replay_op_s: float  # per replayed op
-    action_s: float  # per executor action
 
 
 def measure_host(device: str = "cpu", launch_s: float = 0.0, repeats: int = REPEATS) -> HostCosts:
@@ -60,7 +59,7 @@ def measure_host(device: str = "cpu", launch_s: float = 0.0, repeats: int = REPE
     mode_op_s = max(0.0, moded - plain) / ops
     own_launch = launch_s if device == "cpu" else 0.0
     return HostCosts(host_op_s=max(0.0, plain / ops - own_launch), hook_s=hook_s, mode_op_s=mode_op_s,
-                     replay_op_s=REPLAY_PER_MODE_OP * mode_op_s, action_s=ACTION_PER_HOOK * hook_s)
+                     replay_op_s=REPLAY_PER_MODE_OP * mode_op_s)
 
 
 class _EmptyMode(TorchDispatchMode):

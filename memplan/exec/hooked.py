@@ -86,6 +86,8 @@ class HookedRunner(Mover):
         super().__init__(trace, program, engine, slab, model, optimizer)
         self.device = torch.device(device)
         self.saved = trace.saved
+        # each pack's storage size as the run must find it (a pack of a storage the trace does not know: any)
+        self.expected = [trace.storages[s.storage].nbytes if s.storage is not None else None for s in trace.saved]
         self.when = _points_of(program, hook_points(trace.saved, len(trace.ops)))
         self.modules = _region_modules(trace, program, model)
         self.last_run = {}  # call -> index of the program's last action that runs it (its hold ends there)
@@ -158,14 +160,14 @@ class HookedRunner(Mover):
         if not self.active or self.off:
             return n, t
         started = time.perf_counter()
-        record = self.saved[n] if n < len(self.saved) else None
-        if record is None or (record.storage is not None and
-                              self.finder.counted(t.untyped_storage().nbytes()) != self.trace.nbytes[record.storage]):
+        expected = self.expected[n] if n < len(self.expected) else -1
+        if expected == -1 or (expected is not None and self.finder.counted(t.untyped_storage().nbytes()) != expected):
             self.diverge(f"pack {n} is not the traced one")
         else:
-            if record.storage in self.entries and record.storage not in self.found:
-                self.found[record.storage] = weakref.ref(t)
-            self._advance(record.packed_at)
+            sid = self.saved[n].storage
+            if sid in self.entries and sid not in self.found:
+                self.found[sid] = weakref.ref(t)
+            self._advance(self.saved[n].packed_at)
         self.stats.host_s += time.perf_counter() - started
         return n, t
 

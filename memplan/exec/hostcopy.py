@@ -65,7 +65,7 @@ def store(src: torch.Tensor, typed: torch.Tensor | None, region: torch.Tensor) -
                             values_dtype=packed.values.dtype, numel=packed.numel)
             return HostCopy(dest=dest, overflow=dest is not region, packed=layout)
     dest = _room(region, src.numel())
-    dest[: src.numel()].copy_(src, non_blocking=True)
+    (dest if dest.numel() == src.numel() else dest[: src.numel()]).copy_(src, non_blocking=True)
     return HostCopy(dest=dest, overflow=dest is not region)
 
 
@@ -81,7 +81,7 @@ def load(dst: torch.Tensor, copy: HostCopy) -> None:
     """Copy the host copy back into the storage's bytes (decompressing)."""
     src, packed = copy.dest, copy.packed
     if packed is None:
-        dst.copy_(src[: dst.numel()], non_blocking=True)
+        dst.copy_(src if src.numel() == dst.numel() else src[: dst.numel()], non_blocking=True)
         return
     width = torch.empty((), dtype=packed.values_dtype).element_size()
     bits = src[: packed.bits].to(dst.device, non_blocking=True)

@@ -77,6 +77,7 @@ class HostSlab:
         self.layout = layout
         self.pin = pin
         self.buffer = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self._regions: dict[int, torch.Tensor] = {}  # made once: a swap takes its region at every step
 
     @property
     def nbytes(self) -> int:
@@ -85,9 +86,13 @@ class HostSlab:
 
     def region(self, decision: int) -> torch.Tensor:
         """The uint8 region of one swap decision."""
-        offset = self.layout.offsets[decision]
-        return self.buffer[offset: offset + self.layout.sizes[decision]]
+        region = self._regions.get(decision)
+        if region is None:
+            offset = self.layout.offsets[decision]
+            region = self._regions[decision] = self.buffer[offset: offset + self.layout.sizes[decision]]
+        return region
 
     def release(self) -> None:
         """Drop the buffer (after every copy has finished)."""
         self.buffer = torch.empty(0, dtype=torch.uint8)
+        self._regions.clear()

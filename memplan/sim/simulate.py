@@ -313,11 +313,12 @@ class Simulator:
         """Per decision: chain seconds, bytes allocated when it starts and freed when it is done, and
         the host's work to issue its ops (replayed through Python when interpreted)."""
         per_op = self.cost.host_op_s + (self.cost.executor_s("replay_op") if level == INTERPRETED else 0.0)
+        per_run = self.cost.executor_s("region") if level == HOOKED else 0.0
         seconds, alloc, freed = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         host = np.zeros(n)
         for k, chain in chains.items():
             seconds[k], alloc[k], freed[k] = chain.seconds, chain.alloc_bytes, chain.free_bytes
-            host[k] = per_op * sum(len(step.ops) for step in chain.steps)
+            host[k] = per_op * sum(len(step.ops) for step in chain.steps) + (per_run if chain.steps else 0.0)
         return seconds, alloc, freed, host
 
     @staticmethod

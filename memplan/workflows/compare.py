@@ -43,6 +43,7 @@ from ..fileio import atomic_write_text, make_output_folder, read_text
 from ..planners.base import get_planner, plan
 from ..progress import progress_bar
 from ..zoo.registry import check_model_name
+from .calibrate_executor import with_executor_costs
 from .compare_settings import (CPU_PROFILE, CPU_PROFILE_FILE, GPU_PROFILE, GPU_PROFILE_FILE, METERED_STEPS, NO_BUDGET,
                                PLANNER_PARAMS, TOOL_PREFIX, CompareSettings)
 from .maxbatch import max_batch
@@ -200,8 +201,8 @@ def _with_run_profile(s: CompareSettings, folder: Path) -> CompareSettings:
 def _calibrated(s: CompareSettings):
     """The calibration `s.run_profile` names: this CPU's, or that of the GPU in `s.device`."""
     if s.run_profile == CPU_PROFILE:
-        return calibrate_cpu()
-    return calibrate(torch.device(s.device).index or 0)
+        return with_executor_costs(calibrate_cpu(), "cpu")
+    return with_executor_costs(calibrate(torch.device(s.device).index or 0), s.device)
 
 
 def _source(task: Task, s: CompareSettings) -> str:

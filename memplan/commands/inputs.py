@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from ..cost.profiles import get_profile
+from typing import TYPE_CHECKING
+
 from ..errors import MemplanError
-from ..model import Plan, Trace, read_plan
-from ..tracing.formats import load_any
+
+if TYPE_CHECKING:
+    from ..model import Plan, Trace
 
 
 def trace_and_plan(args) -> tuple[Trace, Plan | None]:
@@ -15,6 +17,11 @@ def trace_and_plan(args) -> tuple[Trace, Plan | None]:
     Raises:
         MemplanError: an unknown device, an unreadable file, a trace without ops, a plan of another trace.
     """
+    # numpy-based layers: every command module is imported to build the parser (commands/base.py)
+    from ..cost.profiles import get_profile
+    from ..model import read_plan
+    from ..tracing.formats import load_any
+
     if args.device is not None:
         get_profile(args.device)
     trace = load_any(args.trace, args.format)

@@ -29,9 +29,10 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 BROWSER_INITIATOR = "not an origin"  # Chromium's own requests (updates, accounts) in its network log
 # Colours the page draws with (memplan/workflows/plan_report.js), each for one thing, and the fewest
-# pixels each must cover (a legend's swatch is 180).
+# pixels each must cover (a legend's swatch is 180; this small model's step is host-bound on the h100
+# profile, so its compute stream is busy a fraction of the step: memplan.sim.simulate, "host").
 COLOURS = {"memory chart: without the plan": ("#8c564b", 1500), "memory chart: under the plan": ("#1f77b4", 1500),
-           "memory chart: budget": ("#d62728", 800), "streams: compute": ("#4c72b0", 1000),
+           "memory chart: budget": ("#d62728", 800), "streams: compute": ("#4c72b0", 500),
            "streams and fates: to the host": ("#ff7f0e", 300), "streams and fates: back": ("#2ca02c", 300),
            "fates: resident": ("#6baed6", 1000)}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Op, Plan, Storage, Trace
 from memplan.planners.base import plan as make_plan
+from memplan.planners.bound import lower_bound
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
@@ -65,12 +67,13 @@ def _spans(a, b, op):
     return a < op < b if b > a else op > a or op < b
 
 
-def _options(trace, budget, min_bytes=MIB):
+def _options(trace, budget, min_bytes=MIB, overlap=False):
     """Per gap of a storage of at least `min_bytes` that spans an op over the budget (leaving
     elsewhere only costs): keep (None), recompute (where the trace can rebuild it, not across the
     boundary), or swap with every prefetch op, back by the gap's end or earlier at any op
     where another gap ends (where a recomputation may read it); across the boundary with every
-    prefetch op in the tail or the head."""
+    prefetch op in the tail or the head; with `overlap`, every swap also with its copy out beside
+    the op it leaves after (where that op does not write it)."""
     n = len(trace.ops)
     over = [i for i in range(n) if trace.load[i] > budget]
     gaps = [(s.id, a, b) for s in trace.storages if s.nbytes >= min_bytes for a, b in _gaps(trace, s.id)]
@@ -89,14 +92,16 @@ def _options(trace, budget, min_bytes=MIB):
         else:
             choices += [Decision(storage=sid, action="swap", out_after=a, back_before=b, trigger=t)
                         for t in [*range(0, b + 1), *range(a + 1, n)]]
+        if overlap and sid not in trace.ops[a].writes:
+            choices += [replace(d, overlap=True) for d in choices if d is not None and d.action == "swap"]
         out.append(choices)
     return out
 
 
-def _brute_force(trace, cost, budget) -> float | None:
+def _brute_force(trace, cost, budget, overlap=False) -> float | None:
     """The least simulated time of any valid plan within the budget (None: there is none)."""
     simulator, best = Simulator(trace, cost), None
-    for combo in itertools.product(*_options(trace, budget)):
+    for combo in itertools.product(*_options(trace, budget, overlap=overlap)):
         plan = Plan(decisions=tuple(sorted((d for d in combo if d), key=lambda d: (d.back_before, d.storage))))
         result = simulator.run(plan, budget)
         better = result.feasible and result.peak_load_bytes <= budget and (best is None or result.time_s < best)
@@ -132,6 +137,32 @@ def test_milp_equals_brute_force_over_all_policies(factory, share):
     assert report["status"] == "optimal" and report["mip_gap"] == pytest.approx(0.0, abs=1e-9)
     # Every op here starts a layer: the MILP's objective is the simulated overhead.
     assert report["milp_overhead"] == pytest.approx(report["simulated_overhead"], abs=1e-9)
+
+
+BRUTE_CASES = [
+    (lambda: chain_trace(3, param_bytes=SMALL_WEIGHTS), 0.7),
+    (lambda: chain_trace(3, param_bytes=SMALL_WEIGHTS, flops_per_layer=3e10), 0.65),
+    (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.8),
+    (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.9),
+    (_optimizer_state_chain, 0.8), (_optimizer_state_chain, 0.6),
+]
+
+
+@pytest.mark.parametrize("factory, share", BRUTE_CASES)
+def test_the_bound_is_never_above_the_brute_force_optimum(factory, share):
+    """The lower bound of every plan (`memplan.planners.bound`) against the best of every policy,
+    swaps with their copy out beside their last op included (outside milp's model); milp reports
+    it, below its own plan."""
+    trace = factory()
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(share * trace.peak_load_bytes)
+    best = _brute_force(trace, cost, budget, overlap=True)
+    bound = lower_bound(trace, budget, cost)
+    assert best is not None and bound.overhead is not None
+    baseline = float(sum(cost.durations))
+    assert bound.overhead <= best / baseline - 1 + 1e-9
+    report = make_plan(trace, budget, planner="milp", cost=cost, **EXACT).report
+    assert report["bound"] == pytest.approx(bound.overhead) and report["bound"] <= report["simulated_overhead"] + 1e-9
 
 
 def test_the_light_residual_case_mixes_swaps_and_recomputes():

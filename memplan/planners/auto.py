@@ -44,8 +44,9 @@ from ..sim.validate import validate
 from .base import get_planner, infeasible, register
 from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from .kit.fitting import smallest_fitting_budget
-from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
-from .kit.refine import Refiner, policy_of
+from .bound import Bound, lower_bound
+from .kit.plan_search import PlanSearch
+from .kit.policy import CAP_RESOLUTION
 from .milp import MAX_DIRECT_GROUPS, solve_milp
 from .milp.layers import MOVES, layer_problem
 
@@ -61,6 +62,7 @@ MILP_SHARE = 0.5  # of the time left after autoswap:bo
 MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
+BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.bound)
 FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
 # solves and the scoring of its plans end up to a few seconds past its own limit on large traces
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
@@ -101,8 +103,9 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         raise MemplanError(f"planner 'auto': parameter time_limit_s must be positive, got {time_limit_s!r}")
     if budget_bytes >= trace.peak_load_bytes:
         return Plan(report={"chosen": "none", "refined_from": None, "candidates": {"none": 0.0}, "bound": 0.0,
-                            "gap_to_bound": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
+                            "gap": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
     search = _Search(trace, budget_bytes, cost, seed, time_limit_s, min_bytes)
+    search.bound = lower_bound(trace, budget_bytes, cost, time_limit_s=BOUND_SHARE * time_limit_s)
     search.fast()
     search.bayesian()
     if milp:
@@ -124,6 +127,7 @@ class _Search:
         self.candidates: list[Candidate] = []
         self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
         self.milp_report: dict | None = None
+        self.bound: Bound | None = None  # the lower bound of every plan
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -174,7 +178,7 @@ class _Search:
             return
         try:
             plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
-                              moves=moves)
+                              moves=moves, bound=self.bound)
         except InfeasibleBudgetError as exc:
             self.named["milp"] = exc.min_feasible_bytes
             return
@@ -182,19 +186,17 @@ class _Search:
         self.add("milp", plan)
 
     def refine(self) -> None:
-        """Step 4: local search from each of the best REFINED candidates, sharing the time left."""
+        """Step 4: local search on the plans of the best REFINED candidates (`memplan.planners.kit.plan_search`:
+        their own decisions and prefetch ops), sharing the time left."""
         fm = feature_maps(self.trace, self.min_bytes)
-        if not len(fm):
-            return
-        evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
+        search = PlanSearch(fm, self.simulator, self.budget)
         for i, base in enumerate(self.ranked()[:REFINED]):
             left = self.left()
             if left <= 0:
                 break
-            policy, extras = policy_of(fm, base.plan.decisions)
-            refiner = Refiner(evaluator, extras)
-            best, _ = refiner.polish(policy, time.monotonic() + left / (REFINED - i))
-            self.add(f"refined:{base.name}", refiner.plan(best))
+            polished = search.polish(base.plan, time.monotonic() + left / (REFINED - i))
+            if polished is not base.plan:
+                self.add(f"refined:{base.name}", polished)
 
     def swarm(self) -> None:
         """Step 5: with time left after the local searches, `home:seeded` with the rest of it."""
@@ -211,7 +213,7 @@ class _Search:
             return
         try:
             plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=left, min_bytes=self.min_bytes,
-                              start=ranked[0].plan.decisions)
+                              start=ranked[0].plan.decisions, bound=self.bound)
         except InfeasibleBudgetError:
             return
         self.milp_report = {**plan.report, "moves": MOVES[0], "started_from": ranked[0].name}
@@ -226,11 +228,12 @@ class _Search:
         raise infeasible(self.budget, min(self.named.values(), default=self.trace.peak_load_bytes), "auto")
 
     def _report(self, chosen: Candidate) -> dict:
-        bound = None if self.milp_report is None else self.milp_report.get("milp_bound")
-        overheads = {c.name: round(c.overhead, 6) for c in self.ranked()}
+        milp = self.milp_report or {}
+        bound = self.bound.report() if self.bound is not None else {"bound": None}
+        finite = bound["bound"] is not None and np.isfinite(bound["bound"])
         return {"chosen": chosen.name, "overhead": chosen.overhead,
                 "refined_from": chosen.name.split(":", 1)[1] if chosen.name.startswith("refined:") else None,
-                "candidates": overheads, "infeasible": dict(sorted(self.named.items())),
-                "bound": bound, "gap_to_bound": None if bound is None else float(np.float64(chosen.overhead - bound)),
-                "milp_status": None if self.milp_report is None else self.milp_report.get("status"),
-                "bound_scope": None if self.milp_report is None else self.milp_report.get("bound_scope")}
+                "candidates": {c.name: round(c.overhead, 6) for c in self.ranked()},
+                "infeasible": dict(sorted(self.named.items())), **bound,
+                "gap": float(np.float64(chosen.overhead - bound["bound"])) if finite else None,
+                "milp_bound": milp.get("milp_bound"), "milp_status": milp.get("status")}

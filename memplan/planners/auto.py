@@ -45,6 +45,7 @@ from .base import get_planner, infeasible, register
 from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from .kit.fitting import smallest_fitting_budget
 from .bound import Bound, lower_bound
+from .dtr import dtr_within
 from .kit.plan_search import PlanSearch
 from .kit.policy import CAP_RESOLUTION
 from .milp import MAX_DIRECT_GROUPS, solve_milp
@@ -52,10 +53,12 @@ from .milp.layers import MOVES, layer_problem
 
 log = logging.getLogger(__name__)
 
-# Not DTR: quick where it fits, but naming the smallest budget it reaches took 106 s on hf:gpt2@8 at 50%.
+# Not DTR as a planner: quick where it fits, but naming the smallest budget it reaches took 106 s on
+# hf:gpt2@8 at 50%; auto runs its search for a fitting plan only (`dtr_within`).
 FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "sqrt-n", "checkpoint-all",
         "save-on-cpu")
 DEFAULT_TIME_LIMIT_S = 20.0
+DTR_SHARE = 0.1  # of the time left after the fast planners, for DTR's plan (not its refusal: see FAST)
 BO_SHARE = 0.25  # of the time left after the fast planners, for autoswap:bo
 BO_MIN_S = 1.0  # autoswap:bo is not started with less time than this
 MILP_SHARE = 0.5  # of the time left after autoswap:bo
@@ -154,9 +157,14 @@ class _Search:
             self.named[name] = exc.min_feasible_bytes
 
     def fast(self) -> None:
-        """Step 1: every fast planner (all of them run: they take a fraction of a second each)."""
+        """Step 1: every fast planner (all of them run: they take a fraction of a second each), then DTR's
+        plan where it fits (its caps tried within DTR_SHARE of the time left)."""
         for name in FAST:
             self.run_planner(name)
+        found = dtr_within(self.trace, self.cost, self.simulator, self.budget,
+                           time.monotonic() + DTR_SHARE * self.left())
+        if found is not None:
+            self.add("dtr", found)
 
     def bayesian(self) -> None:
         """Step 2: AutoSwap's weights tuned by Bayesian optimisation, for BO_SHARE of the time left."""

@@ -1,31 +1,34 @@
 """`auto`: the planner to use when you do not know which one to use.
 
 Within one time limit (default 20 s) it
-1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
-   PyTorch-style baselines), each scored by the simulator at the budget;
-2. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
-3. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
+1. proves a lower bound on the overhead of every plan (`memplan.planners.bound`) with
+   BOUND_SHARE of the limit;
+2. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
+   PyTorch-style baselines), each scored by the simulator at the budget, then DTR's search for a
+   plan within the budget (`dtr_within`, DTR_SHARE of the time left);
+3. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
+4. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
    decision groups; over saved activations only when the model over every storage is
-   larger), for MILP_SHARE of the time left; its proven bound is kept for the report (on
-   larger models the decomposition improves too slowly to be worth the time, unless no
-   fast planner reaches the budget: then milp over every storage runs, decomposed, since it
-   moves what the others cannot, such as optimizer state across the iteration boundary);
-4. warm-starts a local search over keep / swap / recompute per feature map
-   (`memplan.planners.kit.refine`) from each of the best REFINED plans so far, milp's included,
-   sharing the time left until each reaches a local optimum;
-5. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
+   larger), for MILP_SHARE of the time left (on larger models the decomposition improves too
+   slowly to be worth the time, unless no fast planner reaches the budget: then milp over every
+   storage runs, decomposed, since it moves what the others cannot, such as optimizer state
+   across the iteration boundary);
+5. searches locally from the plans of the best REFINED candidates so far, milp's included, on
+   the plans themselves (`memplan.planners.kit.plan_search`: their own prefetch ops kept, one
+   decision changed at a time), sharing the time left until each reaches a local optimum;
+6. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
    particles for at most SWARM_ITERS iterations) within what is left;
-6. with time still left, runs milp over every storage warm-started from the best plan so
-   far (its decomposition on a large model, never worse than that start in the simulator),
-   whose bound then replaces a bound over activations only (FINISH_SHARE of the limit, at
-   least FINISH_S, is kept back: HiGHS and scoring the plans overrun a solve's own limit);
-7. returns the plan of least simulated time that validates and fits the budget.
+7. with time still left, runs milp over every storage warm-started from the best plan so
+   far (its decomposition on a large model, never worse than that start in the simulator;
+   FINISH_SHARE of the limit, at least FINISH_S, is kept back: HiGHS and scoring the plans
+   overrun a solve's own limit);
+8. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
-(`refined_from`), every candidate's simulated overhead, and milp's bound where milp ran
-(`bound`, with `gap_to_bound` in points). Deterministic for a seed whenever nothing is cut
-short by the time limit (on small traces); on large ones how far each step gets depends on
-the machine's speed.
+(`refined_from`), every candidate's simulated overhead, the bound (`bound`) and the chosen plan's
+distance to it (`gap`), and milp's own bound where milp ran (`milp_bound`). Deterministic for a
+seed whenever nothing is cut short by the time limit (on small traces); on large ones how far
+each step gets depends on the machine's speed.
 """
 
 from __future__ import annotations

@@ -45,9 +45,10 @@ What it approximates (the simulator is the judge of every plan, and reports the 
   queue is not charged;
 - compression is not decided (traces carry no measured ratio per tensor).
 So the simulated overhead of the chosen plan is at most the MILP objective when no wait is
-charged early, and both are reported. The proven lower bound and gap are the MILP's (when
-decomposed, the bound of the LP relaxation): a bound on the best plan in the model, not on
-every schedule the simulator could run (`bound_scope` in the report says so).
+charged early, and both are reported. The MILP's proven lower bound and gap (`milp_bound`; when
+decomposed, the bound of the LP relaxation) bound the best plan in the model, not every schedule
+the simulator could run (`milp_bound_scope` in the report says so); `bound` in the report is the
+lower bound of every plan (`memplan.planners.bound`), and `gap` the plan's distance to it.
 
 The plan is validated and simulated at the budget; a plan the validator rejects has the
 offending action forbidden and is solved again, one whose simulated peak exceeds the budget

@@ -162,7 +162,7 @@ def test_the_bound_is_never_above_the_brute_force_optimum(factory, share, tight)
     assert best is not None and bound.overhead is not None
     baseline = float(sum(cost.durations))
     assert bound.overhead <= best / baseline - 1 + 1e-9
-    assert (bound.overhead == pytest.approx(best / baseline - 1, abs=1e-6)) == tight
+    assert (bound.overhead == pytest.approx(best / baseline - 1, abs=1e-5)) == tight
     report = make_plan(trace, budget, planner="milp", cost=cost, **EXACT).report
     assert report["bound"] == pytest.approx(bound.overhead) and report["bound"] <= report["simulated_overhead"] + 1e-9
 

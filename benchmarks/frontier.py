@@ -13,7 +13,7 @@ Every overhead is simulated; planning times are wall-clock seconds on this share
 load average next to them. Results are written after every case, so an interrupted run keeps what it did.
 
     nice -n 10 .venv/bin/python benchmarks/frontier.py [--only bound,targets] [--device h100]
-        [--milp-s 120] [--bound-s 300] [--cases LABEL,...] [--planners NAME,...] [--render]
+        [--milp-s 60] [--bound-s 150] [--cases LABEL,...] [--planners NAME,...] [--render]
 
 Writes benchmarks/results/frontier.{json,md}.
 """
@@ -55,8 +55,9 @@ WITHIN = {"resnet18-cifar@128 70%": 0.02, "resnet18-cifar@128 50%": 0.02, "resne
 AT_MOST = {"resnet50@256 1/3": 0.10}  # auto at most this, or the bound proves it cannot be
 RIVALS = ("capuchin", "dtr", "autoswap:bo")  # neither auto nor milp may be worse than these
 # Search planners on one core and within a time limit each.
-PARAMS = {"home": {"time_limit_s": 60.0, "workers": 1}, "home:fast": {"workers": 1}, "home:seeded": {"workers": 1},
-          "dqn": {"time_limit_s": 20.0}}
+# (Sized for a shared 2-core host: the whole run within about 90 minutes.)
+PARAMS = {"home": {"time_limit_s": 30.0, "workers": 1}, "home:fast": {"workers": 1}, "home:seeded": {"workers": 1},
+          "dqn": {"time_limit_s": 20.0}, "autoswap:bo": {"time_limit_s": 60.0}}
 log = logging.getLogger("frontier")
 
 
@@ -219,8 +220,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="bound,targets")
     ap.add_argument("--device", default="h100")
-    ap.add_argument("--milp-s", type=float, default=120.0, help="milp's time limit per case")
-    ap.add_argument("--bound-s", type=float, default=300.0, help="the lower bound's time limit per case")
+    ap.add_argument("--milp-s", type=float, default=60.0, help="milp's time limit per case")
+    ap.add_argument("--bound-s", type=float, default=150.0, help="the lower bound's time limit per case")
     ap.add_argument("--cases", default="", help="labels of CASES to run (default: every case of the sections)")
     ap.add_argument("--planners", default="", help="re-run only these planners in the cases, keeping the other rows")
     ap.add_argument("--render", action="store_true", help="rewrite frontier.md from frontier.json")

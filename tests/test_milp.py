@@ -202,6 +202,9 @@ def test_plan_json_reports_objective_bound_and_gap(capsys, trace_file, tmp_path)
     assert report["status"] == "optimal"
     assert report["milp_bound"] <= report["milp_overhead"] + 1e-12
     assert report["simulated_overhead"] == pytest.approx(summary["predicted"]["overhead"])
+    # The lower bound of every plan, and the plan's distance to it.
+    assert 0 <= report["bound"] <= report["simulated_overhead"] + 1e-9
+    assert report["gap"] == pytest.approx(report["simulated_overhead"] - report["bound"])
 
 
 @pytest.mark.parametrize("param, message", [

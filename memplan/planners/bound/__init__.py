@@ -76,8 +76,8 @@ def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: fl
                 max_checks: int = DEFAULT_CHECKS) -> Bound:
     """The best proven bound on the simulated overhead of every valid plan within `budget_bytes`
     that the LPs solved within `time_limit_s` give: with FIRST_CHECKS check ops, then twice as many
-    while time is left (up to `max_checks`), then the last one with its largest units whole (HiGHS'
-    branch and bound, its dual bound) when it is small. Each is a bound; the report keeps the best.
+    while time is left (up to `max_checks`), each solved again with its large single storages whole
+    (HiGHS' branch and bound, its dual bound) when it is small. Each is a bound; the best is kept.
 
     Args:
         trace, budget_bytes, cost: the problem, as a planner gets it.
@@ -93,6 +93,8 @@ def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: fl
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
         found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms)
+        log.info("bound with %d check ops: %s (%s) in %.1f s", found.check_ops, found.overhead, found.status,
+                 found.seconds)
         best = found if best is None or _better(found, best) else best
         if found.overhead in (None, float("inf")) or checks >= max_checks or found.check_ops < checks or \
                 time.perf_counter() >= deadline:

@@ -4,28 +4,37 @@ and with the lower bound of every plan (`memplan.planners.bound`) and its gap to
 from __future__ import annotations
 
 import math
+import time
 
 from ...cost.model import Cost
 from ...model import Decision, Plan, Trace
 from ...sim.simulate import Simulator
 from ...sim.validate import validate
 from ..bound import Bound
+from ..dtr import dtr_within
 from ..kit.fitting import fitting_plans
 
 START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
+FALLBACK_DTR_S = 5.0  # DTR's search for a plan within the budget, among the fallbacks when HiGHS proved nothing
 
 
-def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator) -> tuple[Decision, ...] | None:
-    """The decisions of the fitting plan of least simulated time among START_PLANNERS' (None: none fits)."""
+def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator,
+               dtr_s: float = 0.0) -> tuple[Decision, ...] | None:
+    """The decisions of the fitting plan of least simulated time among START_PLANNERS' and, with
+    `dtr_s`, DTR's (its caps tried within that many seconds); None when none fits."""
     plans = fitting_plans(trace, budget_bytes, cost, START_PLANNERS, simulator)
+    if dtr_s > 0:
+        found = dtr_within(trace, cost, simulator, budget_bytes, time.monotonic() + dtr_s)
+        plans += [found] if found is not None and not validate(trace, found, budget_bytes) else []
     if not plans:
         return None
     return min(plans, key=lambda p: simulator.run(p, budget_bytes).time_s).decisions
 
 
 def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: tuple[Decision, ...] | None) -> Plan:
-    """`plan`, or the given start or (when HiGHS proved nothing) the fast planners' best plan when one
-    of them simulates faster within the budget and validates; `chosen` in the report says which."""
+    """`plan`, or the given start or (when HiGHS proved nothing) the best plan of the fast planners and
+    DTR when one of them simulates faster within the budget and validates; `chosen` in the report
+    says which."""
     report = dict(plan.report or {})
     if report.get("status") == "optimal" and not start:
         return plan
@@ -33,10 +42,10 @@ def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: 
     named = [(report.get("chosen", "the MILP's plan"), plan)]
     if start:
         named.append(("the given start", Plan(decisions=tuple(start))))
-    if report.get("status") != "optimal" and report.get("started_from") != "the fast planners' best plan":
-        fast = fast_start(trace, budget_bytes, cost, simulator)
+    if report.get("status") != "optimal":
+        fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=FALLBACK_DTR_S)
         if fast is not None:
-            named.append(("the fast planners' best plan", Plan(decisions=fast)))
+            named.append(("the fast planners' and DTR's best plan", Plan(decisions=fast)))
     best_name, best, best_s = named[0][0], plan, _time_s(simulator, plan, budget_bytes)
     for name, other in named[1:]:
         other_s = _time_s(simulator, other, budget_bytes)

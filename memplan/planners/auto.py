@@ -13,9 +13,10 @@ Within one time limit (default 20 s) it
    slowly to be worth the time, unless no fast planner reaches the budget: then milp over every
    storage runs, decomposed, since it moves what the others cannot, such as optimizer state
    across the iteration boundary);
-5. searches locally from the plans of the best REFINED candidates so far, milp's included, on
-   the plans themselves (`memplan.planners.kit.plan_search`: their own prefetch ops kept, one
-   decision changed at a time), sharing the time left until each reaches a local optimum;
+5. searches locally from the plans of the best REFINED candidates so far, milp's included: over
+   policies (`memplan.planners.kit.refine`), then on the better plan itself
+   (`memplan.planners.kit.plan_search`: its own prefetch ops kept, one decision changed at a
+   time), sharing the time left until each reaches a local optimum;
 6. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
    particles for at most SWARM_ITERS iterations) within what is left;
 7. with time still left, runs milp over every storage warm-started from the best plan so
@@ -50,7 +51,8 @@ from .kit.fitting import smallest_fitting_budget
 from .bound import Bound, lower_bound
 from .dtr import dtr_within
 from .kit.plan_search import PlanSearch
-from .kit.policy import CAP_RESOLUTION
+from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
+from .kit.refine import Refiner, policy_of
 from .milp import MAX_DIRECT_GROUPS, solve_milp
 from .milp.layers import MOVES, layer_problem
 
@@ -197,15 +199,25 @@ class _Search:
         self.add("milp", plan)
 
     def refine(self) -> None:
-        """Step 4: local search on the plans of the best REFINED candidates (`memplan.planners.kit.plan_search`:
-        their own decisions and prefetch ops), sharing the time left."""
+        """Step 5: from each of the best REFINED candidates, sharing the time left: the local search over
+        policies (`memplan.planners.kit.refine`: one feature map's action at a time, decoded with the
+        decoder's own prefetch ops and recompute chains) for half of its share, then the local search
+        on the better of the two plans itself (`memplan.planners.kit.plan_search`: its own prefetch
+        ops kept) for the rest; never slower than the candidate it starts from."""
         fm = feature_maps(self.trace, self.min_bytes)
+        if not len(fm):
+            return
+        evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
         search = PlanSearch(fm, self.simulator, self.budget)
         for i, base in enumerate(self.ranked()[:REFINED]):
-            left = self.left()
-            if left <= 0:
+            share = self.left() / (REFINED - i)
+            if share <= 0:
                 break
-            polished = search.polish(base.plan, time.monotonic() + left / (REFINED - i))
+            policy, extras = policy_of(fm, base.plan.decisions)
+            refiner = Refiner(evaluator, extras)
+            best, _ = refiner.polish(policy, time.monotonic() + share / 2)
+            start = min((base.plan, refiner.plan(best)), key=lambda p: search.time_s(p.decisions))
+            polished = search.polish(start, time.monotonic() + self.left() / (REFINED - i))
             if polished is not base.plan:
                 self.add(f"refined:{base.name}", polished)
 

@@ -206,8 +206,10 @@ def _bound_row(case: dict) -> str:
     num = (lambda v, f=".2%": "—" if v is None else format(v, f))
     bound = "—" if b.get("overhead") is None else "no plan fits" if not math.isfinite(b["overhead"]) else \
         f"{b['overhead']:.2%}"
-    milp = (f"{_pct(m)} | {r.get('chosen', r.get('status', '—'))} | {num(r.get('milp_overhead'))} | "
-            f"{num(r.get('milp_bound'))} | {r.get('solve_s', 0):.0f}") if m.get("feasible") else f"{_pct(m)} | — | — | — | —"
+    milp = f"{_pct(m)} | — | — | — | —"
+    if m.get("feasible"):
+        milp = (f"{_pct(m)} | {r.get('chosen', r.get('status', '—'))} | {num(r.get('milp_overhead'))} | "
+                f"{num(r.get('milp_bound'))} | {m.get('wall_s', 0):.0f}")
     return (f"| {case['case']} | {case['budget_bytes'] / GIB:.2f} GiB | {bound} | {b.get('seconds', '—')} | "
             f"{b.get('checks', '—')} | {b.get('variables', '—')} × {b.get('constraints', '—')} | {milp} | "
             f"{b.get('load_avg', '—')} |")

@@ -87,9 +87,11 @@ def random_plans(draw, trace):
 
 
 SYNTHETIC = st.one_of(
-    st.builds(lambda n, flops: chain_trace(n, flops_per_layer=flops, sizes=[(16 + 24 * (i % 4)) * MIB for i in range(n)]),
+    st.builds(lambda n, flops: chain_trace(n, flops_per_layer=flops,
+                                           sizes=[(16 + 24 * (i % 4)) * MIB for i in range(n)]),
               st.integers(2, 6), st.sampled_from([3e10, 1e11, 3e11])),
-    st.builds(lambda n, flops: residual_trace(n, flops_per_block=flops), st.integers(1, 3), st.sampled_from([3e10, 1e11])))
+    st.builds(lambda n, flops: residual_trace(n, flops_per_block=flops), st.integers(1, 3),
+              st.sampled_from([3e10, 1e11])))
 
 
 @given(data=st.data(), trace=st.one_of(training_traces(), SYNTHETIC))

@@ -294,7 +294,7 @@ def test_the_decomposition_is_never_worse_than_its_start_and_bounds_its_objectiv
     assert not fitting or result.time_s <= min(fitting) * (1 + 1e-9)
     report = plan.report
     assert report["status"] == "decomposed" and report["chosen"].startswith(
-        ("decomposition", "start", "every unit swapped", "the fast planners' and DTR's best plan"))
+        ("decomposition", "start", "every unit swapped", "the best plan of the fast planners"))
     assert report["milp_bound"] <= report["milp_overhead"] + 1e-9
     whole = make_plan(trace, budget, planner="milp", cost=cost, time_limit_s=120.0).report
     if whole["status"] == "optimal":

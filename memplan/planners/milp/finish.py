@@ -16,13 +16,17 @@ from ..kit.fitting import fitting_plans
 
 START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
 FALLBACK_DTR_S = 5.0  # DTR's search for a plan within the budget, among the fallbacks when HiGHS proved nothing
+FALLBACK_BO_S = 10.0  # and autoswap:bo's, with this time limit (its four pure scores whatever the limit)
 
 
-def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator,
-               dtr_s: float = 0.0) -> tuple[Decision, ...] | None:
+def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator, dtr_s: float = 0.0,
+               bo_s: float = 0.0) -> tuple[Decision, ...] | None:
     """The decisions of the fitting plan of least simulated time among START_PLANNERS' and, with
-    `dtr_s`, DTR's (its caps tried within that many seconds); None when none fits."""
+    `dtr_s` and `bo_s`, DTR's (its caps tried within that many seconds) and autoswap:bo's (with that
+    time limit); None when none fits."""
     plans = fitting_plans(trace, budget_bytes, cost, START_PLANNERS, simulator)
+    if bo_s > 0:
+        plans += fitting_plans(trace, budget_bytes, cost, ("autoswap:bo",), simulator, time_limit_s=bo_s)
     if dtr_s > 0:
         found = dtr_within(trace, cost, simulator, budget_bytes, time.monotonic() + dtr_s)
         plans += [found] if found is not None and not validate(trace, found, budget_bytes) else []
@@ -32,9 +36,9 @@ def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator
 
 
 def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: tuple[Decision, ...] | None) -> Plan:
-    """`plan`, or the given start or (when HiGHS proved nothing) the best plan of the fast planners and
-    DTR when one of them simulates faster within the budget and validates; `chosen` in the report
-    says which."""
+    """`plan`, or the given start or (when HiGHS proved nothing) the best plan of the fast planners, DTR
+    and autoswap:bo when one of them simulates faster within the budget and validates; `chosen` in
+    the report says which."""
     report = dict(plan.report or {})
     if report.get("status") == "optimal" and not start:
         return plan
@@ -43,9 +47,9 @@ def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: 
     if start:
         named.append(("the given start", Plan(decisions=tuple(start))))
     if report.get("status") != "optimal":
-        fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=FALLBACK_DTR_S)
+        fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=FALLBACK_DTR_S, bo_s=FALLBACK_BO_S)
         if fast is not None:
-            named.append(("the fast planners' and DTR's best plan", Plan(decisions=fast)))
+            named.append(("the best plan of the fast planners, DTR and autoswap:bo", Plan(decisions=fast)))
     best_name, best, best_s = named[0][0], plan, _time_s(simulator, plan, budget_bytes)
     for name, other in named[1:]:
         other_s = _time_s(simulator, other, budget_bytes)

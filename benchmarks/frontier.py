@@ -146,7 +146,7 @@ def to_markdown(data: dict) -> str:
             "memory rows and lane cuts); `milp`: the overhead of the plan milp returned (`chosen`), its model's "
             "objective and its model's own bound (a bound on plans in its model only).\n",
             "| case | budget | bound | bound s | checks | LP size (cols × rows) | milp | chosen | milp objective "
-            "| milp's model bound | milp s | load avg |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| milp's model bound | milp s | load avg (bound) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     out += [_bound_row(c) for c in cases]
     out += ["", "## auto per case\n", "| case | time limit | auto | above the bound | chosen | planning s | load avg |",
             "|---|---|---|---|---|---|---|"]

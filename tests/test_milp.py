@@ -141,7 +141,8 @@ def test_milp_equals_brute_force_over_all_policies(factory, share):
 
 BRUTE_CASES = [  # (trace, budget share, the bound equals the optimum there)
     (lambda: chain_trace(3, param_bytes=SMALL_WEIGHTS), 0.7, True),
-    (lambda: chain_trace(3, param_bytes=SMALL_WEIGHTS, flops_per_layer=3e10), 0.65, False),  # recompute inputs
+    # the LP recomputes a storage while it swaps that storage's input, which no valid plan may do
+    (lambda: chain_trace(3, param_bytes=SMALL_WEIGHTS, flops_per_layer=3e10), 0.65, False),
     (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.8, True),
     (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.9, True),
     (_optimizer_state_chain, 0.8, True), (_optimizer_state_chain, 0.6, True),
@@ -152,8 +153,8 @@ BRUTE_CASES = [  # (trace, budget share, the bound equals the optimum there)
 def test_the_bound_is_never_above_the_brute_force_optimum(factory, share, tight):
     """The lower bound of every plan (`memplan.planners.bound`) against the best of every policy,
     swaps with their copy out beside their last op included (outside milp's model); on these tiny
-    traces it is the optimum itself, but where the best plan could recompute a storage whose input
-    it swaps (the LP does not know a replay needs its inputs). milp reports it, below its own plan."""
+    traces it is the optimum itself but on one (the LP does not know that a replay needs its inputs
+    resident). milp reports it, below its own plan."""
     trace = factory()
     cost = Cost.for_trace(trace, "h100")
     budget = int(share * trace.peak_load_bytes)

@@ -1,5 +1,5 @@
 """The frontier (issues 27, 39): every swap/recompute planner against the proven lower bound of every
-plan (`memplan.planners.bound`), and `auto`'s targets.
+plan (`memplan.planners.kit.bound`), and `auto`'s targets.
 
 Cases (fake-tensor traces, simulated on one device profile, default h100):
   bound    resnet18-cifar@128 at 70/50/30% of its peak, hf:gpt2@8 with 4 layers at 70/50%
@@ -32,7 +32,7 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
 from memplan.planners.base import known_planners, plan
-from memplan.planners.bound import lower_bound
+from memplan.planners.kit.bound import lower_bound
 from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"

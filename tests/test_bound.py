@@ -1,4 +1,4 @@
-"""The lower bound of every plan (`memplan.planners.bound`): never above the simulated overhead of a
+"""The lower bound of every plan (`memplan.planners.kit.bound`): never above the simulated overhead of a
 plan that validates and fits, whoever made it — planners on generated traces, random plans of
 every kind of decision (swaps with any prefetch op, overlapping or synchronous copies, weights
 across the iteration boundary, recomputations) — and "no plan fits" only where none does. The
@@ -18,7 +18,7 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Plan
 from memplan.planners.base import plan as make_plan
-from memplan.planners.bound import check_ops, lower_bound
+from memplan.planners.kit.bound import check_ops, lower_bound
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import static_load, validate
 from memplan.testing.planner_property import fast_params

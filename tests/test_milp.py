@@ -16,7 +16,7 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Op, Plan, Storage, Trace
 from memplan.planners.base import plan as make_plan
-from memplan.planners.bound import lower_bound
+from memplan.planners.kit.bound import lower_bound
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
@@ -151,7 +151,7 @@ BRUTE_CASES = [  # (trace, budget share, the bound equals the optimum there)
 
 @pytest.mark.parametrize("factory, share, tight", BRUTE_CASES)
 def test_the_bound_is_never_above_the_brute_force_optimum(factory, share, tight):
-    """The lower bound of every plan (`memplan.planners.bound`) against the best of every policy,
+    """The lower bound of every plan (`memplan.planners.kit.bound`) against the best of every policy,
     swaps with their copy out beside their last op included (outside milp's model); on these tiny
     traces it is the optimum itself but on one (the LP does not know that a replay needs its inputs
     resident). milp reports it, below its own plan."""

@@ -1,7 +1,7 @@
 """`auto`: the planner to use when you do not know which one to use.
 
 Within one time limit (default 20 s) it
-1. proves a lower bound on the overhead of every plan (`memplan.planners.bound`) with
+1. proves a lower bound on the overhead of every plan (`memplan.planners.kit.bound`) with
    BOUND_SHARE of the limit;
 2. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
    PyTorch-style baselines), each scored by the simulator at the budget, then DTR's search for a
@@ -46,10 +46,10 @@ from ..model import Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import validate
 from .base import get_planner, infeasible, register
+from .dtr import dtr_within
+from .kit.bound import Bound, lower_bound
 from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from .kit.fitting import smallest_fitting_budget
-from .bound import Bound, lower_bound
-from .dtr import dtr_within
 from .kit.plan_search import PlanSearch
 from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
 from .kit.refine import Refiner, policy_of
@@ -70,7 +70,7 @@ MILP_SHARE = 0.5  # of the time left after autoswap:bo
 MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
-BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.bound)
+BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.kit.bound)
 FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
 # solves and the scoring of its plans end up to a few seconds past its own limit on large traces
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is

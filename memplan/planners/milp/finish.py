@@ -1,5 +1,5 @@
 """What `milp` returns around the MILP's plan: never slower than the plans it could fall back on,
-and with the lower bound of every plan (`memplan.planners.bound`) and its gap to it."""
+and with the lower bound of every plan (`memplan.planners.kit.bound`) and its gap to it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from ...cost.model import Cost
 from ...model import Decision, Plan, Trace
 from ...sim.simulate import Simulator
 from ...sim.validate import validate
-from ..bound import Bound
 from ..dtr import dtr_within
+from ..kit.bound import Bound
 from ..kit.fitting import fitting_plans
 
 START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best

@@ -1,4 +1,4 @@
-"""The lower bound's linear program (see `memplan.planners.bound` for what it relaxes).
+"""The lower bound's linear program (see `memplan.planners.kit.bound` for what it relaxes).
 
 Time in milliseconds, memory in MiB (HiGHS' absolute tolerances far below a nanosecond and a byte).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kit.columns import MIB, Columns
+from .columns import MIB, Columns
 from .absences import Absence
 
 

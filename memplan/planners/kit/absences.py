@@ -1,5 +1,5 @@
 """Where a valid plan can take a storage away, and the least that being away costs: the units of
-the lower bound's LP (`memplan.planners.bound`).
+the lower bound's LP (`memplan.planners.kit.bound`).
 
 A valid plan (`memplan.sim.validate`) takes a storage away only strictly between two ops that do
 not access it, inside its lifetime: a decision's gap (out_after, back_before) holds no access, so
@@ -27,6 +27,7 @@ import numpy as np
 
 from ...cost.model import Cost
 from ...model import Trace
+from .gaps import alive_at
 
 MS = 1e3  # the LP's time unit: milliseconds per second
 MERGE_BELOW = 2**20  # smaller storages with the same gap are one unit
@@ -84,7 +85,7 @@ def _gaps(trace: Trace):
     for s in trace.storages:
         if s.nbytes <= 0 or s.free_op <= s.alloc_op or s.id in owned:
             continue
-        acc = [a for a in trace.accesses[s.id] if s.alloc_op <= a < s.free_op]
+        acc = [a for a in trace.accesses[s.id] if alive_at(trace, s.id, a)]
         if s.persistent:
             if not acc:  # never accessed: away for free
                 yield s.id, s.alloc_op, s.free_op, None, None

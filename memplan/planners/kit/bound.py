@@ -1,5 +1,5 @@
 """A proven lower bound on the simulated overhead of every plan of swaps and recomputations at a
-budget: the optimum of a linear program that every such plan satisfies (`memplan.planners.bound.lp`).
+budget: the optimum of a linear program that every such plan satisfies (`memplan.planners.kit.bound_lp`).
 
 What it bounds: the overhead `memplan.sim.simulate` reports for any plan of keep / swap /
 recompute decisions that the validator accepts and whose simulated peak fits the budget, on the
@@ -11,7 +11,7 @@ What the LP knows of the simulator (each a consequence of its semantics, DESIGN.
 - while op i runs, every storage its lifetime holds there is resident, unless a decision has it
   away (released after its swap-out, not yet prefetched; or dropped, not yet recomputed), so the
   bytes away at i are at least the trace's load there minus the budget;
-- a storage is away only inside one of its gaps (`memplan.planners.bound.absences`), its swap-out
+- a storage is away only inside one of its gaps (`memplan.planners.kit.absences`), its swap-out
   copied after the start of the gap's first op and before i starts, its prefetch copied after i
   ends and before the gap's last op starts, each device-host direction one copy at a time;
 - a recomputation replays at least its storage's producer op, once per op it is due at however
@@ -37,9 +37,9 @@ from scipy.sparse import vstack
 
 from ...cost.model import Cost
 from ...model import Trace
-from ..kit.columns import MIB
 from .absences import MS, absences
-from .lp import BoundLP
+from .bound_lp import BoundLP
+from .columns import MIB
 
 log = logging.getLogger(__name__)
 

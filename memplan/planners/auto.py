@@ -1,31 +1,35 @@
 """`auto`: the planner to use when you do not know which one to use.
 
 Within one time limit (default 20 s) it
-1. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
-   PyTorch-style baselines), each scored by the simulator at the budget;
-2. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
-3. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
+1. proves a lower bound on the overhead of every plan (`memplan.planners.kit.bound`) with
+   BOUND_SHARE of the limit;
+2. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
+   PyTorch-style baselines), each scored by the simulator at the budget, then DTR's search for a
+   plan within the budget (`dtr_within`, DTR_SHARE of the time left);
+3. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
+4. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
    decision groups; over saved activations only when the model over every storage is
-   larger), for MILP_SHARE of the time left; its proven bound is kept for the report (on
-   larger models the decomposition improves too slowly to be worth the time, unless no
-   fast planner reaches the budget: then milp over every storage runs, decomposed, since it
-   moves what the others cannot, such as optimizer state across the iteration boundary);
-4. warm-starts a local search over keep / swap / recompute per feature map
-   (`memplan.planners.kit.refine`) from each of the best REFINED plans so far, milp's included,
-   sharing the time left until each reaches a local optimum;
-5. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
+   larger), for MILP_SHARE of the time left (on larger models the decomposition improves too
+   slowly to be worth the time, unless no fast planner reaches the budget: then milp over every
+   storage runs, decomposed, since it moves what the others cannot, such as optimizer state
+   across the iteration boundary);
+5. searches locally from the plans of the best REFINED candidates so far, milp's included: over
+   policies (`memplan.planners.kit.refine`), then on the better plan itself
+   (`memplan.planners.kit.plan_search`: its own prefetch ops kept, one decision changed at a
+   time), sharing the time left until each reaches a local optimum;
+6. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
    particles for at most SWARM_ITERS iterations) within what is left;
-6. with time still left, runs milp over every storage warm-started from the best plan so
-   far (its decomposition on a large model, never worse than that start in the simulator),
-   whose bound then replaces a bound over activations only (FINISH_SHARE of the limit, at
-   least FINISH_S, is kept back: HiGHS and scoring the plans overrun a solve's own limit);
-7. returns the plan of least simulated time that validates and fits the budget.
+7. with time still left, runs milp over every storage warm-started from the best plan so
+   far (its decomposition on a large model, never worse than that start in the simulator;
+   FINISH_SHARE of the limit, at least FINISH_S, is kept back: HiGHS and scoring the plans
+   overrun a solve's own limit);
+8. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
-(`refined_from`), every candidate's simulated overhead, and milp's bound where milp ran
-(`bound`, with `gap_to_bound` in points). Deterministic for a seed whenever nothing is cut
-short by the time limit (on small traces); on large ones how far each step gets depends on
-the machine's speed.
+(`refined_from`), every candidate's simulated overhead, the bound (`bound`) and the chosen plan's
+distance to it (`gap`), and milp's own bound where milp ran (`milp_bound`). Deterministic for a
+seed whenever nothing is cut short by the time limit (on small traces); on large ones how far
+each step gets depends on the machine's speed.
 """
 
 from __future__ import annotations
@@ -42,8 +46,11 @@ from ..model import Plan, Trace
 from ..sim.simulate import Simulator
 from ..sim.validate import validate
 from .base import get_planner, infeasible, register
+from .dtr import dtr_within
+from .kit.bound import Bound, lower_bound
 from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from .kit.fitting import smallest_fitting_budget
+from .kit.plan_search import PlanSearch
 from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
 from .kit.refine import Refiner, policy_of
 from .milp import MAX_DIRECT_GROUPS, solve_milp
@@ -51,16 +58,19 @@ from .milp.layers import MOVES, layer_problem
 
 log = logging.getLogger(__name__)
 
-# Not DTR: quick where it fits, but naming the smallest budget it reaches took 106 s on hf:gpt2@8 at 50%.
+# Not DTR as a planner: quick where it fits, but naming the smallest budget it reaches took 106 s on
+# hf:gpt2@8 at 50%; auto runs its search for a fitting plan only (`dtr_within`).
 FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "sqrt-n", "checkpoint-all",
         "save-on-cpu")
 DEFAULT_TIME_LIMIT_S = 20.0
+DTR_SHARE = 0.1  # of the time left after the fast planners, for DTR's plan (not its refusal: see FAST)
 BO_SHARE = 0.25  # of the time left after the fast planners, for autoswap:bo
 BO_MIN_S = 1.0  # autoswap:bo is not started with less time than this
 MILP_SHARE = 0.5  # of the time left after autoswap:bo
 MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
 REFINED = 3  # candidates the local search starts from
+BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.kit.bound)
 FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
 # solves and the scoring of its plans end up to a few seconds past its own limit on large traces
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
@@ -101,8 +111,9 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         raise MemplanError(f"planner 'auto': parameter time_limit_s must be positive, got {time_limit_s!r}")
     if budget_bytes >= trace.peak_load_bytes:
         return Plan(report={"chosen": "none", "refined_from": None, "candidates": {"none": 0.0}, "bound": 0.0,
-                            "gap_to_bound": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
+                            "gap": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
     search = _Search(trace, budget_bytes, cost, seed, time_limit_s, min_bytes)
+    search.bound = lower_bound(trace, budget_bytes, cost, time_limit_s=BOUND_SHARE * time_limit_s)
     search.fast()
     search.bayesian()
     if milp:
@@ -124,6 +135,7 @@ class _Search:
         self.candidates: list[Candidate] = []
         self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
         self.milp_report: dict | None = None
+        self.bound: Bound | None = None  # the lower bound of every plan
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -150,9 +162,14 @@ class _Search:
             self.named[name] = exc.min_feasible_bytes
 
     def fast(self) -> None:
-        """Step 1: every fast planner (all of them run: they take a fraction of a second each)."""
+        """Step 1: every fast planner (all of them run: they take a fraction of a second each), then DTR's
+        plan where it fits (its caps tried within DTR_SHARE of the time left)."""
         for name in FAST:
             self.run_planner(name)
+        found = dtr_within(self.trace, self.cost, self.simulator, self.budget,
+                           time.monotonic() + DTR_SHARE * self.left())
+        if found is not None:
+            self.add("dtr", found)
 
     def bayesian(self) -> None:
         """Step 2: AutoSwap's weights tuned by Bayesian optimisation, for BO_SHARE of the time left."""
@@ -174,7 +191,7 @@ class _Search:
             return
         try:
             plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
-                              moves=moves)
+                              moves=moves, bound=self.bound)
         except InfeasibleBudgetError as exc:
             self.named["milp"] = exc.min_feasible_bytes
             return
@@ -182,19 +199,27 @@ class _Search:
         self.add("milp", plan)
 
     def refine(self) -> None:
-        """Step 4: local search from each of the best REFINED candidates, sharing the time left."""
+        """Step 5: from each of the best REFINED candidates, sharing the time left: the local search over
+        policies (`memplan.planners.kit.refine`: one feature map's action at a time, decoded with the
+        decoder's own prefetch ops and recompute chains) for half of its share, then the local search
+        on the better of the two plans itself (`memplan.planners.kit.plan_search`: its own prefetch
+        ops kept) for the rest; never slower than the candidate it starts from."""
         fm = feature_maps(self.trace, self.min_bytes)
         if not len(fm):
             return
         evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
+        search = PlanSearch(fm, self.simulator, self.budget)
         for i, base in enumerate(self.ranked()[:REFINED]):
-            left = self.left()
-            if left <= 0:
+            share = self.left() / (REFINED - i)
+            if share <= 0:
                 break
             policy, extras = policy_of(fm, base.plan.decisions)
             refiner = Refiner(evaluator, extras)
-            best, _ = refiner.polish(policy, time.monotonic() + left / (REFINED - i))
-            self.add(f"refined:{base.name}", refiner.plan(best))
+            best, _ = refiner.polish(policy, time.monotonic() + share / 2)
+            start = min((base.plan, refiner.plan(best)), key=lambda p: search.time_s(p.decisions))
+            polished = search.polish(start, time.monotonic() + self.left() / (REFINED - i))
+            if polished is not base.plan:
+                self.add(f"refined:{base.name}", polished)
 
     def swarm(self) -> None:
         """Step 5: with time left after the local searches, `home:seeded` with the rest of it."""
@@ -211,7 +236,7 @@ class _Search:
             return
         try:
             plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=left, min_bytes=self.min_bytes,
-                              start=ranked[0].plan.decisions)
+                              start=ranked[0].plan.decisions, bound=self.bound)
         except InfeasibleBudgetError:
             return
         self.milp_report = {**plan.report, "moves": MOVES[0], "started_from": ranked[0].name}
@@ -226,11 +251,12 @@ class _Search:
         raise infeasible(self.budget, min(self.named.values(), default=self.trace.peak_load_bytes), "auto")
 
     def _report(self, chosen: Candidate) -> dict:
-        bound = None if self.milp_report is None else self.milp_report.get("milp_bound")
-        overheads = {c.name: round(c.overhead, 6) for c in self.ranked()}
+        milp = self.milp_report or {}
+        bound = self.bound.report() if self.bound is not None else {"bound": None}
+        finite = bound["bound"] is not None and np.isfinite(bound["bound"])
         return {"chosen": chosen.name, "overhead": chosen.overhead,
                 "refined_from": chosen.name.split(":", 1)[1] if chosen.name.startswith("refined:") else None,
-                "candidates": overheads, "infeasible": dict(sorted(self.named.items())),
-                "bound": bound, "gap_to_bound": None if bound is None else float(np.float64(chosen.overhead - bound)),
-                "milp_status": None if self.milp_report is None else self.milp_report.get("status"),
-                "bound_scope": None if self.milp_report is None else self.milp_report.get("bound_scope")}
+                "candidates": {c.name: round(c.overhead, 6) for c in self.ranked()},
+                "infeasible": dict(sorted(self.named.items())), **bound,
+                "gap": float(np.float64(chosen.overhead - bound["bound"])) if finite else None,
+                "milp_bound": milp.get("milp_bound"), "milp_status": milp.get("status")}

@@ -7,22 +7,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..budget import Budget, parse_budget
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
-from ..model import Trace
+from ..model import Plan, Trace
 from ..planners.autoswap import load_min_bytes
 from ..planners.base import get_planner, plan
 from ..plots import save_figure, subplots
 from ..progress import progress_bar
 from ..sim.simulate import simulate
+from ..sim.validate import validate
 from ..units import format_bytes
 
 log = logging.getLogger(__name__)
 
 PERCENT = 100.0
+# The reference planners: in a sweep, each keeps its plan of a tighter budget where that one is faster,
+# so that their overhead never rises with the budget (for the same time limit).
+KEEPS_TIGHTER = ("milp", "auto")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +38,7 @@ class SweepPoint:
     peak_load_bytes: int | None  # simulated peak load (None when infeasible)
     footprint_bytes: int | None  # pool size when the plan lays out a pool, else None
     overhead: float | None  # simulated time / baseline - 1 (None when infeasible)
-    planning_s: float  # wall-clock seconds the planner took
+    planning_s: float  # wall-clock seconds the planner took (with the check against a tighter budget's plan)
     error: str | None = None  # why there is no plan (e.g. below load_min)
 
 
@@ -74,31 +78,54 @@ def sweep(trace: Trace, planners: list[str], budgets: list[Budget | str | int | 
     if None in caps:
         raise MemplanError("each budget of a sweep is a cap (bytes or a share of the peak), not 'none'")
     cost = Cost.for_trace(trace, device)
-    jobs = [(name, b) for name in planners for b in caps]
-    points = []
-    with progress_bar("sweep", total=len(jobs), unit=" plans", enabled=progress) as bar:
-        for name, b in jobs:
-            bar.set_postfix_str(f"{name} at {format_bytes(b)}")
-            points.append(_point(trace, cost, name, b, seed, (params or {}).get(name, {})))
-            bar.update()
+    points = {}
+    with progress_bar("sweep", total=len(planners) * len(caps), unit=" plans", enabled=progress) as bar:
+        for name in planners:
+            tighter = None  # the plan at the tighter budget before (its planner keeps it where it is faster)
+            for b in sorted(set(caps)):
+                bar.set_postfix_str(f"{name} at {format_bytes(b)}")
+                points[name, b], made = _point(trace, cost, name, b, seed, (params or {}).get(name, {}),
+                                               tighter if name in KEEPS_TIGHTER else None)
+                tighter = made or tighter
+                bar.update(caps.count(b))
     return SweepResult(load_min_bytes=load_min_bytes(trace), peak_load_bytes=trace.peak_load_bytes,
-                       points=tuple(points))
+                       points=tuple(points[name, b] for name in planners for b in caps))
 
 
-def _point(trace: Trace, cost: Cost, planner: str, budget: int, seed: int, params: dict) -> SweepPoint:
+def _point(trace: Trace, cost: Cost, planner: str, budget: int, seed: int, params: dict,
+           tighter: Plan | None = None) -> tuple[SweepPoint, Plan | None]:
+    """The planner's point at `budget` and its plan; with `tighter` (the plan at a tighter budget),
+    that plan instead where it simulates faster at `budget` and validates there."""
     started = time.perf_counter()
+    error = None
     try:
         result = plan(trace, budget, planner=planner, seed=seed, cost=cost, simulate_result=False, **params)
     except InfeasibleBudgetError as exc:
+        result, error = None, str(exc)
+    if tighter is not None:
+        result = _faster(trace, cost, budget, result, tighter)
+    if result is None:
         return SweepPoint(planner=planner, budget_bytes=budget, peak_load_bytes=None, footprint_bytes=None,
-                          overhead=None, planning_s=time.perf_counter() - started, error=str(exc))
+                          overhead=None, planning_s=time.perf_counter() - started, error=error), None
     sim = simulate(trace, result, cost=cost, budget=budget)
     log.info("%s at %d bytes: overhead %s", planner, budget, sim.overhead)
     return SweepPoint(planner=planner, budget_bytes=budget,
                       peak_load_bytes=int(sim.peak_load_bytes) if sim.feasible else None,
                       footprint_bytes=result.pool_bytes, overhead=float(sim.overhead) if sim.feasible else None,
-                      planning_s=result.planning_s,
-                      error=None if sim.feasible else f"infeasible in simulation at op {sim.infeasible_op}")
+                      planning_s=time.perf_counter() - started,
+                      error=None if sim.feasible else f"infeasible in simulation at op {sim.infeasible_op}"), result
+
+
+def _faster(trace: Trace, cost: Cost, budget: int, made: Plan | None, tighter: Plan) -> Plan | None:
+    """`made` (None: the planner found nothing here), or the tighter budget's plan (given this budget)
+    when it is valid here and simulates faster within it."""
+    kept = replace(tighter, budget_bytes=budget)
+    other = simulate(trace, kept, cost=cost, budget=budget)
+    if not other.feasible or other.peak_load_bytes > budget or validate(trace, kept, budget):
+        return made
+    if made is None or other.time_s < simulate(trace, made, cost=cost, budget=budget).time_s:
+        return kept.with_meta(report={**(tighter.report or {}), "kept_from_budget_bytes": tighter.budget_bytes})
+    return made
 
 
 def plot_pareto(result: SweepResult, path: str | os.PathLike, title: str = "") -> None:

@@ -17,6 +17,8 @@ or overwritten by then: `memplan.planners.kit.replay`) are kept instead.
 
 from __future__ import annotations
 
+import time
+
 from ...cost.model import Cost
 from ...model import Decision, Plan, Trace
 from ...sim.simulate import Simulator
@@ -50,6 +52,12 @@ def plan_dtr(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> P
     raise infeasible(budget_bytes, _feasible_load(trace, cost, simulator, budget_bytes), "dtr")
 
 
+def dtr_within(trace: Trace, cost: Cost, simulator: Simulator, budget_bytes: int, deadline: float) -> Plan | None:
+    """`dtr`'s plan, trying no cap after `deadline` (time.monotonic()); None where it finds none by then
+    (without naming the load it would reach: that search is what makes DTR slow to refuse a budget)."""
+    return _fitting(trace, cost, simulator, budget_bytes, deadline=deadline)
+
+
 def dtr_decisions(trace: Trace, cost: Cost, cap_bytes: int) -> tuple[Decision, ...]:
     """The replayable recompute decisions of one DTR run at `cap_bytes`."""
     gaps = DtrRun(trace, cost.durations, cap_bytes).gaps()
@@ -68,9 +76,13 @@ def _caps(budget: int, peak: int) -> list[int]:
     return [budget] + below[:MAX_TRIES - 1]
 
 
-def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int, tries: int = MAX_TRIES) -> Plan | None:
-    """The first DTR plan over the first `tries` of `_caps` that fits `budget`, or None."""
+def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int, tries: int = MAX_TRIES,
+             deadline: float | None = None) -> Plan | None:
+    """The first DTR plan over the first `tries` of `_caps` that fits `budget` (trying no cap after
+    `deadline`, a time.monotonic() value), or None."""
     for cap in _caps(budget, trace.peak_load_bytes)[:tries]:
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
         plan = Plan(decisions=dtr_decisions(trace, cost, cap))
         if simulator.run(plan, budget).feasible and static_load(trace, plan.decisions).max() <= budget:
             return plan

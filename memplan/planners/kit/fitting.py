@@ -40,14 +40,14 @@ def smallest_fitting_budget(simulator: Simulator, plan: Plan, lowest: int, *, re
     return hi
 
 
-def fitting_plans(trace: Trace, budget_bytes: int, cost: Cost, planners, simulator: Simulator) -> list[Plan]:
-    """The plans (seed 0) of the named planners that the simulator runs within `budget_bytes`, in
-    the order named; a planner refusing the budget gives none."""
+def fitting_plans(trace: Trace, budget_bytes: int, cost: Cost, planners, simulator: Simulator, **params) -> list[Plan]:
+    """The plans (seed 0; their defaults, and `params`) of the named planners that the simulator runs
+    within `budget_bytes`, in the order named; a planner refusing the budget gives none."""
     out = []
     for name in planners:
         spec = get_planner(name)
         try:
-            plan = spec.fn(trace, budget_bytes, cost, seed=0, **spec.defaults)
+            plan = spec.fn(trace, budget_bytes, cost, seed=0, **{**spec.defaults, **params})
         except InfeasibleBudgetError:
             continue
         result = simulator.run(plan, budget_bytes)

@@ -45,9 +45,10 @@ What it approximates (the simulator is the judge of every plan, and reports the 
   queue is not charged;
 - compression is not decided (traces carry no measured ratio per tensor).
 So the simulated overhead of the chosen plan is at most the MILP objective when no wait is
-charged early, and both are reported. The proven lower bound and gap are the MILP's (when
-decomposed, the bound of the LP relaxation): a bound on the best plan in the model, not on
-every schedule the simulator could run (`bound_scope` in the report says so).
+charged early, and both are reported. The MILP's proven lower bound and gap (`milp_bound`; when
+decomposed, the bound of the LP relaxation) bound the best plan in the model, not every schedule
+the simulator could run (`milp_bound_scope` in the report says so); `bound` in the report is the
+lower bound of every plan (`memplan.planners.kit.bound`), and `gap` the plan's distance to it.
 
 The plan is validated and simulated at the budget; a plan the validator rejects has the
 offending action forbidden and is solved again, one whose simulated peak exceeds the budget
@@ -67,10 +68,11 @@ from ...model import Decision, Plan, Trace
 from ...sim.simulate import Simulator
 from ...sim.validate import OVER_BUDGET, static_load, validate
 from ..base import infeasible, register
-from ..kit.fitting import fitting_plans
+from ..kit.bound import Bound, lower_bound
+from ..kit.columns import MS
 from ..kit.prefetch import in_issue_order
-from .columns import MS
 from .decompose import decompose
+from .finish import START_PLANNERS, fast_start, never_worse, with_bound
 from .layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem, movable_gaps
 from .model import build
 
@@ -87,8 +89,9 @@ BOUND_SCOPE = ("a lower bound on the overhead of every plan in the model: keep, 
 MAX_DIRECT_GROUPS = 64  # larger problems are decomposed
 MAX_UNITS = 600  # with more movable gaps than this (hf:gpt2 with 12 layers: 1271), only saved activations move
 ACTIVATIONS_SHARE = 0.4  # of the time limit for the activations-only model the decomposition starts from
-START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
 BOUND_SHARE = 0.25  # of the time limit for the LP relaxation's bound, when decomposed
+SIM_BOUND_SHARE = 0.2  # of the time limit for the lower bound of every plan (memplan.planners.kit.bound)
+MIN_SOLVE_S = 1.0  # the MILP's time limit after that bound, at least
 
 
 @register("milp", "keep/swap/recompute per gap of every movable storage, the MILP optimum (HiGHS) on the "
@@ -129,10 +132,25 @@ def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
 def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                mip_rel_gap: float = DEFAULT_GAP, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
                max_direct_groups: int = MAX_DIRECT_GROUPS, start: tuple[Decision, ...] | None = None,
-               moves: str = "all") -> Plan:
+               moves: str = "all", bound: Bound | None = None) -> Plan:
     """`milp`'s plan (see `plan_milp`), the decomposition starting from `start` (another
-    planner's decisions) when one is given."""
+    planner's decisions) when one is given; never slower in the simulator than `start`, nor,
+    when HiGHS proved nothing, than the fast planners' best plan. Its report holds the lower bound
+    of every plan (`memplan.planners.kit.bound`: `bound`, or one found with SIM_BOUND_SHARE of the time
+    limit) and the gap to it."""
     _check(time_limit_s, mip_rel_gap, moves)
+    started = time.perf_counter()
+    if bound is None:
+        bound = lower_bound(trace, budget_bytes, cost, time_limit_s=SIM_BOUND_SHARE * time_limit_s)
+    left = max(time_limit_s - (time.perf_counter() - started), MIN_SOLVE_S)
+    plan = _solve(trace, budget_bytes, cost, time_limit_s=left, mip_rel_gap=mip_rel_gap, min_bytes=min_bytes,
+                  window=window, max_direct_groups=max_direct_groups, start=start, moves=moves)
+    return with_bound(never_worse(trace, budget_bytes, cost, plan, start), bound)
+
+
+def _solve(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float, mip_rel_gap: float, min_bytes: int,
+           window: int, max_direct_groups: int, start: tuple[Decision, ...] | None, moves: str) -> Plan:
+    """The MILP's plan (whole or decomposed), before the comparisons of `solve_milp`."""
     if moves != ACTIVATIONS and len(movable_gaps(trace, cost, min_bytes, budget_bytes)) > MAX_UNITS:
         log.warning("milp: more than %d movable gaps; deciding saved activations only", MAX_UNITS)
         moves = ACTIVATIONS
@@ -151,7 +169,7 @@ def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: flo
         start, origin = _activations_start(trace, budget_bytes, cost, search, min_bytes, window,
                                            max_direct_groups), "the activations-only model"
     if start is None:
-        start, origin = _start(trace, budget_bytes, cost, search.simulator), "the fast planners' best plan"
+        start, origin = fast_start(trace, budget_bytes, cost, search.simulator), "the fast planners' best plan"
     return search.run_decomposed(fallback, start, origin)
 
 
@@ -168,14 +186,6 @@ def _activations_start(trace: Trace, budget_bytes: int, cost: Cost, search: "_Se
     limit = ACTIVATIONS_SHARE * (search.deadline - time.perf_counter())
     plan = _Search(trace, cost, small, budget_bytes, window, search.gap, limit).run(swap_everything(small))
     return plan.decisions if plan.report.get("milp_overhead") is not None else None
-
-
-def _start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator) -> tuple[Decision, ...] | None:
-    """The decomposition's default start: the fitting plan of least simulated time among START_PLANNERS'."""
-    plans = fitting_plans(trace, budget_bytes, cost, START_PLANNERS, simulator)
-    if not plans:
-        return None
-    return min(plans, key=lambda p: simulator.run(p, budget_bytes).time_s).decisions
 
 
 def swap_everything(problem: LayerProblem) -> tuple[Decision, ...]:
@@ -312,7 +322,7 @@ class _Search:
             "positions": len(self.problem.positions),
             "variables": len(model.cols.lb),
             "constraints": len(model.cols.rows),
-            "bound_scope": BOUND_SCOPE,
+            "milp_bound_scope": BOUND_SCOPE,
             "moves": self.problem.moves,
         }
 
@@ -322,4 +332,4 @@ def _trivial_report(problem: LayerProblem) -> dict:
     return {"status": "optimal", "milp_overhead": 0.0, "milp_bound": 0.0, "mip_gap": 0.0, "simulated_overhead": 0.0,
             "solve_s": 0.0, "optimal_s": 0.0, "rounds": 0, "model_budget_bytes": None, "units": len(problem.units),
             "wrap_units": 0, "early_variants": 0, "positions": len(problem.positions), "variables": 0,
-            "constraints": 0, "bound_scope": "nothing needs to move: 0 is the optimum of every planner"}
+            "constraints": 0, "milp_bound_scope": "nothing needs to move: 0 is the optimum of every planner"}

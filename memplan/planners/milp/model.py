@@ -26,8 +26,9 @@ import itertools
 
 import numpy as np
 
+from ..kit.columns import MIB, MS, Columns
 from ..kit.prefetch import issue_key
-from .columns import MIB, MS, Columns, Model
+from .columns import Model
 from .layers import LayerProblem
 
 MAX_POSITIONS = 0  # window value meaning "the whole gap"

@@ -1,0 +1,171 @@
+"""A proven lower bound on the simulated overhead of every plan of swaps and recomputations at a
+budget: the optimum of a linear program that every such plan satisfies (`memplan.planners.kit.bound_lp`).
+
+What it bounds: the overhead `memplan.sim.simulate` reports for any plan of keep / swap /
+recompute decisions that the validator accepts and whose simulated peak fits the budget, on the
+same trace and cost model (op durations, copy latency and bandwidth of the profile). Plans that
+compress a swapped storage or split convolutions into micro-batches change the op times or the
+bytes copied and are not covered.
+
+What the LP knows of the simulator (each a consequence of its semantics, DESIGN.md):
+- while op i runs, every storage its lifetime holds there is resident, unless a decision has it
+  away (released after its swap-out, not yet prefetched; or dropped, not yet recomputed), so the
+  bytes away at i are at least the trace's load there minus the budget;
+- a storage is away only inside one of its gaps (`memplan.planners.kit.absences`), its swap-out
+  copied after the start of the gap's first op and before i starts, its prefetch copied after i
+  ends and before the gap's last op starts, each device-host direction one copy at a time;
+- a recomputation replays at least its storage's producer op, once per op it is due at however
+  many storages it rebuilds there, on the compute stream after the ops it is away at;
+- every op runs for its duration, in order; every wait and replay delays all later ops.
+What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
+can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
+replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
+ops other than the `check_ops` it picks (at most `max_checks` of the ops over the budget, the
+most loaded one of each stretch). Any subset of the rows bounds from below; more rows, a tighter
+bound and a larger LP.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.sparse import vstack
+
+from ...cost.model import Cost
+from ...model import Trace
+from .absences import MS, absences
+from .bound_lp import BoundLP
+from .columns import MIB
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHECKS = 32  # ops with memory rows and lane cuts at most (the most loaded of as many stretches)
+FIRST_CHECKS = 4  # the first LP's; each next one has twice as many
+MIP_MAX_VARIABLES = 4000  # an LP this small is solved again with its large single storages whole
+DEFAULT_TIME_LIMIT_S = 120.0
+OPTIMAL = 0  # linprog's status for an optimum
+INFEASIBLE = 2  # linprog's status for an infeasible LP: no plan fits the budget
+SAFETY_MS = 1e-4  # taken off the optimum (ms): more than HiGHS' feasibility tolerances (1e-7 per row) can move it
+SCOPE = ("a lower bound on the simulated overhead of every valid plan of swaps and recomputations that fits the "
+         "budget (no compression, no micro-batched convolutions), under this trace's cost model")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bound:
+    """The lower bound and how it was found."""
+
+    overhead: float | None  # proven lower bound on the overhead (inf: no plan fits; None: the LP did not finish)
+    status: str  # "optimal", "no plan fits", "nothing to move", or why there is no bound
+    seconds: float  # wall-clock seconds to build and solve the LP
+    check_ops: int  # ops with memory rows and lane cuts
+    units: int  # LP units (storages that may be away, merged by gap)
+    variables: int  # LP columns
+    constraints: int  # LP rows
+
+    def report(self) -> dict:
+        """The bound as a plan report's entries (`bound`, `bound_status`, ...)."""
+        return {"bound": self.overhead, "bound_status": self.status, "bound_s": round(self.seconds, 3),
+                "bound_checks": self.check_ops, "bound_scope": SCOPE}
+
+
+def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                max_checks: int = DEFAULT_CHECKS) -> Bound:
+    """The best proven bound on the simulated overhead of every valid plan within `budget_bytes`
+    that the LPs solved within `time_limit_s` give: with FIRST_CHECKS check ops, then twice as many
+    while time is left (up to `max_checks`), each solved again with its large single storages whole
+    (HiGHS' branch and bound, its dual bound) when it is small. Each is a bound; the best is kept.
+
+    Args:
+        trace, budget_bytes, cost: the problem, as a planner gets it.
+        time_limit_s: wall-clock limit for all solves (overhead None when not even the first one ends).
+        max_checks: at most this many ops get memory rows and lane cuts.
+    """
+    started = time.perf_counter()
+    deadline = started + time_limit_s
+    baseline_ms = MS * float(np.sum(cost.durations))
+    if not (trace.load > budget_bytes).any() or baseline_ms <= 0:
+        return Bound(overhead=0.0, status="nothing to move", seconds=time.perf_counter() - started, check_ops=0,
+                     units=0, variables=0, constraints=0)
+    best, checks = None, min(FIRST_CHECKS, max_checks)
+    while True:
+        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms)
+        log.info("bound with %d check ops: %s (%s) in %.1f s", found.check_ops, found.overhead, found.status,
+                 found.seconds)
+        best = found if best is None or _better(found, best) else best
+        if found.overhead in (None, float("inf")) or checks >= max_checks or found.check_ops < checks or \
+                time.perf_counter() >= deadline:
+            break
+        checks = min(2 * checks, max_checks)
+    return replace(best, seconds=time.perf_counter() - started)
+
+
+def _better(a: Bound, b: Bound) -> bool:
+    return a.overhead is not None and (b.overhead is None or a.overhead > b.overhead)
+
+
+def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_s: float, baseline_ms: float) -> Bound:
+    """The LP's bound with `checks` check ops, tightened by branch and bound when the LP is small."""
+    started = time.perf_counter()
+    check = check_ops(trace.load, budget_bytes, checks)
+    units = absences(trace, cost, check)
+    lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units)
+    result = _solve(lp, time_limit_s)
+    if result.status == OPTIMAL:
+        overhead, status = max(0.0, float(result.fun) - SAFETY_MS) / baseline_ms, "optimal"
+        left = time_limit_s - (time.perf_counter() - started)
+        if len(lp.c.lb) <= MIP_MAX_VARIABLES and left > 0:
+            whole = _solve_whole(lp, left)
+            if whole is not None and whole - SAFETY_MS > overhead * baseline_ms:
+                overhead, status = (whole - SAFETY_MS) / baseline_ms, "optimal with large storages whole"
+    elif result.status == INFEASIBLE:
+        overhead, status = float("inf"), "no plan fits"
+    else:
+        overhead, status = None, result.message.strip()
+    return Bound(overhead=overhead, status=status, seconds=time.perf_counter() - started, check_ops=len(check),
+                 units=len(units), variables=len(lp.c.lb), constraints=len(lp.c.rows))
+
+
+def check_ops(load: np.ndarray, budget_bytes: int, max_checks: int) -> np.ndarray:
+    """The ops over the budget, or when more than `max_checks`, the most loaded op of each of
+    `max_checks` stretches of them (consecutive in op order, as many ops each)."""
+    over = np.flatnonzero(load > budget_bytes)
+    if len(over) <= max_checks:
+        return over
+    return np.unique([int(part[np.argmax(load[part])]) for part in np.array_split(over, max_checks)])
+
+
+def _solve(lp: BoundLP, time_limit_s: float):
+    """linprog (HiGHS' interior point method, then crossover) on the LP: minimise the overhead."""
+    c = lp.c
+    matrix = c.matrix().tocsr()
+    lower, upper = np.array(c.row_lb), np.array(c.row_ub)
+    has_upper, has_lower = np.isfinite(upper), np.isfinite(lower)
+    objective = np.zeros(len(c.lb))
+    objective[lp.end] = 1.0
+    return linprog(objective, A_ub=vstack([matrix[has_upper], -matrix[has_lower]]).tocsr(),
+                   b_ub=np.concatenate([upper[has_upper], -lower[has_lower]]),
+                   bounds=np.column_stack([c.lb, c.ub]), method="highs-ipm",
+                   options={"time_limit": max(time_limit_s, 1e-3)})
+
+
+def _solve_whole(lp: BoundLP, time_limit_s: float) -> float | None:
+    """HiGHS' dual bound (ms) on the LP with every single storage of at least a MiB away whole (0 or 1
+    at each op): a bound too, since a storage is away or not (None when HiGHS has none in time)."""
+    c = lp.c
+    integral = np.zeros(len(c.lb))
+    for u, x, y in zip(lp.units, lp.x, lp.y):
+        if u.members == 1 and u.nbytes >= MIB:
+            integral[x] = 1
+            if y is not None:
+                integral[y] = 1
+    objective = np.zeros(len(c.lb))
+    objective[lp.end] = 1.0
+    result = milp(objective, integrality=integral, bounds=Bounds(c.lb, c.ub),
+                  constraints=LinearConstraint(c.matrix(), c.row_lb, c.row_ub),
+                  options={"time_limit": max(time_limit_s, 1e-3), "disp": False})
+    bound = getattr(result, "mip_dual_bound", None)
+    return None if bound is None or not np.isfinite(bound) else float(bound)

@@ -1,0 +1,113 @@
+"""Local search on a plan's own decisions: the refinement step of `auto`.
+
+Unlike the search over policies (`memplan.planners.kit.refine`), which reads a plan as one action
+per feature map and decodes it again with the decoder's own prefetch ops, this search keeps the
+plan as it is (its triggers, its decisions on weights and optimizer state, its order) and changes
+one thing at a time, largest feature map first:
+- a feature map without a decision: swap it (prefetched `lead` backward layers before it is due),
+  or recompute it;
+- a swapped one: keep it, recompute it, or move its prefetch one backward layer earlier or later;
+- a recomputed one: keep it or swap it;
+- every other swap (weights, optimizer state, small storages): drop it, or move its prefetch.
+A change is kept when the plan then simulates faster within the budget and the validator accepts
+it, and sweeps repeat until one changes nothing or the deadline passes. So the plan returned is
+never slower than the one it started from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from ...model import Decision, Plan
+from ...sim.simulate import Simulator
+from ...sim.validate import validate
+from .featuremaps import FeatureMaps
+from .prefetch import DEFAULT_LEAD
+
+BETTER = 1e-9  # a change must lower the simulated time by more than this share
+
+
+class PlanSearch:
+    """First-improvement local search over the decisions of plans on one trace and budget."""
+
+    def __init__(self, fm: FeatureMaps, simulator: Simulator, budget_bytes: int, lead: int = DEFAULT_LEAD):
+        self.fm, self.simulator, self.budget, self.lead = fm, simulator, int(budget_bytes), lead
+        self.order = np.argsort(-fm.nbytes, kind="stable").tolist()
+        self.starts = list(fm.layer_starts)
+
+    def time_s(self, decisions) -> float:
+        """Simulated iteration time within the budget (inf when the plan does not run there)."""
+        result = self.simulator.run(Plan(decisions=tuple(decisions)), self.budget)
+        return result.time_s if result.feasible and result.peak_load_bytes <= self.budget else float("inf")
+
+    def polish(self, plan: Plan, deadline: float) -> Plan:
+        """The best plan found from `plan` by `deadline` (time.monotonic()); `plan` itself when
+        nothing improves it."""
+        decisions, best = list(plan.decisions), self.time_s(plan.decisions)
+        improved = True
+        while improved and time.monotonic() < deadline:
+            improved = False
+            for trial in self._sweep(decisions):
+                if time.monotonic() >= deadline:
+                    break
+                trial_s = self.time_s(trial)
+                if trial_s < best * (1 - BETTER) and not validate(self.fm.trace, Plan(decisions=tuple(trial)),
+                                                                  self.budget):
+                    decisions, best, improved = trial, trial_s, True
+                    break
+        return plan if decisions == list(plan.decisions) else Plan(decisions=tuple(decisions))
+
+    def _sweep(self, decisions: list[Decision]):
+        """Every neighbour of `decisions`: feature maps largest first, then the other swaps."""
+        by_storage = {d.storage: i for i, d in enumerate(decisions)}
+        covered = set()
+        for k in self.order:
+            sid = int(self.fm.storage[k])
+            i = by_storage.get(sid)
+            if i is not None and not self._covers(decisions[i], k):
+                continue  # a decision on another gap of this storage: left to the moves below
+            covered.add(i)
+            yield from self._feature_map_moves(decisions, k, i)
+        for i, d in enumerate(decisions):
+            if i not in covered and d.action == "swap":
+                yield decisions[:i] + decisions[i + 1:]
+                yield from self._trigger_moves(decisions, i)
+
+    def _covers(self, d: Decision, k: int) -> bool:
+        return not d.wraps and d.out_after < self.fm.back_before[k] and d.back_before > self.fm.out_after[k]
+
+    def _feature_map_moves(self, decisions: list[Decision], k: int, i: int | None):
+        fm = self.fm
+        out, back = int(fm.out_after[k]), int(fm.back_before[k])
+        swap = Decision(storage=int(fm.storage[k]), action="swap", out_after=out, back_before=back,
+                        trigger=fm.trigger(k, back, self.lead))
+        recompute = Decision(storage=int(fm.storage[k]), action="recompute", out_after=out, back_before=back)
+        if i is None:
+            yield decisions + [swap]
+            if fm.recomputable[k]:
+                yield decisions + [recompute]
+            return
+        rest = decisions[:i] + decisions[i + 1:]
+        yield rest
+        if decisions[i].action == "swap":
+            if fm.recomputable[k]:
+                yield decisions[:i] + [recompute] + decisions[i + 1:]
+            yield from self._trigger_moves(decisions, i)
+        else:
+            yield decisions[:i] + [swap] + decisions[i + 1:]
+
+    def _trigger_moves(self, decisions: list[Decision], i: int):
+        """The swap at `i` with its prefetch one backward layer start earlier, then later (within its gap)."""
+        d = decisions[i]
+        if d.wraps:
+            return
+        at = d.prefetch_at
+        earlier = bisect.bisect_left(self.starts, at) - 1
+        later = bisect.bisect_right(self.starts, at)
+        for j in (earlier, later):
+            if 0 <= j < len(self.starts) and d.out_after < self.starts[j] <= d.back_before:
+                yield decisions[:i] + [replace(d, trigger=self.starts[j])] + decisions[i + 1:]

@@ -1,0 +1,75 @@
+"""What `milp` returns around the MILP's plan: never slower than the plans it could fall back on,
+and with the lower bound of every plan (`memplan.planners.kit.bound`) and its gap to it."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ...cost.model import Cost
+from ...model import Decision, Plan, Trace
+from ...sim.simulate import Simulator
+from ...sim.validate import validate
+from ..dtr import dtr_within
+from ..kit.bound import Bound
+from ..kit.fitting import fitting_plans
+
+START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
+FALLBACK_DTR_S = 5.0  # DTR's search for a plan within the budget, among the fallbacks when HiGHS proved nothing
+FALLBACK_BO_S = 10.0  # and autoswap:bo's, with this time limit (its four pure scores whatever the limit)
+
+
+def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator, dtr_s: float = 0.0,
+               bo_s: float = 0.0) -> tuple[Decision, ...] | None:
+    """The decisions of the fitting plan of least simulated time among START_PLANNERS' and, with
+    `dtr_s` and `bo_s`, DTR's (its caps tried within that many seconds) and autoswap:bo's (with that
+    time limit); None when none fits."""
+    plans = fitting_plans(trace, budget_bytes, cost, START_PLANNERS, simulator)
+    if bo_s > 0:
+        plans += fitting_plans(trace, budget_bytes, cost, ("autoswap:bo",), simulator, time_limit_s=bo_s)
+    if dtr_s > 0:
+        found = dtr_within(trace, cost, simulator, budget_bytes, time.monotonic() + dtr_s)
+        plans += [found] if found is not None and not validate(trace, found, budget_bytes) else []
+    if not plans:
+        return None
+    return min(plans, key=lambda p: simulator.run(p, budget_bytes).time_s).decisions
+
+
+def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: tuple[Decision, ...] | None) -> Plan:
+    """`plan`, or the given start or (when HiGHS proved nothing) the best plan of the fast planners, DTR
+    and autoswap:bo when one of them simulates faster within the budget and validates; `chosen` in
+    the report says which."""
+    report = dict(plan.report or {})
+    if report.get("status") == "optimal" and not start:
+        return plan
+    simulator = Simulator(trace, cost)
+    named = [(report.get("chosen", "the MILP's plan"), plan)]
+    if start:
+        named.append(("the given start", Plan(decisions=tuple(start))))
+    if report.get("status") != "optimal":
+        fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=FALLBACK_DTR_S, bo_s=FALLBACK_BO_S)
+        if fast is not None:
+            named.append(("the best plan of the fast planners, DTR and autoswap:bo", Plan(decisions=fast)))
+    best_name, best, best_s = named[0][0], plan, _time_s(simulator, plan, budget_bytes)
+    for name, other in named[1:]:
+        other_s = _time_s(simulator, other, budget_bytes)
+        if other_s < best_s and not validate(trace, other, budget_bytes):
+            best_name, best, best_s = name, other, other_s
+    if best is plan:
+        return plan
+    report.update(chosen=best_name, simulated_overhead=simulator.run(best, budget_bytes).overhead)
+    return best.with_meta(report=report)
+
+
+def with_bound(plan: Plan, bound: Bound) -> Plan:
+    """`plan` with the bound's entries in its report and `gap`: its simulated overhead minus the bound."""
+    report = {**(plan.report or {}), **bound.report()}
+    overhead = report.get("simulated_overhead")
+    finite = bound.overhead is not None and math.isfinite(bound.overhead)
+    report["gap"] = overhead - bound.overhead if finite and overhead is not None else None
+    return plan.with_meta(report=report)
+
+
+def _time_s(simulator: Simulator, plan: Plan, budget_bytes: int) -> float:
+    result = simulator.run(plan, budget_bytes)
+    return result.time_s if result.feasible and result.peak_load_bytes <= budget_bytes else float("inf")

@@ -16,7 +16,9 @@ NOTE what the capture relies on (cited as "rule N"):
     host slab (memplan.exec.runtime) and the static inputs (device copies of the batch).
  3. No host wait inside the capture: a release waits for its swap-out's event on the device
     (memplan.exec.engine, rule 5), and `CaptureEngine` never queries an event recorded in a
-    capture nor blocks on one; every lane is joined to the capture stream before it ends.
+    capture nor blocks on one; every lane is joined to the capture stream before it ends, so
+    a replay's copies are done before the stream's next work, and an eager step after it
+    (a refused call) waits for no event recorded in the capture: their tickets are dropped.
  4. Memory: what the step allocates during the capture comes from the graph's private pool
     (or, under the pool allocator, the plan's arena); a block freed during the capture serves
     later requests of the same capture, so the pool holds the step's peak. A replay allocates
@@ -133,6 +135,8 @@ class GraphedStep:
             message = str(exc).strip().splitlines()
             return f"the capture failed: {type(exc).__name__}: {message[0] if message else ''}"
         self.graph, self.outputs = graph, outputs
+        for entry in self.runtime.runner.entries.values():
+            entry.d2h = entry.h2d = None  # events recorded in a capture serve no wait outside it (rule 3)
         self.memory["capture"] = _peaks(self.device)
         torch.cuda.empty_cache()  # blocks the warm-up cached and the capture freed outside its pool
         _reset_peaks(self.device)

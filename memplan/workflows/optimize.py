@@ -250,25 +250,39 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
     trace = load_trace(trace) if trace is not None else trace_step(
         step_fn, example_inputs, model, optimizer, time_repeats, time_clock,
         fake=run_on.type == "cuda" if fake is None else fake)
-    keeper = None
-    if plan is None:
-        trace = as_allocated_on(trace, run_on)
-        cost = Cost.for_trace(trace, device)
-        plan, keeper = _planned(trace, UNLIMITED if budget is None else parse_budget(budget), measure is not False,
-                                planner=planner, cost=cost, seed=seed, **planner_params)
-    else:
+    trace, plan, cost, keeper = _plan_of(trace, plan, run_on, device, budget, measure is not False, planner=planner,
+                                         seed=seed, **planner_params)
+    return _bound(step_fn, example_inputs, trace, plan, cost, keeper, model=model, optimizer=optimizer,
+                  run_on=run_on, measure=measure, hooks=hooks, cuda_graph=cuda_graph)
+
+
+def _plan_of(trace: Trace, plan, run_on: torch.device, device: str, budget, keep: bool,
+             **how) -> tuple[Trace, Plan, Cost, BudgetKeeper | None]:
+    """The trace as `run_on` holds it, the plan (`plan`, else one made under `budget` as `how` says:
+    planner, seed and parameters), the cost model on profile `device`, and the budget keeper (`keep`)."""
+    if plan is not None:
         cost = Cost.for_trace(trace, device)
         plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
         check_plan(trace, plan)
+        return trace, plan, cost, None
+    trace = as_allocated_on(trace, run_on)
+    cost = Cost.for_trace(trace, device)
+    plan, keeper = _planned(trace, UNLIMITED if budget is None else parse_budget(budget), keep, cost=cost, **how)
+    return trace, plan, cost, keeper
+
+
+def _bound(step_fn: Callable, inputs: tuple, trace: Trace, plan: Plan, cost: Cost, keeper: BudgetKeeper | None, *,
+           model, optimizer, run_on: torch.device, measure, hooks: bool, cuda_graph: str) -> OptimizedStep:
+    """`step_fn` bound to `plan`: its step program, the CUDA graph side and the runtime (settled)."""
     program = compile_program(trace, plan, cost, hooks=hooks)
-    fake = is_fake(example_inputs, model)
-    graphs = graphs_for(cuda_graph, run_on, trace, program, optimizer=optimizer, inputs=example_inputs, fake=fake)
+    fake = is_fake(inputs, model)
+    graphs = graphs_for(cuda_graph, run_on, trace, program, optimizer=optimizer, inputs=inputs, fake=fake)
     runtime = PlanRuntime(trace, program, model, device=run_on, optimizer=optimizer, measure=measure,
                           engine=graphs.engine())
     if not fake:
         runtime.settle()  # the first step starts as every later one does
-    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model, keeper=keeper,
-                         cost=cost, measure=measure, hooks=hooks, graphs=graphs)
+    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(inputs), model, keeper=keeper, cost=cost,
+                         measure=measure, hooks=hooks, graphs=graphs)
 
 
 def _planned(trace: Trace, budget: Budget, keep: bool, **how) -> tuple[Plan, BudgetKeeper | None]:

@@ -96,16 +96,19 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
                config=config or {}, baseline=baseline, clock=clock, memory_cap=memory_cap,
                budget=_run_budget(budget, planner, baseline, memory_cap), executor=executor,
                cuda_graph="off" if baseline else cuda_graph)
-    mode = _prepare(run, allocator)
-    if mode == AllocatorMode.POOL:
-        run = replace(run, executor="interpreted")  # the pool matches requests by the op clock only it publishes
+    run, mode = _prepare(run, allocator)
     w = get_workload(name, batch, device=device, seed=seed, **run.config)
     step = _planned_step(run, w, trace, fake, planner_params or {})
+    return _trained(run, w, step, mode, steps, timed_steps, check)
+
+
+def _trained(run: _Run, w, step, mode: AllocatorMode, steps: int, timed_steps: int, check: bool) -> dict:
+    """`run_workload`'s steps of workload `w` under `step` (an OptimizedStep), measured and reported."""
     pool = _serve_allocator(run, step, mode)
     budget_bytes = _measured_against(run.budget, step.trace)
     model = _model_for(run, step, check)
-    make_inputs = lambda i: w.make_inputs(batch, seed=seed + 1 + i)  # noqa: E731
-    release_cache(device)
+    make_inputs = lambda i: w.make_inputs(run.batch, seed=run.seed + 1 + i)  # noqa: E731
+    release_cache(run.device)
     records, timed = _measure(run, w, step, model, make_inputs, steps, timed_steps, budget_bytes)
     out = _report(run, step, records, timed, budget_bytes, allocator_report(mode, pool, records))
     step.close()
@@ -149,9 +152,9 @@ def _measured_against(budget: Budget, trace) -> int:
     return trace.peak_load_bytes if cap is None else cap
 
 
-def _prepare(run: _Run, allocator: str) -> AllocatorMode:
+def _prepare(run: _Run, allocator: str) -> tuple[_Run, AllocatorMode]:
     """Options checked, the CUDA allocator chosen and installed (before the run's first CUDA
-    allocation) and the memory cap in force."""
+    allocation) and the memory cap in force; the run as it goes on under that allocator."""
     if run.clock not in CLOCKS:
         raise MemplanError(f"clock {run.clock!r}: expected one of {', '.join(CLOCKS)}")
     if run.baseline:
@@ -159,7 +162,9 @@ def _prepare(run: _Run, allocator: str) -> AllocatorMode:
     mode = choose_allocator(allocator, planner=run.planner, device=run.device, baseline=run.baseline)
     install_allocator(mode)
     prepare_device(run.device, run.memory_cap, pooled=mode == AllocatorMode.POOL)
-    return mode
+    if mode == AllocatorMode.POOL:
+        run = replace(run, executor="interpreted")  # the pool matches requests by the op clock only it publishes
+    return run, mode
 
 
 def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):

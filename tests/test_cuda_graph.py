@@ -162,6 +162,17 @@ def test_a_shape_change_is_refused_with_the_input_and_both_shapes(caplog):
                        (torch.zeros(5, 3), torch.zeros(5, dtype=torch.long)))
 
 
+def test_a_loop_of_your_own_is_not_captured():
+    auto = CudaGraphs("auto", torch.device("cuda"), CaptureCheck())
+    auto.own_loop()
+    assert not auto.active and "a training loop of your own runs eagerly" in auto.reason
+    with pytest.raises(MemplanError, match="a training loop of your own"):
+        CudaGraphs("on", torch.device("cuda"), CaptureCheck()).own_loop()
+    cpu = CudaGraphs("auto", torch.device("cpu"), CaptureCheck())
+    cpu.own_loop()
+    assert "CPU" in cpu.reason
+
+
 def test_a_step_that_cannot_be_captured_is_an_error_with_on_and_a_warning_with_auto(caplog):
     trace, opt = _traced(lambda h: h.sum().item())
     check = check_step(trace, optimizer=opt, device="cuda")
@@ -334,3 +345,89 @@ def test_the_option_on_the_cpu(tmp_path, monkeypatch, capsys):
     assert out["cuda_graph"]["captured"] is False and "CPU" in out["cuda_graph"]["reason"]
     assert main(["run", "kmeans", "--batch", "64", "--steps", "1", "--baseline", "torch-checkpoint", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cuda_graph"] is None
+
+
+class CpuGraphed:
+    """GraphedStep's interface without CUDA: warm-up and "replay" run the eager step, the capture
+    records its inputs' constants and fails with `failure` when given one."""
+
+    failure = ""
+
+    def __init__(self, run_step, runtime, device):
+        self.run_step, self.runtime, self.graph, self.warmed, self.replays, self.constants = \
+            run_step, runtime, None, 0, 0, []
+
+    def warm_up(self, inputs):
+        self.warmed += 1
+        return self.run_step(inputs)
+
+    def capture(self, inputs):
+        from memplan.exec.graphed import constants_of
+
+        if self.failure:
+            return self.failure
+        self.graph, self.constants = "captured", constants_of(inputs)
+        return ""
+
+    def replay(self, inputs):
+        self.replays += 1
+        return self.run_step(inputs)
+
+    def report(self):
+        return {"warmup_steps": self.warmed, "replays": self.replays, "memory": {}}
+
+
+def _scaled_step():
+    """A tiny workload whose step takes a number beside its tensors."""
+    w = tiny_workload()
+
+    def step(x, y, scale):
+        w.optimizer.zero_grad()
+        (scale * nn.functional.cross_entropy(w.model(x), y)).backward()
+        w.optimizer.step()
+
+    return w, step
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_the_option_warms_up_captures_then_replays(monkeypatch, caplog, mode):
+    """The option's sequence (memplan.workflows.cuda_graph), with the CUDA part stood in for."""
+    from memplan.exec.graphed import WARMUP_STEPS
+    from memplan.workflows import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "GraphedStep", CpuGraphed)
+    w, step_fn = _scaled_step()
+    step = optimize(step_fn, *w.inputs, 1.0, model=w.model, optimizer=w.optimizer, planner="sqrt-n", budget="100%")
+    step.graphs = CudaGraphs(mode, torch.device("cuda"), CaptureCheck())  # as on a GPU, where nothing is refused
+    for i in range(WARMUP_STEPS + 3):
+        step(*w.make_inputs(w.batch, seed=100 + i), 1.0)
+    graph = step.stats()["cuda_graph"]
+    assert graph["captured"] and graph["warmup_steps"] == WARMUP_STEPS and graph["replays"] == 3
+    x = w.make_inputs(w.batch, seed=200)
+    if mode == "on":
+        with pytest.raises(MemplanError, match="an input that is not a tensor: differs from the captured one"):
+            step(*x, 2.0)
+    else:
+        with caplog.at_level(logging.WARNING, logger="memplan.workflows.cuda_graph"):
+            step(*x, 2.0)  # eagerly: a graph replays the number it captured
+        assert step.graphs.refused_calls == 1 and step.graphs.graphed.replays == 3
+        assert "an input that is not a tensor" in caplog.text
+    step.close()
+
+
+def test_a_failed_capture_is_a_warning_with_auto_then_eager_steps(monkeypatch, caplog):
+    from memplan.exec.graphed import WARMUP_STEPS
+    from memplan.workflows import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "GraphedStep", CpuGraphed)
+    monkeypatch.setattr(CpuGraphed, "failure", "the capture failed: RuntimeError: operation not permitted")
+    w, step_fn = _scaled_step()
+    step = optimize(step_fn, *w.inputs, 1.0, model=w.model, optimizer=w.optimizer)
+    step.graphs = CudaGraphs("auto", torch.device("cuda"), CaptureCheck())
+    with caplog.at_level(logging.WARNING, logger="memplan.workflows.cuda_graph"):
+        for i in range(WARMUP_STEPS + 2):
+            step(*w.make_inputs(w.batch, seed=100 + i), 1.0)
+    graph = step.stats()["cuda_graph"]
+    assert not graph["captured"] and graph["reason"] == CpuGraphed.failure and not step.graphs.active
+    assert caplog.text.count(PREFIX + CpuGraphed.failure) == 1
+    step.close()

@@ -74,7 +74,8 @@ class CudaGraphs:
 
     def own_loop(self) -> None:
         """A loop the user owns runs the step: nothing is captured ("on": an error)."""
-        self._give_up(OWN_LOOP)
+        if self.active:
+            self._give_up(OWN_LOOP)
 
     def refuse_call(self, refusal: Refusal) -> None:
         """A call the graph cannot replay: it runs eagerly, with one warning ("on": an error)."""

@@ -30,7 +30,7 @@ from memplan.workflows.cuda_graph import PREFIX, CudaGraphs, changed_inputs
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.step_trace import input_signature
 
-from test_exec_helpers import recompute_plan, swap_all_plan, tiny_workload
+from test_exec_helpers import recompute_plan, swap_all_plan, tiny_workload, train_step_of
 
 
 class Gate(nn.Module):
@@ -50,16 +50,8 @@ def _traced(what):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), Gate(what), nn.ReLU(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
     x, y = torch.randn(4, 4), torch.randint(0, 3, (4,))
-    return trace_step(step, (x, y), model, opt), opt
+    return trace_step(train_step_of(model, opt), (x, y), model, opt), opt
 
 
 def _only(trace, name: str) -> int:

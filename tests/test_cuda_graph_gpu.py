@@ -14,6 +14,8 @@ from memplan.exec.graphed import WARMUP_STEPS
 from memplan.workflows.optimize import optimize
 from memplan.workflows.run import BUDGET_TOLERANCE
 
+from test_exec_helpers import train_step_of
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
 
 STEPS = WARMUP_STEPS + 4  # warm-up steps, the capture (and its replay), then replays
@@ -38,15 +40,7 @@ def _workload(optimizer: str):
     model = Net().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9) if optimizer == "sgd" else \
         torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
-
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return model, opt, step
+    return model, opt, train_step_of(model, opt)
 
 
 def _batch(i: int) -> tuple:

@@ -391,7 +391,9 @@ def test_the_option_warms_up_captures_then_replays(monkeypatch, caplog, mode):
     w, step_fn = _scaled_step()
     step = optimize(step_fn, *w.inputs, 1.0, model=w.model, optimizer=w.optimizer, planner="sqrt-n", budget="100%")
     step.graphs = CudaGraphs(mode, torch.device("cuda"), CaptureCheck())  # as on a GPU, where nothing is refused
-    for i in range(WARMUP_STEPS + 3):
+    step(*w.make_inputs(w.batch, seed=99), 1.0)
+    assert step.stats()["cuda_graph"]["reason"] == f"warming up: 1 of the {WARMUP_STEPS} eager steps before the capture ran"
+    for i in range(WARMUP_STEPS + 2):
         step(*w.make_inputs(w.batch, seed=100 + i), 1.0)
     graph = step.stats()["cuda_graph"]
     assert graph["captured"] and graph["warmup_steps"] == WARMUP_STEPS and graph["replays"] == 3

@@ -121,7 +121,10 @@ class CudaGraphs:
                                     layout_bytes=step.plan.pool_bytes if pooled else None,
                                     predicted_replay_s=replay_time_s(step.trace, step.plan, step.cost,
                                                                      step.program.budget_bytes))
-        out = {"mode": self.mode, "captured": captured, "reason": "" if captured else self.reason,
+        reason = "" if captured else self.reason or (
+            f"warming up: {self.graphed.warmed if self.graphed else 0} of the {WARMUP_STEPS} eager steps before "
+            f"the capture ran")
+        out = {"mode": self.mode, "captured": captured, "reason": reason,
                "capturable": self.check.capturable, "refusals": [r.line() for r in self.check.refusals],
                "refused_calls": self.refused_calls, "schedule": schedule.to_json()}
         if self.graphed is not None:

@@ -89,7 +89,8 @@ def group_notes(rows: list[dict]) -> list[str]:
 
 def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, **kwargs) -> dict:
     """One `run_workload(**kwargs)` case; its record (with `error` when it failed) is written to
-    OUT/BENCH.jsonl and returned."""
+    OUT/BENCH.jsonl and returned. The step runs eagerly unless `cuda_graph` says otherwise: these
+    benchmarks measure the executor (gpu_graph.py measures the captured step)."""
     import torch
 
     from memplan.workflows.run import run_workload
@@ -102,6 +103,7 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, *
     cuda = torch.cuda.is_available()
     if cuda:
         rec["allocated_before"] = torch.cuda.memory_allocated()
+    kwargs.setdefault("cuda_graph", "off")
     try:
         res = run_workload(**kwargs)
         rec.update({k: res.get(k) for k in RUN_KEYS})
@@ -109,6 +111,7 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, *
                         for s in res["steps"]]
         rec["timed_step_s"] = res.get("timed_step_s")
         rec["executor"] = {k: res["executor"].get(k) for k in EXEC_KEYS}
+        rec["cuda_graph"] = graph_summary(res.get("cuda_graph"))
     except Exception as exc:  # noqa: BLE001 - a benchmark keeps going and records why
         rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:600]
         rec["traceback"] = traceback.format_exc()[-1500:]
@@ -118,6 +121,14 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, *
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return emit(out, bench, rec)
+
+
+def graph_summary(graph: dict | None) -> dict | None:
+    """A run's `cuda_graph` report without the schedule's per-copy lists (their totals stay)."""
+    if not graph:
+        return graph
+    schedule = {k: v for k, v in graph["schedule"].items() if k not in ("events", "recomputations", "static_inputs")}
+    return {**{k: v for k, v in graph.items() if k != "schedule"}, "schedule": schedule}
 
 
 def emit(out: str, name: str, rec: dict) -> dict:

@@ -69,7 +69,8 @@ def run_child(spec: dict) -> dict:
     started = time.perf_counter()
     out = run_workload(spec["model"], spec["batch"], planner=planner, budget=spec["budget"], steps=STEPS,
                        timed_steps=TIMED_STEPS, device=spec["device"], check=spec["allocator"] == "pool",
-                       planner_params=params, allocator=spec["allocator"] if cuda else "caching")
+                       planner_params=params, allocator=spec["allocator"] if cuda else "caching",
+                       cuda_graph="off")  # the pool under the eager executor (gpu_graph.py captures it)
     used = _device_used() if cuda else None
     row = {**spec, "planner_run": planner, "wall_s": time.perf_counter() - started,
            "device_name": torch.cuda.get_device_name() if cuda else "cpu", "device_used_bytes": used}

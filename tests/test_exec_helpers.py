@@ -83,11 +83,9 @@ class TinyWorkload:
         return torch.randn(batch, 3, 8, 8, generator=g), torch.randint(0, 3, (batch,), generator=g)
 
 
-def tiny_workload(batch: int = 2, seed: int = 0) -> TinyWorkload:
-    """A fresh TinyNet workload: same seed, same parameters."""
-    torch.manual_seed(seed)
-    model = TinyNet()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+def train_step_of(model: nn.Module, opt: torch.optim.Optimizer) -> Callable:
+    """The usual training step of `model`: gradients zeroed, cross-entropy, backward, optimizer step;
+    it returns the loss."""
 
     def step(x, y):
         opt.zero_grad()
@@ -96,7 +94,15 @@ def tiny_workload(batch: int = 2, seed: int = 0) -> TinyWorkload:
         opt.step()
         return loss
 
-    w = TinyWorkload(model=model, optimizer=opt, step=step, inputs=(), batch=batch)
+    return step
+
+
+def tiny_workload(batch: int = 2, seed: int = 0) -> TinyWorkload:
+    """A fresh TinyNet workload: same seed, same parameters."""
+    torch.manual_seed(seed)
+    model = TinyNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    w = TinyWorkload(model=model, optimizer=opt, step=train_step_of(model, opt), inputs=(), batch=batch)
     w.inputs = w.make_inputs(batch, seed=99)
     return w
 

@@ -90,6 +90,10 @@ def add_run(sub):
     p.add_argument("--executor", choices=("auto", "interpreted"), default="auto",
                    help="auto: at autograd's hooks where the plan can run there, else interpreted (a dispatch "
                         "mode at every op); interpreted: always the dispatch mode")
+    p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
+                   help="capture the planned step as one CUDA graph after warm-up steps and replay it: auto "
+                        "(default) where the step can be captured and runs on cuda, else eager with a warning "
+                        "saying why; on: that is an error; off: never")
     p.add_argument("--allocator", choices=AllocatorMode.names(), default=AllocatorMode.AUTO.value,
                    help="CUDA allocator: PyTorch's caching one, with expandable segments, or pool: the plan's "
                         "SmartPool layout (X+smartpool planners); auto (default): pool for such a plan on cuda")
@@ -128,7 +132,7 @@ def run(args) -> int:
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
                            seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock,
                            config=config, memory_cap=args.memory_cap, fake=args.fake, allocator=args.allocator,
-                           executor=args.executor)
+                           executor=args.executor, cuda_graph=args.cuda_graph)
     if args.json:
         emit_json(out)
     else:
@@ -149,6 +153,10 @@ def _check_run_options(args) -> None:
     from ..zoo.registry import check_model_name  # torch (see run)
 
     check_model_name(args.model)
+    if args.cuda_graph == "on" and not args.device.startswith("cuda"):
+        raise MemplanError(f"--cuda-graph on: the step runs on {args.device}: a CUDA graph needs --device cuda")
+    if args.cuda_graph == "on" and args.baseline:
+        raise MemplanError(f"--cuda-graph on captures a planned step; --baseline {args.baseline} runs no plan")
     if args.planner is not None:
         get_planner(args.planner)
     get_profile(args.profile)
@@ -165,7 +173,8 @@ def _print_run(out: dict) -> None:
             ("simulated peak", _b(out["simulated_peak_bytes"])),
             ("within budget", "yes" if out["within_budget"] else "NO"),
             ("kept by", _kept_by(out)),
-            ("allocator", _allocator(out))]
+            ("allocator", _allocator(out)),
+            ("CUDA graph", _graph(out.get("cuda_graph")))]
     ex = out["executor"]
     if ex is not None:  # a PyTorch tool runs without memplan's executor
         rows += [("host slab", format_bytes(ex["slab_bytes"])),
@@ -193,6 +202,16 @@ def _allocator(out: dict) -> str:
     last = pool["steps"][-1] if pool["steps"] else {}
     return (f"pool {format_bytes(pool['pool_bytes'])}, {pool['slots']} slots; last step: {last.get('served', 0)} "
             f"served, {last.get('fallbacks', 0)} fallbacks, reserved {_b(last.get('peak_reserved_bytes'))}")
+
+
+def _graph(g: dict | None) -> str:
+    if not g:
+        return "-"
+    if not g["captured"]:
+        return f"not captured: {g['reason']}"
+    replay = g["schedule"]["predicted_replay_s"]
+    return (f"captured after {g['warmup_steps']} warm-up steps, {g['replays']} replays"
+            + (f" (simulated replay {_ms(replay)})" if replay is not None else ""))
 
 
 def _predicted(p: dict) -> str:

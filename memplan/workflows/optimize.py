@@ -14,7 +14,8 @@ op; the first step's peak memory is measured (`measure=True`: every step's;
 `step.stats()["steps_measured"]`), and a step above its budget is warned about.
 Calls whose inputs differ in shape or dtype from the traced ones run unplanned, with a
 warning; a step whose ops disagree with the trace brings everything back and finishes
-unplanned. Either way training stays correct.
+unplanned. Either way training stays correct. On CUDA the planned step is captured as one CUDA
+graph after warm-up steps and replayed (`cuda_graph`, memplan.workflows.cuda_graph).
 
 On a GPU the step is traced on fake copies of the model (nothing of it is allocated, so a
 step that does not fit unplanned can be planned), the trace is seen as the CUDA allocator
@@ -46,6 +47,7 @@ from ..model import Plan, Trace, check_plan, read_plan
 from ..model.program import StepProgram
 from ..planners.base import plan as make_plan
 from ..sim.program import compile_program
+from .cuda_graph import CudaGraphs, changed_inputs, check_mode, graphs_for
 from .keep_budget import BudgetKeeper
 from .step_trace import (device_of, find_in_step, input_signature, is_fake, load_trace, model_of,
                          prime_optimizer_state, trace_step)
@@ -70,7 +72,8 @@ class OptimizedStep:
 
     def __init__(self, step_fn: Callable, trace: Trace, plan: Plan, runtime: PlanRuntime, signature: tuple,
                  model: torch.nn.Module | None = None, *, keeper: BudgetKeeper | None = None,
-                 cost: Cost | None = None, measure: bool = True, hooks: bool = True):
+                 cost: Cost | None = None, measure: bool = True, hooks: bool = True,
+                 graphs: CudaGraphs | None = None):
         self.step_fn = step_fn
         self.model = model
         self.trace = trace
@@ -79,7 +82,8 @@ class OptimizedStep:
         self.runtime = runtime
         self.signature = signature
         self.keeper = keeper
-        self._cost = cost
+        self.cost = cost  # the cost model the plan was compiled with
+        self.graphs = graphs  # the CUDA graph side (memplan.workflows.cuda_graph); None: never captured
         self._measure = measure
         self._hooks = hooks  # new plans compile for the hooked executor where they can
         self._earlier_steps: list[dict] = []  # step records of runtimes replaced by a new plan
@@ -88,8 +92,11 @@ class OptimizedStep:
         self._warned = False
 
     def __call__(self, *inputs):
-        """Run one iteration under the plan (unplanned, with a warning, if the inputs differ)."""
+        """Run one iteration under the plan (unplanned, with a warning, if the inputs differ); with a
+        CUDA graph, a warm-up step, the capture or a replay (memplan.workflows.cuda_graph)."""
         if input_signature(inputs) != self.signature:
+            if self.graphs is not None:
+                changed_inputs(self.graphs, self.signature, inputs)
             if not self._warned:
                 warnings.warn("memplan: inputs differ from the traced ones (shape or dtype): "
                               "running this step without the plan", RuntimeWarning, stacklevel=2)
@@ -98,10 +105,25 @@ class OptimizedStep:
             return self.step_fn(*inputs)
         if self._ctx is not None:
             return self._step(inputs)
-        with self.runtime.installed():
-            out = self._step(inputs)
-        self._keep_budget()
+        if self.graphs is not None and self.graphs.active:
+            return self.graphs.run(self, inputs)
+        return self.run_planned(inputs)
+
+    def run_planned(self, inputs: tuple):
+        """One eager iteration under the plan, then the budget's check (`keep_budget`)."""
+        out = self.run_installed(inputs)
+        self.keep_budget()
         return out
+
+    def run_installed(self, inputs: tuple):
+        """One eager iteration under the plan, its runtime installed for it."""
+        with self.runtime.installed():
+            return self._step(inputs)
+
+    @property
+    def settled(self) -> bool:
+        """True once no measured step can make the planner plan again."""
+        return self.keeper is None or self.keeper.settled
 
     @contextlib.contextmanager
     def iteration(self, *inputs):
@@ -114,7 +136,7 @@ class OptimizedStep:
         with self.runtime.installed():
             self.runtime.begin_step(inputs)
             yield self
-        self._keep_budget()
+        self.keep_budget()
 
     def _step(self, inputs: tuple):
         self.runtime.begin_step(inputs)
@@ -123,7 +145,7 @@ class OptimizedStep:
         finally:
             self.runtime.end_step()
 
-    def _keep_budget(self) -> None:
+    def keep_budget(self) -> None:
         """After a measured step: plan again if it was over the budget (memplan.workflows.keep_budget)."""
         if self.keeper is None or self.keeper.settled:
             return
@@ -141,15 +163,18 @@ class OptimizedStep:
 
     def _run_plan(self, plan: Plan) -> None:
         """From the next step on, run `plan` (the current runtime brings everything back first)."""
-        program = compile_program(self.trace, plan, self._cost, hooks=self._hooks)
+        program = compile_program(self.trace, plan, self.cost, hooks=self._hooks)
         runtime = PlanRuntime(self.trace, program, self.model, device=self.runtime.device,
-                              optimizer=self.runtime.optimizer, measure=True if self._measure is True else "first")
+                              optimizer=self.runtime.optimizer, measure=True if self._measure is True else "first",
+                              engine=self.graphs.engine() if self.graphs is not None else None)
         self._earlier_steps += self.runtime.steps
         self.runtime.close()
         runtime.settle()
         self.plan, self.program, self.runtime = plan, program, runtime
 
     def __enter__(self) -> "OptimizedStep":
+        if self.graphs is not None:
+            self.graphs.own_loop()
         self._ctx = self.runtime.installed(auto_steps=True)
         self._ctx.__enter__()
         return self
@@ -168,6 +193,8 @@ class OptimizedStep:
         out["steps_measured"] = self._earlier_steps + out["steps_measured"]
         out["final_plan_from_step"] = len(self._earlier_steps)  # the first step the current plan ran
         out.update(self.keeper.report() if self.keeper else {"margin_bytes": 0, "replanned": 0})
+        if self.graphs is not None:
+            out["cuda_graph"] = self.graphs.report(self)
         return out
 
     def restore(self) -> None:
@@ -188,7 +215,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
-             executor: str = "auto", **planner_params) -> OptimizedStep:
+             executor: str = "auto", cuda_graph: str = "auto", **planner_params) -> OptimizedStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -213,42 +240,61 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
         time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
         fake: trace fake copies of the model, its state and inputs, allocating nothing (None: on
             a GPU, where the unplanned step may not fit).
-        executor: "auto": at autograd's hooks where the plan can run there; or "interpreted".
+        executor: "auto": the plan runs at autograd's hooks where it can (memplan.exec.hooked), else
+            interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
+        cuda_graph: "auto": on CUDA, after warm-up steps, the planned step is captured as one CUDA
+            graph and replayed (memplan.workflows.cuda_graph), unless it cannot be, which a logged
+            warning says; "on": that is an error, and so is a step off CUDA; "off": never.
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.
     Raises:
-        MemplanError: a plan that was made for another trace, an unknown planner, ...
+        MemplanError: a plan that was made for another trace, an unknown planner, a step that
+            cannot be captured with cuda_graph "on", ...
     """
     model = model_of(step_fn, model)
     optimizer = optimizer if optimizer is not None else find_in_step(step_fn, torch.optim.Optimizer, "optimizer")
     hooks = _hooked(executor, model)
     run_on = device_of(example_inputs, model)
+    check_mode(cuda_graph, run_on)
     if optimizer is not None and not is_fake(example_inputs, model):
         prime_optimizer_state(optimizer)
     trace = load_trace(trace) if trace is not None else trace_step(
         step_fn, example_inputs, model, optimizer, time_repeats, time_clock,
         fake=run_on.type == "cuda" if fake is None else fake)
-    if plan is None:
-        trace = as_allocated_on(trace, run_on)
+    trace, plan, cost, keeper = _plan_of(trace, plan, run_on, device, budget, measure is not False, planner=planner,
+                                         seed=seed, **planner_params)
+    return _bound(step_fn, example_inputs, trace, plan, cost, keeper, model=model, optimizer=optimizer,
+                  run_on=run_on, measure=measure, hooks=hooks, cuda_graph=cuda_graph)
+
+
+def _plan_of(trace: Trace, plan, run_on: torch.device, device: str, budget, keep: bool,
+             **how) -> tuple[Trace, Plan, Cost, BudgetKeeper | None]:
+    """The trace as `run_on` holds it, the plan (`plan`, else one made under `budget` as `how` says:
+    planner, seed and parameters), the cost model on profile `device`, and the budget keeper (`keep`)."""
+    if plan is not None:
+        cost = Cost.for_trace(trace, device)
+        plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
+        check_plan(trace, plan)
+        return trace, plan, cost, None
+    trace = as_allocated_on(trace, run_on)
     cost = Cost.for_trace(trace, device)
-    plan, keeper = _plan_of(trace, plan, budget, measure is not False, planner=planner, cost=cost, seed=seed,
-                            **planner_params)
-    runtime = PlanRuntime(trace, compile_program(trace, plan, cost, hooks=hooks), model, device=run_on,
-                          optimizer=optimizer, measure=measure)
-    if not is_fake(example_inputs, model):
+    plan, keeper = _planned(trace, UNLIMITED if budget is None else parse_budget(budget), keep, cost=cost, **how)
+    return trace, plan, cost, keeper
+
+
+def _bound(step_fn: Callable, inputs: tuple, trace: Trace, plan: Plan, cost: Cost, keeper: BudgetKeeper | None, *,
+           model, optimizer, run_on: torch.device, measure, hooks: bool, cuda_graph: str) -> OptimizedStep:
+    """`step_fn` bound to `plan`: its step program, the CUDA graph side and the runtime (settled)."""
+    program = compile_program(trace, plan, cost, hooks=hooks)
+    fake = is_fake(inputs, model)
+    graphs = graphs_for(cuda_graph, run_on, trace, program, optimizer=optimizer, inputs=inputs, fake=fake)
+    runtime = PlanRuntime(trace, program, model, device=run_on, optimizer=optimizer, measure=measure,
+                          engine=graphs.engine())
+    if not fake:
         runtime.settle()  # the first step starts as every later one does
-    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(example_inputs), model, keeper=keeper,
-                         cost=cost, measure=measure, hooks=hooks)
-
-
-def _plan_of(trace: Trace, plan, budget, keep: bool, **how) -> tuple[Plan, BudgetKeeper | None]:
-    """The plan given (a Plan or a JSON path, checked against `trace`), else one made under `budget`."""
-    if plan is None:
-        return _planned(trace, UNLIMITED if budget is None else parse_budget(budget), keep, **how)
-    plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
-    check_plan(trace, plan)
-    return plan, None
+    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(inputs), model, keeper=keeper, cost=cost,
+                         measure=measure, hooks=hooks, graphs=graphs)
 
 
 def _hooked(executor: str, model) -> bool:

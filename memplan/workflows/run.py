@@ -48,7 +48,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
                  device: str = "cpu", profile: str = "h100", check: bool = False, seed: int = 0,
                  config: dict | None = None, baseline: str | None = None, trace=None, timed_steps: int = 0,
                  planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
-                 fake: bool | None = None, allocator: str = "auto", executor: str = "auto") -> dict:
+                 fake: bool | None = None, allocator: str = "auto", executor: str = "auto",
+                 cuda_graph: str = "auto") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -73,7 +74,10 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
         allocator: the CUDA allocator: "caching", "expandable" (segments), "pool" (the plan's
             layout; the process's first CUDA work), or "auto": the pool for a plan with a layout,
             else expandable segments (unless PYTORCH_CUDA_ALLOC_CONF sets the allocator).
-        executor: as `optimize` takes it ("interpreted" always under the pool allocator).
+        executor: "auto" (at autograd's hooks where the plan can run there) or "interpreted" (the
+            dispatch-mode runner; always so under the pool allocator, which needs its op clock).
+        cuda_graph: "auto", "on" or "off": capture the planned step as a CUDA graph after warm-up steps
+            (memplan.workflows.cuda_graph; never under a baseline).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
@@ -81,7 +85,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
         over in allocated bytes, and on a GPU 5% over in reserved bytes), what keeping it
         took (`margin_bytes`, `replanned`, `final_plan_from_step`), `measured_step_s`
         (median step time after the first step, less the meter's own bookkeeping) beside
-        `simulated_step_s`, the executor's counters, `allocator` and `pool` (memplan.exec.pooled)
+        `simulated_step_s`, the executor's counters, `allocator` and `pool` (memplan.exec.pooled),
+        `cuda_graph` (whether the step was captured and why not, its capture schedule, memory)
         and, with `check`, `max_param_diff` and `max_buffer_diff` against plain training.
     Raises:
         MemplanError: the unplanned step (planner none) cannot fit `memory_cap`; the error
@@ -89,15 +94,21 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
     """
     run = _Run(name=name, batch=batch, planner=planner, device=device, profile=profile, seed=seed,
                config=config or {}, baseline=baseline, clock=clock, memory_cap=memory_cap,
-               budget=_run_budget(budget, planner, baseline, memory_cap), executor=executor)
+               budget=_run_budget(budget, planner, baseline, memory_cap), executor=executor,
+               cuda_graph="off" if baseline else cuda_graph)
     run, mode = _prepare(run, allocator)
     w = get_workload(name, batch, device=device, seed=seed, **run.config)
     step = _planned_step(run, w, trace, fake, planner_params or {})
+    return _trained(run, w, step, mode, steps, timed_steps, check)
+
+
+def _trained(run: _Run, w, step, mode: AllocatorMode, steps: int, timed_steps: int, check: bool) -> dict:
+    """`run_workload`'s steps of workload `w` under `step` (an OptimizedStep), measured and reported."""
     pool = _serve_allocator(run, step, mode)
     budget_bytes = _measured_against(run.budget, step.trace)
     model = _model_for(run, step, check)
-    make_inputs = lambda i: w.make_inputs(batch, seed=seed + 1 + i)  # noqa: E731
-    release_cache(device)
+    make_inputs = lambda i: w.make_inputs(run.batch, seed=run.seed + 1 + i)  # noqa: E731
+    release_cache(run.device)
     records, timed = _measure(run, w, step, model, make_inputs, steps, timed_steps, budget_bytes)
     out = _report(run, step, records, timed, budget_bytes, allocator_report(mode, pool, records))
     step.close()
@@ -122,6 +133,7 @@ class _Run:
     clock: str  # what timed steps measure
     memory_cap: int | None  # the emulated device's bytes
     executor: str = "auto"  # memplan.workflows.optimize.EXECUTORS
+    cuda_graph: str = "auto"  # memplan.workflows.cuda_graph.GRAPH_MODES
 
 
 def _run_budget(budget, planner: str, baseline: str | None, memory_cap: int | None) -> Budget:
@@ -148,8 +160,7 @@ def _measured_against(budget: Budget, trace) -> int:
 
 def _prepare(run: _Run, allocator: str) -> tuple[_Run, AllocatorMode]:
     """Options checked, the CUDA allocator chosen and installed (before the run's first CUDA
-    allocation) and the memory cap in force; under the pool allocator the run is interpreted (the
-    pool matches requests by the op clock only the interpreted runner publishes)."""
+    allocation) and the memory cap in force; the run as it goes on under that allocator."""
     if run.clock not in CLOCKS:
         raise MemplanError(f"clock {run.clock!r}: expected one of {', '.join(CLOCKS)}")
     if run.baseline:
@@ -157,7 +168,9 @@ def _prepare(run: _Run, allocator: str) -> tuple[_Run, AllocatorMode]:
     mode = choose_allocator(allocator, planner=run.planner, device=run.device, baseline=run.baseline)
     install_allocator(mode)
     prepare_device(run.device, run.memory_cap, pooled=mode == AllocatorMode.POOL)
-    return (replace(run, executor="interpreted") if mode == AllocatorMode.POOL else run), mode
+    if mode == AllocatorMode.POOL:
+        run = replace(run, executor="interpreted")  # the pool matches requests by the op clock only it publishes
+    return run, mode
 
 
 def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):
@@ -168,7 +181,7 @@ def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):
                         planner="none" if run.baseline else run.planner, device=run.profile, model=w.model,
                         optimizer=w.optimizer, seed=run.seed, measure="first", trace=trace,
                         time_repeats=OP_TIME_REPEATS if cpu_profile else 0, time_clock=run.clock, fake=fake,
-                        executor=run.executor, **planner_params)
+                        executor=run.executor, cuda_graph=run.cuda_graph, **planner_params)
 
 
 def _serve_allocator(run: _Run, step, mode: AllocatorMode):
@@ -216,6 +229,7 @@ def _report(run: _Run, step, records: list[dict], timed: list[float], budget_byt
     """`run_workload`'s JSON-ready result (see its docstring)."""
     predicted = None if run.baseline else step.program.predicted
     stats = step.stats()
+    graph = stats.pop("cuda_graph", None)  # a key of its own in the report
     settled = records[stats["final_plan_from_step"]:] or records[-1:]
     return {"model": run.name, "batch": run.batch, "planner": run.baseline or run.planner, "baseline": run.baseline,
             "device": str(run.device), "budget_bytes": budget_bytes, "trace_peak_bytes": step.trace.peak_load_bytes,
@@ -232,6 +246,7 @@ def _report(run: _Run, step, records: list[dict], timed: list[float], budget_byt
             "trace_source": "fake" if step.trace.meta.get("fake") else "real",
             "predicted": {} if predicted is None else predicted.to_json(),
             "executor": None if run.baseline else stats,  # a PyTorch tool runs without memplan's executor
+            "cuda_graph": None if run.baseline else graph,
             **allocation}
 
 

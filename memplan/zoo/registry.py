@@ -71,7 +71,7 @@ def get_workload(name: str, batch: int, input_size: int | None = None, device="c
         device: where model and inputs live.
         seed: seed for parameters and inputs.
         **config: model configuration overrides (``num_classes``, ``seq_len``, transformers config
-            fields, ...) plus ``lr`` and ``optimizer`` (sgd | adam | sgd-plain).
+            fields, ...) plus ``lr`` and ``optimizer`` (sgd | adam | sgd-plain | adam-capturable).
 
     Returns:
         The Workload, model in training mode.

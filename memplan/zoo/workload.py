@@ -28,7 +28,7 @@ SGD_LR = 0.01
 SGD_MOMENTUM = 0.9
 SGD_WEIGHT_DECAY = 5e-4
 ADAM_LR = 1e-4
-OPTIMIZERS = ("sgd", "adam", "sgd-plain")
+OPTIMIZERS = ("sgd", "adam", "sgd-plain", "adam-capturable")
 
 LossFn = Callable[..., torch.Tensor]
 InputFn = Callable[[int, torch.device], tuple]
@@ -113,7 +113,8 @@ class ModelSpec:
         loss: ``loss(model, *inputs) -> scalar``.
         defaults: every config key the model accepts, with its default.
         input_size: default image side, or None where the model takes no image.
-        optimizer: ``sgd`` (with momentum), ``adam`` or ``sgd-plain`` (no momentum, no decay).
+        optimizer: ``sgd`` (with momentum), ``adam``, ``sgd-plain`` (no momentum, no decay) or
+            ``adam-capturable`` (Adam's state on the device: a CUDA graph can capture its step).
         lr: default learning rate.
     """
 
@@ -132,13 +133,18 @@ def make_optimizer(kind: str, params, lr: float) -> torch.optim.Optimizer:
     """The optimizer of a workload.
 
     Args:
-        kind: ``sgd`` (momentum 0.9, weight decay 5e-4), ``adam``, or ``sgd-plain``.
+        kind: ``sgd`` (momentum 0.9, weight decay 5e-4), ``adam``, ``sgd-plain``, or
+            ``adam-capturable`` (``capturable=True`` where the parameters are on CUDA, else ``adam``:
+            torch's capturable Adam runs on accelerators only).
         params: the parameters to optimize.
         lr: learning rate.
 
     Returns:
         A ``torch.optim`` optimizer.
     """
+    if kind == "adam-capturable":
+        params = list(params)
+        return torch.optim.Adam(params, lr=lr, capturable=all(p.device.type == "cuda" for p in params))
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM, weight_decay=SGD_WEIGHT_DECAY)
     if kind == "sgd-plain":

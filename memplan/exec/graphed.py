@@ -1,0 +1,229 @@
+"""One planned step captured as a CUDA graph, then replayed: no host work per op.
+
+PyTorch's whole-network capture (its "CUDA Graphs" notes; torch/cuda/graphs.py) with the plan
+inside it. Warm-up steps run eagerly under the plan's executor (hooked or interpreted) on a
+side stream; then one step, forward, backward, optimizer step and every action of the step
+program (swap-outs and prefetches as copies on the copy lanes into the pinned host slab,
+joined with events; releases; recomputations), is captured with `torch.cuda.graph` on that
+stream, into the graph's own memory pool. Each later step copies its batch into the static
+inputs and replays the graph; its outputs (the loss) are read back after the replay, as
+copies. memplan.exec.graph_schedule says, as data, what the graph holds.
+
+NOTE what the capture relies on (cited as "rule N"):
+ 1. Warm-up and capture run on a side stream, never the default one; lazily made state
+    (cuBLAS handles, the optimizer's state, autograd's streams) exists before the capture.
+ 2. Everything a replay reads from the host is pinned and allocated before the capture: the
+    host slab (memplan.exec.runtime) and the static inputs (device copies of the batch).
+ 3. No host wait inside the capture: a release waits for its swap-out's event on the device
+    (memplan.exec.engine, rule 5), and `CaptureEngine` never queries an event recorded in a
+    capture nor blocks on one; every lane is joined to the capture stream before it ends, so
+    a replay's copies are done before the stream's next work, and an eager step after it
+    (a refused call) waits for no event recorded in the capture: their tickets are dropped.
+ 4. Memory: what the step allocates during the capture comes from the graph's private pool
+    (or, under the pool allocator, the plan's arena); a block freed during the capture serves
+    later requests of the same capture, so the pool holds the step's peak. A replay allocates
+    nothing and uses the same addresses: storages the program frees and allocates again are
+    at the addresses of the capture in every replay.
+ 5. RNG: the default CUDA generator is graph-safe: a replay advances its offset by what the
+    captured step drew, so replay k draws what eager step k would. The hooked executor's
+    region runs set the generator's state back inside the capture, which PyTorch allows
+    while the seed is unchanged (torch.cuda.get/set_rng_state under capture, torch >= 2.10).
+ 6. The optimizer's step is captured: its state lives on the device (memplan.exec.capturable).
+ 7. A replay overwrites the captured outputs: the caller gets copies.
+ 8. Nothing recorded in a failed capture ran, but storages the program frees were freed: a
+    failed capture restores the persistent storages the program moves (from copies taken
+    before it, or for those kept on the host between steps from their host copies), forgets
+    the step's other storages, and the step runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+from .engine import CudaCopyEngine
+from .hostcopy import load
+from .owners import resolve_owner
+from .replay import byte_view
+from .residency import Residency
+
+log = logging.getLogger(__name__)
+
+WARMUP_STEPS = 3  # eager steps before the capture (PyTorch's whole-network example warms up 3)
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class CaptureEngine(CudaCopyEngine):
+    """CUDA copy lanes a capture can hold (rule 3); outside a capture, a CudaCopyEngine."""
+
+    def done(self, ticket) -> bool:
+        return True if capturing() else super().done(ticket)  # querying a captured event is an error
+
+    def sync(self, ticket) -> None:
+        if capturing():
+            self.wait(ticket)  # the device orders it: the host cannot wait for a captured copy
+        else:
+            super().sync(ticket)
+
+    def drain(self) -> None:
+        if capturing():
+            self.join()
+        else:
+            super().drain()
+
+    def join(self) -> None:
+        """Make the compute stream wait for every lane (a capture ends only with its streams joined)."""
+        current = torch.cuda.current_stream(self.device)
+        for stream in self._streams.values():
+            current.wait_stream(stream)
+
+
+class GraphedStep:
+    """Warm up, capture and replay one planned step (see the module docstring).
+
+    Args:
+        run_step: runs one eager planned step on the given inputs (its runtime installed) and
+            returns the step's outputs.
+        runtime: the PlanRuntime the step runs (its copy engine a CaptureEngine).
+        device: the CUDA device.
+    """
+
+    def __init__(self, run_step: Callable[[tuple], Any], runtime, device: torch.device | str):
+        self.run_step = run_step
+        self.runtime = runtime
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(self.device)  # warm-up and capture (rule 1)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static = None  # the captured inputs (rule 2)
+        self.outputs = None  # the captured outputs (rule 7)
+        self.constants: list = []  # the captured inputs' other values (a graph replays them as captured)
+        self.warmed = 0
+        self.replays = 0
+        self.memory: dict = {}  # "capture" and "replays": allocator peaks
+
+    def warm_up(self, inputs: tuple):
+        """One eager step on the side stream (rule 1)."""
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            out = self.run_step(inputs)
+        current.wait_stream(self.stream)
+        self.warmed += 1
+        return out
+
+    def capture(self, inputs: tuple) -> str:
+        """Capture the step with `inputs` as its static inputs; "" when captured, else why not (one line)."""
+        self.static = tree_map_only(torch.Tensor, _static_copy, inputs)  # rule 2
+        self.constants = constants_of(inputs)
+        backup = _backup(self.runtime)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)
+        _reset_peaks(self.device)
+        try:
+            with torch.cuda.graph(graph, stream=self.stream):
+                outputs = self.run_step(self.static)
+                self.runtime.engine.join()  # rule 3
+        except Exception as exc:  # noqa: BLE001 - a capture that fails leaves the step eager, said in one line
+            _recover(self.runtime, backup)
+            message = str(exc).strip().splitlines()
+            return f"the capture failed: {type(exc).__name__}: {message[0] if message else ''}"
+        self.graph, self.outputs = graph, outputs
+        for entry in self.runtime.runner.entries.values():
+            entry.d2h = entry.h2d = None  # events recorded in a capture serve no wait outside it (rule 3)
+        self.memory["capture"] = _peaks(self.device)
+        torch.cuda.empty_cache()  # blocks the warm-up cached and the capture freed outside its pool
+        _reset_peaks(self.device)
+        return ""
+
+    def replay(self, inputs: tuple):
+        """Copy `inputs` into the static inputs, replay the step, return copies of its outputs (rule 7)."""
+        for static, x in zip(tree_leaves(self.static), tree_leaves(inputs)):
+            if isinstance(static, torch.Tensor) and static is not x:
+                static.copy_(x, non_blocking=True)
+        if self.runtime.program.start_away:
+            self.runtime.settle()  # storages brought back between steps (a state_dict) go to the host again
+        self.graph.replay()
+        self.replays += 1
+        peaks = _peaks(self.device)
+        self.memory["replays"] = {k: _larger(v, self.memory.get("replays", {}).get(k)) for k, v in peaks.items()}
+        return tree_map_only(torch.Tensor, lambda t: t.detach().clone(), self.outputs)
+
+    def report(self) -> dict:
+        """JSON-ready: warm-up steps, replays and the allocator's peaks at the capture and over the replays."""
+        return {"warmup_steps": self.warmed, "replays": self.replays, "memory": dict(self.memory)}
+
+
+def constants_of(inputs: tuple) -> list:
+    """The inputs' values that are not tensors (a graph holds them as captured)."""
+    return [x for x in tree_leaves(inputs) if not isinstance(x, torch.Tensor)]
+
+
+def _static_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_(t.requires_grad)
+
+
+def _backup(runtime) -> list:
+    """Host copies of the persistent storages the program moves that are on the device now (rule 8)."""
+    runner, out = runtime.runner, []
+    for sid, entry in runner.entries.items():
+        if runtime.trace.storages[sid].persistent and entry.state == Residency.RESIDENT:
+            storage = runner.finder.owned(entry)
+            if storage is not None:
+                out.append((entry, byte_view(storage).to("cpu", copy=True)))
+    return out
+
+
+def _recover(runtime, backup: list) -> None:
+    """After a failed capture: persistent storages back as they were, the step's others forgotten (rule 8)."""
+    _synchronize(runtime.device)
+    runner, program = runtime.runner, runtime.program
+    saved = {entry.sid: host for entry, host in backup}
+    away_at_start = {program.decisions[k].storage for k in program.start_away}
+    for sid, entry in runner.entries.items():
+        source = saved.get(sid, entry.host_copy if sid in away_at_start else None)
+        owner = runner.finder.owners.get(sid)
+        t = resolve_owner(owner, runtime.model, runtime.optimizer) if owner is not None else None
+        if source is not None and t is not None:
+            storage = t.untyped_storage()
+            storage.resize_(entry.real_nbytes)
+            with torch.no_grad():
+                if isinstance(source, torch.Tensor):
+                    byte_view(storage).copy_(source)
+                else:
+                    load(byte_view(storage), source)
+        entry.state, entry.storage, entry.d2h, entry.h2d = Residency.RESIDENT, None, None, None
+    runner.away.clear()
+    _synchronize(runtime.device)
+    runtime.settle()  # the storages kept on the host between steps go back there
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peaks(device: torch.device) -> None:
+    try:
+        torch.cuda.reset_peak_memory_stats(device)
+    except RuntimeError:  # a pluggable allocator (the pool) keeps no statistics
+        pass
+
+
+def _peaks(device: torch.device) -> dict:
+    """The allocator's peaks since the last reset (None under a pluggable allocator, which has none)."""
+    try:
+        return {"allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+                "reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
+    except RuntimeError:
+        return {"allocated_bytes": None, "reserved_bytes": None}
+
+
+def _larger(a, b):
+    return b if a is None else a if b is None else max(a, b)

@@ -150,6 +150,7 @@ def test_gpu_points_are_measured_on_the_gpu_under_other_keys(monkeypatch, tmp_pa
     monkeypatch.setattr(compare, "device_name", lambda device: "Test GPU" if device == "cuda" else "CPU")
     monkeypatch.setattr(compare, "_release_cached_memory", lambda device: None)
     monkeypatch.setattr(compare, "calibrate", lambda gpu=0: get_profile("h100"))
+    monkeypatch.setattr(compare, "with_executor_costs", lambda profile, device: profile)  # it trains on the device
     base = dict(models=("vgg11-cifar",), sim_planners=(), run_planners=("dtr",), baselines=("torch-checkpoint",),
                 maxbatch_planners=(), budgets=("70%",))
     gpu = compare.compare(compare.CompareSettings(**base, device="cuda", run_profile=compare.GPU_PROFILE), tmp_path,

@@ -164,7 +164,8 @@ def test_planners_declare_what_they_decide_and_their_typed_parameters(capsys):
     names = {p["name"]: p for p in json.loads(out)["planners"]}
     assert code == 0 and {"sqrt-n", "checkpoint-all"} <= set(names)
     assert all("recompute" in p["decides"] for p in names.values()) and "autoswap:doa" not in names
-    assert names["sqrt-n"]["params"] == {"segments": {"type": "int", "default": None}}
+    assert names["sqrt-n"]["params"] == {"segments": {"type": "int", "default": None},
+                                         "by_blocks": {"type": "bool", "default": True}}
 
 
 def test_a_parameter_of_the_wrong_type_is_one_clear_error(capsys, trace_file, tmp_path):

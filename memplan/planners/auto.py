@@ -248,7 +248,10 @@ class _Search:
             if not validate(self.trace, chosen.plan, self.budget):
                 return chosen.plan.with_meta(report=self._report(chosen))
             log.warning("auto: %s's plan does not validate; trying the next", chosen.name)
-        raise infeasible(self.budget, min(self.named.values(), default=self.trace.peak_load_bytes), "auto")
+        # the load named is one a fast planner reaches: they always run, whatever the time left, so auto
+        # plans there again (a search's load may not be reached again within the time limit)
+        fast = [self.named[name] for name in FAST if name in self.named]
+        raise infeasible(self.budget, min(fast, default=self.trace.peak_load_bytes), "auto")
 
     def _report(self, chosen: Candidate) -> dict:
         milp = self.milp_report or {}

@@ -280,7 +280,8 @@ class Simulator:
         host = self._host[lowered.level]
         if len(sid) and (cost.executor_s("action") or not cost.host_async):
             host = host.copy()  # actions: swap: out, release, prefetch, wait; recompute: drop, run
-            np.add.at(host, np.concatenate([out_after, out_after, trigger[swap], back]), cost.executor_s("action"))
+            acts = np.concatenate([out_after, back, out_after[swap], trigger[swap]])  # two per decision, four a swap
+            np.add.at(host, acts, cost.executor_s("action"))
             if not cost.host_async:  # the CPU copies on its one thread (memplan.exec.engine), nothing beside
                 np.add.at(host, out_after[swap], d2h[swap])
                 np.add.at(host, trigger[swap], h2d[swap])

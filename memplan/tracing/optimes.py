@@ -95,14 +95,18 @@ def _plain_s(step_fn: Callable, inputs: tuple, repeats: int, clock: str) -> floa
     return best
 
 
+MIN_SHARE = 0.1  # of an op's timed duration that it keeps when the timing mode's entry is taken off
+
+
 def _as_plain(durations: list[float], plain_s: float) -> list[float]:
     """Op times that add up to the plain step's: the timing mode costs every op the same entry into
     Python, which plain training does not pay (several microseconds, as long as a small op's kernel):
-    it is taken off each op, and what is left scaled to the plain step."""
+    it is taken off each op (leaving at least MIN_SHARE of its timed duration: no op is free), and
+    what is left scaled to the plain step."""
     excess = (sum(durations) - plain_s) / len(durations) if durations else 0.0
     if excess <= 0:
         return durations
-    less = [max(d - excess, 0.0) for d in durations]
+    less = [max(d - excess, MIN_SHARE * d) for d in durations]
     total = sum(less)
     return [d * plain_s / total for d in less] if total > 0 else less
 

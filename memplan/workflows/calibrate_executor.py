@@ -11,11 +11,11 @@ already prices (hooks; the layers run again), per action or per run; the median 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import replace
 
 import torch
 
+from ..cost.calibrate_host import host_clock
 from ..cost.profiles import DeviceProfile
 from .optimize import optimize
 
@@ -69,17 +69,18 @@ def _planned_s(model, step, inputs, planner: str, profile: DeviceProfile, device
 
 
 def _step_s(fn, device: str) -> float:
-    """Median seconds of a step over ROUNDS rounds of STEPS steps (after one)."""
+    """Median seconds (`host_clock`) of a step over ROUNDS rounds of STEPS steps (after one)."""
+    clock = host_clock(device)
     fn()
     rounds = []
     for _ in range(ROUNDS):
         if device == "cuda":
             torch.cuda.synchronize()
-        started = time.perf_counter()
+        started = clock()
         for _ in range(STEPS):
             fn()
         if device == "cuda":
             torch.cuda.synchronize()
-        rounds.append((time.perf_counter() - started) / STEPS)
+        rounds.append((clock() - started) / STEPS)
     return statistics.median(rounds)
 

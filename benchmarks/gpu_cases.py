@@ -87,9 +87,10 @@ def group_notes(rows: list[dict]) -> list[str]:
     return ["", *(f"Group {r['group']}: {r['error']}" for r in failed)] if failed else []
 
 
-def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, **kwargs) -> dict:
+def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, retry_on=None, **kwargs) -> dict:
     """One `run_workload(**kwargs)` case; its record (with `error` when it failed) is written to
-    OUT/BENCH.jsonl and returned. The step runs eagerly unless `cuda_graph` says otherwise: these
+    OUT/BENCH.jsonl and returned (not written when its error matches the pattern `retry_on`: the
+    caller runs the case again). The step runs eagerly unless `cuda_graph` says otherwise: these
     benchmarks measure the executor (gpu_graph.py measures the captured step)."""
     import torch
 
@@ -120,6 +121,8 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, *
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+    if retry_on is not None and retry_on.match(rec.get("error") or ""):
+        return rec
     return emit(out, bench, rec)
 
 

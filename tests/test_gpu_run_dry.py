@@ -134,3 +134,32 @@ def test_the_dry_run_runs_every_row_within_budget_bit_identical(tmp_path):
     tests = json.loads((tmp_path / "gpu_pytest.json").read_text())
     assert tests["exit_code"] == 0 and tests["counts"]["failed"] == tests["counts"]["error"] == 0
     assert tests["counts"]["skipped"] > 0 and tests["device"] == "cpu"  # every GPU test is skipped here
+
+
+def test_a_case_without_cudnn_or_room_runs_again_as_it_can(tmp_path, monkeypatch):
+    """No nvidia-cudnn-frontend: the row says so and runs on the model source; a budget the planner
+    cannot fit: it runs at the planner's smallest + 1% under a cap 5% above, where the group's cap binds."""
+    answers = ["MemplanError: the cudnn source needs nvidia-cudnn-frontend: pip install nvidia-cudnn-frontend",
+               "InfeasibleBudgetError: budget 3.00 GiB is infeasible for planner 'capuchin': the smallest "
+               "feasible load is 3.10 GiB (3328599654 bytes)", None]
+    calls = []
+
+    def fake_run_case(out, bench, group, rec, deadline, /, retry_on=None, **kw):
+        calls.append((rec, kw))
+        done = {**rec, "error": answers[len(calls) - 1]}
+        if not (retry_on and retry_on.match(done["error"] or "")):
+            gpu_budget.emit(out, bench, done)
+        return done
+
+    monkeypatch.setattr(gpu_budget, "run_case", fake_run_case)
+    args = type("Args", (), {"out": str(tmp_path), "dry_run": False})()
+    gib = 2**30
+    gpu_budget.run_row(args, "g", "ucudnn", "capuchin+ucudnn:wd", {"source": "cudnn", "workspace": 1}, 4 * gib,
+                       3 * gib, 0.0, str(tmp_path), {})
+    assert [kw["planner_params"]["source"] for _, kw in calls] == ["cudnn", "model", "model"]
+    least = int(3328599654 * 1.01)
+    assert [kw["budget"] for _, kw in calls] == [3 * gib, 3 * gib, least]
+    assert calls[2][1]["memory_cap"] == int(least * 1.05) < 4 * gib
+    rows = gpu_budget.read(str(tmp_path), "gpu_budget")
+    assert [r["error"] for r in rows] == [answers[0], None]  # the failed try says why; the last one ran
+    assert rows[1]["budget_from"] and rows[1]["source_from"] == answers[0] and rows[1]["params"]["source"] == "model"

@@ -51,8 +51,9 @@ GROUPS = {
     "vgg16": ("vgg16", 64, {}, int(5.5 * GIB), 5 * GIB,
               [("capped", "vdnn:conv", {}), ("capped", "vdnn++:conv", {})], None),
     "resnet50": ("resnet50", 64, {}, 4 * GIB, 3 * GIB, [
-        ("capped", "dqn:pretrained", {}), ("capped", "dqn:refined", {"time_limit_s": 5}), ("strict", "capuchin", {}), ("capped", "home:fast", {"time_limit_s": 5}), ("capped", "capuchin", {}),
-        ("capped", "dtr", {}), ("capped", "autoswap:doa", {}), ("plain under the cap", "none", {})], None),
+        ("capped", "dqn:pretrained", {}), ("capped", "dqn:refined", {"time_limit_s": 5}), ("strict", "capuchin", {}),
+        ("capped", "home:fast", {"time_limit_s": 5}), ("capped", "capuchin", {}), ("capped", "dtr", {}),
+        ("capped", "autoswap:doa", {}), ("plain under the cap", "none", {})], None),
     "resnet50-ucudnn": ("resnet50", 64, {}, 4 * GIB, 3 * GIB, [
         ("ucudnn", "capuchin+ucudnn:wd", {"source": "cudnn", "workspace": WORKSPACE}),
         ("ucudnn", "capuchin+ucudnn:wd", {"source": "cudnn", "workspace": WORKSPACE, "policy": "undivided"})],
@@ -69,9 +70,8 @@ GROUPS = {
 # cuDNN's engines are timed for every kernel and micro-batch size the first time (then read from the
 # group's conv database): that group may not take every later group's time
 LIMITS = {"resnet50-ucudnn": 90}
-# the same on the CPU: model, batch, config, and the cap and budget as shares of the trace's peak
-# (vdnn's fixed offloads need more room on small models than the others)
-# (small models leave some planners little to move). A case whose planner cannot fit its budget runs
+# the same on the CPU: model, batch, config, and the cap and budget as shares of the trace's peak.
+# Small models leave some planners little to move: a case whose planner cannot fit its budget runs
 # again at the smallest budget the planner names + 1%, under a cap 5% above it, where that cap is
 # still below the group's (on the CPU: always); the row says so (`budget_from`).
 DRY = {"vgg16": ("vgg11-cifar", 8, {"base_width": 32}, 0.95, 0.9),
@@ -183,8 +183,8 @@ def report(out: str) -> str:
              "| model | case | planner | cap GiB | budget GiB | simulated GiB | allocated GiB per step | reserved GiB "
              "per step | allocated vs budget | reserved vs budget | targets | margin MiB | re-plans | diverged | "
              "max param diff | step s | error |",
-             "| --- | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: "
-             "| --- |"]
+             "| --- | --- | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |"
+             " ---: | --- |"]
     notes = []
     for r in rows:
         steps = r.get("steps") or []

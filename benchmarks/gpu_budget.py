@@ -97,8 +97,7 @@ def group_main(group: str, args) -> None:
     device = "cpu" if args.dry_run else "cuda"
     if args.dry_run:
         model, batch, config, cap_share, budget_share = DRY[source or group]
-    emit(args.out, NAME, {"group": group, "case": "env", **device_info()})
-    if source:  # no CUDA work before the run: the pool allocator must come first
+    if source:  # no CUDA work before the run, not even the device's name: the pool allocator must come first
         path = trace_path(args.out, source)
         if not os.path.exists(path):
             for case, planner, _ in cases:
@@ -107,6 +106,7 @@ def group_main(group: str, args) -> None:
             return
         trace = read_trace(path)
     else:
+        emit(args.out, NAME, {"group": group, "case": "env", **device_info()})
         trace = trace_once(model, batch, device, config)
         os.makedirs(os.path.dirname(trace_path(args.out, group)), exist_ok=True)
         write_trace(trace, trace_path(args.out, group))
@@ -117,6 +117,8 @@ def group_main(group: str, args) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for case, planner, params in cases:
             run_row(args, group, case, planner, params, cap, budget, deadline, scratch, common)
+    if source:
+        emit(args.out, NAME, {"group": group, "case": "env", **device_info()})
 
 
 def run_row(args, group: str, case: str, planner: str, params: dict, cap: int, budget: int, deadline: float,

@@ -163,3 +163,21 @@ def test_a_case_without_cudnn_or_room_runs_again_as_it_can(tmp_path, monkeypatch
     rows = gpu_budget.read(str(tmp_path), "gpu_budget")
     assert [r["error"] for r in rows] == [answers[0], None]  # the failed try says why; the last one ran
     assert rows[1]["budget_from"] and rows[1]["source_from"] == answers[0] and rows[1]["params"]["source"] == "model"
+
+
+def test_a_pool_group_asks_nothing_of_cuda_before_its_run(tmp_path, monkeypatch):
+    """The pool allocator replaces PyTorch's only before CUDA starts: a pool group reads its trace and
+    runs, and only then asks the device's name."""
+    from memplan.tracing.io import write_trace
+    from memplan.workflows.workloads import trace_workload
+
+    model, batch, config = gpu_budget.DRY["resnet50"][:3]
+    (tmp_path / "traces").mkdir()
+    write_trace(trace_workload(model, batch, fake=True, **config), gpu_budget.trace_path(str(tmp_path), "resnet50"))
+    order = []
+    monkeypatch.setattr(gpu_budget, "device_info", lambda: order.append("device") or {})
+    monkeypatch.setattr(gpu_budget, "run_case", lambda out, bench, group, rec, *a, **kw: order.append(rec["planner"])
+                        or {})
+    args = type("Args", (), {"out": str(tmp_path), "dry_run": True, "deadline_s": 60})()
+    gpu_budget.group_main("resnet50-doa-pool", args)
+    assert order == ["autoswap:doa+smartpool", "device"]

@@ -5,7 +5,7 @@
 # paper's planner under a memory cap, most important rows first, deadline 360 s) then gpu_pytest
 # (`pytest -m gpu`, 90 s at most). Also by name: exec_overhead gpu_speed pool_training gpu_graph
 # (all four: about 8 more minutes; gpu_graph alone about 4).
-# --dry-run: the same code paths on the CPU with small models (no GPU; about 2-3 minutes).
+# --dry-run: the same code paths on the CPU with small models (no GPU; 2-3 minutes on two busy cores).
 # Each benchmark runs its models in fresh processes under its own deadline and keeps what
 # finished; the results land in OUT_DIR as JSON (commit them under benchmarks/results/, naming the card).
 set -u

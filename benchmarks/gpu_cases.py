@@ -39,26 +39,28 @@ def parse(description: str, default_deadline_s: float) -> argparse.Namespace:
 
 
 def main(script: str, name: str, description: str, default_deadline_s: float, groups: list[str],
-         group_main, report) -> None:
+         group_main, report, limits: dict[str, float] | None = None) -> None:
     """A GPU benchmark's command line: as a parent, run every group in a fresh process of `script`
-    and write OUT/NAME.md from `report(out)`; as a child (`--group`), `group_main(group, args)`."""
+    (a group named in `limits` for at most that many seconds) and write OUT/NAME.md from
+    `report(out)`; as a child (`--group`), `group_main(group, args)`."""
     args = parse(description, default_deadline_s)
     if args.group:
         group_main(args.group, args)
         return
-    run_groups(script, name, groups, args)
+    run_groups(script, name, groups, args, limits)
     text = report(args.out)
     with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write(text)
     print(text)
 
 
-def run_groups(script: str, name: str, groups: list[str], args) -> None:
-    """Run each group in a fresh process of `script` until the deadline."""
+def run_groups(script: str, name: str, groups: list[str], args, limits: dict[str, float] | None = None) -> None:
+    """Run each group in a fresh process of `script` until the deadline (a group in `limits`: at most
+    that long, so that one slow group cannot take every later group's time)."""
     os.makedirs(args.out, exist_ok=True)
     end = time.time() + args.deadline_s
     for group in groups:
-        left = end - time.time()
+        left = min(end - time.time(), (limits or {}).get(group, float("inf")))
         if left < 10:
             emit(args.out, name, {"group": group, "skipped": "deadline"})
             continue
@@ -67,7 +69,7 @@ def run_groups(script: str, name: str, groups: list[str], args) -> None:
             done = subprocess.run(cmd + (["--dry-run"] if args.dry_run else []), timeout=left, check=False,
                                   stderr=subprocess.PIPE, text=True)
         except subprocess.TimeoutExpired as exc:
-            emit(args.out, name, {"group": group, "case": GROUP, "error": "the group timed out at the deadline",
+            emit(args.out, name, {"group": group, "case": GROUP, "error": f"the group timed out after {left:.0f} s",
                                   "stderr_tail": _text(exc.stderr)[-3000:]})
             continue
         sys.stderr.write(done.stderr)
@@ -87,9 +89,10 @@ def group_notes(rows: list[dict]) -> list[str]:
     return ["", *(f"Group {r['group']}: {r['error']}" for r in failed)] if failed else []
 
 
-def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, **kwargs) -> dict:
+def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, retry_on=None, **kwargs) -> dict:
     """One `run_workload(**kwargs)` case; its record (with `error` when it failed) is written to
-    OUT/BENCH.jsonl and returned. The step runs eagerly unless `cuda_graph` says otherwise: these
+    OUT/BENCH.jsonl and returned (not written when its error matches the pattern `retry_on`: the
+    caller runs the case again). The step runs eagerly unless `cuda_graph` says otherwise: these
     benchmarks measure the executor (gpu_graph.py measures the captured step)."""
     import torch
 
@@ -120,6 +123,8 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, *
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+    if retry_on is not None and retry_on.match(rec.get("error") or ""):
+        return rec
     return emit(out, bench, rec)
 
 

@@ -7,6 +7,7 @@ brute-force optimum over every policy is in tests/test_milp.py; `milp` and `auto
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -40,8 +41,29 @@ def _fits(simulator, plan, budget) -> float | None:
 
 @given(trace=training_traces(), budget=budget_shares())
 def test_the_bound_is_below_every_planners_plan(trace, budget):
-    budget_bytes = max(1, parse_budget(budget).bytes_for(trace.peak_load_bytes))
+    _below_every_planners_plan(trace, budget, Cost.for_trace(trace, "h100"))
+
+
+@given(trace=training_traces(), budget=budget_shares())
+def test_the_bound_holds_where_the_host_is_priced(trace, budget):
+    # as for a traced PyTorch step: the host issues every op and acts (a generated trace runs interpreted)
+    _below_every_planners_plan(trace, budget, replace(Cost.for_trace(trace, "h100"), priced_host=True))
+
+
+def test_a_host_bound_plain_step_lowers_the_bound_by_its_share_of_host_work():
+    trace = chain_trace(12, MIB)
     cost = Cost.for_trace(trace, "h100")
+    budget = int(0.6 * trace.peak_load_bytes)
+    device = lower_bound(trace, budget, cost, time_limit_s=60.0).overhead
+    priced = replace(cost, priced_host=True)
+    plain_s = Simulator(trace, priced).run(None).time_s
+    assert plain_s > float(np.sum(cost.durations))  # the host's work shows in the plain step
+    expected = max(0.0, (1 + device) * float(np.sum(cost.durations)) / plain_s - 1)
+    assert device > 0 and lower_bound(trace, budget, priced, time_limit_s=60.0).overhead == pytest.approx(expected)
+
+
+def _below_every_planners_plan(trace, budget, cost):
+    budget_bytes = max(1, parse_budget(budget).bytes_for(trace.peak_load_bytes))
     bound = lower_bound(trace, budget_bytes, cost, time_limit_s=60.0)
     assert bound.overhead is not None and bound.overhead >= 0
     simulator = Simulator(trace, cost)

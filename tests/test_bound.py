@@ -6,12 +6,13 @@ brute-force optimum over every policy is in tests/test_milp.py; `milp` and `auto
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from memplan.budget import parse_budget
@@ -19,7 +20,9 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Plan
 from memplan.planners.base import plan as make_plan
-from memplan.planners.kit.bound import check_ops, lower_bound
+from memplan.model.program import HOOKED
+from memplan.planners.kit.bound import check_ops, fewest_away, lower_bound
+from memplan.sim.arrays import host_per_op
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import static_load, validate
 from memplan.testing.planner_property import fast_params
@@ -50,16 +53,38 @@ def test_the_bound_holds_where_the_host_is_priced(trace, budget):
     _below_every_planners_plan(trace, budget, replace(Cost.for_trace(trace, "h100"), priced_host=True))
 
 
-def test_a_host_bound_plain_step_lowers_the_bound_by_its_share_of_host_work():
+def test_where_the_host_is_priced_the_bound_is_the_device_or_the_hosts_work_over_the_plain_step():
     trace = chain_trace(12, MIB)
     cost = Cost.for_trace(trace, "h100")
     budget = int(0.6 * trace.peak_load_bytes)
     device = lower_bound(trace, budget, cost, time_limit_s=60.0).overhead
-    priced = replace(cost, priced_host=True)
-    plain_s = Simulator(trace, priced).run(None).time_s
-    assert plain_s > float(np.sum(cost.durations))  # the host's work shows in the plain step
-    expected = max(0.0, (1 + device) * float(np.sum(cost.durations)) / plain_s - 1)
-    assert device > 0 and lower_bound(trace, budget, priced, time_limit_s=60.0).overhead == pytest.approx(expected)
+    device_s = float(np.sum(cost.durations))
+    assert device > 0
+    # actions for free: the device's bound, over a plain step the host's work makes longer
+    free = replace(cost, priced_host=True, profile=replace(cost.profile, action_s=0.0))
+    plain_s = Simulator(trace, free).run(None).time_s
+    assert plain_s > device_s
+    assert lower_bound(trace, budget, free, time_limit_s=60.0).overhead == pytest.approx(
+        (1 + device) * device_s / plain_s - 1, abs=1e-6)
+    # dear actions: the host's work for the storages the peak op needs away is the larger
+    dear = replace(cost, priced_host=True, profile=replace(cost.profile, action_s=0.01))
+    host_s = float(host_per_op(trace, dear)[HOOKED].sum()) + 2 * 0.01 * fewest_away(trace, budget, [trace.peak_op])
+    assert host_s > (1 + device) * device_s
+    assert lower_bound(trace, budget, dear, time_limit_s=60.0).overhead >= host_s / plain_s - 1 - 1e-6
+
+
+@given(trace=training_traces(), budget=budget_shares())
+def test_fewest_away_is_the_least_number_of_storages_that_bring_an_op_within_the_budget(trace, budget):
+    budget_bytes = max(1, parse_budget(budget).bytes_for(trace.peak_load_bytes))
+    i = trace.peak_op
+    alive = [int(s) for s in np.flatnonzero((trace.alloc_ops <= i) & (trace.free_ops > i))]
+    assume(len(alive) <= 12)  # brute force over every group of them
+    need = int(trace.load[i]) - budget_bytes
+    least = 0 if need <= 0 else next(
+        (k for k in range(1, len(alive) + 1)
+         if any(sum(int(trace.nbytes[s]) for s in group) >= need for group in itertools.combinations(alive, k))),
+        len(alive) + 1)
+    assert fewest_away(trace, budget_bytes, [i]) == least
 
 
 def _below_every_planners_plan(trace, budget, cost):

@@ -18,10 +18,12 @@ What the LP knows of the simulator (each a consequence of its semantics, DESIGN.
   many storages it rebuilds there, on the compute stream after the ops it is away at;
 - every op runs for its duration, in order; every wait and replay delays all later ops.
 Where the cost model prices the host's work (a traced PyTorch step: `Cost.priced_host`), the LP bounds
-the device's work alone. The host only ever delays an op (it issues each op, and a plan adds to its
-work), so a plan's simulated step is no shorter than the same plan's without the host, which the LP
-bounds; the plain step it is measured against is longer with the host: the bound is taken over the
-plain step with the host's work (`_with_host`). Sound, and looser the more the plain step is host-bound.
+the device's work alone, and the step is bounded twice over (`_with_host`): the host only ever delays
+an op, so a plan's simulated step is no shorter than the same plan's without the host, which the LP
+bounds; and the host issues every op and action one after another, so the step is no shorter than
+the host's work: the hooked executor's per op (the interpreted one's is more) and at least two
+actions for each storage away, of which the op that needs most away needs at least `fewest_away`.
+The larger of the two, over the plain step with the host's work, is the bound.
 What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
 can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
 replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
@@ -43,6 +45,8 @@ from scipy.sparse import vstack
 
 from ...cost.model import Cost
 from ...model import Trace
+from ...model.program import HOOKED
+from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
 from .absences import MS, absences
 from .bound_lp import BoundLP
@@ -108,19 +112,33 @@ def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: fl
                 time.perf_counter() >= deadline:
             break
         checks = min(2 * checks, max_checks)
-    return replace(_with_host(best, trace, cost, baseline_ms), seconds=time.perf_counter() - started)
+    return replace(_with_host(best, trace, cost, budget_bytes, baseline_ms), seconds=time.perf_counter() - started)
 
 
-def _with_host(found: Bound, trace: Trace, cost: Cost, baseline_ms: float) -> Bound:
+def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseline_ms: float) -> Bound:
     """`found` (a bound on the device's work over the plain step's device time) as a bound on the
-    overhead over the plain step that the simulator runs with the host's work priced: a plan's step
-    is at least (1 + bound) x the device time, the plain step `plain_ms` (module docstring)."""
+    overhead over the plain step the simulator runs with the host's work priced (module docstring)."""
     if not cost.priced_host or found.overhead is None or not math.isfinite(found.overhead):
         return found
     plain_ms = MS * Simulator(trace, cost).run(None).time_s
-    if plain_ms <= baseline_ms:
-        return found
-    return replace(found, overhead=max(0.0, (1.0 + found.overhead) * baseline_ms / plain_ms - 1.0))
+    ops = np.append(check_ops(trace.load, budget_bytes, DEFAULT_CHECKS), trace.peak_op)
+    host_ms = MS * (float(host_per_op(trace, cost)[HOOKED].sum())
+                    + 2 * cost.executor_s("action") * fewest_away(trace, budget_bytes, ops)) - SAFETY_MS
+    step_ms = max((1.0 + found.overhead) * baseline_ms, host_ms)
+    return replace(found, overhead=max(0.0, step_ms / plain_ms - 1.0))
+
+
+def fewest_away(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
+    """The fewest storages any plan that fits has away at one of `ops`: as many of the largest ones
+    alive there as it takes to bring the op's load within the budget."""
+    fewest = 0
+    for i in ops:
+        need = int(trace.load[i]) - budget_bytes
+        if need > 0:
+            alive = (trace.alloc_ops <= i) & (trace.free_ops > i)
+            largest_first = np.cumsum(np.sort(trace.nbytes[alive])[::-1])
+            fewest = max(fewest, int(np.searchsorted(largest_first, need)) + 1)
+    return fewest
 
 
 def _better(a: Bound, b: Bound) -> bool:

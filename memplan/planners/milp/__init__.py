@@ -145,7 +145,7 @@ def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: flo
     left = max(time_limit_s - (time.perf_counter() - started), MIN_SOLVE_S)
     plan = _solve(trace, budget_bytes, cost, time_limit_s=left, mip_rel_gap=mip_rel_gap, min_bytes=min_bytes,
                   window=window, max_direct_groups=max_direct_groups, start=start, moves=moves)
-    return with_bound(never_worse(trace, budget_bytes, cost, plan, start), bound)
+    return with_bound(never_worse(trace, budget_bytes, cost, plan, start, time_limit_s), bound)
 
 
 def _solve(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float, mip_rel_gap: float, min_bytes: int,

@@ -16,7 +16,10 @@ from ..kit.fitting import fitting_plans
 
 START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
 FALLBACK_DTR_S = 5.0  # DTR's search for a plan within the budget, among the fallbacks when HiGHS proved nothing
-FALLBACK_BO_S = 10.0  # and autoswap:bo's, with this time limit (its four pure scores whatever the limit)
+# and autoswap:bo's, with this time limit (its four pure scores whatever the limit), where milp's own
+# time limit is at least as long (a shorter one is the user asking for a quick answer; and Optuna's
+# sampler imports torch, which a command that does not train must not load)
+FALLBACK_BO_S = 10.0
 
 
 def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator, dtr_s: float = 0.0,
@@ -35,10 +38,12 @@ def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator
     return min(plans, key=lambda p: simulator.run(p, budget_bytes).time_s).decisions
 
 
-def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: tuple[Decision, ...] | None) -> Plan:
+def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: tuple[Decision, ...] | None,
+                time_limit_s: float) -> Plan:
     """`plan`, or the given start or (when HiGHS proved nothing) the best plan of the fast planners, DTR
-    and autoswap:bo when one of them simulates faster within the budget and validates; `chosen` in
-    the report says which."""
+    and autoswap:bo (the last two within FALLBACK_DTR_S and FALLBACK_BO_S, no longer than milp's
+    `time_limit_s`) when one of them simulates faster within the budget and validates; `chosen` in the
+    report says which."""
     report = dict(plan.report or {})
     if report.get("status") == "optimal" and not start:
         return plan
@@ -47,7 +52,8 @@ def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: 
     if start:
         named.append(("the given start", Plan(decisions=tuple(start))))
     if report.get("status") != "optimal":
-        fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=FALLBACK_DTR_S, bo_s=FALLBACK_BO_S)
+        fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=min(FALLBACK_DTR_S, time_limit_s),
+                          bo_s=FALLBACK_BO_S if time_limit_s >= FALLBACK_BO_S else 0.0)
         if fast is not None:
             named.append(("the best plan of the fast planners, DTR and autoswap:bo", Plan(decisions=fast)))
     best_name, best, best_s = named[0][0], plan, _time_s(simulator, plan, budget_bytes)

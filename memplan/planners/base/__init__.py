@@ -140,7 +140,8 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
     params = check_params(spec, params)
     started = time.perf_counter()
     result = _run_planner(spec, trace, planning_bytes(spec, trace, cap), cost, seed, params, limited=cap is not None)
-    if cap is not None and spec.decides & {"swap", "recompute"}:
+    if cap is not None and spec.decides & {"swap", "recompute"} and \
+            not _searched_to_its_limit(spec, params, time.perf_counter() - started):
         result = fit_hooked(lambda load: _run_planner(spec, trace, load, cost, seed, params, limited=True),
                             trace, cap, result, cost, time.perf_counter() - started)
     elapsed = time.perf_counter() - started
@@ -151,6 +152,14 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
     if simulate_result:
         result = result.with_meta(predicted=simulate(trace, result, cost=cost).summary())
     return result
+
+
+def _searched_to_its_limit(spec: PlannerSpec, params: dict, seconds: float) -> bool:
+    """Whether the planner took half its time limit or more: such a search is not planned again for
+    its hooked form (memplan.planners.base.hooks_fit), as each try would take as long; the limit is
+    the user's."""
+    limit = params.get("time_limit_s", next((p.default for p in spec.params if p.name == "time_limit_s"), None))
+    return limit is not None and seconds >= 0.5 * float(limit)
 
 
 def planning_bytes(spec: PlannerSpec, trace: Trace, cap: int | None) -> int:

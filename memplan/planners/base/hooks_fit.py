@@ -6,7 +6,8 @@ memory than the plan assumed. Where that makes the hooked form miss the budget, 
 run interpreted (a dispatch mode at every op: several times the host's work). So the planner
 plans again under a load cut by the shortfall (twice as deep when the plan did not change), a
 few times while that stays cheap, and the first plan whose hooked form fits is taken; else the
-planner's own plan stands (and runs interpreted).
+planner's own plan stands (and runs interpreted). A search that took half its time limit or more
+is not planned again (each try would take as long again; `plan` checks it).
 """
 
 from __future__ import annotations

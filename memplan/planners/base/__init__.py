@@ -141,7 +141,7 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
     started = time.perf_counter()
     result = _run_planner(spec, trace, planning_bytes(spec, trace, cap), cost, seed, params, limited=cap is not None)
     if cap is not None and spec.decides & {"swap", "recompute"} and \
-            not _searched_to_its_limit(spec, params, time.perf_counter() - started):
+            not searched_to_its_limit(spec, params, time.perf_counter() - started):
         result = fit_hooked(lambda load: _run_planner(spec, trace, load, cost, seed, params, limited=True),
                             trace, cap, result, cost, time.perf_counter() - started)
     elapsed = time.perf_counter() - started
@@ -154,7 +154,7 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
     return result
 
 
-def _searched_to_its_limit(spec: PlannerSpec, params: dict, seconds: float) -> bool:
+def searched_to_its_limit(spec: PlannerSpec, params: dict, seconds: float) -> bool:
     """Whether the planner took half its time limit or more: such a search is not planned again for
     its hooked form (memplan.planners.base.hooks_fit), as each try would take as long; the limit is
     the user's."""

@@ -10,11 +10,12 @@ only calls each op, it gives per op and per saved tensor what the simulator char
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..tracing.optimes import CLOCKS
 
 LAYERS, WIDTH, BATCH = 48, 16, 4  # 48 x (Linear(16) + ReLU) at batch 4: microseconds of work per op
 REPEATS = 9
@@ -112,7 +113,7 @@ def _count(step) -> tuple[int, int]:
 def host_clock(device: str):
     """The clock a host cost is measured on: on the CPU this thread's CPU time (the step runs on
     it, and a shared host's other work does not inflate it), on a GPU wall time."""
-    return time.thread_time if device == "cpu" else time.perf_counter
+    return CLOCKS["cpu" if device == "cpu" else "wall"]
 
 
 def _time(step, device: str, repeats: int, context=None) -> float:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+MIN_SHARE = 0.1  # of an op's timed duration that it keeps when the timing mode's entry is taken off
 
 
 class _OpClock(TorchDispatchMode):
@@ -93,9 +94,6 @@ def _plain_s(step_fn: Callable, inputs: tuple, repeats: int, clock: str) -> floa
         step_fn(*inputs)
         best = min(best, now() - started)
     return best
-
-
-MIN_SHARE = 0.1  # of an op's timed duration that it keeps when the timing mode's entry is taken off
 
 
 def _as_plain(durations: list[float], plain_s: float) -> list[float]:

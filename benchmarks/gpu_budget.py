@@ -6,7 +6,7 @@ device for its time and inner memory), then `memplan run` cases under a memory c
 the allocator's own limit), each with `--check` (parameters against plain training on the same
 device, with the cap lifted for it). Groups run most important first, so a deadline drops the rest:
 
-- vgg16@64 capped to 5.5 GiB at 5 GiB: vdnn:conv and vdnn++:conv (paper 001);
+- vgg16@64 capped to 5.75 GiB at 5.5 GiB: vdnn:conv and vdnn++:conv (paper 001);
 - resnet50@64 capped to 4 GiB at 3 GiB: dqn:pretrained and dqn:refined (002), the strict form,
   home:fast (004), capuchin, dtr and autoswap:doa (000), and plain training (must be refused, naming
   planners that fit);
@@ -48,7 +48,9 @@ UCUDNN_NOTE = ("the executor splits each convolution's batch as planned but PyTo
 # group -> (model, batch, config, cap, budget, cases, trace source): a group with a trace source
 # plans on that group's saved trace in a fresh process (for the pool allocator) instead of tracing.
 GROUPS = {
-    "vgg16": ("vgg16", 64, {}, int(5.5 * GIB), 5 * GIB,
+    # cuDNN's workspace of one convolution (1.57 GiB, timed alone on an H200) makes 5.47 GiB the least
+    # any vDNN plan holds: 5.5 GiB under a 5.75 GiB cap (the step needs 6.09 GiB plainly)
+    "vgg16": ("vgg16", 64, {}, int(5.75 * GIB), int(5.5 * GIB),
               [("capped", "vdnn:conv", {}), ("capped", "vdnn++:conv", {})], None),
     "resnet50": ("resnet50", 64, {}, 4 * GIB, 3 * GIB, [
         ("capped", "dqn:pretrained", {}), ("capped", "dqn:refined", {"time_limit_s": 5}), ("strict", "capuchin", {}),

@@ -21,6 +21,13 @@ import traceback
 
 GIB = 2**30
 GROUP = "group"  # the case of a record about a whole group (its process failed)
+# A case that fails and leaves more than this allocated ends its group's process: the parent starts
+# the group again in a fresh one after that case (later cases measured beside the leftover would be
+# wrong: on an H200 an out-of-memory case once left 2.2 GiB behind it).
+LEFTOVER_BYTES = 64 * 2**20
+RESUME = 3  # the exit code of a group process that asks to go on in a fresh one
+_done_before = 0  # cases a resumed group process skips (done by the process before it)
+_cases_seen = 0
 RUN_KEYS = ("budget_bytes", "memory_cap_bytes", "trace_peak_bytes", "simulated_peak_bytes", "measured_peak_bytes",
             "measured_peak_reserved_bytes", "within_budget", "margin_bytes", "replanned", "final_plan_from_step",
             "measured_step_s", "simulated_step_s", "max_param_diff", "max_buffer_diff", "op_times", "trace_source")
@@ -35,6 +42,7 @@ def parse(description: str, default_deadline_s: float) -> argparse.Namespace:
     ap.add_argument("--deadline-s", type=float, default=default_deadline_s, help="all groups together")
     ap.add_argument("--dry-run", action="store_true", help="small models on the CPU")
     ap.add_argument("--group", help=argparse.SUPPRESS)
+    ap.add_argument("--skip", type=int, default=0, help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
@@ -45,6 +53,8 @@ def main(script: str, name: str, description: str, default_deadline_s: float, gr
     `report(out)`; as a child (`--group`), `group_main(group, args)`."""
     args = parse(description, default_deadline_s)
     if args.group:
+        global _done_before
+        _done_before = args.skip
         group_main(args.group, args)
         return
     run_groups(script, name, groups, args, limits)
@@ -60,23 +70,34 @@ def run_groups(script: str, name: str, groups: list[str], args, limits: dict[str
     os.makedirs(args.out, exist_ok=True)
     end = time.time() + args.deadline_s
     for group in groups:
-        left = min(end - time.time(), (limits or {}).get(group, float("inf")))
-        if left < 10:
-            emit(args.out, name, {"group": group, "skipped": "deadline"})
-            continue
-        cmd = [sys.executable, script, "--out", args.out, "--group", group, "--deadline-s", str(left)]
-        try:
-            done = subprocess.run(cmd + (["--dry-run"] if args.dry_run else []), timeout=left, check=False,
-                                  stderr=subprocess.PIPE, text=True)
-        except subprocess.TimeoutExpired as exc:
-            emit(args.out, name, {"group": group, "case": GROUP, "error": f"the group timed out after {left:.0f} s",
-                                  "stderr_tail": _text(exc.stderr)[-3000:]})
-            continue
-        sys.stderr.write(done.stderr)
-        if done.returncode:  # a group that dies says why in the report (a silent one cost a GPU run its rows)
-            last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            emit(args.out, name, {"group": group, "case": GROUP, "error": f"its process exited with "
-                                  f"{done.returncode}: {last}"[:600], "stderr_tail": done.stderr[-3000:]})
+        group_end = min(end, time.time() + (limits or {}).get(group, float("inf")))
+        skip = 0
+        while True:  # a group process that asks for it goes on in a fresh one (LEFTOVER_BYTES)
+            done = _run_group(script, name, group, args, group_end - time.time(), skip)
+            if done is None or done.returncode != RESUME:
+                break
+            skip = int(done.stderr.strip().splitlines()[-1].split()[-1])
+
+
+def _run_group(script: str, name: str, group: str, args, left: float, skip: int):
+    """One process of `group` (its first `skip` cases done before); its CompletedProcess, or None."""
+    if left < 10:
+        emit(args.out, name, {"group": group, "skipped": "deadline"})
+        return None
+    cmd = [sys.executable, script, "--out", args.out, "--group", group, "--deadline-s", str(left), "--skip", str(skip)]
+    try:
+        done = subprocess.run(cmd + (["--dry-run"] if args.dry_run else []), timeout=left, check=False,
+                              stderr=subprocess.PIPE, text=True)
+    except subprocess.TimeoutExpired as exc:
+        emit(args.out, name, {"group": group, "case": GROUP, "error": f"the group timed out after {left:.0f} s",
+                              "stderr_tail": _text(exc.stderr)[-3000:]})
+        return None
+    sys.stderr.write(done.stderr)
+    if done.returncode and done.returncode != RESUME:  # a group that dies says why (a silent one cost a GPU run its rows)
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        emit(args.out, name, {"group": group, "case": GROUP, "error": f"its process exited with "
+                              f"{done.returncode}: {last}"[:600], "stderr_tail": done.stderr[-3000:]})
+    return done
 
 
 def _text(out) -> str:
@@ -86,7 +107,7 @@ def _text(out) -> str:
 def group_notes(rows: list[dict]) -> list[str]:
     """Report lines for the groups whose process failed (they have no rows of their own)."""
     failed = [r for r in rows if r.get("case") == GROUP]
-    return ["", *(f"Group {r['group']}: {r['error']}" for r in failed)] if failed else []
+    return ["", *(f"Group {r['group']}: {r.get('error') or r.get('note')}" for r in failed)] if failed else []
 
 
 def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, retry_on=None, **kwargs) -> dict:
@@ -98,7 +119,11 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, r
 
     from memplan.workflows.run import run_workload
 
+    global _cases_seen
+    _cases_seen += 1
     rec = {"group": group, **case}
+    if _cases_seen <= _done_before:  # done by the group's process before this one: its record
+        return next((r for r in reversed(read(out, bench)) if all(r.get(k) == v for k, v in rec.items())), rec)
     if time.time() > deadline - 5:
         rec["skipped"] = "deadline"
         return emit(out, bench, rec)
@@ -113,7 +138,7 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, r
         rec["steps"] = [{k: s.get(k) for k in ("measured_peak_bytes", "measured_peak_reserved_bytes", "time_s")}
                         for s in res["steps"]]
         rec["timed_step_s"] = res.get("timed_step_s")
-        rec["executor"] = {k: res["executor"].get(k) for k in EXEC_KEYS}
+        rec["executor"] = {k: (res.get("executor") or {}).get(k) for k in EXEC_KEYS}  # none under a baseline
         rec["cuda_graph"] = graph_summary(res.get("cuda_graph"))
     except Exception as exc:  # noqa: BLE001 - a benchmark keeps going and records why
         rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:600]
@@ -125,7 +150,14 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, r
         torch.cuda.empty_cache()
     if retry_on is not None and retry_on.match(rec.get("error") or ""):
         return rec
-    return emit(out, bench, rec)
+    emit(out, bench, rec)
+    leftover = torch.cuda.memory_allocated() - rec["allocated_before"] if cuda else 0
+    if "error" in rec and leftover > LEFTOVER_BYTES:
+        emit(out, bench, {"group": group, "case": GROUP, "note": f"{case} left {gib(leftover)} GiB allocated: "
+                          f"the group goes on in a fresh process"})
+        print(f"resume after {_cases_seen}", file=sys.stderr, flush=True)
+        sys.exit(RESUME)
+    return rec
 
 
 def graph_summary(graph: dict | None) -> dict | None:
@@ -137,6 +169,8 @@ def graph_summary(graph: dict | None) -> dict | None:
 
 
 def emit(out: str, name: str, rec: dict) -> dict:
+    if _done_before and rec.get("case") in ("env", "plain", "trace"):
+        return rec  # a resumed group's process: the first one wrote these
     with open(os.path.join(out, f"{name}.jsonl"), "a") as f:
         f.write(json.dumps(rec, default=str) + "\n")
     short = {k: rec.get(k) for k in ("group", "case", "planner", "error", "within_budget", "measured_peak_bytes",

@@ -321,7 +321,11 @@ def test_the_option_on_the_cpu(tmp_path, monkeypatch, capsys):
         optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, cuda_graph="on")
     with pytest.raises(MemplanError, match="cuda_graph must be one of auto, on, off"):
         optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, cuda_graph="yes")
-    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, planner="sqrt-n", budget="90%")
+    default = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, planner="sqrt-n", budget="90%")
+    assert default.stats()["cuda_graph"]["mode"] == "off"  # until a GPU run shows captures work
+    default.close()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, planner="sqrt-n", budget="90%",
+                    cuda_graph="auto")
     step(*w.inputs)
     graph = step.stats()["cuda_graph"]
     assert graph["mode"] == "auto" and not graph["captured"] and graph["capturable"]
@@ -333,6 +337,9 @@ def test_the_option_on_the_cpu(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "memplan: error: --cuda-graph on: the step runs on cpu: a CUDA graph needs --device cuda"
     assert main(["run", "kmeans", "--batch", "64", "--steps", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cuda_graph"]["mode"] == "off" and out["cuda_graph"]["reason"] == "cuda_graph is off"  # the default
+    assert main(["run", "kmeans", "--batch", "64", "--steps", "1", "--json", "--cuda-graph", "auto"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["cuda_graph"]["captured"] is False and "CPU" in out["cuda_graph"]["reason"]
     assert main(["run", "kmeans", "--batch", "64", "--steps", "1", "--baseline", "torch-checkpoint", "--json"]) == 0
@@ -425,3 +432,19 @@ def test_a_failed_capture_is_a_warning_with_auto_then_eager_steps(monkeypatch, c
     assert not graph["captured"] and graph["reason"] == CpuGraphed.failure and not step.graphs.active
     assert caplog.text.count(PREFIX + CpuGraphed.failure) == 1
     step.close()
+
+
+def test_a_failed_capture_names_the_error_that_broke_it():
+    """Ending a broken capture fails only "due to a previous error": the line names that previous one."""
+    from memplan.exec.graphed import _first_error
+
+    try:
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")
+    except RuntimeError as exc:
+        line = _first_error(exc)
+    assert line == ("RuntimeError: operation not permitted when stream is capturing "
+                    "(then RuntimeError: operation failed due to a previous error during capture)")
+    assert _first_error(ValueError("alone")) == "ValueError: alone"

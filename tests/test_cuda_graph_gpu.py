@@ -79,7 +79,7 @@ def test_a_captured_step_trains_as_eager_training_does(planner, budget, optimize
 
 def test_a_changed_batch_runs_eagerly_with_auto_and_fails_with_on():
     model, opt, step_fn = _workload("sgd")
-    step = optimize(step_fn, *_batch(0), model=model, optimizer=opt, planner="none")
+    step = optimize(step_fn, *_batch(0), model=model, optimizer=opt, planner="none", cuda_graph="auto")
     _train(step)
     assert step.stats()["cuda_graph"]["captured"]
     half = tuple(t[: BATCH // 2] for t in _batch(0))
@@ -104,7 +104,7 @@ def test_a_step_that_reads_a_value_is_not_captured():
         opt.step()
         return loss.item()
 
-    step = optimize(step_fn, *_batch(0), model=model, optimizer=opt, planner="none", fake=False)
+    step = optimize(step_fn, *_batch(0), model=model, optimizer=opt, planner="none", fake=False, cuda_graph="auto")
     for i in range(2):
         step(*_batch(i))
     graph = step.stats()["cuda_graph"]

@@ -184,6 +184,21 @@ def test_an_op_that_fails_alone_keeps_no_time_and_is_counted():
     assert bench.summary()["failed"] == {"aten.remainder.Tensor": 1}  # measured once, cached
 
 
+def test_an_op_taking_a_generators_state_is_not_run_and_is_counted():
+    """Attention backward reads its philox seed and offset where the forward left them: made-up ones
+    crashed the process on an H200, so the op is priced instead of run."""
+    bench = opbench.OpBench("cpu")
+    q = torch.zeros(1, 2, 4, 8)
+    seed, offset = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    backward = torch.ops.aten._scaled_dot_product_efficient_attention_backward.default
+    args = (q, q, q, q, None, q, torch.zeros(1, 2, 4), seed, offset, 0.1, [True, True, True, False])
+    assert bench.call(backward, args, {}) is None
+    assert bench.call(backward, args[:7], {"philox_seed": seed, "philox_offset": offset, "dropout_p": 0.1,
+                                           "grad_input_mask": [True] * 4}) is None
+    assert bench.call(torch.ops.aten.mul.Tensor, (q, q), {}) is not None  # any other op is timed
+    assert bench.summary()["not_run"] == {str(backward): 2}
+
+
 def test_time_ops_needs_a_fake_trace():
     work = _deep_mlp(2)
     with pytest.raises(MemplanError, match="fake trace"):

@@ -90,10 +90,10 @@ def add_run(sub):
     p.add_argument("--executor", choices=("auto", "interpreted"), default="auto",
                    help="auto: at autograd's hooks where the plan can run there, else interpreted (a dispatch "
                         "mode at every op); interpreted: always the dispatch mode")
-    p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="auto",
+    p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="off",
                    help="capture the planned step as one CUDA graph after warm-up steps and replay it: auto "
-                        "(default) where the step can be captured and runs on cuda, else eager with a warning "
-                        "saying why; on: that is an error; off: never")
+                        "where the step can be captured and runs on cuda, else eager with a warning saying "
+                        "why; on: that is an error; off (default, until a GPU run shows captures work): never")
     p.add_argument("--allocator", choices=AllocatorMode.names(), default=AllocatorMode.AUTO.value,
                    help="CUDA allocator: PyTorch's caching one, with expandable segments, or pool: the plan's "
                         "SmartPool layout (X+smartpool planners); auto (default): pool for such a plan on cuda")

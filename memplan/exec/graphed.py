@@ -132,8 +132,8 @@ class GraphedStep:
                 self.runtime.engine.join()  # rule 3
         except Exception as exc:  # noqa: BLE001 - a capture that fails leaves the step eager, said in one line
             _recover(self.runtime, backup)
-            message = str(exc).strip().splitlines()
-            return f"the capture failed: {type(exc).__name__}: {message[0] if message else ''}"
+            _release_generator(self.device)
+            return f"the capture failed: {_first_error(exc)}"
         self.graph, self.outputs = graph, outputs
         for entry in self.runtime.runner.entries.values():
             entry.d2h = entry.h2d = None  # events recorded in a capture serve no wait outside it (rule 3)
@@ -202,6 +202,33 @@ def _recover(runtime, backup: list) -> None:
     runner.away.clear()
     _synchronize(runtime.device)
     runtime.settle()  # the storages kept on the host between steps go back there
+
+
+def _first_error(exc: BaseException) -> str:
+    """The error that broke a capture, in one line: the first of the chain (ending the capture then
+    fails only "due to a previous error"), naming the last when it differs."""
+    first = exc
+    while first.__context__ is not None and first.__context__ is not first:
+        first = first.__context__
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}"
+
+    return line(first) if first is exc else f"{line(first)} (then {line(exc)})"
+
+
+def _release_generator(device: torch.device) -> None:
+    """A capture that fails leaves the device's default generator in capture mode (PyTorch ends that mode
+    only when a capture ends well): every later random op outside a capture would fail ("Offset
+    increment outside graph capture"). A fresh copy of its state is out of capture mode."""
+    if device.type != "cuda":
+        return
+    generator = torch.cuda.default_generators[torch.cuda.current_device() if device.index is None else device.index]
+    try:
+        generator.graphsafe_set_state(generator.clone_state())
+    except RuntimeError as exc:  # a torch without graph-safe generator states
+        log.warning("after the failed capture the CUDA generator could not be reset: %s", exc)
 
 
 def _synchronize(device: torch.device) -> None:

@@ -132,9 +132,13 @@ class HookedRunner(Mover):
         self.calls_seen.clear()
         self._advance(0)
 
-    def end_step(self) -> None:
-        """End the step: the program's last actions, then nothing is held any more."""
-        if self.active and not self.off:
+    def end_step(self, aborted: bool = False) -> None:
+        """End the step: the program's last actions, then nothing is held any more (`aborted`: an
+        exception cut the step short; what it dropped is forgotten, what it copied away comes back)."""
+        if aborted and self.active:
+            self.off = True
+            self.abort()
+        elif self.active and not self.off:
             if self.packs != len(self.saved):
                 self.diverge(f"the step saved {self.packs} tensors where the trace saved {len(self.saved)}")
             else:
@@ -156,8 +160,11 @@ class HookedRunner(Mover):
     def _pack(self, t: torch.Tensor):
         n = self.packs
         self.packs += 1
+        # kept as a detached alias: a saved output held as itself would hold its own node, a cycle
+        # through autograd that no collector frees when no backward releases the graph (an aborted step)
+        kept = t.detach()
         if not self.active or self.off:
-            return n, t
+            return n, kept
         started = time.perf_counter()
         expected = self.expected[n] if n < len(self.expected) else -1
         if expected == -1 or (expected is not None and self.finder.counted(t.untyped_storage().nbytes()) != expected):
@@ -165,10 +172,10 @@ class HookedRunner(Mover):
         else:
             sid = self.saved[n].storage
             if sid in self.entries and sid not in self.found:
-                self.found[sid] = weakref.ref(t)
+                self.found[sid] = weakref.ref(kept)  # alive while autograd holds it
             self._advance(self.saved[n].packed_at)
         self.stats.host_s += time.perf_counter() - started
-        return n, t
+        return n, kept
 
     def _unpack(self, packed) -> torch.Tensor:
         n, t = packed

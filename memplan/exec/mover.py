@@ -62,6 +62,16 @@ class Mover:
                 self.stats.restored += 1
                 self._bring_back(entry)
 
+    def abort(self) -> None:
+        """An exception cut the step short: its graph is gone, so storages dropped to be recomputed
+        are forgotten (nothing reads them again: rebuilding them would be wasted work, and could fail
+        over the caller's error), and every storage copied away comes back (it may be a parameter)."""
+        self.stats.aborted_steps += 1
+        for entry in self.entries.values():
+            if entry.state == Residency.DROPPED:
+                self._resident(entry)
+        self.restore()
+
     # --- actions ----------------------------------------------------------------------------
 
     def _act(self, action: Action, found) -> None:
@@ -166,7 +176,8 @@ class Mover:
         self.away[storage._cdata] = entry
 
     def _resident(self, entry: MovedStorage) -> None:
-        self.away.pop(entry.storage._cdata, None)
+        if entry.storage is not None:
+            self.away.pop(entry.storage._cdata, None)
         entry.state, entry.storage = Residency.RESIDENT, None
 
     def _bring_back(self, entry: MovedStorage) -> None:

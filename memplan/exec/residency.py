@@ -59,6 +59,7 @@ class ExecStats:
     start_sent: int = 0  # storages sent to host at a step start (first step, or after a restore)
     restored: int = 0  # storages brought back outside the program (restore, divergence, close)
     diverged_steps: int = 0  # steps that left the traced program (the rest ran unplanned)
+    aborted_steps: int = 0  # steps an exception cut short (their graph is gone: nothing is rebuilt)
     skipped_ops: int = 0  # trace ops the run did not make (their actions ran without their tensors)
     inserted_ops: int = 0  # ops the run made that the trace does not have (ran unplanned)
     unresolved: int = 0  # actions not done: storage not found or not as traced (kept resident)

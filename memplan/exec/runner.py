@@ -76,8 +76,8 @@ class StepRunner(Mover, TorchDispatchMode):
 
     def __enter__(self):
         # The trace was recorded under saved-tensor hooks (memplan.tracing.tracer), which change
-        # which detaches autograd makes: the same identity hooks make the same op sequence.
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(_same, _same)
+        # which detaches autograd makes: hooks that hand back the same storage make the same op sequence.
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(_detached, _same)
         self._hooks.__enter__()
         return super().__enter__()
 
@@ -98,9 +98,14 @@ class StepRunner(Mover, TorchDispatchMode):
         self.pos, self.off, self.active = 0, False, True
         self._inserted_in_a_row = 0
 
-    def end_step(self) -> None:
-        """End the step (a step cut short brings everything back)."""
-        if self.active and not self.off and not self.idle and self.pos != len(self.names):
+    def end_step(self, aborted: bool = False) -> None:
+        """End the step (a step cut short brings everything back; `aborted`: by an exception)."""
+        if aborted and self.active:
+            self.off = True
+            self.abort()
+            self.replayer.begin_step()  # the dead step's recorded calls hold its tensors
+            self.replayer.drop_temporaries()
+        elif self.active and not self.off and not self.idle and self.pos != len(self.names):
             if len(self.names) - self.pos <= RESYNC_WINDOW:
                 self._skip_to(len(self.names))  # the run skipped the trace's last ops (rule 2)
             else:
@@ -253,8 +258,9 @@ class StepRunner(Mover, TorchDispatchMode):
         rebuild = self.program.rebuilds[k]
         self.replayer.rebuild(rebuild.steps, entry.storage)
         self.replayer.drop_temporaries(rebuild.frees)
-        self._resident(entry)
-        self.stats.recomputed += 1
+        if entry.state == Residency.DROPPED:  # else the replay made it and `_adopt` took it
+            self._resident(entry)
+            self.stats.recomputed += 1
 
     def _adopt(self, sid: int, fresh: torch.UntypedStorage) -> None:
         """A replay made storage `sid` too: if it is recomputed before this op, take it now."""
@@ -270,3 +276,15 @@ class StepRunner(Mover, TorchDispatchMode):
 
 def _same(t):
     return t
+
+
+_PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
+
+
+def _detached(t):
+    """A saved tensor as autograd keeps it: an alias without its history. A saved output returned
+    as itself would hold its own node, a cycle through autograd that no collector frees when no
+    backward releases the graph (a step an exception cut short). Out of the mode's sight: it is
+    not an op of the step."""
+    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
+        return t.detach()

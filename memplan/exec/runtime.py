@@ -113,16 +113,18 @@ class PlanRuntime:
             self.pool.begin_step()  # last: the pool's iteration is the step's requests only
         self._in_step = True
 
-    def end_step(self) -> None:
-        """Close the current iteration and record what it measured."""
+    def end_step(self, aborted: bool = False) -> None:
+        """Close the current iteration and record what it measured (`aborted`: an exception cut it
+        short; storages it copied away come back, those it dropped are forgotten with its graph)."""
         if not self._in_step:
             return
         self._in_step = False
         if self.pool is not None:
             self.pool.end_step()
-        self.runner.end_step()
+        self.runner.end_step(aborted)
         record = {"step": len(self.steps), **{k: v - self._before[k] for k, v in self._counters().items()}}
         record["diverged"] = record.pop("diverged_steps") > 0
+        record["aborted"] = aborted
         if record["unresolved"]:
             log.warning("step %d: %d planned actions found no storage of the traced size where the trace put it; "
                         "those storages stayed resident (more memory than planned)", record["step"],
@@ -157,7 +159,7 @@ class PlanRuntime:
         self._drop_idle_guards()
         with contextlib.ExitStack() as stack:
             stack.callback(self._guard_idle)
-            stack.callback(self.end_step)
+            stack.push(lambda kind, *_: self.end_step(aborted=kind is not None))  # returns None: errors propagate
             # on a GPU the allocator's counters are the meter; on the CPU its mode is entered only
             # for steps it measures (an inactive meter's mode would still cost every op a dispatch)
             if self.meter is not None and not self.meter.cuda and (self.measure is True or not self.steps):

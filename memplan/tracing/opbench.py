@@ -24,6 +24,10 @@ with these differences:
   because other work on a shared machine only ever adds time.
 - An op that fails alone (a data-dependent kernel that rejects random data, a device out of
   memory) keeps no duration, so the cost model prices it; such ops are counted in the summary.
+- An op whose arguments carry a random generator's state (attention backward's `philox_seed` and
+  `philox_offset`, flash attention's `rng_state`) is not run at all, and is priced too: outside a
+  capture its kernels read that state on the host from where the forward left it, so made-up
+  tensors of the traced device crash the process (seen on an H200: a segmentation fault).
   Collectives of the data-parallel engines are not timed: the network model prices them.
 """
 
@@ -50,6 +54,7 @@ MAX_CALLS = 100  # calls in one round at most
 ROUND_S = {"cuda": 1e-3, "cpu": 5e-3}  # a round lasts about this long (short ops are called more often)
 MIN_CALL_S = 1e-7  # floor of the first measurement, against a zero elapsed time
 SEED = 0  # of the private generators that fill the inputs
+GENERATOR_STATE_ARGS = frozenset({"philox_seed", "philox_offset", "rng_state"})  # never made up (module doc)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,12 +103,16 @@ class OpBench:
         self._inner_cache: dict[tuple, int] = {}  # CUDA: bytes a call allocates inside itself
         self._inner: dict[int, int] = {}
         self._failed: Counter = Counter()
+        self._not_run: Counter = Counter()  # ops with a generator's state among their arguments
         self._generators: dict[torch.device, torch.Generator] = {}
         self._seconds = 0.0
 
     def call(self, func, args: tuple, kwargs: dict) -> Call | None:
         """The call about to run, or None for an op that is not timed (a collective)."""
         if str(func).startswith(ENGINE_OP_PREFIXES):
+            return None
+        if _takes_generator_state(func, args, kwargs):
+            self._not_run[str(func)] += 1
             return None
         leaves, spec = tree_flatten((args, kwargs))
         seen: dict[int, int] = {}
@@ -143,7 +152,7 @@ class OpBench:
         """What the timing did, JSON-ready (for the trace's meta)."""
         return {"source": "op-benchmark", "device": str(self.device), "distinct_calls": len(self._cache),
                 "timed_ops": sum(t is not None for t in self._times.values()), "seconds": round(self._seconds, 3),
-                "failed": dict(sorted(self._failed.items()))}
+                "failed": dict(sorted(self._failed.items())), "not_run": dict(sorted(self._not_run.items()))}
 
     def _measure(self, call: Call) -> float | None:
         name = str(call.func)
@@ -185,6 +194,16 @@ class OpBench:
         if meta.device not in self._generators:
             self._generators[meta.device] = torch.Generator(device=meta.device).manual_seed(SEED)
         return self._generators[meta.device]
+
+
+def _takes_generator_state(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a tensor argument of `func` is a random generator's state (GENERATOR_STATE_ARGS)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return False
+    named = zip((a.name for a in schema.arguments), args)
+    return any(name in GENERATOR_STATE_ARGS and isinstance(value, torch.Tensor)
+               for name, value in (*named, *kwargs.items()))
 
 
 def index_bound(leaves: tuple) -> int:

@@ -1,9 +1,10 @@
 """`optimize(..., cuda_graph=...)` and `memplan run --cuda-graph`: capture the planned step as a CUDA graph.
 
-Modes: "auto" (the default) captures the step where it can be captured (memplan.exec.capturable)
-and runs on CUDA; where it cannot, one logged warning says why and the eager executor runs.
-"on" makes that an error (MemplanError: on the command line one line and exit 2), and so is
-"on" off CUDA. "off" never captures. On the CPU "auto" means off.
+Modes: "auto" captures the step where it can be captured (memplan.exec.capturable) and runs on
+CUDA; where it cannot, one logged warning says why and the eager executor runs. "on" makes that
+an error (MemplanError: on the command line one line and exit 2), and so is "on" off CUDA. "off"
+(the default until a GPU run shows captures work: the first, on an H200, captured nothing) never
+captures. On the CPU "auto" means off.
 
 Each call of the step runs eagerly under the plan for the warm-up steps (memplan.exec.graphed;
 while the budget keeper may still plan again, warm-up goes on), then one call captures the step

@@ -141,9 +141,12 @@ class OptimizedStep:
     def _step(self, inputs: tuple):
         self.runtime.begin_step(inputs)
         try:
-            return self.step_fn(*inputs)
-        finally:
-            self.runtime.end_step()
+            out = self.step_fn(*inputs)
+        except BaseException:
+            self.runtime.end_step(aborted=True)
+            raise
+        self.runtime.end_step()
+        return out
 
     def keep_budget(self) -> None:
         """After a measured step: plan again if it was over the budget (memplan.workflows.keep_budget)."""
@@ -215,7 +218,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
-             executor: str = "auto", cuda_graph: str = "auto", **planner_params) -> OptimizedStep:
+             executor: str = "auto", cuda_graph: str = "off", **planner_params) -> OptimizedStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -244,7 +247,8 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
             interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
         cuda_graph: "auto": on CUDA, after warm-up steps, the planned step is captured as one CUDA
             graph and replayed (memplan.workflows.cuda_graph), unless it cannot be, which a logged
-            warning says; "on": that is an error, and so is a step off CUDA; "off": never.
+            warning says; "on": that is an error, and so is a step off CUDA; "off" (the default until a
+            GPU run shows captures work: the first, on an H200, captured nothing): never.
         **planner_params: the planner's hyper-parameters.
     Returns:
         The OptimizedStep.

@@ -49,7 +49,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
                  config: dict | None = None, baseline: str | None = None, trace=None, timed_steps: int = 0,
                  planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
                  fake: bool | None = None, allocator: str = "auto", executor: str = "auto",
-                 cuda_graph: str = "auto") -> dict:
+                 cuda_graph: str = "off") -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -76,8 +76,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
             else expandable segments (unless PYTORCH_CUDA_ALLOC_CONF sets the allocator).
         executor: "auto" (at autograd's hooks where the plan can run there) or "interpreted" (the
             dispatch-mode runner; always so under the pool allocator, which needs its op clock).
-        cuda_graph: "auto", "on" or "off": capture the planned step as a CUDA graph after warm-up steps
-            (memplan.workflows.cuda_graph; never under a baseline).
+        cuda_graph: "auto", "on" or "off" (the default): capture the planned step as a CUDA graph after
+            warm-up steps (memplan.workflows.cuda_graph; never under a baseline).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
@@ -133,7 +133,7 @@ class _Run:
     clock: str  # what timed steps measure
     memory_cap: int | None  # the emulated device's bytes
     executor: str = "auto"  # memplan.workflows.optimize.EXECUTORS
-    cuda_graph: str = "auto"  # memplan.workflows.cuda_graph.GRAPH_MODES
+    cuda_graph: str = "off"  # memplan.workflows.cuda_graph.GRAPH_MODES
 
 
 def _run_budget(budget, planner: str, baseline: str | None, memory_cap: int | None) -> Budget:

@@ -16,10 +16,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from memplan.cli import main
+from memplan.cost.model import Cost
 from memplan.cost.device_memory import (CUBLAS_HOPPER_BYTES, MIN_BLOCK, allocated_size, cublas_handles,
                                         cublas_workspace_bytes, device_view)
 from memplan.errors import MemplanError
 from memplan.planners.base import plan as make_plan
+from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.workflows.optimize import optimize
 from memplan.workflows.run import run_workload, state_differences
@@ -105,6 +107,10 @@ def test_the_device_view_rounds_adds_held_and_inner_memory_and_keeps_ids():
     assert held.persistent and held.nbytes == 2 * CUBLAS_HOPPER_BYTES and (held.alloc_op, held.free_op) == (0, len(trace.ops))
     assert [(s.alloc_op, s.free_op, s.nbytes) for s in inside] == [(5, 6, 1024), (7, 8, 3 * 2**20)]
     assert view.ops[7].writes[-1] == inside[1].id and view.ops[6].writes == trace.ops[6].writes
+    # the rest of the trace stays: what a plan needs to run at autograd's hooks above all
+    assert (view.owners, view.saved, view.calls, view.num_steps_hint) == (
+        trace.owners, trace.saved, trace.calls, trace.num_steps_hint) and view.saved and view.calls
+    assert Simulator(view, Cost.for_trace(view)).hooked(make_plan(view, None, planner="sqrt-n"), None) is not None
     rounded_peak = device_view(trace).peak_load_bytes
     assert view.peak_load_bytes >= rounded_peak + 2 * CUBLAS_HOPPER_BYTES
     plan = make_plan(view, "90%", planner="autoswap:doa")  # it considers storages of every kind

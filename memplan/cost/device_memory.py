@@ -86,5 +86,6 @@ def device_view(trace: Trace, *, held: dict[str, int] | None = None, inner: dict
         ops[op] = replace(ops[op], writes=ops[op].writes + (sid,))
     meta = {**trace.meta, "device_memory": {"rounded_to": MIN_BLOCK if rounded else 1, "held": held,
                                              "inner_ops": len(inner), "inner_bytes_max": max(inner.values(), default=0)}}
-    return Trace(storages=tuple(storages), ops=tuple(ops), meta=meta, num_steps_hint=trace.num_steps_hint,
-                 owners=trace.owners)
+    # everything else of the trace stays: without its saved-tensor records and module calls a plan
+    # could not run at autograd's hooks (every GPU plan ran interpreted until 2026-11-27)
+    return replace(trace, storages=tuple(storages), ops=tuple(ops), meta=meta)

@@ -49,6 +49,4 @@ def conv_view(trace: Trace, durations: np.ndarray, microbatches) -> tuple[Trace,
         storages.append(Storage(id=sid, nbytes=temps[op], kind=WORKSPACE_KIND, alloc_op=op, free_op=op + 1,
                                 name=f"workspace of op {op}"))
         ops[op] = replace(ops[op], writes=ops[op].writes + (sid,))
-    view = Trace(storages=tuple(storages), ops=tuple(ops), meta=trace.meta, num_steps_hint=trace.num_steps_hint,
-                 owners=trace.owners)
-    return view, durations
+    return replace(trace, storages=tuple(storages), ops=tuple(ops)), durations

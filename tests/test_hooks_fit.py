@@ -26,6 +26,19 @@ def test_a_plan_whose_hooked_form_misses_its_budget_is_planned_again_until_it_fi
     assert validate(trace, final, cap) == []
 
 
+def test_the_plans_other_planners_start_from_are_fitted_as_memplan_plan_fits_them():
+    """milp's fallbacks and HOME's seeds: raw, tflms's plan here would run interpreted."""
+    from memplan.planners.kit.fitting import fitting_plans
+
+    trace = memplan.trace_workload("resnet18-cifar", 8, fake=True)
+    cost = Cost.for_trace(trace, "h100")
+    cap = int(0.9 * trace.peak_load_bytes)
+    simulator = Simulator(trace, cost)
+    (fitted,) = fitting_plans(trace, cap, cost, ("tflms",), simulator)
+    assert simulator.hooked(fitted, cap).feasible
+    assert fitted.decisions == memplan.plan(trace, cap, planner="tflms", cost=cost).decisions
+
+
 def test_a_search_that_ran_to_its_time_limit_is_not_planned_again():
     auto, sqrt_n = get_planner("auto"), get_planner("sqrt-n")
     assert searched_to_its_limit(auto, {"time_limit_s": 2.0}, 1.5)

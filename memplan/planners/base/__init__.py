@@ -139,11 +139,7 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
     cost = cost or Cost.for_trace(trace, device)
     params = check_params(spec, params)
     started = time.perf_counter()
-    result = _run_planner(spec, trace, planning_bytes(spec, trace, cap), cost, seed, params, limited=cap is not None)
-    if cap is not None and spec.decides & {"swap", "recompute"} and \
-            not searched_to_its_limit(spec, params, time.perf_counter() - started):
-        result = fit_hooked(lambda load: _run_planner(spec, trace, load, cost, seed, params, limited=True),
-                            trace, cap, result, cost, time.perf_counter() - started)
+    result = planned_at(spec, trace, cap, cost, seed, params)
     elapsed = time.perf_counter() - started
     if cap is not None and result.pool_bytes is not None and result.pool_bytes > cap:
         raise pool_over_budget(cap, result.pool_bytes, planner)
@@ -160,6 +156,18 @@ def searched_to_its_limit(spec: PlannerSpec, params: dict, seconds: float) -> bo
     the user's."""
     limit = params.get("time_limit_s", next((p.default for p in spec.params if p.name == "time_limit_s"), None))
     return limit is not None and seconds >= 0.5 * float(limit)
+
+
+def planned_at(spec: PlannerSpec, trace: Trace, cap: int | None, cost: Cost, seed: int, params: dict) -> Plan:
+    """`spec`'s plan under `cap` (None: no limit), planned again under a smaller load where its hooked
+    form misses `cap` (memplan.planners.base.hooks_fit), unless the planner searched to its time limit."""
+    started = time.perf_counter()
+    result = _run_planner(spec, trace, planning_bytes(spec, trace, cap), cost, seed, params, limited=cap is not None)
+    if cap is not None and spec.decides & {"swap", "recompute"} and \
+            not searched_to_its_limit(spec, params, time.perf_counter() - started):
+        result = fit_hooked(lambda load: _run_planner(spec, trace, load, cost, seed, params, limited=True),
+                            trace, cap, result, cost, time.perf_counter() - started)
+    return result
 
 
 def planning_bytes(spec: PlannerSpec, trace: Trace, cap: int | None) -> int:

@@ -9,7 +9,7 @@ from ...cost.model import Cost
 from ...errors import InfeasibleBudgetError
 from ...model import Plan, Trace
 from ...sim.simulate import Simulator
-from ..base import get_planner
+from ..base import get_planner, planned_at
 
 MAX_BISECTIONS = 24  # simulator runs of one smallest-budget search after the first two
 
@@ -42,12 +42,14 @@ def smallest_fitting_budget(simulator: Simulator, plan: Plan, lowest: int, *, re
 
 def fitting_plans(trace: Trace, budget_bytes: int, cost: Cost, planners, simulator: Simulator, **params) -> list[Plan]:
     """The plans (seed 0; their defaults, and `params`) of the named planners that the simulator runs
-    within `budget_bytes`, in the order named; a planner refusing the budget gives none."""
+    within `budget_bytes`, in the order named, each as `memplan.plan` makes it (planned again where
+    its hooked form misses the budget: raw, it would run interpreted); a planner refusing the budget
+    gives none."""
     out = []
     for name in planners:
         spec = get_planner(name)
         try:
-            plan = spec.fn(trace, budget_bytes, cost, seed=0, **{**spec.defaults, **params})
+            plan = planned_at(spec, trace, budget_bytes, cost, 0, dict(params))
         except InfeasibleBudgetError:
             continue
         result = simulator.run(plan, budget_bytes)

@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_cases import device_info, emit, gib, group_notes, main, read, run_case  # noqa: E402
@@ -104,6 +105,7 @@ def compiled_case(out: str, group: str, model: str, batch: int, config: dict, fr
             rec.update(timed(train, lambda i: w.make_inputs(batch, seed=1 + i), True))
     except Exception as exc:  # noqa: BLE001 - where it does not run, the row says why
         rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        rec["traceback"] = traceback.format_exc()[-3000:]  # inductor's cause is lines below its first
     emit(out, NAME, rec)
     torch.cuda.empty_cache()
 

@@ -300,3 +300,16 @@ def test_the_decomposition_is_never_worse_than_its_start_and_bounds_its_objectiv
     whole = make_plan(trace, budget, planner="milp", cost=cost, time_limit_s=120.0).report
     if whole["status"] == "optimal":
         assert report["milp_bound"] <= whole["milp_overhead"] + 1e-9 <= report["milp_overhead"] + 2e-9
+
+
+def test_below_its_models_floor_milp_returns_a_fast_planners_plan_that_fits():
+    """The model's units leave out storages under min_bytes: below its floor another planner may fit."""
+    trace = chain_trace(4, act_bytes=8 * MIB, param_bytes=SMALL_WEIGHTS)
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(0.7 * trace.peak_load_bytes)
+    tiny_units = {"min_bytes": 2**40, "time_limit_s": 5.0}  # no unit at all: the floor is the peak
+    plan = make_plan(trace, budget, planner="milp", cost=cost, **tiny_units)
+    assert plan.report["status"] == "below the model's floor" and plan.report["floor_bytes"] > budget
+    assert validate(trace, plan, budget) == [] and Simulator(trace, cost).run(plan, budget).peak_load_bytes <= budget
+    with pytest.raises(InfeasibleBudgetError):  # where nothing fits, the model's floor is the answer
+        make_plan(trace, 1, planner="milp", cost=cost, **tiny_units)

@@ -5,8 +5,9 @@ unpacks and recomputes whole module calls (memplan.sim.lowering), which can hold
 memory than the plan assumed. Where that makes the hooked form miss the budget, the step would
 run interpreted (a dispatch mode at every op: several times the host's work). So the planner
 plans again under a load cut by the shortfall (twice as deep when the plan did not change), a
-few times while that stays cheap, and the first plan whose hooked form fits is taken; else the
-planner's own plan stands (and runs interpreted). A search that took half its time limit or more
+few times while that stays cheap, and the first plan whose hooked form fits is taken if it simulates
+faster than the planner's own plan run interpreted; else that plan stands (on a device-bound step,
+a dispatch mode's host work can cost less than the moves a smaller load needs: resnet50@256). A search that took half its time limit or more
 is not planned again (each try would take as long again; `plan` checks it).
 """
 
@@ -48,6 +49,9 @@ def fit_hooked(plan_at, trace: Trace, cap: int, first: Plan, cost, first_s: floa
             break
         result = sim.hooked(plan, cap)
         if result is not None and result.feasible:
+            own = sim.run(first, cap)
+            if own.feasible and result.time_s >= own.time_s:
+                return first  # interpreted, the planner's own plan is the faster
             log.info("planned again under %d bytes: its hooked form fits %d", load, cap)
             return plan
         if result is None:

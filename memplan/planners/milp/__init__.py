@@ -63,7 +63,7 @@ import time
 import numpy as np
 
 from ...cost.model import Cost
-from ...errors import MemplanError
+from ...errors import InfeasibleBudgetError, MemplanError
 from ...model import Decision, Plan, Trace
 from ...sim.simulate import Simulator
 from ...sim.validate import OVER_BUDGET, static_load, validate
@@ -72,7 +72,7 @@ from ..kit.bound import Bound, lower_bound
 from ..kit.columns import MS
 from ..kit.prefetch import in_issue_order
 from .decompose import decompose
-from .finish import START_PLANNERS, fast_start, never_worse, with_bound
+from .finish import START_PLANNERS, below_the_floor, fast_start, never_worse, with_bound
 from .layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem, movable_gaps
 from .model import build
 
@@ -121,7 +121,8 @@ def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         The plan; `plan.report` holds the MILP's objective, bound and gap, the solve time
         and the simulated overhead.
     Raises:
-        InfeasibleBudgetError: the budget is below the floor: the load with every unit away
+        InfeasibleBudgetError: the budget is below the floor (the load with every unit of the model
+            away) and no fast planner, DTR or autoswap:bo fits it either; the floor:
             for its whole gap (no plan over these units goes lower).
         MemplanError: a bad parameter.
     """
@@ -143,8 +144,11 @@ def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: flo
     if bound is None:
         bound = lower_bound(trace, budget_bytes, cost, time_limit_s=SIM_BOUND_SHARE * time_limit_s)
     left = max(time_limit_s - (time.perf_counter() - started), MIN_SOLVE_S)
-    plan = _solve(trace, budget_bytes, cost, time_limit_s=left, mip_rel_gap=mip_rel_gap, min_bytes=min_bytes,
-                  window=window, max_direct_groups=max_direct_groups, start=start, moves=moves)
+    try:
+        plan = _solve(trace, budget_bytes, cost, time_limit_s=left, mip_rel_gap=mip_rel_gap, min_bytes=min_bytes,
+                      window=window, max_direct_groups=max_direct_groups, start=start, moves=moves)
+    except InfeasibleBudgetError as exc:  # below the model's floor: another planner's units may go lower
+        return with_bound(below_the_floor(trace, budget_bytes, cost, time_limit_s, exc), bound)
     return with_bound(never_worse(trace, budget_bytes, cost, plan, start, time_limit_s), bound)
 
 

@@ -7,6 +7,7 @@ import math
 import time
 
 from ...cost.model import Cost
+from ...errors import InfeasibleBudgetError
 from ...model import Decision, Plan, Trace
 from ...sim.simulate import Simulator
 from ...sim.validate import validate
@@ -65,6 +66,22 @@ def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: 
         return plan
     report.update(chosen=best_name, simulated_overhead=simulator.run(best, budget_bytes).overhead)
     return best.with_meta(report=report)
+
+
+def below_the_floor(trace: Trace, budget_bytes: int, cost: Cost, time_limit_s: float,
+                    refused: InfeasibleBudgetError) -> Plan:
+    """Under a budget below the floor of milp's model (its units leave out small storages, and on a
+    large trace all but saved activations), the best plan of the fast planners, DTR and autoswap:bo
+    (as `never_worse` tries them) when one fits; else `refused` is raised."""
+    simulator = Simulator(trace, cost)
+    fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=min(FALLBACK_DTR_S, time_limit_s),
+                      bo_s=FALLBACK_BO_S if time_limit_s >= FALLBACK_BO_S else 0.0)
+    if fast is None:
+        raise refused
+    plan = Plan(decisions=fast)
+    return plan.with_meta(report={"status": "below the model's floor", "floor_bytes": refused.min_feasible_bytes,
+                                  "chosen": "the best plan of the fast planners, DTR and autoswap:bo",
+                                  "simulated_overhead": simulator.run(plan, budget_bytes).overhead})
 
 
 def with_bound(plan: Plan, bound: Bound) -> Plan:

@@ -7,8 +7,9 @@ run interpreted (a dispatch mode at every op: several times the host's work). So
 plans again under a load cut by the shortfall (twice as deep when the plan did not change), a
 few times while that stays cheap, and the first plan whose hooked form fits is taken if it simulates
 faster than the planner's own plan run interpreted; else that plan stands (on a device-bound step,
-a dispatch mode's host work can cost less than the moves a smaller load needs: resnet50@256). A search that took half its time limit or more
-is not planned again (each try would take as long again; `plan` checks it).
+a dispatch mode's host work can cost less than the moves a smaller load needs: resnet50@256). A
+search that took half its time limit or more is not planned again (each try would take as long
+again; `plan` checks it).
 """
 
 from __future__ import annotations

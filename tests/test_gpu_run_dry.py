@@ -102,7 +102,8 @@ def test_junit_outcomes_are_read_per_test(tmp_path):
         {"test": "t::c", "outcome": "failed", "time_s": 0.0, "why": "assert 1 == 2"}]
 
 
-@pytest.mark.parametrize("args", [[], ["--dry-run"], ["OUT", "nonsense"], ["--dry-run", "OUT", "exec_overhead"]])
+@pytest.mark.parametrize("args", [[], ["--dry-run"], ["OUT", "nonsense"], ["--dry-run", "OUT", "exec_overhead"],
+                                  ["--dry-run", "OUT", "session"]])
 def test_bad_arguments_fail_in_one_line(args, tmp_path):
     done = subprocess.run(["bash", str(BENCH / "gpu_run.sh"), *args], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1

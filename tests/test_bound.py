@@ -203,3 +203,30 @@ def test_milp_and_auto_report_the_bound_and_their_gap(planner):
     assert report["bound_status"].startswith("optimal")
     assert 0 <= report["bound"] <= overhead + TOLERANCE
     assert report["gap"] == pytest.approx(overhead - report["bound"], abs=1e-9)
+
+
+def test_where_only_the_interpreted_executor_can_fit_the_bound_counts_its_host_work():
+    """A small GPT-2's weights outweigh its activations: below what moving every saved tensor reaches,
+    every plan that fits moves weights, which no hook sees, and runs interpreted."""
+    from memplan.model.program import INTERPRETED
+    from memplan.planners.kit.bound import hooks_cannot_fit
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("hf:gpt2", 1, fake=True, n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq_len=32)
+    cost = Cost.for_trace(trace, "h100")
+    assert cost.priced_host and trace.saved
+    low, high = int(0.5 * trace.peak_load_bytes), int(0.97 * trace.peak_load_bytes)
+    assert hooks_cannot_fit(trace, low) and not hooks_cannot_fit(trace, high)
+    bound = lower_bound(trace, low, cost, time_limit_s=30.0).overhead
+    plain_s = Simulator(trace, cost).run(None).time_s
+    interpreted_s = float(host_per_op(trace, cost)[INTERPRETED].sum())
+    assert bound >= interpreted_s / plain_s - 1 - 1e-6 > 0
+    simulator = Simulator(trace, cost)
+    for name in ("capuchin", "autoswap:doa", "tflms", "save-on-cpu"):
+        try:
+            plan = make_plan(trace, low, planner=name, cost=cost)
+        except InfeasibleBudgetError:
+            continue
+        overhead = _fits(simulator, plan, low)
+        if overhead is not None:
+            assert simulator.run(plan, low).level == INTERPRETED and overhead >= bound - TOLERANCE, name

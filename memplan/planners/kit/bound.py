@@ -23,7 +23,11 @@ an op, so a plan's simulated step is no shorter than the same plan's without the
 bounds; and the host issues every op and action one after another, so the step is no shorter than
 the host's work: the hooked executor's per op (the interpreted one's is more) and at least two
 actions for each storage away, of which the op that needs most away needs at least `fewest_away`.
-The larger of the two, over the plain step with the host's work, is the bound.
+Where no plan that moves only what autograd saves can fit (`hooks_cannot_fit`: at some op, even
+with every saved storage away wherever that op does not touch it, the load is over the budget),
+every plan that fits moves something no hook sees and runs interpreted: the host's work per op is
+then the interpreted executor's. The larger of the two, over the plain step with the host's work,
+is the bound.
 What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
 can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
 replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
@@ -45,7 +49,7 @@ from scipy.sparse import vstack
 
 from ...cost.model import Cost
 from ...model import Trace
-from ...model.program import HOOKED
+from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
 from .absences import MS, absences
@@ -122,10 +126,26 @@ def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseli
         return found
     plain_ms = MS * Simulator(trace, cost).run(None).time_s
     ops = np.append(check_ops(trace.load, budget_bytes, DEFAULT_CHECKS), trace.peak_op)
-    host_ms = MS * (float(host_per_op(trace, cost)[HOOKED].sum())
+    level = INTERPRETED if hooks_cannot_fit(trace, budget_bytes) else HOOKED
+    host_ms = MS * (float(host_per_op(trace, cost)[level].sum())
                     + 2 * cost.executor_s("action") * fewest_away(trace, budget_bytes, ops)) - SAFETY_MS
     step_ms = max((1.0 + found.overhead) * baseline_ms, host_ms)
     return replace(found, overhead=max(0.0, step_ms / plain_ms - 1.0))
+
+
+def hooks_cannot_fit(trace: Trace, budget_bytes: int) -> bool:
+    """Whether every plan that fits must move a storage autograd does not save (which only the
+    interpreted executor moves): at some op over the budget, the load is still over it with every
+    saved storage alive there away unless the op touches it (more than any hooked plan can have away)."""
+    saved = np.zeros(len(trace.storages), dtype=bool)
+    saved[[s.storage for s in trace.saved]] = True
+    for i in np.flatnonzero(trace.load > budget_bytes):
+        away = saved & (trace.alloc_ops <= i) & (trace.free_ops > i)
+        op = trace.ops[i]
+        away[list(op.reads) + list(op.writes)] = False
+        if int(trace.load[i]) - int(trace.nbytes[away].sum()) > budget_bytes:
+            return True
+    return False
 
 
 def fewest_away(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:

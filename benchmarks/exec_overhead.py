@@ -82,8 +82,7 @@ def measure(device: str = "cpu") -> dict:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     trace = trace_step(step, inputs, model, opt)
     runs = {"plain": step, "empty mode": _in_empty_mode(step)}
-    # the dispatch-mode executor's own costs, eager (a captured step would hide them: on a GPU the
-    # default captures it)
+    # the dispatch-mode executor's own costs, eager (a captured step would hide them)
     eager = {"model": model, "optimizer": opt, "measure": False, "cuda_graph": "off"}
     runs["none"] = optimize(step, *inputs, trace=trace, planner="none", **eager)
     runs["guarded"] = optimize(step, *inputs, trace=trace, plan=one_swap_plan(trace), executor="interpreted", **eager)

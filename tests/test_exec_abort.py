@@ -11,15 +11,10 @@ import weakref
 
 import pytest
 import torch
-from test_exec_helpers import (
-    batches,
-    recompute_plan,
-    state_diffs,
-    swap_all_plan,
-    tiny_workload,
-)
 
 from memplan.workflows.optimize import optimize, trace_step
+
+from test_exec_helpers import batches, recompute_plan, state_diffs, swap_all_plan, tiny_workload
 
 STEPS = 4
 FAILING = 1  # the step that raises
@@ -35,6 +30,9 @@ def _armed_workload(where: str):
     w = tiny_workload()
     w.armed, w.outputs = False, []
 
+    def fail_in_backward(grad):
+        raise Boom("in backward")
+
     def hook(module, args, out):
         if not w.armed:
             return
@@ -42,7 +40,7 @@ def _armed_workload(where: str):
         if module is w.model.blocks[1]:
             if where == "forward":
                 raise Boom("in forward")
-            out.register_hook(lambda grad: (_ for _ in ()).throw(Boom("in backward")))
+            out.register_hook(fail_in_backward)
 
     for block in w.model.blocks:
         block.register_forward_hook(hook)

@@ -24,11 +24,11 @@ with these differences:
   because other work on a shared machine only ever adds time.
 - An op that fails alone (a data-dependent kernel that rejects random data, a device out of
   memory) keeps no duration, so the cost model prices it; such ops are counted in the summary.
+  Collectives of the data-parallel engines are not timed: the network model prices them.
 - An op whose arguments carry a random generator's state (attention backward's `philox_seed` and
   `philox_offset`, flash attention's `rng_state`) is not run at all, and is priced too: outside a
   capture its kernels read that state on the host from where the forward left it, so made-up
-  tensors of the traced device crash the process (seen on an H200: a segmentation fault).
-  Collectives of the data-parallel engines are not timed: the network model prices them.
+  tensors of the traced device can crash the process (an H200 run crashed so, most likely there).
 """
 
 from __future__ import annotations

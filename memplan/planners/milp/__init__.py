@@ -122,8 +122,8 @@ def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         and the simulated overhead.
     Raises:
         InfeasibleBudgetError: the budget is below the floor (the load with every unit of the model
-            away) and no fast planner, DTR or autoswap:bo fits it either; the floor:
-            for its whole gap (no plan over these units goes lower).
+            away for its whole gap: no plan over these units goes lower) and no plan of the fast
+            planners, DTR or autoswap:bo fits it either; it names the floor.
         MemplanError: a bad parameter.
     """
     return solve_milp(trace, budget_bytes, cost, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap,

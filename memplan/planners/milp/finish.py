@@ -53,8 +53,7 @@ def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: 
     if start:
         named.append(("the given start", Plan(decisions=tuple(start))))
     if report.get("status") != "optimal":
-        fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=min(FALLBACK_DTR_S, time_limit_s),
-                          bo_s=FALLBACK_BO_S if time_limit_s >= FALLBACK_BO_S else 0.0)
+        fast = _fallback(trace, budget_bytes, cost, simulator, time_limit_s)
         if fast is not None:
             named.append(("the best plan of the fast planners, DTR and autoswap:bo", Plan(decisions=fast)))
     best_name, best, best_s = named[0][0], plan, _time_s(simulator, plan, budget_bytes)
@@ -74,8 +73,7 @@ def below_the_floor(trace: Trace, budget_bytes: int, cost: Cost, time_limit_s: f
     large trace all but saved activations), the best plan of the fast planners, DTR and autoswap:bo
     (as `never_worse` tries them) when one fits; else `refused` is raised."""
     simulator = Simulator(trace, cost)
-    fast = fast_start(trace, budget_bytes, cost, simulator, dtr_s=min(FALLBACK_DTR_S, time_limit_s),
-                      bo_s=FALLBACK_BO_S if time_limit_s >= FALLBACK_BO_S else 0.0)
+    fast = _fallback(trace, budget_bytes, cost, simulator, time_limit_s)
     if fast is None:
         raise refused
     plan = Plan(decisions=fast)
@@ -91,6 +89,14 @@ def with_bound(plan: Plan, bound: Bound) -> Plan:
     finite = bound.overhead is not None and math.isfinite(bound.overhead)
     report["gap"] = overhead - bound.overhead if finite and overhead is not None else None
     return plan.with_meta(report=report)
+
+
+def _fallback(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator,
+              time_limit_s: float) -> tuple[Decision, ...] | None:
+    """`fast_start` with DTR and autoswap:bo, within FALLBACK_DTR_S and FALLBACK_BO_S and no longer
+    than milp's `time_limit_s`."""
+    return fast_start(trace, budget_bytes, cost, simulator, dtr_s=min(FALLBACK_DTR_S, time_limit_s),
+                      bo_s=FALLBACK_BO_S if time_limit_s >= FALLBACK_BO_S else 0.0)
 
 
 def _time_s(simulator: Simulator, plan: Plan, budget_bytes: int) -> float:

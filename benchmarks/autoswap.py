@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.planners.autoswap import load_min_bytes
 from memplan.planners.base import plan
+from memplan.problem import Problem
 from memplan.workflows.sweep import SweepResult, plot_pareto, sweep
 from memplan.sim.simulate import simulate
 from memplan.fileio import atomic_write_text
@@ -35,7 +35,7 @@ from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = Path("/tmp/memplan-bench-traces")  # traced iterations, reused between runs (not committed)
-DEVICE = "gtx1080ti"  # the paper's GPU
+PROFILE = "gtx1080ti"  # the paper's GPU
 BATCH = 100  # the paper's batch for Table II and Fig. 9
 MB = 10**6  # the paper reports MB
 MAX_OVERHEAD = 0.01  # "without overhead": at most 1% simulated overhead
@@ -103,7 +103,7 @@ def table2(models: list[str], n_trials: int) -> dict:
     rows = {}
     for model in models:
         trace = get_trace(f"{model}-cifar", BATCH)
-        rows[model] = max_reduction(trace, Cost.for_trace(trace, DEVICE), n_trials)
+        rows[model] = max_reduction(trace, Problem.of(trace, profile=PROFILE).cost, n_trials)
         log.info("table2 %s: %s", model, rows[model])
     lines = ["| model | peak load (MB) | load_min (MB) | reduced load, <=1% overhead (MB) | reduction | "
              "paper: original -> reduced (MB) | paper reduction |", "|---|---|---|---|---|---|---|"]
@@ -122,8 +122,8 @@ def fig9(n_trials: int) -> SweepResult:
     peak, floor = trace.peak_load_bytes, load_min_bytes(trace)
     budgets = [int(b) for b in np.linspace(peak, floor * FIG9_MARGIN, FIG9_POINTS)]
     planners = [f"autoswap:{s}" for s in SCORES + ("bo",)]
-    result = sweep(trace, planners, budgets, DEVICE, params={"autoswap:bo": {"n_trials": n_trials}})
-    plot_pareto(result, RESULTS / "autoswap_fig9.png", title=f"VGG16 CIFAR-10 batch {BATCH}, {DEVICE} (simulated)")
+    result = sweep(trace, planners, budgets, profile=PROFILE, params={"autoswap:bo": {"n_trials": n_trials}})
+    plot_pareto(result, RESULTS / "autoswap_fig9.png", title=f"VGG16 CIFAR-10 batch {BATCH}, {PROFILE} (simulated)")
     by = {(p.planner, p.budget_bytes): p.overhead for p in result.points}
     lines = ["| budget (MB) | " + " | ".join(planners) + " | bo <= best score |", "|---" * (len(planners) + 2) + "|"]
     for b in budgets:
@@ -152,7 +152,7 @@ def fig10(models: list[str], n_trials: int) -> dict:
     rows = {}
     for model in models:
         trace = get_trace(f"{model}-cifar", BATCH)
-        cost = Cost.for_trace(trace, DEVICE)
+        cost = Problem.of(trace, profile=PROFILE).cost
         peak, floor = trace.peak_load_bytes, load_min_bytes(trace)
         caching = pool.layout(trace, allocator="caching", cost=cost).footprint_bytes
         points = []
@@ -186,7 +186,7 @@ def fig10(models: list[str], n_trials: int) -> dict:
 def timing(n_trials: int) -> dict:
     """Planning seconds per variant for ResNet-50 (ImageNet size), batch 256, at 70% of the peak."""
     trace = get_trace(TIMING_MODEL, TIMING_BATCH)
-    cost = Cost.for_trace(trace, DEVICE)
+    cost = Problem.of(trace, profile=PROFILE).cost
     budget = max(int(trace.peak_load_bytes * 0.7), load_min_bytes(trace))
     rows = {}
     for variant in SCORES + ("bo",):

@@ -4,7 +4,7 @@ For each model, every baseline (`sqrt-n`, `checkpoint-all`, `save-on-cpu`) is pl
 budget; its simulated peak then becomes the budget for memplan's own planners, so each row
 compares overheads at the same memory.
 
-    .venv/bin/python benchmarks/baselines.py [--device h100] [--models resnet50@256,hf:gpt2@8]
+    .venv/bin/python benchmarks/baselines.py [--profile h100] [--models resnet50@256,hf:gpt2@8]
 
 Writes benchmarks/results/baselines.{md,json}. All numbers are simulated.
 """
@@ -15,10 +15,10 @@ import argparse
 import json
 from pathlib import Path
 
-from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.planners.base import plan
 from memplan.fileio import atomic_write_text
+from memplan.problem import DEFAULT_PROFILE, Problem
 from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
@@ -27,10 +27,10 @@ MEMPLAN = ("autoswap:bo", "autoswap:swdoa")
 GIB = 2**30
 
 
-def compare(model: str, batch: int, device: str) -> list[dict]:
+def compare(model: str, batch: int, profile: str) -> list[dict]:
     """Rows of (baseline, its peak and overhead, each memplan planner's overhead at that peak)."""
     trace = trace_workload(model, batch, fake=True)
-    cost = Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile).cost
     rows = []
     for baseline in BASELINES:
         base = plan(trace, "100%", planner=baseline, cost=cost).predicted
@@ -46,9 +46,9 @@ def compare(model: str, batch: int, device: str) -> list[dict]:
     return rows
 
 
-def to_markdown(rows: list[dict], device: str) -> str:
+def to_markdown(rows: list[dict], profile: str) -> str:
     """The table the README shows."""
-    head = (f"Simulated on the `{device}` profile; each memplan planner gets the baseline's peak as its budget.\n\n"
+    head = (f"Simulated on the `{profile}` profile; each memplan planner gets the baseline's peak as its budget.\n\n"
             "| model | peak, no plan | baseline | its peak | its overhead | "
             + " | ".join(f"{n} at that peak" for n in MEMPLAN) + " |\n|---|---|---|---|---|"
             + "---|" * len(MEMPLAN) + "\n")
@@ -62,16 +62,16 @@ def to_markdown(rows: list[dict], device: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="h100")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="the cost model's device profile")
     parser.add_argument("--models", default="resnet50@256,vgg16@64,hf:gpt2@8")
     args = parser.parse_args()
     rows = []
     for item in args.models.split(","):
         model, _, batch = item.partition("@")
-        rows += compare(model, int(batch), args.device)
-    atomic_write_text(RESULTS / "baselines.json", json.dumps({"device": args.device, "rows": rows}, indent=1))
-    atomic_write_text(RESULTS / "baselines.md", to_markdown(rows, args.device))
-    print(to_markdown(rows, args.device))
+        rows += compare(model, int(batch), args.profile)
+    atomic_write_text(RESULTS / "baselines.json", json.dumps({"profile": args.profile, "rows": rows}, indent=1))
+    atomic_write_text(RESULTS / "baselines.md", to_markdown(rows, args.profile))
+    print(to_markdown(rows, args.profile))
 
 
 if __name__ == "__main__":

@@ -100,12 +100,14 @@ def measured_peak(engine: str) -> int:
 
 
 def peak() -> list[dict]:
+    from memplan.problem import DEFAULT_PROFILE
     from memplan.sim.simulate import simulate
     from memplan.workflows.distributed import trace_rank
 
     rows = []
     for engine in ("fsdp", "ddp"):
-        predicted = simulate(trace_rank("distributed_sim:mlp", MLP_BATCH, engine, 2), device="h100").peak_load_bytes
+        trace = trace_rank("distributed_sim:mlp", MLP_BATCH, engine, 2)
+        predicted = simulate(trace, profile=DEFAULT_PROFILE).peak_load_bytes
         measured = measured_peak(engine)
         rows.append({"engine": engine, "predicted_peak_bytes": int(predicted), "measured_peak_bytes": measured,
                      "error": predicted / measured - 1})
@@ -133,7 +135,7 @@ def busbw() -> list[dict]:
         link = get_link(get_profile(name).intra_link)
         seconds = collective_s("all_reduce", BUSBW_BYTES, 8, link)
         predicted = bus_bandwidth("all_reduce", BUSBW_BYTES, 8, seconds) / 1e9
-        rows.append({"device": name, "link": link.name, "published_low_gbps": low, "published_high_gbps": high,
+        rows.append({"profile": name, "link": link.name, "published_low_gbps": low, "published_high_gbps": high,
                      "predicted_gbps": predicted, "error_low": predicted / high - 1, "error_high": predicted / low - 1})
     return rows
 
@@ -173,7 +175,8 @@ def markdown(results: dict, command: str) -> str:
                   "measured by its authors); predicted: memplan.cost.network at 8 GiB (simulated).", "",
                   "| profile | link | published busbw GB/s | predicted busbw GB/s (simulated) | error |",
                   "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['device']} | {r['link']} | {r['published_low_gbps']}-{r['published_high_gbps']} | "
+        # rows written before issue 38 name the profile "device" (a partial run keeps other sections' rows)
+        lines += [f"| {r.get('profile', r.get('device'))} | {r['link']} | {r['published_low_gbps']}-{r['published_high_gbps']} | "
                   f"{r['predicted_gbps']:.0f} | {r['error_low']:+.0%} to {r['error_high']:+.0%} |"
                   for r in results["busbw"]]
         lines.append("")

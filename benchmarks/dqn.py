@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan.cost.model import Cost
+from memplan.budget import NO_LIMIT, bytes_to_json
 from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import plan
+from memplan.planners.base import plan_problem
 from memplan.planners.dqn import (
     DEFAULT_MIN_BYTES,
     SHIPPED_WEIGHTS,
@@ -44,13 +44,14 @@ from memplan.planners.dqn import (
 from memplan.planners.dqn.env import Env
 from memplan.planners.dqn.train import Instance, TrainConfig, one_thread, train
 from memplan.planners.kit.saved import saved_gaps
+from memplan.problem import Problem
 from memplan.sim.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from autoswap import get_trace  # noqa: E402  (the sibling benchmark's trace cache)
 
 RESULTS = Path(__file__).parent / "results"
-DEVICE = "gtx1080ti"  # the paper's GPU
+PROFILE = "gtx1080ti"  # the paper's GPU
 # (model, batch): ResNet and VGG at two depths (CIFAR-10), UNet, char-LSTM, k-means, SD ResNet.
 FIG5_MODELS = (("resnet18-cifar", 128), ("resnet34-cifar", 128), ("vgg11-cifar", 128), ("vgg16-cifar", 128),
                ("unet", 4), ("lstm", 64), ("kmeans", 65536), ("stochastic_depth", 128))
@@ -73,30 +74,32 @@ TRANSFER_SHARES = (0.8, 0.6)
 log = logging.getLogger("dqn-bench")
 
 
-def point(trace, cost, planner: str, budget, **params) -> dict | None:
-    """One simulated point: the plan's peak, reduction and overhead; None when infeasible."""
+def point(problem: Problem, planner: str, budget: int = NO_LIMIT, **params) -> dict | None:
+    """One simulated point under `budget` bytes (NO_LIMIT: none): the plan's peak, reduction and
+    overhead; None when infeasible."""
+    trace = problem.trace
     started = time.perf_counter()
     try:
-        result = plan(trace, budget, planner=planner, cost=cost, simulate_result=False, **params)
+        result = plan_problem(problem.at(budget), planner, simulate_result=False, **params)
     except InfeasibleBudgetError:
         return None
     seconds = time.perf_counter() - started
-    sim = simulate(trace, result, cost=cost, budget=budget if budget is not None else "none")
+    sim = simulate(trace, result, cost=problem.cost, budget=budget)
     if not sim.feasible:
         return None
     peak = trace.peak_load_bytes
     return {"planner": planner, "params": {k: v for k, v in params.items() if k != "weights"},
-            "budget_bytes": budget, "peak_bytes": int(sim.peak_load_bytes),
+            "budget_bytes": bytes_to_json(budget), "peak_bytes": int(sim.peak_load_bytes),
             "reduction": 1.0 - sim.peak_load_bytes / peak, "overhead": float(sim.overhead), "plan_s": seconds}
 
 
-def baseline_points(trace, cost) -> list[dict]:
-    """The baselines' points: sqrt-n segment counts, superneurons' modes, tflms swap counts."""
-    out = [point(trace, cost, "sqrt-n", None, segments=s) for s in SEGMENTS]
-    out += [point(trace, cost, f"superneurons-modes:{m}", None) for m in MODES]
-    candidates = _candidates(trace)
+def baseline_points(problem: Problem) -> list[dict]:
+    """The baselines' points, with no budget: sqrt-n segment counts, superneurons' modes, tflms swap counts."""
+    out = [point(problem, "sqrt-n", segments=s) for s in SEGMENTS]
+    out += [point(problem, f"superneurons-modes:{m}") for m in MODES]
+    candidates = _candidates(problem.trace)
     counts = sorted({max(1, math.ceil(q * candidates)) for q in TFLMS_SHARES})
-    out += [point(trace, cost, "tflms", None, count=c) for c in counts]
+    out += [point(problem, "tflms", count=c) for c in counts]
     return [p for p in out if p is not None]
 
 
@@ -104,16 +107,16 @@ def _candidates(trace) -> int:
     return len(saved_gaps(trace, 0))
 
 
-def dqn_points(trace, cost, train_s: float) -> list[dict]:
+def dqn_points(problem: Problem, train_s: float) -> list[dict]:
     """`dqn` at each share of the peak above its floor, and just above the floor."""
-    peak = trace.peak_load_bytes
-    floor = floor_bytes(build_graph(trace, cost, peak - 1, DEFAULT_MIN_BYTES))
+    peak = problem.trace.peak_load_bytes
+    floor = floor_bytes(build_graph(problem.trace, problem.cost, peak - 1, DEFAULT_MIN_BYTES))
     budgets = [int(s * peak) for s in SHARES if s * peak > floor * FLOOR_MARGIN] + [int(floor * FLOOR_MARGIN)]
     out = []
     for budget in budgets:
         if budget >= peak:
             continue
-        p = point(trace, cost, "dqn", budget, episodes=EPISODES, time_limit_s=train_s)
+        p = point(problem, "dqn", budget, episodes=EPISODES, time_limit_s=train_s)
         if p is not None:
             out.append({**p, "share": budget / peak})
     return out
@@ -145,16 +148,16 @@ def run_fig5(models, train_s: float) -> dict:
     rows = _previous_fig5()
     for model, batch in models:
         trace = get_trace(model, batch)
-        cost = Cost.for_trace(trace, DEVICE)
+        problem = Problem.of(trace, profile=PROFILE)
         started = time.perf_counter()
-        base = baseline_points(trace, cost)
-        ours = dqn_points(trace, cost, train_s)
+        base = baseline_points(problem)
+        ours = dqn_points(problem, train_s)
         rows.pop(model, None)
         rows[model] = {"batch": batch, "ops": len(trace.ops), "peak_bytes": trace.peak_load_bytes,
                        "baselines": base, "dqn": ours, "verdicts": verdicts(ours, base)}
         log.info("fig5 %s: %d baseline and %d dqn points in %.0f s", model, len(base), len(ours),
                  time.perf_counter() - started)
-        _write_json("dqn_fig5.json", {"device": DEVICE, "train_s": train_s, "simulated": True, "models": rows})
+        _write_json("dqn_fig5.json", {"profile": PROFILE, "train_s": train_s, "simulated": True, "models": rows})
     _write_fig5_md(rows, train_s)
     _plot_fig5(rows)
     return rows
@@ -167,7 +170,7 @@ def _previous_fig5() -> dict:
 
 
 def _write_fig5_md(rows: dict, train_s: float) -> None:
-    lines = [f"# Paper 002 Fig. 5 in simulation ({DEVICE} profile; dqn trained {train_s:.0f} s per budget)", "",
+    lines = [f"# Paper 002 Fig. 5 in simulation ({PROFILE} profile; dqn trained {train_s:.0f} s per budget)", "",
              ("Simulated overhead at the memory reduction each plan reaches (1 - simulated peak / unconstrained "
               "peak). `baseline points met` counts the baseline points that dqn's curve (linear between its "
               "points) meets or beats; a point beyond dqn's deepest reduction counts as not met."), "",
@@ -214,7 +217,7 @@ def _plot_fig5(rows: dict) -> None:
     for ax in list(axes.flat)[len(rows):]:
         ax.axis("off")
     axes.flat[0].legend()
-    fig.suptitle(f"Paper 002 Fig. 5, SIMULATED on the {DEVICE} profile: overhead vs memory reduction")
+    fig.suptitle(f"Paper 002 Fig. 5, SIMULATED on the {PROFILE} profile: overhead vs memory reduction")
     fig.tight_layout()
     fig.savefig(RESULTS / "dqn_fig5.png", dpi=90)
     plt.close(fig)
@@ -263,16 +266,16 @@ def training_cost(trace, cost) -> dict:
 def inference_time() -> dict:
     """`dqn:pretrained` (shipped weights) planning time on resnet50 batch 256."""
     trace = get_trace(INFER_MODEL, INFER_BATCH)
-    cost = Cost.for_trace(trace, DEVICE)
+    problem = Problem.of(trace, profile=PROFILE)
     with one_thread():
-        p = point(trace, cost, "dqn:pretrained", int(INFER_SHARE * trace.peak_load_bytes))
+        p = point(problem, "dqn:pretrained", int(INFER_SHARE * trace.peak_load_bytes))
     return {"model": INFER_MODEL, "batch": INFER_BATCH, "ops": len(trace.ops), "share": INFER_SHARE, "point": p}
 
 
 def run_cost() -> dict:
     trace = get_trace(COST_MODEL, COST_BATCH)
-    cost = Cost.for_trace(trace, DEVICE)
-    out = {"device": DEVICE, "simulated": True, "steps": steps_per_second(trace, cost)}
+    cost = Problem.of(trace, profile=PROFILE).cost
+    out = {"profile": PROFILE, "simulated": True, "steps": steps_per_second(trace, cost)}
     log.info("steps per second: %s", out["steps"])
     out["inference"] = inference_time()
     log.info("inference: %s", out["inference"])
@@ -287,15 +290,15 @@ def run_transfer(train_s: float) -> dict:
     rows = []
     for model, batch in TRANSFER_TARGETS:
         trace = get_trace(model, batch)
-        cost = Cost.for_trace(trace, DEVICE)
+        problem = Problem.of(trace, profile=PROFILE)
         for share in TRANSFER_SHARES:
             budget = int(share * trace.peak_load_bytes)
-            pre = point(trace, cost, "dqn:pretrained", budget)
-            direct = point(trace, cost, "dqn", budget, weights="none", episodes=EPISODES, time_limit_s=train_s)
+            pre = point(problem, "dqn:pretrained", budget)
+            direct = point(problem, "dqn", budget, weights="none", episodes=EPISODES, time_limit_s=train_s)
             rows.append({"model": model, "batch": batch, "share": share, "pretrained": pre, "trained_here": direct})
             log.info("transfer %s %.0f%%: %s / %s", model, share * 100, pre and pre["overhead"],
                      direct and direct["overhead"])
-    out = {"device": DEVICE, "simulated": True, "source": TRANSFER_SOURCE, "weights": SHIPPED_WEIGHTS.name,
+    out = {"profile": PROFILE, "simulated": True, "source": TRANSFER_SOURCE, "weights": SHIPPED_WEIGHTS.name,
            "train_s": train_s, "rows": rows}
     _write_json("dqn_transfer.json", out)
     return out

@@ -7,9 +7,9 @@ time limit and runs only on traces up to --milp-max-ops ops (it is the reference
 traces, not a product path); `home:fast` runs under --home-limit-s.
 
     .venv/bin/python benchmarks/dtr.py [--models resnet18-cifar@128,...] [--budgets 0.7,0.5,0.3]
-        [--device h100] [--milp-limit-s 30] [--milp-max-ops 800] [--home-limit-s 10]
+        [--profile h100] [--milp-limit-s 30] [--milp-max-ops 800] [--home-limit-s 10]
 
-Writes benchmarks/results/dtr.{json,md}. Every figure is "simulated (<device>)".
+Writes benchmarks/results/dtr.{json,md}. Every figure is "simulated (<profile>)".
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
 from memplan.planners.base import plan
+from memplan.problem import DEFAULT_PROFILE, Problem
 from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
@@ -38,14 +38,14 @@ def main() -> int:
     for spec in args.models.split(","):
         model, batch = spec.rsplit("@", 1)
         trace = trace_workload(model, int(batch), fake=True)
-        cost = Cost.for_trace(trace, args.device)
+        cost = Problem.of(trace, profile=args.profile).cost
         for share in (float(b) for b in args.budgets.split(",")):
             for planner in PLANNERS:
                 rows.append({"model": model, "batch": int(batch), "ops": len(trace.ops), "budget_share": share,
                              "planner": planner, **_point(trace, cost, planner, share, args)})
                 print(json.dumps(rows[-1]), file=sys.stderr)
     command = "python benchmarks/dtr.py " + shlex.join(sys.argv[1:])
-    out = {"command": command, "source": f"simulated ({args.device})", "rows": rows}
+    out = {"command": command, "source": f"simulated ({args.profile})", "rows": rows}
     atomic_write_text(RESULTS / "dtr.json", json.dumps(out, indent=1) + "\n")
     atomic_write_text(RESULTS / "dtr.md", _markdown(out))
     return 0
@@ -96,7 +96,7 @@ def _args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS), help="model@batch, comma-separated")
     p.add_argument("--budgets", default=",".join(str(b) for b in BUDGETS), help="shares of the peak")
-    p.add_argument("--device", default="h100")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="the cost model's device profile")
     p.add_argument("--milp-limit-s", type=float, default=30.0)
     p.add_argument("--milp-max-ops", type=int, default=800)
     p.add_argument("--home-limit-s", type=float, default=10.0)

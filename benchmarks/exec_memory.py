@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import known_planners, plan
+from memplan.planners.base import known_planners, plan_problem
+from memplan.problem import DEFAULT_PROFILE, Problem
 from memplan.sim.program import compile_program
 from memplan.workflows.optimize import optimize
 from memplan.workflows.run import BUDGET_TOLERANCE, measure_steps
@@ -53,15 +53,15 @@ def model_rows(spec: str, planners: list[str], steps: int, save=lambda rows: Non
     reference, plain_s = _plain(name, batch, config, steps)
     w = get_workload(name, batch, seed=SEED, **config)
     trace = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, measure=False).trace
-    cost = Cost.for_trace(trace, "h100")
+    problem = Problem.of(trace, profile=DEFAULT_PROFILE, seed=SEED)
     rows, done = [], {}
     for planner in planners:
-        for budget, made in _plans(trace, cost, planner):
+        for budget, made in _plans(problem, planner):
             key = made.decisions
             if key in done:  # same decisions as another planner (X+smartpool, pool-only planners): same run
                 rows.append({**done[key], "planner": planner, "budget": budget, "same_run_as": done[key]["planner"]})
                 continue
-            row = _run(name, batch, config, trace, cost, made, reference, steps)
+            row = _run(name, batch, config, trace, problem.cost, made, reference, steps)
             row.update(model=spec, planner=planner, budget=budget, plain_step_s=plain_s)
             done[key] = row
             rows.append(row)
@@ -71,14 +71,14 @@ def model_rows(spec: str, planners: list[str], steps: int, save=lambda rows: Non
     return rows
 
 
-def _plans(trace, cost, planner: str):
+def _plans(problem: Problem, planner: str):
     """(budget label, plan) at 70%, 50% and the smallest feasible budget, where the planner can."""
     out, seen = [], set()
-    labels = [(f"{s:.0%}", int(s * trace.peak_load_bytes)) for s in SHARES] + [("min", 1)]
+    labels = [(f"{s:.0%}", int(s * problem.trace.peak_load_bytes)) for s in SHARES] + [("min", 1)]
     while labels:
         label, budget = labels.pop(0)
         try:
-            made = plan(trace, budget, planner=planner, cost=cost, seed=SEED)
+            made = plan_problem(problem.at(budget), planner)
         except InfeasibleBudgetError as exc:
             if label == "min":
                 labels.append(("min", exc.min_feasible_bytes))

@@ -42,15 +42,17 @@ METERED = 1  # metered steps (the first, which checks the budget)
 
 
 def run_one(case: str, config: str, budget, profile: str, timed: int, clock: str) -> dict:
-    """One configuration in this process (the child side)."""
+    """One configuration in this process (the child side); `budget` as `run_workload` takes it
+    (bytes, a share "90%", or "none")."""
     import torch
 
     torch.set_num_threads(1)
+    from memplan.budget import UNLIMITED
     from memplan.workflows.run import run_workload
 
     model, batch, model_config = CASES[case]
     planner = "none" if config in (PLAIN, CHECKPOINT) else config
-    out = run_workload(model, batch, planner=planner, budget=budget if planner != "none" else None, steps=METERED,
+    out = run_workload(model, batch, planner=planner, budget=budget if planner != "none" else UNLIMITED, steps=METERED,
                        timed_steps=timed, profile=profile, config=dict(model_config),
                        baseline=CHECKPOINT if config == CHECKPOINT else None,
                        planner_params=PLANNER_PARAMS.get(config), clock=clock)
@@ -68,7 +70,8 @@ def run_one(case: str, config: str, budget, profile: str, timed: int, clock: str
 def child(case: str, config: str, budget, profile: str, timed: int, clock: str) -> dict:
     """Run one configuration in a fresh process with one host thread."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--one", case, config, str(budget or 0), profile, str(timed), clock]
+    # the budget as text: bytes, a share ("90%"), or UNLIMITED's "none"
+    cmd = [sys.executable, __file__, "--one", case, config, str(budget), profile, str(timed), clock]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         return {"case": case, "config": config, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
@@ -85,18 +88,20 @@ def calibrate(out: Path) -> str:
 
 
 def bench(rounds: int, timed: int, out: Path, clock: str) -> dict:
+    from memplan.budget import UNLIMITED
+
     profile = calibrate(out)
     runs: list[dict] = []
     budgets: dict[str, int] = {}
     for case in CASES:
-        first = child(case, CHECKPOINT, None, profile, timed, clock)
+        first = child(case, CHECKPOINT, UNLIMITED, profile, timed, clock)
         runs.append({**first, "round": 0})
         budgets[case] = first["peak_bytes"]
         configs = [PLAIN, CHECKPOINT, *PLANNERS]
         for r in range(rounds):
             order = configs[r % len(configs):] + configs[:r % len(configs)]  # alternate who goes first
             for config in order:
-                budget = budgets[case] if config in AT_CHECKPOINT else LOOSER_BUDGET if config in LOOSER else None
+                budget = budgets[case] if config in AT_CHECKPOINT else LOOSER_BUDGET if config in LOOSER else UNLIMITED
                 rec = child(case, config, budget, profile, timed, clock)
                 runs.append({**rec, "round": r + 1})
                 print(json.dumps(runs[-1]), flush=True)
@@ -145,6 +150,7 @@ def markdown(result: dict, rows: list[dict]) -> str:
             continue
         sim = "-" if r["simulated_step_s"] is None else f"{1e3 * r['simulated_step_s']:.2f}"
         err = "-" if r["sim_error"] is None else f"{100 * r['sim_error']:+.1f}%"
+        # "none": no limit (null in results written before issue 38)
         budget = r["budget"] if isinstance(r["budget"], str) or r["budget"] is None else f"{r['budget'] / 1e6:.3f} MB"
         lines.append(f"| {r['case']} | {r['config']} | {budget or '-'} | {r['level'] or '-'} | {1e3 * r['step_s']:.2f} | "
                      f"{r['x_plain']:.2f} | {r['x_checkpoint']:.2f} | {r['peak_bytes'] / 1e6:.3f} | "
@@ -160,7 +166,7 @@ def _n(x) -> str:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--one":
         case, config, budget, profile, timed, clock = sys.argv[2:8]
-        budget = None if budget == "0" else budget if budget.endswith("%") else int(budget)
+        budget = int(budget) if budget.isdigit() else budget  # bytes, or "90%" or "none" as written
         print(json.dumps(run_one(case, config, budget, profile, int(timed), clock)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

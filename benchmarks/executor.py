@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 
+from memplan.budget import UNLIMITED
 from memplan.workflows.torch_tools import BASELINES
 from memplan.workflows.run import run_workload
 from memplan.fileio import atomic_write_text
@@ -31,12 +32,12 @@ def main() -> None:
     cells = [(p, None) for p in PLANNERS] + [(None, b) for b in BASELINES]
     for name, batch, config in MODELS:
         for planner, baseline in cells:
-            for budget in BUDGETS if planner != "none" else (None,):
+            for budget in BUDGETS if planner != "none" else (UNLIMITED,):
                 try:
                     rows.append(run_workload(name, batch, planner=planner or "none", budget=budget, steps=args.steps,
                                              device=args.device, config=config, baseline=baseline, check=True))
                 except Exception as exc:  # one failing cell must not lose the others
-                    rows.append({"model": name, "planner": planner or baseline, "budget": budget, "error": str(exc)})
+                    rows.append({"model": name, "planner": planner or baseline, "budget": str(budget), "error": str(exc)})
     atomic_write_text(args.out, json.dumps({"rows": rows}, indent=1, default=str) + "\n")
 
 

@@ -12,7 +12,7 @@ Search planners run on one core (workers=1) and under time limits (PARAMS); HiGH
 Every overhead is simulated; planning times are wall-clock seconds on this shared 2-core host, with the
 load average next to them. Results are written after every case, so an interrupted run keeps what it did.
 
-    nice -n 10 .venv/bin/python benchmarks/frontier.py [--only bound,targets] [--device h100]
+    nice -n 10 .venv/bin/python benchmarks/frontier.py [--only bound,targets] [--profile h100]
         [--milp-s 60] [--bound-s 150] [--cases LABEL,...] [--planners NAME,...] [--render]
 
 Writes benchmarks/results/frontier.{json,md}.
@@ -33,6 +33,7 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
 from memplan.planners.base import known_planners, plan
 from memplan.planners.kit.bound import lower_bound
+from memplan.problem import DEFAULT_PROFILE, Problem
 from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
@@ -83,13 +84,13 @@ def timed(trace, budget: int, name: str, cost: Cost, **params) -> dict:
             "recomputes": sum(d.action == "recompute" for d in p.decisions)}
 
 
-def run_case(label: str, device: str, milp_s: float, bound_s: float, only: list[str] | None = None,
+def run_case(label: str, profile: str, milp_s: float, bound_s: float, only: list[str] | None = None,
              old: dict | None = None) -> dict:
     """The bound, milp, auto and every other planner at one case (with `only`, those planners, the rest
     and the bound kept from `old`; "bound" among them computes the bound again)."""
     section, model, batch, config, share, auto_s = CASES[label]
     trace = trace_workload(model, batch, fake=True, **config)
-    cost = Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile).cost
     budget = int(share * trace.peak_load_bytes)
     rows = dict(old["rows"]) if old else {}
     bound = old.get("bound") if old else None
@@ -136,7 +137,7 @@ def _above(case: dict, name: str) -> float | None:
 def to_markdown(data: dict) -> str:
     """The targets, the bound and milp's figures per case, auto per case, and every planner against the bound."""
     cases = data["cases"]
-    out = [f"Simulated on the `{data['device']}` profile (fake-tensor traces); planning times are wall-clock "
+    out = [f"Simulated on the `{_profile_of(data)}` profile (fake-tensor traces); planning times are wall-clock "
            "seconds on a 2-core host shared with other engineers' work (load average in the tables). Overheads "
            "are simulated, never measured.\n", "## Targets (issue 39)\n",
            "| case | target | auto | bound | met |", "|---|---|---|---|---|"]
@@ -164,6 +165,11 @@ def to_markdown(data: dict) -> str:
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out += ["", "Planning wall-clock seconds per planner and case: `frontier.json` (`wall_s`)."]
     return "\n".join(out) + "\n"
+
+
+def _profile_of(data: dict) -> str:
+    """The cost profile a results file was simulated on (files written before issue 38 call it "device")."""
+    return data.get("profile", data.get("device", DEFAULT_PROFILE))
 
 
 def _points(value: float | None) -> str:
@@ -221,7 +227,7 @@ def _bound_row(case: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="bound,targets")
-    ap.add_argument("--device", default="h100")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help="the cost model's device profile")
     ap.add_argument("--milp-s", type=float, default=60.0, help="milp's time limit per case")
     ap.add_argument("--bound-s", type=float, default=150.0, help="the lower bound's time limit per case")
     ap.add_argument("--cases", default="", help="labels of CASES to run (default: every case of the sections)")
@@ -231,15 +237,15 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("memplan").setLevel(logging.ERROR)
     path = RESULTS / "frontier.json"
-    data = json.loads(path.read_text()) if path.exists() else {"device": args.device, "cases": []}
+    data = json.loads(path.read_text()) if path.exists() else {"profile": args.profile, "cases": []}
     if not args.render:
         sections = args.only.split(",")
         labels = args.cases.split(",") if args.cases else [k for k, v in CASES.items() if v[0] in sections]
         old = {c["case"]: c for c in data["cases"]}
         for label in labels:
             only = args.planners.split(",") if args.planners else None
-            case = run_case(label, args.device, args.milp_s, args.bound_s, only, old.get(label) if only else None)
-            data = {"device": args.device, "cases": [c for c in data["cases"] if c["case"] != label] + [case]}
+            case = run_case(label, args.profile, args.milp_s, args.bound_s, only, old.get(label) if only else None)
+            data = {"profile": args.profile, "cases": [c for c in data["cases"] if c["case"] != label] + [case]}
             data["cases"].sort(key=lambda c: list(CASES).index(c["case"]))
             atomic_write_text(path, json.dumps(data, indent=1, default=float) + "\n")
             atomic_write_text(RESULTS / "frontier.md", to_markdown(data))

@@ -92,6 +92,7 @@ def trace_path(out: str, group: str) -> str:
 
 
 def group_main(group: str, args) -> None:
+    from memplan.problem import DEFAULT_PROFILE
     from memplan.tracing.io import read_trace, write_trace
 
     deadline = time.time() + args.deadline_s
@@ -115,7 +116,7 @@ def group_main(group: str, args) -> None:
     if args.dry_run:
         cap, budget = int(trace.peak_load_bytes * cap_share), int(trace.peak_load_bytes * budget_share)
     common = dict(name=model, batch=batch, config=config, trace=trace, device=device, steps=STEPS[device], seed=0,
-                  profile="h100")
+                  profile=DEFAULT_PROFILE)
     with tempfile.TemporaryDirectory() as scratch:
         for case, planner, params in cases:
             run_row(args, group, case, planner, params, cap, budget, deadline, scratch, common)
@@ -126,11 +127,13 @@ def group_main(group: str, args) -> None:
 def run_row(args, group: str, case: str, planner: str, params: dict, cap: int, budget: int, deadline: float,
             scratch: str, common: dict) -> None:
     """One case of a group: its record in OUT/gpu_budget.jsonl."""
+    from memplan.budget import UNLIMITED
+
     if args.dry_run:
         params = {k: DRY_SOURCE.get(v, v) if k == "source" else DRY_PARAMS.get(k, v) for k, v in params.items()}
     if case == "plain under the cap":
         run_case(args.out, NAME, group, {"case": case, "planner": planner, "cap": cap}, deadline,
-                 planner="none", budget=None, memory_cap=cap, **common)
+                 planner="none", budget=UNLIMITED, memory_cap=cap, **common)
         return
     at = int(budget * STRICT) if case == "strict" else cap
     rec = {"case": case, "planner": planner, "cap": at, "budget": budget, "params": params}

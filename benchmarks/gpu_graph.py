@@ -111,12 +111,14 @@ def compiled_case(out: str, group: str, model: str, batch: int, config: dict, fr
 
 
 def group_main(group: str, args) -> None:
+    from memplan.problem import DEFAULT_PROFILE
+
     deadline = time.time() + args.deadline_s
     model, batch, config, budget, planner, _ = GROUPS[group]
     device = "cpu" if args.dry_run else "cuda"
     if args.dry_run:
         model, batch, config, budget = DRY[group]
-    common = dict(name=model, batch=batch, config=config, device=device, seed=0, profile="h100", planner=planner,
+    common = dict(name=model, batch=batch, config=config, device=device, seed=0, profile=DEFAULT_PROFILE, planner=planner,
                   budget=budget, steps=DRY_STEPS if args.dry_run else STEPS,
                   timed_steps=DRY_TIMED if args.dry_run else TIMED,
                   planner_params=(DRY_PARAMS if args.dry_run else PLANNER_PARAMS).get(planner))

@@ -65,6 +65,9 @@ def plain_steps(model: str, batch: int, config: dict, device: str) -> dict:
 def group_main(group: str, args) -> None:
     import torch
 
+    from memplan.budget import UNLIMITED
+    from memplan.problem import DEFAULT_PROFILE
+
     deadline = time.time() + args.deadline_s
     model, batch, config, budget = GROUPS[group]
     device = "cpu" if args.dry_run else "cuda"
@@ -81,11 +84,11 @@ def group_main(group: str, args) -> None:
                           "ops": len(trace.ops), "trace_peak_bytes": trace.peak_load_bytes,
                           "op_times": trace.meta.get("op_times"), "math": trace.meta.get("math")})
     common = dict(name=model, batch=batch, config=config, trace=trace, device=device, steps=STEPS,
-                  timed_steps=TIMED, seed=0, profile="h100")
+                  timed_steps=TIMED, seed=0, profile=DEFAULT_PROFILE)
     ckpt = run_case(args.out, NAME, group, {"case": "pytorch", "planner": f"torch:{CHECKPOINT}"}, deadline,
                     planner="none", budget=budget, baseline=CHECKPOINT, **common)
     at = ckpt.get("measured_peak_bytes") or budget  # checkpoint's memory, or the group's budget if it failed
-    run_case(args.out, NAME, group, {"case": "memplan", "planner": "none"}, deadline, planner="none", budget=None,
+    run_case(args.out, NAME, group, {"case": "memplan", "planner": "none"}, deadline, planner="none", budget=UNLIMITED,
              **common)
     for planner in PLANNERS:
         run_case(args.out, NAME, group, {"case": "memplan", "planner": planner, "budget": at}, deadline,

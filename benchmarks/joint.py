@@ -15,7 +15,7 @@ Sections (all simulated on one device profile, default h100; traces with fake te
             CIFAR models, with the simulated throughput there
 
     .venv/bin/python benchmarks/joint.py [--only targets,home_defaults,pareto,evaluator,parallel,table2]
-        [--device h100] [--home-particles N] [--models M@B,...] [--budgets 0.9,...] [--fast-limit-s S]
+        [--profile h100] [--home-particles N] [--models M@B,...] [--budgets 0.9,...] [--fast-limit-s S]
         [--parallel-particles N] [--table2-models NAME,...] [--render]
 
 The reduced-run options shrink a section and are recorded in its results ("reduced"); --render
@@ -40,6 +40,7 @@ import numpy as np
 from torch import nn
 
 import memplan.planners.home as home_module
+from memplan.budget import UNLIMITED
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
@@ -49,6 +50,7 @@ from memplan.planners.home.pso import Chunk, random_policies
 from memplan.planners.kit.featuremaps import feature_maps
 from memplan.planners.kit.policy import PolicyEvaluator
 from memplan.plots import new_figure, plot_history, save_figure
+from memplan.problem import DEFAULT_PROFILE, Problem
 from memplan.sim.simulate import Simulator
 from memplan.workflows.maxbatch import search
 from memplan.workflows.workloads import trace_workload
@@ -130,11 +132,11 @@ def _write(name: str, data: dict, markdown: str) -> None:
 # --- targets -------------------------------------------------------------------------------------------
 
 
-def targets(device: str) -> None:
+def targets(profile: str) -> None:
     """resnet50@256 at 1/3 and 1/2 of the peak and at sqrt-n's peak."""
     trace = traced("resnet50", 256)
-    cost = Cost.for_trace(trace, device)
-    sqrt_n = timed_plan(trace, None, "sqrt-n", cost)
+    cost = Problem.of(trace, profile=profile).cost
+    sqrt_n = timed_plan(trace, UNLIMITED, "sqrt-n", cost)
     cases = {"1/3 of the peak": trace.peak_load_bytes // 3, "1/2 of the peak": trace.peak_load_bytes // 2,
              "sqrt-n's peak": sqrt_n["peak_bytes"]}
     goals = {"1/3 of the peak": 0.10, "1/2 of the peak": 0.03, "sqrt-n's peak": sqrt_n["overhead"] / 3}
@@ -145,11 +147,11 @@ def targets(device: str) -> None:
             rows.append({"case": label, "budget_bytes": int(budget), "goal": goals[label], **row})
             log.info("%s %s: %s", label, name, {k: v for k, v in row.items() if k != "history"})
     home = next(r for r in rows if r["planner"] == "home" and r["case"] == "1/2 of the peak" and r.get("history"))
-    plot_history("home on resnet50@256 at 1/2 of the peak (simulated, h100)", home["history"],
+    plot_history(f"home on resnet50@256 at 1/2 of the peak (simulated, {profile})", home["history"],
                  RESULTS / "joint_home_convergence.png")
-    _write("targets", {"device": device, "peak_bytes": trace.peak_load_bytes, "sqrt_n": sqrt_n, "rows": rows,
+    _write("targets", {"profile": profile, "peak_bytes": trace.peak_load_bytes, "sqrt_n": sqrt_n, "rows": rows,
                        "home_params": _home_targets(), "reduced": REDUCED},
-           _targets_md(trace.peak_load_bytes, sqrt_n, rows, device))
+           _targets_md(trace.peak_load_bytes, sqrt_n, rows, profile))
 
 
 def _home_targets() -> dict:
@@ -161,9 +163,9 @@ def _reduced_line() -> str:
     return f"Reduced run: {REDUCED}.\n" if REDUCED else ""
 
 
-def _targets_md(peak_bytes: int, sqrt_n: dict, rows: list[dict], device: str) -> str:
+def _targets_md(peak_bytes: int, sqrt_n: dict, rows: list[dict], profile: str) -> str:
     out = [(f"resnet50 batch 256, peak {peak_bytes / GIB:.2f} GiB; sqrt-n: peak "
-            f"{sqrt_n['peak_bytes'] / GIB:.2f} GiB, overhead {sqrt_n['overhead']:.1%} (simulated, `{device}`).\n"),
+            f"{sqrt_n['peak_bytes'] / GIB:.2f} GiB, overhead {sqrt_n['overhead']:.1%} (simulated, `{profile}`).\n"),
            _reduced_line() + f"home: {_home_targets() or 'defaults (500 particles x 500 iterations)'}.\n",
            "| budget | goal | planner | overhead | met | swaps | recomputes | planning s (wall) | CPU s | load avg |",
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -175,35 +177,35 @@ def _targets_md(peak_bytes: int, sqrt_n: dict, rows: list[dict], device: str) ->
     return "\n".join(out) + "\n"
 
 
-def home_defaults(device: str) -> None:
+def home_defaults(profile: str) -> None:
     """home with its defaults (500 particles x 500 iterations) at 1/2 of resnet50@256's peak only:
     the planning-time target's case, for when targets ran with fewer particles."""
     trace = traced("resnet50", 256)
     budget = trace.peak_load_bytes // 2
-    row = timed_plan(trace, budget, "home", Cost.for_trace(trace, device))
+    row = timed_plan(trace, budget, "home", Problem.of(trace, profile=profile).cost)
     history = row.pop("history", None)
     if history:
-        plot_history("home (defaults) on resnet50@256 at 1/2 of the peak (simulated, h100)", history,
+        plot_history(f"home (defaults) on resnet50@256 at 1/2 of the peak (simulated, {profile})", history,
                      RESULTS / "joint_home_defaults_convergence.png")
-    head = f"home with its defaults on resnet50@256 at 1/2 of the peak ({budget / GIB:.2f} GiB), simulated on `{device}`.\n"
+    head = f"home with its defaults on resnet50@256 at 1/2 of the peak ({budget / GIB:.2f} GiB), simulated on `{profile}`.\n"
     cells = [_pct(row), row.get("swaps"), row.get("recomputes"), row.get("wall_s"), row.get("cpu_s"), row.get("load_avg")]
     out = [head, "| overhead | swaps | recomputes | planning s (wall) | CPU s | load avg |", "|---|---|---|---|---|---|",
            "| " + " | ".join(map(str, cells)) + " |"]
-    _write("home_defaults", {"device": device, "budget_bytes": budget, "row": row, "history": history},
+    _write("home_defaults", {"profile": profile, "budget_bytes": budget, "row": row, "history": history},
            "\n".join(out) + "\n")
 
 
 # --- pareto --------------------------------------------------------------------------------------------
 
 
-def pareto(device: str) -> None:
+def pareto(profile: str) -> None:
     """Every model and budget: the best new planner against the best baseline (and milp if present)."""
     milp = _milp_rows()
     data = []
     for item in REDUCED.get("models", PARETO_MODELS):
         model, batch = _split(item)
         trace = traced(model, batch)
-        cost = Cost.for_trace(trace, device)
+        cost = Problem.of(trace, profile=profile).cost
         for share in REDUCED.get("budgets", PARETO_BUDGETS):
             budget = int(share * trace.peak_load_bytes)
             params = {"home:fast": _pareto_home()}
@@ -215,7 +217,8 @@ def pareto(device: str) -> None:
                          "rows": rows, "milp": milp.get((item, share))})
             log.info("%s at %.0f%%: %s", item, 100 * share, {k: _pct(v) for k, v in rows.items()})
     _pareto_plot(data)
-    _write("pareto", {"device": device, "home_params": _pareto_home(), "reduced": REDUCED, "cells": data}, _pareto_md(data, device))
+    _write("pareto", {"profile": profile, "home_params": _pareto_home(), "reduced": REDUCED, "cells": data},
+           _pareto_md(data, profile))
 
 
 def _pareto_home() -> dict:
@@ -230,11 +233,11 @@ def _best(rows: dict, names) -> tuple[str, dict | None]:
     return name, rows[name]
 
 
-def _pareto_md(data: list[dict], device: str) -> str:
+def _pareto_md(data: list[dict], profile: str) -> str:
     with_milp = any(c["milp"] for c in data)
     head = ["model", "budget", "best new", "its overhead", "best baseline", "its overhead", "new <= baseline"]
     head += ["milp", "milp gap"] if with_milp else []
-    out = [_reduced_line() + f"Simulated on `{device}`; home:fast with a {_pareto_home()['time_limit_s']:g} s limit "
+    out = [_reduced_line() + f"Simulated on `{profile}`; home:fast with a {_pareto_home()['time_limit_s']:g} s limit "
            "stands for home.\n",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in data:
@@ -295,10 +298,10 @@ def _min_time(fn, repeats: int = 5) -> float:
     return best
 
 
-def evaluator(device: str) -> None:
+def evaluator(profile: str) -> None:
     """Milliseconds per evaluation of Algorithm 3's kind (a policy and its one-entry neighbours)."""
     trace = traced("resnet50", 256)
-    cost = Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile).cost
     fm = feature_maps(trace)
     ev = PolicyEvaluator(fm, cost, trace.peak_load_bytes // 2)
     rng = np.random.default_rng(1)
@@ -324,7 +327,7 @@ def evaluator(device: str) -> None:
             "simulate, chains recomputed every time": _min_time(without_memo) * per,
             "simulate, chains reused (memplan.sim.memo)": _min_time(
                 lambda: [ev.simulator.run(q, budget) for q in plans]) * per,
-            "  of which plan preparation": _min_time(lambda: [ev.simulator._plan_arrays(q.decisions)
+            "  of which plan preparation": _min_time(lambda: [ev.simulator._plan_arrays(ev.simulator.lower(q.decisions))
                                                               for q in plans]) * per}
     rows["  of which kernel and result"] = rows["simulate, chains reused (memplan.sim.memo)"] \
         - rows["  of which plan preparation"]
@@ -335,7 +338,7 @@ def evaluator(device: str) -> None:
     out += [f"| {k} | {v:.3f} |" for k, v in rows.items()]
     out.append(f"\nA feature map's decision first matters at its last forward access, on average {forward:.0%} "
                f"into the ops: resuming the kernel there would skip at most that share of the kernel's time.")
-    _write("evaluator", {"device": device, "ms": rows, "forward_prefix_share": forward}, "\n".join(out) + "\n")
+    _write("evaluator", {"profile": profile, "ms": rows, "forward_prefix_share": forward}, "\n".join(out) + "\n")
 
 
 # --- parallel ------------------------------------------------------------------------------------------
@@ -362,10 +365,10 @@ class _ThreadChunk:
         pass
 
 
-def parallel(device: str) -> None:
+def parallel(profile: str) -> None:
     """The same search over 1 process, 2 processes and 2 threads."""
     trace = traced("resnet50", 256)
-    cost = Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile).cost
     budget = trace.peak_load_bytes // 2
     rows, particles = [], REDUCED.get("parallel_particles", PARALLEL_PARTICLES)
     real = _home_workers.make_chunks
@@ -382,7 +385,7 @@ def parallel(device: str) -> None:
     out = [_reduced_line() + f"home, {particles} particles, resnet50@256 at 1/2 of the peak: the same search three ways.\n",
            "| mode | overhead | planning s (wall) | CPU s | load avg |", "|---|---|---|---|---|"]
     out += [f"| {r['mode']} | {_pct(r)} | {r['wall_s']} | {r['cpu_s']} | {r['load_avg']} |" for r in rows]
-    _write("parallel", {"device": device, "rows": rows}, "\n".join(out) + "\n")
+    _write("parallel", {"profile": profile, "rows": rows}, "\n".join(out) + "\n")
 
 
 # --- HOME Table 2 --------------------------------------------------------------------------------------
@@ -426,31 +429,31 @@ PAPER_TABLE2 = {"MobileNet": (2012, 3954, 4200), "Plain20": (1040, 2843, 2926), 
                 "VGG16": (2759, 4250, 5125), "ResNet": (1255, 2014, 2576), "InceptionV3": (125, 345, 365)}
 
 
-def table2(device: str) -> None:
+def table2(profile: str) -> None:
     """The largest batch that fits TABLE2_MEMORY, per model and planner, with simulated throughput."""
     rows = []
     for label, (model, options) in TABLE2_MODELS.items():
         if label not in REDUCED.get("table2_models", TABLE2_MODELS):
             continue
         for name in TABLE2_PLANNERS:
-            best, row = _largest_batch(model, options, name, device)
+            best, row = _largest_batch(model, options, name, profile)
             throughput = best / row["time_s"] if best else 0.0
             rows.append({"model": label, "planner": name, "max_batch": best, "throughput": throughput,
                          "overhead": row.get("overhead"), "time_s": row.get("time_s")})
             log.info("%s %s: batch %d, %.0f samples/s", label, name, best, throughput)
-    _write("table2", {"device": device, "memory_bytes": TABLE2_MEMORY, "home_params": TABLE2_HOME, "reduced": REDUCED,
+    _write("table2", {"profile": profile, "memory_bytes": TABLE2_MEMORY, "home_params": TABLE2_HOME, "reduced": REDUCED,
                       "rows": rows},
-           _table2_md(rows, device))
+           _table2_md(rows, profile))
 
 
-def _largest_batch(model, options: dict, name: str, device: str) -> tuple[int, dict]:
+def _largest_batch(model, options: dict, name: str, profile: str) -> tuple[int, dict]:
     """The largest batch whose plan by `name` fits TABLE2_MEMORY, and that plan's row."""
     fits_at: dict[int, dict] = {}
     params = TABLE2_HOME if name.startswith("home") else {}
 
     def fits(batch: int) -> bool:
         trace = traced(model, batch, **options)
-        row = timed_plan(trace, TABLE2_MEMORY, name, Cost.for_trace(trace, device), **params)
+        row = timed_plan(trace, TABLE2_MEMORY, name, Problem.of(trace, profile=profile).cost, **params)
         ok = row.get("feasible", False) and row["peak_bytes"] <= TABLE2_MEMORY
         if ok:
             fits_at[batch] = row
@@ -460,11 +463,11 @@ def _largest_batch(model, options: dict, name: str, device: str) -> tuple[int, d
     return best, fits_at.get(best, {})
 
 
-def _table2_md(rows: list[dict], device: str) -> str:
+def _table2_md(rows: list[dict], profile: str) -> str:
     names = TABLE2_PLANNERS
     head = ["model"] + [f"max batch {n}" for n in names] + [f"samples/s {n}" for n in names]
     head += ["paper batch PyT./Cap./HOME"]
-    out = [(f"Largest batch under {TABLE2_MEMORY / GIB:g} GiB, simulated on `{device}` (throughput = batch / "
+    out = [(f"Largest batch under {TABLE2_MEMORY / GIB:g} GiB, simulated on `{profile}` (throughput = batch / "
             f"simulated iteration time at that batch); home:fast with {TABLE2_HOME}.\n"),
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out[0] = _reduced_line() + out[0]
@@ -494,16 +497,21 @@ def render(section: str) -> None:
     REDUCED.clear()
     REDUCED.update(data.get("reduced") or {})
     if section == "targets":
-        md = _targets_md(data["peak_bytes"], data["sqrt_n"], data["rows"], data["device"])
+        md = _targets_md(data["peak_bytes"], data["sqrt_n"], data["rows"], _profile_of(data))
     else:
-        md = _pareto_md(data["cells"], data["device"])
+        md = _pareto_md(data["cells"], _profile_of(data))
     atomic_write_text(RESULTS / f"joint_{section}.md", md)
     print(md)
 
 
+def _profile_of(data: dict) -> str:
+    """The cost profile a results file was simulated on (files written before issue 38 call it "device")."""
+    return data.get("profile", data.get("device", DEFAULT_PROFILE))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="h100")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="the cost model's device profile")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--render", action="store_true", help="rewrite the --only sections' .md from their .json")
     reduced = parser.add_argument_group("a reduced run (recorded in the results)")
@@ -515,12 +523,12 @@ def main() -> None:
     reduced.add_argument("--table2-models", help="comma-separated HOME Table 2 models")
     args = parser.parse_args()
     for key, value in vars(args).items():
-        if value is not None and key not in ("device", "only", "render"):
+        if value is not None and key not in ("profile", "only", "render"):
             REDUCED[key] = value.split(",") if key in ("models", "table2_models") else \
                 [float(v) for v in value.split(",")] if key == "budgets" else value
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for name in args.only.split(","):
-        render(name) if args.render else SECTIONS[name](args.device)
+        render(name) if args.render else SECTIONS[name](args.profile)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ planned at the same budget, and its gap to milp is its simulated overhead minus 
 All overheads are simulated (the simulator judges every plan, milp's included); times are
 wall-clock seconds on this host, with its load average.
 
-    .venv/bin/python benchmarks/milp.py [--device h100] [--time-limit 60] [--shares 0.9,0.7,0.5]
+    .venv/bin/python benchmarks/milp.py [--profile h100] [--time-limit 60] [--shares 0.9,0.7,0.5]
                                         [--models resnet18-cifar@128,...]
 
 Writes benchmarks/results/milp.{json,md}.
@@ -31,6 +31,7 @@ from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.fileio import atomic_write_text
 from memplan.planners.base import known_planners, plan
+from memplan.problem import DEFAULT_PROFILE, Problem
 from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
@@ -92,9 +93,9 @@ def _pct(r: dict | None) -> str:
     return "—" if not r or not r.get("feasible") else f"{r['overhead']:.1%}"
 
 
-def to_markdown(rows: list[dict], device: str, time_limit_s: float) -> str:
+def to_markdown(rows: list[dict], profile: str, time_limit_s: float) -> str:
     """Two tables: milp's own figures, then every planner's overhead and gap to milp."""
-    out = [(f"Simulated on the `{device}` profile; `milp` under a {time_limit_s:g} s limit "
+    out = [(f"Simulated on the `{profile}` profile; `milp` under a {time_limit_s:g} s limit "
             f"(wall-clock on a loaded 2-core host: load average in the last column).\n"),
            ("| trace | budget | feature maps | positions | variables | status | milp overhead (simulated) "
             "| MILP objective | proven bound | gap | time to optimality | solve s | swaps | recomputes | load avg |"),
@@ -130,7 +131,7 @@ def _num(value, fmt: str = ".2%") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="h100")
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help="the cost model's device profile")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--shares", default=",".join(map(str, SHARES)))
     ap.add_argument("--models", default=",".join(MODELS))
@@ -142,11 +143,11 @@ def main() -> None:
     for label in args.models.split(","):
         model, batch, config = MODELS[label]
         trace = trace_workload(model, batch, fake=True, **config)
-        cost = Cost.for_trace(trace, args.device)
+        cost = Problem.of(trace, profile=args.profile).cost
         rows += [case(label, share, trace, cost, args.time_limit) for share in shares]
-    data = {"device": args.device, "time_limit_s": args.time_limit, "rows": rows}
+    data = {"profile": args.profile, "time_limit_s": args.time_limit, "rows": rows}
     atomic_write_text(RESULTS / "milp.json", json.dumps(data, indent=1, default=float) + "\n")
-    markdown = to_markdown(rows, args.device, args.time_limit)
+    markdown = to_markdown(rows, args.profile, args.time_limit)
     atomic_write_text(RESULTS / "milp.md", markdown)
     print(markdown)
 

@@ -38,9 +38,9 @@ import torch
 
 from memplan.cost.calibrate import slug
 from memplan.cost.calibrate_cpu import cpu_model
-from memplan.cost.model import Cost
 from memplan.cost.profiles import DeviceProfile, get_profile
 from memplan.fileio import atomic_write_text
+from memplan.problem import Problem
 from memplan.workflows.run import time_steps
 from memplan.workflows.workloads import trace_workload
 from memplan.zoo import get_workload
@@ -64,8 +64,8 @@ def model_row(spec: str, device: str, profile: DeviceProfile, steps: int, real_t
     fake = trace_workload(name, batch, fake=True, time_ops=True, **_device(device), **config)
     row.update(fake_trace_s=time.perf_counter() - started, ops=len(fake.ops), **_bench_figures(fake))
     untimed = _untimed(fake)
-    row["roofline_s"] = Cost.for_trace(untimed, profile).baseline_compute_s
-    row["roofline_fp32_s"] = Cost.for_trace(untimed, profile, allow_tf32=False).baseline_compute_s
+    row["roofline_s"] = Problem.of(untimed, profile=profile).cost.baseline_compute_s
+    row["roofline_fp32_s"] = Problem.of(_fp32(untimed), profile=profile).cost.baseline_compute_s
     row["math"] = fake.meta["math"]
     if real_trace:
         started = time.perf_counter()
@@ -96,13 +96,19 @@ def _untimed(trace):
     return replace(trace, ops=tuple(replace(op, duration_s=None) for op in trace.ops))
 
 
+def _fp32(trace):
+    """The trace with math settings that forbid TF32: the cost model prices every FP32 op at the FP32 rate."""
+    math = {**(trace.meta.get("math") or {}), "cudnn_tf32": False, "matmul_tf32": False}
+    return replace(trace, meta={**trace.meta, "math": math})
+
+
 def plain_step_s(name: str, batch: int, device: str, config: dict, steps: int) -> float:
     """Median seconds of plain training steps (no memplan), after warm-up steps."""
     w = get_workload(name, batch, device=device, seed=SEED, **config)
-    make_inputs = lambda i: w.make_inputs(batch, seed=SEED + 1 + i)  # noqa: E731
+    make_inputs = lambda i, w=w: w.make_inputs(batch, seed=SEED + 1 + i)  # noqa: E731
     time_steps(w.step, make_inputs, range(WARMUP_STEPS), w.model, SEED)
     times = time_steps(w.step, make_inputs, range(WARMUP_STEPS, WARMUP_STEPS + steps), w.model, SEED)
-    del w
+    del w, make_inputs  # the workload freed before the next model
     return statistics.median(times)
 
 

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import memplan
-from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
+from memplan.problem import DEFAULT_PROFILE, Problem
 from memplan.workflows.workloads import trace_workload
 
 OUT = Path(__file__).parent / "results" / "pool_plans"
@@ -48,7 +48,7 @@ def run(models, share: float) -> list[dict]:
     for spec in models:
         name, batch = spec.rsplit("@", 1)
         trace = trace_workload(name, int(batch), fake=True)
-        cost = Cost.for_trace(trace, "h100")
+        cost = Problem.of(trace, profile=DEFAULT_PROFILE).cost
         budget = int(trace.peak_load_bytes * share)
         for planner in PLANNERS:
             for which in (planner, f"{planner}+smartpool"):
@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args()
     rows = run(args.models.split(","), args.share)
-    head = (f"# X+smartpool against X (simulated, h100 profile; planned on {os.uname().nodename}, "
+    head = (f"# X+smartpool against X (simulated, {DEFAULT_PROFILE} profile; planned on {os.uname().nodename}, "
             f"{os.cpu_count()} CPUs)\n\nCommand: `python benchmarks/pool_plans.py --models {args.models} "
             f"--share {args.share}`. The smartpool search runs its default 10 s per layout.\n\n")
     Path(args.out + ".json").write_text(json.dumps({"share": args.share, "rows": rows}, indent=1) + "\n")

@@ -67,7 +67,7 @@ def run_child(spec: dict) -> dict:
         return cpu_stream_replay(spec)
     planner, params = plan_for(spec["planner"], spec["allocator"])
     started = time.perf_counter()
-    out = run_workload(spec["model"], spec["batch"], planner=planner, budget=spec["budget"], steps=STEPS,
+    out = run_workload(spec["model"], spec["batch"], planner=planner, budget=_budget(spec), steps=STEPS,
                        timed_steps=TIMED_STEPS, device=spec["device"], check=spec["allocator"] == "pool",
                        planner_params=params, allocator=spec["allocator"] if cuda else "caching",
                        cuda_graph="off")  # the pool under the eager executor (gpu_graph.py captures it)
@@ -90,7 +90,7 @@ def cpu_stream_replay(spec: dict) -> dict:
     started = time.perf_counter()
     planner, params = plan_for(spec["planner"], "pool")
     w = get_workload(spec["model"], spec["batch"])
-    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, planner=planner, budget=spec["budget"],
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, planner=planner, budget=_budget(spec),
                     measure=False, **params)
     plan = step_requests(step.trace, step.program, step.plan.pool)
     step(*w.make_inputs(spec["batch"], seed=1))
@@ -103,6 +103,13 @@ def cpu_stream_replay(spec: dict) -> dict:
                                      "unplanned_bytes", "conflicts", "other_stream", "missed_slots")}}
     return {**spec, "planner_run": planner, "allocator_run": "host replay of a CPU step's requests",
             "wall_s": time.perf_counter() - started, "device_name": "cpu", "pool": pool}
+
+
+def _budget(spec: dict):
+    """The case's budget as the library takes it: a spec is JSON, where null is no limit (UNLIMITED)."""
+    from memplan.budget import UNLIMITED
+
+    return UNLIMITED if spec["budget"] is None else spec["budget"]
 
 
 def _device_used() -> int:

@@ -18,8 +18,8 @@ import time
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from memplan.cost.model import Cost  # noqa: E402
 from memplan.model import Decision, Plan  # noqa: E402
+from memplan.problem import DEFAULT_PROFILE, Problem  # noqa: E402
 from memplan.sim.simulate import Simulator  # noqa: E402
 
 ROUNDS = 5  # the median of several rounds: this host's speed varies from run to run
@@ -68,7 +68,7 @@ def main() -> None:
         from memplan.workflows.workloads import trace_workload
 
         trace, name = trace_workload("resnet50", 256, fake=True), "resnet50 batch 256 (fake)"
-    sim = Simulator(trace, Cost.for_trace(trace, "h100"))
+    sim = Simulator(trace, Problem.of(trace, profile=DEFAULT_PROFILE).cost)
     rng = random.Random(0)
     plans = [random_plan(trace, rng) for _ in range(args.plans)]
     budget = int(trace.peak_load_bytes * 0.7)

@@ -61,12 +61,12 @@ def run_fit(deepbench: Path) -> dict:
     data = read_conv_csv(deepbench / "conv_train_fp32.csv")
     shapes = F.layer_shapes(*data.values())
     models, rows = {}, []
-    for device, samples in data.items():
-        profile = get_profile(device)
+    for gpu, samples in data.items():  # DeepBench's GPUs, named as their profiles
+        profile = get_profile(gpu)
         train, test = F.split_by_shape(samples, HELD_OUT, SPLIT_SEED, shapes)
-        models[device] = F.fit(train, profile)
-        rows += _scores(device, profile, models[device], test)
-        rows.append({**_scores(device, profile, models[device], test, by_kind=False)[0],
+        models[gpu] = F.fit(train, profile)
+        rows += _scores(gpu, profile, models[gpu], test)
+        rows.append({**_scores(gpu, profile, models[gpu], test, by_kind=False)[0],
                      "cv_geomean": _cross_validated(samples, profile, shapes)})
     write_coefficients(models, f"fitted by benchmarks/ucudnn.py on DeepBench's conv_train_fp32.csv, "
                                f"{1 - HELD_OUT:.0%} of the layers (split seed {SPLIT_SEED})", COEFFICIENTS)
@@ -74,12 +74,12 @@ def run_fit(deepbench: Path) -> dict:
             "rows": rows}
 
 
-def _scores(device, profile, model, test, by_kind=True) -> list[dict]:
+def _scores(gpu, profile, model, test, by_kind=True) -> list[dict]:
     groups = [(kind, [s for s in test if s[0].kind == kind]) for kind in CONV_KERNELS] if by_kind else [("all", test)]
     out = []
     for kind, samples in groups:
         kernels, measured = [k for k, _ in samples], np.array([t for _, t in samples])
-        out.append({"gpu": device, "kernel": kind, "rows": len(samples),
+        out.append({"gpu": gpu, "kernel": kind, "rows": len(samples),
                     "roofline": F.errors(F.roofline(kernels, profile), measured),
                     "model": F.errors(F.predict(model, kernels), measured)})
     return out
@@ -112,12 +112,12 @@ def fit_markdown(result: dict) -> str:
 # (ungrouped; Caffe's reference net splits it into two groups of 48 -> 128).
 CONV2 = Kernel(kind="fwd", n=256, c=96, h=27, w=27, k=256, r=5, s=5, pad_h=2, pad_w=2)
 FIG9_LIMITS = (8 * MIB, 64 * MIB, 512 * MIB)
-FIG9_DEVICE = "v100"
+FIG9_PROFILE = "v100"
 
 
 def run_fig9() -> dict:
     """Per kernel kind, policy and limit: WR's configuration and time (V100 model source)."""
-    source = ModelSource(get_profile(FIG9_DEVICE))
+    source = ModelSource(get_profile(FIG9_PROFILE))
     rows = []
     for kind in CONV_KERNELS:
         kernel = replace(CONV2, kind=kind)
@@ -134,7 +134,7 @@ def run_fig9() -> dict:
                                                                                       r["limit_mib"]))
         r["speedup_vs_undivided"] = base["time_ms"] / r["time_ms"]
     _fig9_plot(rows)
-    return {"source": f"model:{FIG9_DEVICE} (fitted family model; predicted, not measured)",
+    return {"source": f"model:{FIG9_PROFILE} (fitted family model; predicted, not measured)",
             "kernel": CONV2.describe(), "rows": rows}
 
 
@@ -202,7 +202,7 @@ def run_fig13() -> dict:
     from memplan.conv.decide import decide
     from memplan.workflows.workloads import trace_workload
 
-    profile = get_profile(FIG9_DEVICE)
+    profile = get_profile(FIG9_PROFILE)
     rows = []
     for model, batch in FIG13_MODELS:
         trace = trace_workload(model, batch, fake=True)
@@ -221,7 +221,7 @@ def run_fig13() -> dict:
             started = time.perf_counter()
             entry["wd_used"] = _summed(decide(trace, profile, mode="wd", workspace=used, policy=FIG13_POLICY), started)
             rows.append(entry)
-    return {"source": f"model:{FIG9_DEVICE} (fitted family model; predicted, not measured)", "policy": FIG13_POLICY,
+    return {"source": f"model:{FIG9_PROFILE} (fitted family model; predicted, not measured)", "policy": FIG13_POLICY,
             "rows": rows}
 
 
@@ -260,7 +260,7 @@ def run_speed() -> dict:
     from memplan.conv.kernels import trace_kernels
     from memplan.workflows.workloads import trace_workload
 
-    source = ModelSource(get_profile(FIG9_DEVICE))
+    source = ModelSource(get_profile(FIG9_PROFILE))
     options = _options(source, CONV2, policy_sizes("all", CONV2.n))
     first = _timed(lambda: best_config(options, CONV2.n, 64 * MIB))  # includes numba's compile, if any
     dp = min(_timed(lambda: best_config(options, CONV2.n, 64 * MIB)) for _ in range(5))
@@ -406,14 +406,14 @@ def run_exec() -> dict:
     data = [(torch.randn(EXEC_BATCH, 3, 28, 28, generator=g), torch.randint(0, 10, (EXEC_BATCH,), generator=g))
             for _ in range(EXEC_STEPS)]
     net, opt, step = _exec_net()
-    planned = optimize(step, *data[0], model=net, optimizer=opt, planner="ucudnn:wr", device="v100", source="cpu",
+    planned = optimize(step, *data[0], model=net, optimizer=opt, planner="ucudnn:wr", profile=FIG9_PROFILE, source="cpu",
                        policy="powerOfTwo")
     splits = [{"op": m.op, "kernel": m.kernel, "module": m.module, "sizes": list(m.sizes), "time_ms": m.time_s * 1e3}
               for m in planned.plan.microbatches if len(m.sizes) > 1]
     times = {}
     ref_net, _, ref_step = _exec_net()
     bare_net, bare_opt, bare_step = _exec_net()  # the executor without a plan: its own overhead
-    bare = optimize(bare_step, *data[0], model=bare_net, optimizer=bare_opt, planner="none", device="v100")
+    bare = optimize(bare_step, *data[0], model=bare_net, optimizer=bare_opt, planner="none", profile=FIG9_PROFILE)
     for name, fn in (("planned", planned), ("plain", ref_step), ("executor_no_plan", bare)):
         times[name] = []
         for x, y in data:

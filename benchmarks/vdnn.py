@@ -1,6 +1,6 @@
 """vDNN and vDNN++ (paper 001): the paper's tables in simulation, and host compression measured.
 
-    .venv/bin/python benchmarks/vdnn.py [--device gtx1080ti] [--skip-compression] [--quick]
+    .venv/bin/python benchmarks/vdnn.py [--profile gtx1080ti] [--skip-compression] [--quick]
 
 Parts (each row says "simulated (<profile>)" or "measured (CPU)"):
 - Table III: the constructed network (1x1 convs among 5x5 convs) at batch 256: base(m),
@@ -33,8 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from memplan.cost.model import Cost
-from memplan.cost.profiles import get_profile
+from memplan.budget import UNLIMITED
 from memplan.errors import InfeasibleBudgetError
 from memplan.exec import hostzvc
 from memplan.fileio import atomic_write_text
@@ -42,6 +41,7 @@ from memplan.planners.base import plan
 from memplan.planners.vdnn import mode_plan
 from memplan.pool.intervals import residency_problem
 from memplan.pool.poolsize import smallest_pool
+from memplan.problem import Problem
 from memplan.sim.simulate import Simulator
 from memplan.workflows.workloads import trace_workload
 from memplan.zoo import vgg
@@ -130,20 +130,20 @@ def _base_ms(trace, cost, algo: str) -> float:
     return Simulator(trace, cost).run(mode_plan(trace, cost, "none", algo, sync=False)).time_s * 1e3
 
 
-def table3(device: str, batch: int) -> dict:
+def table3(profile: str, batch: int) -> dict:
     trace = network("constructed", batch)
-    cost = Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile).cost
     return {"network": f"constructed({batch})", "base(m)": _base_ms(trace, cost, "m"),
-            "vDNN conv(m)": _time_ms(trace, cost, "vdnn:conv", None, algo="m"),
-            "vDNN++ conv(m)": _time_ms(trace, cost, "vdnn++:conv", None, algo="m"),
+            "vDNN conv(m)": _time_ms(trace, cost, "vdnn:conv", UNLIMITED, algo="m"),
+            "vDNN++ conv(m)": _time_ms(trace, cost, "vdnn++:conv", UNLIMITED, algo="m"),
             "paper (1080Ti, measured)": {"base(m)": 2091, "vDNN conv(m)": 2491, "vDNN++ conv(m)": 2261}}
 
 
-def mode_rows(name: str, batch: int, device: str, modes) -> list[dict]:
+def mode_rows(name: str, batch: int, profile: str, modes) -> list[dict]:
     """Per mode: vDNN and vDNN++ iteration time at the GPU's memory (None: out of memory)."""
     trace = network(name, batch)
-    cost = Cost.for_trace(trace, device)
-    budget = get_profile(device).memory_bytes
+    cost = Problem.of(trace, profile=profile).cost
+    budget = cost.profile.memory_bytes
     base = _base_ms(trace, cost, "p")
     rows = []
     for mode, algo in modes:
@@ -155,13 +155,13 @@ def mode_rows(name: str, batch: int, device: str, modes) -> list[dict]:
     return rows
 
 
-def table5(name: str, batch: int, device: str) -> list[dict]:
+def table5(name: str, batch: int, profile: str) -> list[dict]:
     """Aggregate peak against the smallest pool of best-fit / high-end in both orders (vDNN++ plans)."""
     trace = network(name, batch)
-    cost = Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile).cost
     rows = []
     for mode, algo in [(m, a) for m in MODES for a in ALGOS]:
-        p = plan(trace, None, planner=f"vdnn++:{mode}", cost=cost, algo=algo)
+        p = plan(trace, UNLIMITED, planner=f"vdnn++:{mode}", cost=cost, algo=algo)
         problem = residency_problem(trace, p, cost)
         # the pool holds the trace's buffers: a (p) mode's cuDNN workspaces are not among them
         row = {"network": f"{name}({batch})", "mode": f"{mode}({algo})",
@@ -182,10 +182,10 @@ def smallest_budget(trace, cost, planner: str, **params) -> int:
     return 1
 
 
-def against_search(name: str, batch: int, device: str, planners) -> list[dict]:
+def against_search(name: str, batch: int, profile: str, planners) -> list[dict]:
     """vDNN++'s fixed modes against search planners at the same budget (each mode's smallest)."""
     trace = network(name, batch)
-    cost = Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile).cost
     rows = []
     base_m = _base_ms(trace, cost, "m") / (cost.baseline_compute_s * 1e3) - 1  # what (m) algorithms cost alone
     for mode in MODES:
@@ -272,14 +272,14 @@ def _ms(x) -> str:
 
 
 def to_markdown(r: dict) -> str:
-    dev = r["device"]
+    profile = r.get("profile", r.get("device"))  # "device" in results written before issue 38
     t3 = r["table3"]
     lines = [f"# vDNN / vDNN++ (paper 001)\n\nCommand: `{r['command']}`\n",
-             f"## Table III: constructed network, simulated ({dev})\n",
+             f"## Table III: constructed network, simulated ({profile})\n",
              "| network | base(m) ms | vDNN conv(m) ms | vDNN++ conv(m) ms | paper (1080Ti, measured) |", "|---|---|---|---|---|",
              f"| {t3['network']} | {_ms(t3['base(m)'])} | {_ms(t3['vDNN conv(m)'])} | {_ms(t3['vDNN++ conv(m)'])} | "
              f"2091 / 2491 / 2261 |\n",
-             f"## Fig. 9 shape and Table IV: iteration time per mode, simulated ({dev}, budget = its memory)\n",
+             f"## Fig. 9 shape and Table IV: iteration time per mode, simulated ({profile}, budget = its memory)\n",
              "| network | mode | base(p) ms | vDNN ms | vDNN++ ms | vDNN / base | vDNN++ / base |", "|---|---|---|---|---|---|---|"]
     for row in r["fig9"] + r["table4"]:
         ratio = [("" if row[k] is None else f"{row[k] / row['base(p)_ms']:.2f}") for k in ("vDNN_ms", "vDNN++_ms")]
@@ -288,7 +288,7 @@ def to_markdown(r: dict) -> str:
     lines += ["", "Paper Table IV (1080Ti, measured, ms): VGG-116(32) vDNN/vDNN++ dyn 2717/2468, conv(p) 3055/3018, "
               "all(p) 3170/3129, aconv(p) 2717/2468; VGG-191(32) dyn 5139/5097, conv(p) 5139/5097, all(p) 5244/5209, "
               "aconv(p) out of memory.\n",
-              f"## Table V: aggregate peak against the smallest pool (MiB), vDNN++ plans, simulated ({dev})\n",
+              f"## Table V: aggregate peak against the smallest pool (MiB), vDNN++ plans, simulated ({profile})\n",
               "Buffers of the trace only: a (p) mode's convolution workspaces are not laid out in the pool.\n"]
     keys = [k for k in r["table5"][0] if k.endswith("_mib") and k != "aggregate_mib"]
     lines += ["| network | mode | aggregate | " + " | ".join(k[:-4] for k in keys) + " |",
@@ -299,7 +299,7 @@ def to_markdown(r: dict) -> str:
     if r.get("search"):
         fixed = ("network", "vdnn++ mode", "budget_mib", "trace_peak_mib", "vdnn++_overhead", "base(m)_overhead")
         names = [k for k in r["search"][0] if k not in fixed]
-        lines += ["", f"## vDNN++ against search planners at its smallest budget, overhead, simulated ({dev})\n",
+        lines += ["", f"## vDNN++ against search planners at its smallest budget, overhead, simulated ({profile})\n",
                   "Overheads against the trace as the cost model prices it; the search planners keep the "
                   "trace's convolution times, vDNN++ (m) runs memory-optimal algorithms, which alone cost "
                   "the base(m) column.\n",
@@ -333,7 +333,7 @@ def to_markdown(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="gtx1080ti")
+    ap.add_argument("--profile", default="gtx1080ti", help="the cost model's device profile (default: the paper's GPU)")
     ap.add_argument("--skip-compression", action="store_true", help="only the simulated tables")
     ap.add_argument("--quick", action="store_true", help="smaller batches, fewer steps (a smoke run)")
     args = ap.parse_args()
@@ -341,14 +341,14 @@ def main() -> None:
     q = args.quick
     every = [(m, a) for m in MODES for a in ALGOS] + [("dyn", "")]
     table4_modes = [("dyn", ""), ("conv", "p"), ("all", "p"), ("aconv", "p")]
-    result = {"command": " ".join(["python", COMMAND] + sys.argv[1:]), "device": args.device,
-              "table3": table3(args.device, 16 if q else 256),
-              "fig9": mode_rows("alexnet", 32 if q else 256, args.device, every)
-              + mode_rows("vgg16", 8 if q else 64, args.device, every),
-              "table4": [] if q else mode_rows("vgg116", 32, args.device, table4_modes)
-              + mode_rows("vgg191", 32, args.device, table4_modes),
-              "table5": table5("alexnet", 32 if q else 256, args.device) + table5("vgg16", 8 if q else 64, args.device),
-              "search": against_search("vgg16", 8 if q else 64, args.device,
+    result = {"command": " ".join(["python", COMMAND] + sys.argv[1:]), "profile": args.profile,
+              "table3": table3(args.profile, 16 if q else 256),
+              "fig9": mode_rows("alexnet", 32 if q else 256, args.profile, every)
+              + mode_rows("vgg16", 8 if q else 64, args.profile, every),
+              "table4": [] if q else mode_rows("vgg116", 32, args.profile, table4_modes)
+              + mode_rows("vgg191", 32, args.profile, table4_modes),
+              "table5": table5("alexnet", 32 if q else 256, args.profile) + table5("vgg16", 8 if q else 64, args.profile),
+              "search": against_search("vgg16", 8 if q else 64, args.profile,
                                        [("autoswap:bo", {"n_trials": 4 if q else 16}),
                                         ("autoswap:swdoa", {}), ("home:fast", {"time_limit_s": 2 if q else 10})]),
               "compression": None if args.skip_compression else compression(q)}

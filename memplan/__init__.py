@@ -1,7 +1,10 @@
-"""memplan: plan and run PyTorch training beyond GPU memory.
+"""memplan: plan and run PyTorch training beyond GPU memory. This module is the front door.
 
-Record one training iteration (`trace`), plan where every tensor lives under a memory
-budget (`plan`), score the plan (`simulate`, `validate`) and train under it (`optimize`).
+The five stages: record one training iteration (`trace`), plan where every tensor lives
+under a memory budget (`plan`), turn the plan into the executor's step program (`compile`),
+score it (`simulate`, `validate`) and train under it (`execute`); `optimize` does all of
+them for one step function. A `Problem` is what the stages below the edge share: the trace,
+its costs on a device profile, the cap and the seed (docs/architecture.md).
 Names are imported lazily so that `import memplan` stays cheap.
 """
 
@@ -21,7 +24,16 @@ _EXPORTS = {
     "Storage": "memplan.model",
     "Op": "memplan.model",
     "plan": "memplan.planners.base",
+    "plan_problem": "memplan.planners.base",
     "known_planners": "memplan.planners.base",
+    "Problem": "memplan.problem",
+    "DEFAULT_PROFILE": "memplan.problem",
+    "Budget": "memplan.budget",
+    "UNLIMITED": "memplan.budget",
+    "NO_LIMIT": "memplan.budget",
+    "parse_budget": "memplan.budget",
+    "compile": "memplan.sim.program:compile_plan",
+    "StepProgram": "memplan.model.program",
     "Plan": "memplan.model",
     "Decision": "memplan.model",
     "read_plan": "memplan.model",
@@ -31,6 +43,8 @@ _EXPORTS = {
     "simulate": "memplan.sim.simulate",
     "validate": "memplan.sim.validate",
     "optimize": "memplan.workflows.optimize",
+    "execute": "memplan.workflows.optimize",
+    "OptimizedStep": "memplan.workflows.optimize",
     "write_report": "memplan.workflows.plan_report",
     "MemplanError": "memplan.errors",
     "InfeasibleBudgetError": "memplan.errors",

@@ -4,7 +4,11 @@ A `Budget` is one of three things: a cap in bytes ("8GiB", 1000000), a share of 
 unconstrained peak ("60%", or a float in (0, 1]: 0.6), or no cap ("none", `UNLIMITED`).
 `parse_budget` turns what a user writes into one, at the edge (a CLI option, the `budget=`
 argument of the Python API); `Budget.bytes_for(peak)` resolves it against a trace once the
-trace is known. Planners see integer bytes only.
+trace is known. Everything below the edge sees integer bytes only.
+
+"No limit" is spelled once: `UNLIMITED` as a Budget, `NO_LIMIT` as bytes (a cap no trace
+reaches, so that every comparison with a load needs no special case), written as `null` in
+a plan file (`bytes_to_json`, `bytes_from_json`). Nothing else stands for "no limit".
 
 Where a plan meets a budget (simulating it, validating it, compiling its step program),
 `budget_in_force` is the one rule: the budget given, else the plan's own.
@@ -17,11 +21,12 @@ import numbers
 from dataclasses import dataclass, field
 
 from .errors import MemplanError
-from .units import parse_bytes, plausible_bytes
+from .units import MAX_BYTES, format_bytes, parse_bytes, plausible_bytes
 from .vocabulary import Vocabulary
 
 NO_CAP = "none"  # the budget written as text that asks for no cap
 ANY_PEAK = 2**40  # the peak a share is checked against before the real one is known
+NO_LIMIT = MAX_BYTES  # "no limit" in bytes: above any plausible size, within the simulator's int64 arithmetic
 
 
 class BudgetSource(Vocabulary):
@@ -50,15 +55,15 @@ class Budget:
         """True for no cap."""
         return self.nbytes is None and self.share is None
 
-    def bytes_for(self, peak_bytes: int) -> int | None:
-        """The cap in bytes for a trace whose unconstrained peak is `peak_bytes` (None: no cap).
+    def bytes_for(self, peak_bytes: int) -> int:
+        """The cap in bytes for a trace whose unconstrained peak is `peak_bytes` (NO_LIMIT: no cap).
 
         Raises:
             MemplanError: a share of that peak is less than one byte.
         """
         if self.share is not None:
             return _share_bytes(self.share, peak_bytes, self.text)
-        return self.nbytes
+        return NO_LIMIT if self.nbytes is None else self.nbytes
 
     def __str__(self) -> str:
         return self.text
@@ -67,16 +72,18 @@ class Budget:
 UNLIMITED = Budget()
 
 
-def parse_budget(value: Budget | str | int | float) -> Budget:
+def parse_budget(value: Budget | str | int | float | None) -> Budget:
     """A budget from what a user writes: bytes ("8GiB", an int), a share of the unconstrained
     peak (a string ending in "%", "60%"; above 100% is a cap above the peak, e.g. room for a
-    pool's fragmentation; or a float in (0, 1]: 0.6 means 60%), or "none" for no cap.
+    pool's fragmentation; or a float in (0, 1]: 0.6 means 60%), or "none" (or None) for no cap.
 
     Raises:
         MemplanError: not a budget, not positive, not finite, or rounding to 0 bytes.
     """
     if isinstance(value, Budget):
         return value
+    if value is None:
+        return UNLIMITED
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral)):
         if not 0.0 < float(value) <= 1.0:
             raise MemplanError(f"a float budget is a share of the peak in (0, 1] (0.7 means 70%), not {value!r}; "
@@ -118,21 +125,40 @@ def budget_given(value: Budget | str | int | float | None) -> Budget | None:
     return None if value is None else parse_budget(value)
 
 
-def budget_in_force(given: Budget | None, plan_budget_bytes: int | None,
-                    peak_bytes: int) -> tuple[int | None, BudgetSource]:
+def budget_in_force(given: Budget | None, plan_budget_bytes: int, peak_bytes: int) -> tuple[int, BudgetSource]:
     """The cap a plan is simulated or checked under, and where it came from: the budget given,
-    else the plan's own budget (`Plan.budget_bytes`), else none.
+    else the plan's own budget (`Plan.budget_bytes`), else none (NO_LIMIT).
 
     Args:
         given: the budget the caller gave (None: not given).
-        plan_budget_bytes: the budget the plan was made under (None: made without one).
+        plan_budget_bytes: the budget the plan was made under (NO_LIMIT: made without one).
         peak_bytes: the trace's unconstrained peak, which a share refers to.
     """
     if given is not None:
         return given.bytes_for(peak_bytes), BudgetSource.NONE if given.unlimited else BudgetSource.GIVEN
-    if plan_budget_bytes is not None:
+    if limited(plan_budget_bytes):
         return int(plan_budget_bytes), BudgetSource.PLAN
-    return None, BudgetSource.NONE
+    return NO_LIMIT, BudgetSource.NONE
+
+
+def limited(nbytes: int) -> bool:
+    """Whether a cap of `nbytes` bytes is a limit (not NO_LIMIT)."""
+    return nbytes < NO_LIMIT
+
+
+def bytes_label(nbytes: int) -> str:
+    """A cap for people: "8.0 GiB", or "none" for NO_LIMIT."""
+    return format_bytes(nbytes) if limited(nbytes) else NO_CAP
+
+
+def bytes_to_json(nbytes: int) -> int | None:
+    """A cap as a plan file writes it: its bytes, or null for NO_LIMIT."""
+    return int(nbytes) if limited(nbytes) else None
+
+
+def bytes_from_json(value: int | None) -> int:
+    """A cap as a plan file holds it (null: no limit) in bytes."""
+    return NO_LIMIT if value is None else int(value)
 
 
 def _checked_share(share: float, value) -> Budget:

@@ -9,11 +9,13 @@ from typing import Any, Callable
 
 def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
     """A module-level `__getattr__` for `package`: each name of `exports` (name -> the module
-    that defines it) is imported from its module on first use."""
+    that defines it, or "module:attribute" where the name differs there) is imported from its
+    module on first use."""
 
     def __getattr__(name: str) -> Any:
         if name in exports:
-            return getattr(importlib.import_module(exports[name]), name)
+            module, _, attribute = exports[name].partition(":")
+            return getattr(importlib.import_module(module), attribute or name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__

@@ -16,7 +16,7 @@ from memplan.planners.kit.candidates import DEFAULT_MIN_BYTES, find_candidates
 from memplan.sim.validate import validate
 from memplan.testing.synthetic import MIB, chain_trace
 
-DEVICE = "gtx1080ti"
+PROFILE = "gtx1080ti"
 SCORE_VARIANTS = ("doa", "aoa", "wdoa", "swdoa")
 
 
@@ -74,7 +74,7 @@ def test_candidates_match_oracle(multi):
 
 def test_scores_match_oracle():
     trace = _trace()
-    cost = Cost.for_trace(trace, DEVICE)
+    cost = Cost.for_trace(trace, PROFILE)
     cand = find_candidates(trace)
     scores = all_scores(cand, cost, trace.load)
     n, dur = len(trace.ops), cost.durations
@@ -90,7 +90,7 @@ def test_scores_match_oracle():
 
 def test_swdoa_order_matches_naive_greedy():
     trace = _trace()
-    cost = Cost.for_trace(trace, DEVICE)
+    cost = Cost.for_trace(trace, PROFILE)
     cand = find_candidates(trace)
     gaps = list(zip(cand.storage.tolist(), cand.out_after.tolist(), cand.back_before.tolist()))
     n, dur = len(trace.ops), cost.durations
@@ -136,14 +136,14 @@ def _check_plan(trace, result, budget):
 def test_score_variants_fit_budget(variant, share):
     trace = _trace()
     budget = int(trace.peak_load_bytes * share)
-    result = plan(trace, budget, planner=f"autoswap:{variant}", device=DEVICE, simulate_result=False)
+    result = plan(trace, budget, planner=f"autoswap:{variant}", profile=PROFILE, simulate_result=False)
     assert result.decisions
     _check_plan(trace, result, budget)
 
 
 def test_no_swaps_when_budget_covers_peak():
     trace = _trace()
-    result = plan(trace, trace.peak_load_bytes, planner="autoswap:doa", device=DEVICE, simulate_result=False)
+    result = plan(trace, trace.peak_load_bytes, planner="autoswap:doa", profile=PROFILE, simulate_result=False)
     assert result.decisions == ()
 
 
@@ -151,9 +151,9 @@ def test_below_load_min_fails_naming_it():
     trace = _trace()
     floor = load_min_bytes(trace)
     with pytest.raises(InfeasibleBudgetError, match="load_min") as err:
-        plan(trace, floor - 1, planner="autoswap:wdoa", device=DEVICE, simulate_result=False)
+        plan(trace, floor - 1, planner="autoswap:wdoa", profile=PROFILE, simulate_result=False)
     assert err.value.min_feasible_bytes == floor
-    result = plan(trace, floor, planner="autoswap:wdoa", device=DEVICE, simulate_result=False)
+    result = plan(trace, floor, planner="autoswap:wdoa", profile=PROFILE, simulate_result=False)
     _check_plan(trace, result, floor)
 
 
@@ -161,7 +161,7 @@ def test_multi_swap_goes_below_load_min():
     trace = _trace()
     floor, deeper = load_min_bytes(trace), load_min_bytes(trace, multi_swap=True)
     assert deeper < floor
-    result = plan(trace, deeper, planner="autoswap:doa", device=DEVICE, simulate_result=False,
+    result = plan(trace, deeper, planner="autoswap:doa", profile=PROFILE, simulate_result=False,
                   allow_multi_swap=True)
     _check_plan(trace, result, deeper)
     per_storage = {}
@@ -174,9 +174,9 @@ def test_just_in_time_trigger_single_swap():
     # Loose budget: one swap suffices and nothing competes on the link, so the prefetch
     # is issued at the latest op whose start leaves time for the whole copy.
     trace = _trace()
-    cost = Cost.for_trace(trace, DEVICE)
+    cost = Cost.for_trace(trace, PROFILE)
     budget = trace.peak_load_bytes - 1
-    result = plan(trace, budget, planner="autoswap:doa", device=DEVICE, cost=cost, simulate_result=False)
+    result = plan(trace, budget, planner="autoswap:doa", profile=PROFILE, cost=cost, simulate_result=False)
     assert len(result.decisions) == 1
     d = result.decisions[0]
     need = cost.h2d_s(trace.storages[d.storage].nbytes)
@@ -199,8 +199,8 @@ def test_fixed_weights_one_hot_equals_pure_score():
     for k, variant in enumerate(("aoa", "doa", "wdoa", "swdoa")):
         weights = [0.0] * 4
         weights[k] = 1.0
-        fixed = plan(trace, "70%", planner="autoswap:bo", device=DEVICE, simulate_result=False, weights=weights)
-        pure = plan(trace, "70%", planner=f"autoswap:{variant}", device=DEVICE, simulate_result=False)
+        fixed = plan(trace, "70%", planner="autoswap:bo", profile=PROFILE, simulate_result=False, weights=weights)
+        pure = plan(trace, "70%", planner=f"autoswap:{variant}", profile=PROFILE, simulate_result=False)
         assert fixed.decisions == pure.decisions
 
 
@@ -209,7 +209,7 @@ def test_cross_iteration_prefetch_in_previous_tail():
     # iteration before its forward use, so it is issued in the tail of the one before.
     trace = chain_trace(6, sizes=[8 * MIB] * 6, param_bytes=64 * MIB, flops_per_layer=1e9)
     budget = int(trace.peak_load_bytes * 0.9)
-    result = plan(trace, budget, planner="autoswap:doa", device=DEVICE, simulate_result=False)
+    result = plan(trace, budget, planner="autoswap:doa", profile=PROFILE, simulate_result=False)
     _check_plan(trace, result, budget)
     tail = [d for d in result.decisions if d.wraps and d.trigger > d.out_after]
     assert tail, "expected a prefetch issued in the previous iteration's tail"
@@ -218,9 +218,9 @@ def test_cross_iteration_prefetch_in_previous_tail():
 def test_combined_mode_lays_out_a_valid_pool():
     trace = _trace()
     budget = int(trace.peak_load_bytes * 0.7)
-    result = plan(trace, budget, planner="autoswap:wdoa+smartpool", device=DEVICE, simulate_result=False,
+    result = plan(trace, budget, planner="autoswap:wdoa+smartpool", profile=PROFILE, simulate_result=False,
                   pool_time_limit_s=0.5)
-    pure = plan(trace, budget, planner="autoswap:wdoa", device=DEVICE, simulate_result=False)
+    pure = plan(trace, budget, planner="autoswap:wdoa", profile=PROFILE, simulate_result=False)
     assert result.decisions == pure.decisions and result.decisions
     away = [(d.storage, d.out_after, d.trigger) for d in result.decisions]
     assert result.pool and result.pool_bytes >= max(_oracle_load(trace, away))

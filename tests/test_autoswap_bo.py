@@ -8,7 +8,7 @@ from memplan.planners.autoswap import bo as _autoswap_bo
 from memplan.planners.base import plan
 from memplan.testing.synthetic import MIB, chain_trace
 
-DEVICE = "gtx1080ti"
+PROFILE = "gtx1080ti"
 FEW_TRIALS = 7  # the four pure scores plus a few sampled ones keep the test fast
 GP_TRIALS = 11  # one past Optuna's 10 start-up trials, so the Gaussian process proposes the last
 
@@ -31,7 +31,7 @@ def stand_in(monkeypatch):
 @pytest.mark.parametrize("share", [0.8, 0.6])
 def test_bo_never_worse_than_pure_scores(stand_in, share):
     trace = _trace()
-    cost = Cost.for_trace(trace, DEVICE)
+    cost = Cost.for_trace(trace, PROFILE)
     pure = [_stand_in_objective(plan(trace, f"{share * 100}%", planner=f"autoswap:{v}", cost=cost,
                                      simulate_result=False)) for v in ("doa", "aoa", "wdoa", "swdoa")]
     bo = plan(trace, f"{share * 100}%", planner="autoswap:bo", cost=cost, simulate_result=False, n_trials=FEW_TRIALS)
@@ -40,7 +40,7 @@ def test_bo_never_worse_than_pure_scores(stand_in, share):
 
 def test_bo_same_seed_same_plan(stand_in):
     trace = _trace()
-    runs = [plan(trace, "60%", planner="autoswap:bo", device=DEVICE, seed=seed, simulate_result=False,
+    runs = [plan(trace, "60%", planner="autoswap:bo", profile=PROFILE, seed=seed, simulate_result=False,
                  n_trials=GP_TRIALS).decisions for seed in (3, 3)]
     assert runs[0] == runs[1]
 
@@ -48,7 +48,7 @@ def test_bo_same_seed_same_plan(stand_in):
 def test_bo_with_the_shared_simulator():
     simulate_mod = pytest.importorskip("memplan.sim.simulate")
     trace = _trace()
-    cost = Cost.for_trace(trace, DEVICE)
+    cost = Cost.for_trace(trace, PROFILE)
     budget = int(trace.peak_load_bytes * 0.6)
 
     def overhead(p):
@@ -72,7 +72,7 @@ def test_search_runs_on_one_thread_and_restores_the_pools(monkeypatch):
 
     monkeypatch.setattr(_autoswap_bo, "_objective_fn", lambda problem, objective: counting)
     before = (torch.get_num_threads(), [p["num_threads"] for p in threadpoolctl.threadpool_info()])
-    plan(_trace(), "60%", planner="autoswap:bo", device=DEVICE, simulate_result=False, n_trials=FEW_TRIALS)
+    plan(_trace(), "60%", planner="autoswap:bo", profile=PROFILE, simulate_result=False, n_trials=FEW_TRIALS)
     assert seen and all(n == 1 and pools <= {1} for n, pools in seen)
     assert (torch.get_num_threads(), [p["num_threads"] for p in threadpoolctl.threadpool_info()]) == before
 
@@ -87,8 +87,8 @@ def test_a_time_limit_stops_the_search_after_the_pure_scores(stand_in, monkeypat
     combine = autoswap_module.combined_priority
     monkeypatch.setattr(autoswap_module, "combined_priority",
                         lambda problem, weights: weightings.append(weights) or combine(problem, weights))
-    got = plan(_trace(), "60%", planner="autoswap:bo", device=DEVICE, simulate_result=False, time_limit_s=1e-9)
-    pure = [plan(_trace(), "60%", planner=f"autoswap:{v}", device=DEVICE, simulate_result=False)
+    got = plan(_trace(), "60%", planner="autoswap:bo", profile=PROFILE, simulate_result=False, time_limit_s=1e-9)
+    pure = [plan(_trace(), "60%", planner=f"autoswap:{v}", profile=PROFILE, simulate_result=False)
             for v in ("aoa", "doa", "wdoa", "swdoa")]
     assert len(weightings) == 4 + 1
     assert _stand_in_objective(got) == min(_stand_in_objective(p) for p in pure)
@@ -97,4 +97,4 @@ def test_a_time_limit_stops_the_search_after_the_pure_scores(stand_in, monkeypat
 @pytest.mark.parametrize("limit", [0, -1.0])
 def test_a_time_limit_must_be_positive(limit):
     with pytest.raises(MemplanError, match="time_limit_s must"):
-        plan(_trace(), "60%", planner="autoswap:bo", device=DEVICE, time_limit_s=limit)
+        plan(_trace(), "60%", planner="autoswap:bo", profile=PROFILE, time_limit_s=limit)

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from memplan.cost.model import Cost
 from memplan.errors import TraceFormatError
 from memplan.model import MicroBatch, Plan, PlanMismatchError, check_plan
+from memplan.problem import Problem
 from memplan.sim.simulate import simulate
 from memplan.sim.validate import BAD_CONV_DECISION, OVER_BUDGET, validate
 from memplan.tracing.io import parse_trace, read_trace, write_trace
@@ -120,7 +120,7 @@ def test_the_simulator_and_the_validator_charge_chosen_times_and_workspaces(trac
     ops = _conv_ops(traced)
     decisions = _decide(traced, ops[0], ["fwd"], time_s=0.5, workspace=64 * MIB) + \
         _decide(traced, ops[3], ["bwd_data", "bwd_filter"], time_s=0.25, workspace=32 * MIB)
-    device = dataclasses.replace(Cost.for_trace(traced), priced_host=False)  # the device's time (no executor)
+    device = dataclasses.replace(Problem.of(traced).cost, priced_host=False)  # the device's time (no executor)
     plain, planned = simulate(traced, cost=device), simulate(traced, Plan(microbatches=decisions), cost=device)
     assert planned.time_s == pytest.approx(plain.time_s - plain_time(traced, ops[0]) - plain_time(traced, ops[3]) + 1.0)
     assert simulate(traced, Plan(microbatches=decisions)).level == "interpreted"  # op by op, its host priced
@@ -133,6 +133,4 @@ def test_the_simulator_and_the_validator_charge_chosen_times_and_workspaces(trac
 
 
 def plain_time(trace, op):
-    from memplan.cost.model import Cost
-
-    return float(Cost.for_trace(trace).durations[op])
+    return float(Problem.of(trace).cost.durations[op])

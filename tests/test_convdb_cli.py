@@ -25,7 +25,7 @@ def run(capsys, *argv):
 def test_fill_then_show_reuses_what_is_there(tmp_path, capsys):
     db = str(tmp_path / "c.sqlite")
     code, out, _ = run(capsys, "conv-db", "fill", db, "--kernel", SPEC, "--kernel", SPEC.replace("fwd", "bwd_filter"),
-                       "--source", "model", "--device", "v100", "--json")
+                       "--source", "model", "--profile", "v100", "--json")
     first = json.loads(out)
     assert code == 0 and first["benchmarked"] == 2 * 3 and first["rows_added"] > 6  # sizes 1, 2, 4; several families
     code, out, _ = run(capsys, "conv-db", "fill", db, "--kernel", SPEC, "--source", "model", "--json")

@@ -56,9 +56,9 @@ def test_a_cpu_profile_drives_planners_and_the_simulator_like_a_gpu_one(tmp_path
     write_trace(trace_step(w.step, w.inputs, w.model, w.optimizer), path)
     for planner, budget in (("sqrt-n", "80%"), ("checkpoint-all", "100%"), ("capuchin", "100%")):
         plan = tmp_path / f"{planner}.json"
-        assert main(["plan", str(path), "--planner", planner, "--budget", budget, "--device", str(cpu_profile),
+        assert main(["plan", str(path), "--planner", planner, "--budget", budget, "--profile", str(cpu_profile),
                      "-o", str(plan)]) == 0, planner
-        assert main(["simulate", str(path), "--plan", str(plan), "--device", str(cpu_profile), "--json"]) == 0
+        assert main(["simulate", str(path), "--plan", str(plan), "--profile", str(cpu_profile), "--json"]) == 0
         assert json.loads(capsys.readouterr().out.splitlines()[-1])["feasible"] is not False
 
 

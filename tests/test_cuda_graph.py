@@ -23,6 +23,7 @@ from memplan.exec.runtime import PlanRuntime
 from memplan.exec.slab import align_up
 from memplan.model import Decision, Plan
 from memplan.model.program import ActionKind
+from memplan.problem import Problem
 from memplan.sim.program import compile_program
 from memplan.sim.replayed import HOST_COSTS, replay_cost, replay_time_s
 from memplan.sim.simulate import simulate
@@ -81,7 +82,7 @@ def test_a_host_sync_or_data_shaped_op_is_refused_with_its_op_and_module(what, n
 def test_a_clean_step_is_capturable():
     w = tiny_workload()  # convolutions, batch norm, in-place ReLU, dropout, SGD with momentum
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
-    program = compile_program(trace, swap_all_plan(trace), Cost.for_trace(trace))
+    program = compile_program(trace, swap_all_plan(trace), Problem.of(trace).cost)
     check = check_step(trace, program, optimizer=w.optimizer, device="cuda",
                        signature=tuple((s, d, "cuda") for s, d, _ in input_signature(w.inputs)))
     assert check.capturable and check.reason == "" and check.to_json()["refusals"] == []
@@ -131,7 +132,7 @@ def test_an_optimizer_is_refused_unless_its_state_lives_on_the_device(make, caus
 def test_inputs_on_the_cpu_of_a_gpu_step_and_compressed_swaps_are_refused():
     w = tiny_workload()
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
-    program = compile_program(trace, swap_all_plan(trace, compress=0.5), Cost.for_trace(trace), hooks=False)
+    program = compile_program(trace, swap_all_plan(trace, compress=0.5), Problem.of(trace).cost, hooks=False)
     lines = [r.line() for r in check_step(trace, program, signature=input_signature(w.inputs), device="cuda").refusals]
     assert lines[0].startswith("input 0 (shape (2, 3, 8, 8) float32 on cpu): is on the CPU")
     assert sum("zero-value compression" in line for line in lines) == len(program.decisions) > 0
@@ -200,7 +201,7 @@ def _most_host_bytes_at_once(trace, program) -> int:
 
 def test_the_schedule_of_a_swap_plan(tiny):
     w, trace = tiny
-    program = compile_program(trace, swap_all_plan(trace), Cost.for_trace(trace))
+    program = compile_program(trace, swap_all_plan(trace), Problem.of(trace).cost)
     schedule = capture_schedule(trace, program, input_signature(w.inputs))
     assert [(s.shape, s.dtype) for s in schedule.static_inputs] == [(tuple(t.shape), str(t.dtype)[6:]) for t in w.inputs]
     assert schedule.static_input_bytes == sum(t.numel() * t.element_size() for t in w.inputs)
@@ -227,7 +228,7 @@ def test_the_schedule_of_a_swap_plan(tiny):
 @pytest.mark.parametrize("hooks", [True, False])
 def test_the_schedule_captures_each_recomputation_where_its_storage_is_made(tiny, hooks):
     w, trace = tiny
-    program = compile_program(trace, recompute_plan(trace), Cost.for_trace(trace), hooks=hooks)
+    program = compile_program(trace, recompute_plan(trace), Problem.of(trace).cost, hooks=hooks)
     assert program.level == ("hooked" if hooks else "interpreted")
     runs = capture_schedule(trace, program, input_signature(w.inputs)).recomputations
     recomputes = [i for i, a in enumerate(program.actions) if a.kind == ActionKind.RECOMPUTE]

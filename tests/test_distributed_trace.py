@@ -154,7 +154,7 @@ def test_simulate_reports_communication_for_a_rank_trace(capsys, tmp_path):
     out = tmp_path / "ddp.jsonl"
     assert main(["trace", MLP, "--batch", "4", "--ddp", "--world-size", "16", "-o", str(out)]) == 0
     capsys.readouterr()
-    assert main(["simulate", str(out), "--device", "a100", "--json"]) == 0
+    assert main(["simulate", str(out), "--profile", "a100", "--json"]) == 0
     comm = json.loads(capsys.readouterr().out)["communication"]
     # 16 ranks are two 8-GPU nodes: the all-reduces cross InfiniBand; each bucket is one collective.
     assert comm["link"] == "ib-hdr" and comm["world_size"] == 16

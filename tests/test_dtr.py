@@ -14,6 +14,7 @@ from memplan.model import Decision
 from memplan.planners.dtr.eviction import DtrRun
 from memplan.planners.base import plan
 from memplan.planners.dtr import dtr_decisions
+from memplan.problem import Problem
 from memplan.sim.simulate import simulate
 from memplan.sim.validate import validate
 from memplan.testing.synthetic import MIB, chain_trace
@@ -28,7 +29,7 @@ def _chain():
 
 
 def _unit_cost(trace):
-    return Cost(profile=Cost.for_trace(trace).profile, durations=np.ones(len(trace.ops)))
+    return Cost(profile=Problem.of(trace).cost.profile, durations=np.ones(len(trace.ops)))
 
 
 def test_evicts_the_stalest_first_then_weighs_the_evicted_neighbourhood():
@@ -60,7 +61,7 @@ def test_nothing_moves_at_the_unconstrained_peak():
 
 def test_parameters_and_inputs_are_never_evicted():
     trace = _chain()
-    decisions = dtr_decisions(trace, Cost.for_trace(trace), 1)  # a cap nothing fits under
+    decisions = dtr_decisions(trace, Problem.of(trace).cost, 1)  # a cap nothing fits under
     kinds = {trace.storages[d.storage].kind for d in decisions}
     assert decisions and kinds == {"activation"}
     assert all(isinstance(d, Decision) and d.out_after < d.back_before for d in decisions)

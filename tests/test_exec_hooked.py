@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from memplan.cost.model import Cost
+from memplan.budget import NO_LIMIT
 from memplan.exec.meter import MemoryMeter
 from memplan.model import Plan
 from memplan.planners.base import plan as make_plan
+from memplan.problem import Problem
 from memplan.sim.simulate import Simulator
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.run import BUDGET_TOLERANCE
@@ -65,7 +66,7 @@ def gpt2():
 
 def _at_checkpoint_memory(trace, planner: str) -> Plan:
     """`planner`'s plan at the peak sqrt-n's hooked form (block by block, as torch.utils.checkpoint) reaches."""
-    budget = Simulator(trace, Cost.for_trace(trace)).hooked(make_plan(trace, None, planner="sqrt-n"), None).peak_load_bytes
+    budget = Simulator(trace, Problem.of(trace).cost).hooked(make_plan(trace, None, planner="sqrt-n"), NO_LIMIT).peak_load_bytes
     assert budget < trace.peak_load_bytes
     return make_plan(trace, budget, planner=planner)
 

@@ -43,7 +43,7 @@ def test_breakdown_adds_up_to_the_peak():
 
 def test_cli_fit_json_and_errors(capsys, small_gpu):
     path, _ = small_gpu
-    rc = main(["fit", MLP, "--world-size", str(WORLD), "--device", str(path), "--planners", "none,sqrt-n",
+    rc = main(["fit", MLP, "--world-size", str(WORLD), "--profile", str(path), "--planners", "none,sqrt-n",
                "--limit", "32", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and [r["planner"] for r in out["planners"]] == ["none", "sqrt-n"]

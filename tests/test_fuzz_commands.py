@@ -146,7 +146,7 @@ def _database_or_nothing(path) -> None:
 def test_conv_db_fill_options(kernels, source, device, policy):
     with scratch() as folder:
         db = folder / "c.sqlite"
-        argv = ["conv-db", "fill", db, "--source", source, "--device", device, "--policy", policy, "--json"]
+        argv = ["conv-db", "fill", db, "--source", source, "--profile", device, "--policy", policy, "--json"]
         for spec in kernels:
             argv += ["--kernel", spec]
         assert assert_user_outcome(argv, (db,), folder) != 0 or db.exists()

@@ -15,12 +15,13 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from memplan.budget import NO_LIMIT
 from memplan.cli import main
-from memplan.cost.model import Cost
 from memplan.cost.device_memory import (CUBLAS_HOPPER_BYTES, MIN_BLOCK, allocated_size, cublas_handles,
                                         cublas_workspace_bytes, device_view)
 from memplan.errors import MemplanError
 from memplan.planners.base import plan as make_plan
+from memplan.problem import Problem
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.workflows.optimize import optimize
@@ -110,7 +111,7 @@ def test_the_device_view_rounds_adds_held_and_inner_memory_and_keeps_ids():
     # the rest of the trace stays: what a plan needs to run at autograd's hooks above all
     assert (view.owners, view.saved, view.calls, view.num_steps_hint) == (
         trace.owners, trace.saved, trace.calls, trace.num_steps_hint) and view.saved and view.calls
-    assert Simulator(view, Cost.for_trace(view)).hooked(make_plan(view, None, planner="sqrt-n"), None) is not None
+    assert Simulator(view, Problem.of(view).cost).hooked(make_plan(view, None, planner="sqrt-n"), NO_LIMIT) is not None
     rounded_peak = device_view(trace).peak_load_bytes
     assert view.peak_load_bytes >= rounded_peak + 2 * CUBLAS_HOPPER_BYTES
     plan = make_plan(view, "90%", planner="autoswap:doa")  # it considers storages of every kind

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import memplan
-from memplan.cost.model import Cost
 from memplan.planners.base import searched_to_its_limit, get_planner
+from memplan.problem import Problem
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 
@@ -15,11 +15,11 @@ from memplan.sim.validate import validate
 @pytest.mark.parametrize("model, batch, planner", [("resnet18-cifar", 8, "tflms"), ("transformer-encoder", 2, "dtr")])
 def test_a_plan_whose_hooked_form_misses_its_budget_is_planned_again_until_it_fits(model, batch, planner):
     trace = memplan.trace_workload(model, batch, fake=True)
-    cost = Cost.for_trace(trace, "h100")
+    cost = Problem.of(trace, profile="h100").cost
     cap = int(0.9 * trace.peak_load_bytes)
     simulator = Simulator(trace, cost)
     spec = get_planner(planner)
-    first = spec.fn(trace, cap, cost, seed=0, **spec.defaults)
+    first = spec.fn(Problem(trace, cost, cap), **spec.defaults)
     assert not simulator.hooked(first, cap).feasible  # as the planner made it, it would run interpreted
     final = memplan.plan(trace, cap, planner=planner, cost=cost)
     assert simulator.hooked(final, cap).feasible and final.predicted["level"] == "hooked"
@@ -31,10 +31,10 @@ def test_the_plans_other_planners_start_from_are_fitted_as_memplan_plan_fits_the
     from memplan.planners.kit.fitting import fitting_plans
 
     trace = memplan.trace_workload("resnet18-cifar", 8, fake=True)
-    cost = Cost.for_trace(trace, "h100")
+    cost = Problem.of(trace, profile="h100").cost
     cap = int(0.9 * trace.peak_load_bytes)
     simulator = Simulator(trace, cost)
-    (fitted,) = fitting_plans(trace, cap, cost, ("tflms",), simulator)
+    (fitted,) = fitting_plans(Problem(trace, cost, cap), ("tflms",), simulator)
     assert simulator.hooked(fitted, cap).feasible
     assert fitted.decisions == memplan.plan(trace, cap, planner="tflms", cost=cost).decisions
 

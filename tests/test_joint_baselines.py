@@ -1,10 +1,10 @@
 """SuperNeurons and Capuchin as HOME describes them (paper 004 §4.1)."""
 
-from memplan.cost.model import Cost
 from memplan.planners.kit.featuremaps import KEEP, RECOMPUTE, SWAP, feature_maps
 from memplan.planners.base import plan as make_plan
 from memplan.planners.capuchin import _State
 from memplan.planners.superneurons import layer_policy
+from memplan.problem import Problem
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import MIB, chain_trace
@@ -46,7 +46,7 @@ def test_capuchin_swaps_first_and_recomputes_only_when_swaps_do_not_suffice():
 
 def test_capuchin_moves_a_late_prefetch_earlier_by_its_copy_time():
     trace = chain_trace(12, sizes=[64 * MIB] * 12, flops_per_layer=3e10)
-    cost = Cost.for_trace(trace)
+    cost = Problem.of(trace).cost
     fm = feature_maps(trace)
     state = _State(fm, cost, int(0.6 * trace.peak_load_bytes), rounds=6)
     state.swap_with_free_time()

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 import memplan
+from memplan.budget import NO_LIMIT
 from memplan.cost.model import Cost
 from memplan.cost.profiles import get_profile
 from memplan.model import Plan
 from memplan.model.hookpoints import hook_points
 from memplan.planners.kit.blocks import block_calls
+from memplan.problem import Problem
 from memplan.sim.program import compile_program
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import OVER_BUDGET, validate
@@ -35,7 +37,7 @@ def resnet():
 
 def _lowered(trace, planner, budget="90%", **params):
     plan = memplan.plan(trace, budget, planner=planner, **params)
-    return plan, Simulator(trace, Cost.for_trace(trace)).lower(plan.decisions)
+    return plan, Simulator(trace, Problem.of(trace).cost).lower(plan.decisions)
 
 
 def test_the_tracer_records_every_pack_and_the_blocks(gpt2):
@@ -52,7 +54,7 @@ def test_a_hooked_plan_acts_only_at_hook_points_and_stays_valid(gpt2, planner):
     assert lowered.level == "hooked"
     assert [v for v in validate(gpt2, Plan(decisions=lowered.decisions)) if v.kind != OVER_BUDGET] == []
     points = set(hook_points(gpt2.saved, len(gpt2.ops)))
-    program = compile_program(gpt2, plan, Cost.for_trace(gpt2))
+    program = compile_program(gpt2, plan, Problem.of(gpt2).cost)
     assert program.level == "hooked"
     for a in program.actions:
         if a.kind.value in ("swap_out", "drop", "prefetch", "recompute"):
@@ -86,11 +88,11 @@ def test_sqrt_n_runs_each_block_once_as_torch_checkpoint_does(gpt2):
 
 
 def test_what_cannot_be_hooked_runs_interpreted(gpt2, resnet):
-    sim = Simulator(gpt2, Cost.for_trace(gpt2))
+    sim = Simulator(gpt2, Problem.of(gpt2).cost)
     assert sim.lower(()).level == "plain"
     unrecorded = dataclasses.replace(gpt2, saved=(), calls=())
     plan = memplan.plan(gpt2, "85%", planner="dtr")
-    assert Simulator(unrecorded, Cost.for_trace(unrecorded)).lower(plan.decisions).level == "interpreted"
+    assert Simulator(unrecorded, Problem.of(unrecorded).cost).lower(plan.decisions).level == "interpreted"
     micro = memplan.plan(resnet, None, planner="ucudnn:wr")
     assert micro.microbatches and memplan.simulate(resnet, micro).level == "interpreted"
 
@@ -113,11 +115,11 @@ def test_each_level_pays_its_host_work(gpt2):
     cpu = dataclasses.replace(get_profile("h100"), kind="cpu", copy_latency_s=0.0, d2h_bytes_per_s=1e30,
                               h2d_bytes_per_s=1e30, **{**HOST, "hook_s": 1e-6})  # copies that take no time
     cost = Cost(profile=cpu, durations=np.zeros(len(gpt2.ops)), priced_host=True)
-    hooked = Simulator(gpt2, cost).hooked(plan, None)
+    hooked = Simulator(gpt2, cost).hooked(plan, NO_LIMIT)
     events = len(gpt2.saved) + sum(s.unpacked_at is not None for s in gpt2.saved)
     assert hooked.breakdown["host_s"] == pytest.approx(events * 1e-6)
     moded = dataclasses.replace(cpu, mode_op_s=2e-6)
-    interpreted = Simulator(gpt2, Cost(profile=moded, durations=np.zeros(len(gpt2.ops)), priced_host=True), hooks=False).run(plan, None)
+    interpreted = Simulator(gpt2, Cost(profile=moded, durations=np.zeros(len(gpt2.ops)), priced_host=True), hooks=False).run(plan, NO_LIMIT)
     assert interpreted.level == "interpreted"
     assert interpreted.breakdown["host_s"] == pytest.approx(events * 1e-6 + len(gpt2.ops) * 2e-6)
 
@@ -145,5 +147,5 @@ def test_a_trace_keeps_its_hook_records_on_disk_and_older_files_read(gpt2, tmp_p
                                         .replace(f'"calls": {len(gpt2.calls)}', '"calls": 0') + "\n")
     older = memplan.read_trace(tmp_path / "old.jsonl")
     assert older.saved == () and older.ops == gpt2.ops
-    assert Simulator(older, Cost.for_trace(older)).lower(memplan.plan(gpt2, "85%", planner="dtr").decisions).level \
+    assert Simulator(older, Problem.of(older).cost).lower(memplan.plan(gpt2, "85%", planner="dtr").decisions).level \
         == "interpreted"

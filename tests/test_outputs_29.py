@@ -30,14 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_interpreted_kernel_gives_the_compiled_kernels_residencies():
     from memplan import plan as make_plan
-    from memplan.cost.model import Cost
+    from memplan.problem import Problem
     from memplan.sim import kernel
     from memplan.sim.program import compile_program, residencies
     from memplan.sim.simulate import Simulator
 
     trace = chain_trace(12)
     made = make_plan(trace, "60%", planner="autoswap:doa", simulate_result=False)
-    cost = Cost.for_trace(trace)
+    cost = Problem.of(trace).cost
     programs = [compile_program(trace, made, cost, simulator=Simulator(trace, cost, k))
                 for k in (kernel.compiled(), kernel.interpreted())]
     assert kernel.interpreted().run_kernel is not kernel.compiled().run_kernel

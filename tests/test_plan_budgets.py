@@ -12,6 +12,7 @@ import json
 import pytest
 
 import memplan
+from memplan.budget import NO_LIMIT
 from memplan.cli import main
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Plan, write_plan
@@ -34,13 +35,13 @@ def test_a_pool_is_laid_out_over_the_program_its_budget_runs(trace):
     budget = int(trace.peak_load_bytes * 0.8)
     pooled = memplan.plan(trace, budget, planner="autoswap:aoa+smartpool", pool_time_limit_s=0.5)
     assert pooled.decisions and pooled.pool_bytes <= budget and memplan.validate(trace, pooled) == []
-    uncapped = layout(trace, pooled.with_meta(budget_bytes=None), time_limit_s=0.5)
+    uncapped = layout(trace, pooled.with_meta(budget_bytes=NO_LIMIT), time_limit_s=0.5)
     assert uncapped.footprint_bytes > budget
 
 
 def test_no_budget_means_no_limit_for_a_pool(trace):
     result = memplan.plan(trace, None, planner="smartpool-firstfit")
-    assert result.budget_bytes is None and memplan.validate(trace, result) == []
+    assert result.budget_bytes == NO_LIMIT and memplan.validate(trace, result) == []
 
 
 def test_validate_reports_a_pool_over_the_budget(trace):
@@ -56,7 +57,7 @@ def test_simulate_uses_the_plans_budget(trace):
     assert (own.budget_bytes, own.budget_source) == (swaps.budget_bytes, "plan")
     assert own.feasible and own.peak_load_bytes <= swaps.budget_bytes
     uncapped = memplan.simulate(trace, swaps, budget="none")
-    assert (uncapped.budget_bytes, uncapped.budget_source) == (None, "none")
+    assert (uncapped.budget_bytes, uncapped.budget_source) == (NO_LIMIT, "none")
     assert uncapped.peak_load_bytes > swaps.budget_bytes  # why the plan's own cap matters
     given = memplan.simulate(trace, swaps, budget="90%")
     assert given.budget_source == "given" and given.budget_bytes == int(trace.peak_load_bytes * 0.9)
@@ -80,4 +81,4 @@ def test_simulate_cli_says_which_budget(capsys, tmp_path, trace):
 
 def test_a_plan_without_a_budget_is_simulated_uncapped(trace):
     result = memplan.simulate(trace, Plan(trace_digest=trace.digest))
-    assert result.budget_bytes is None and result.budget_source == "none"
+    assert result.budget_bytes == NO_LIMIT and result.budget_source == "none"

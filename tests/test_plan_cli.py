@@ -91,7 +91,8 @@ def _register(monkeypatch, fn, name="broken-test"):
 
 
 def test_invalid_plan_is_an_internal_error_and_not_written(capsys, trace_file, tmp_path, monkeypatch):
-    def broken(trace, budget_bytes, cost, *, seed=0):
+    def broken(problem):
+        trace = problem.trace
         # a0 is read by layer 1 (op 1) while it would be on the host.
         a0 = next(s.id for s in trace.storages if s.name == "a0")
         return Plan(decisions=(Decision(storage=a0, action="swap", out_after=0, back_before=17),))
@@ -110,7 +111,7 @@ def test_invalid_plan_is_an_internal_error_and_not_written(capsys, trace_file, t
 
 
 def test_an_exception_inside_a_planner_is_an_internal_error(capsys, trace_file, tmp_path, monkeypatch):
-    def crashing(trace, budget_bytes, cost, *, seed=0):
+    def crashing(problem):
         raise IndexError("index 7 is out of bounds\nfor axis 0")
 
     _register(monkeypatch, crashing)
@@ -126,7 +127,7 @@ def test_an_exception_inside_a_planner_is_an_internal_error(capsys, trace_file, 
 
 
 def test_a_user_mistake_inside_a_planner_stays_exit_2(capsys, trace_file, tmp_path, monkeypatch):
-    def refusing(trace, budget_bytes, cost, *, seed=0):
+    def refusing(problem):
         raise MemplanError("this planner needs a trace with module names")
 
     _register(monkeypatch, refusing)

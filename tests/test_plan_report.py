@@ -113,7 +113,7 @@ def test_memplan_report_writes_one_small_page(files, capsys):
     (["{plan}", "{trace}", "-o", "{folder}/nowhere/r.html"], "does not exist"),
     (["{trace}", "{plan}", "-o", "{folder}/r.html"], "plan.json"),  # swapped arguments
     (["{plan}", "{other}", "-o", "{folder}/r.html"], "trace"),  # a plan of another trace
-    (["{plan}", "{trace}", "-o", "{folder}/r.html", "--device", "bogus"], "bogus"),
+    (["{plan}", "{trace}", "-o", "{folder}/r.html", "--profile", "bogus"], "bogus"),
 ])
 def test_bad_input_is_one_line_and_no_page(files, capsys, argv, needle):
     folder, _, _ = files

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from memplan.budget import NO_LIMIT
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Op, Storage, Trace
 from memplan.planners.base import known_planners, plan
@@ -76,7 +77,7 @@ def test_every_planner_on_an_exported_zoo_trace(zoo_trace, fmt):
 def test_every_planner_without_a_budget(planner, trace):
     # No budget means no limit: a plan, whatever its pool (the fragmentation of a first fit included).
     result = plan(trace, None, planner=planner, simulate_result=False, **fast_params(planner))
-    assert result.budget_bytes is None and validate(trace, result) == []
+    assert result.budget_bytes == NO_LIMIT and validate(trace, result) == []
 
 
 # Five buffers (id, lower, upper, size) whose peak load is 2 MiB + 64 (ops 4 and 7), where a

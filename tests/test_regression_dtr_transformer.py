@@ -94,7 +94,7 @@ def transformer_log(layers: int = 10) -> str:
 def test_sqrt_n_plans_an_imported_transformer_log(tmp_path, capsys):
     path, out = tmp_path / "transformer.log", tmp_path / "plan.json"
     path.write_text(transformer_log())
-    code = main(["plan", str(path), "--planner", "sqrt-n", "--budget", "50%", "--device", "h100",
+    code = main(["plan", str(path), "--planner", "sqrt-n", "--budget", "50%", "--profile", "h100",
                  "-o", str(out), "--json"])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr

@@ -5,10 +5,11 @@ import random
 import numpy as np
 import pytest
 
-from memplan.cost.model import Cost
+from memplan.budget import NO_LIMIT
 from memplan.model import Decision, Plan
 from memplan.planners.kit.featuremaps import Decoder, feature_maps
 from memplan.planners.home.pso import random_policies
+from memplan.problem import Problem
 from memplan.sim.memo import MISS, ProbeMemo
 from memplan.sim.program import compile_program
 from memplan.sim.simulate import Simulator
@@ -86,13 +87,13 @@ def tiny():
 @pytest.mark.parametrize("which", ["chain", "tiny"])
 def test_a_reused_simulator_gives_what_a_fresh_one_gives(which, tiny):
     trace = chain_trace(14, sizes=[(8 + 16 * (i % 5)) * MIB for i in range(14)]) if which == "chain" else tiny
-    cost = Cost.for_trace(trace)
+    cost = Problem.of(trace).cost
     plans = _random_plans(trace, random.Random(7), 25) + _policy_plans(trace, 25)
     plans += plans[::-1]  # the second pass meets every plan's chains in the memos
     warm = Simulator(trace, cost)
     budget = int(0.8 * trace.peak_load_bytes)
     for plan in plans:
-        for cap in (None, budget):
+        for cap in (NO_LIMIT, budget):
             _same(warm.run(plan, cap), Simulator(trace, cost).run(plan, cap))
     for plan in plans[:10]:
         fresh = compile_program(trace, plan, cost)  # no cap: every plan compiles

@@ -43,7 +43,7 @@ def one_activation(size=GB):
 
 def test_no_plan_is_the_baseline():
     trace = chain_trace(6)
-    result = simulate(trace, device="gtx1080ti")
+    result = simulate(trace, profile="gtx1080ti")
     assert result.time_s == result.baseline_time_s
     assert result.peak_load_bytes == trace.peak_load_bytes
     assert result.overhead == 0.0
@@ -199,7 +199,7 @@ def test_lanes_show_recompute_and_copies():
 
 def test_timeline_matches_peak():
     trace = chain_trace(5)
-    result = simulate(trace, device="v100", timeline=True)
+    result = simulate(trace, profile="v100", timeline=True)
     assert result.timeline_load.max() == trace.peak_load_bytes
     assert np.all(np.diff(result.op_start_s) >= 0)
 

@@ -17,7 +17,7 @@ def _trace_file(tmp_path):
 
 def test_json_summary_without_plan_is_the_baseline(tmp_path, capsys):
     trace, path = _trace_file(tmp_path)
-    assert main(["simulate", str(path), "--device", "v100", "--json"]) == 0
+    assert main(["simulate", str(path), "--profile", "v100", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["time_s"] == out["baseline_time_s"]
     assert out["peak_load_bytes"] == trace.peak_load_bytes
@@ -32,7 +32,7 @@ def test_plan_and_plot(tmp_path, capsys):
     write_plan(Plan(decisions=(Decision(storage=sid, action="recompute", out_after=acc[1], back_before=acc[2]),),
                     trace_digest=trace.digest), tmp_path / "p.json")
     plot = tmp_path / "timeline.png"
-    assert main(["simulate", str(path), "--plan", str(tmp_path / "p.json"), "--device", "v100",
+    assert main(["simulate", str(path), "--plan", str(tmp_path / "p.json"), "--profile", "v100",
                  "--budget", "95%", "--plot", str(plot), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["feasible"] and out["breakdown"]["recompute_s"] > 0
@@ -52,7 +52,7 @@ def test_bad_inputs_exit_2(tmp_path, capsys):
     _, path = _trace_file(tmp_path)
     (tmp_path / "bad.json").write_text("{not json")
     for argv in (["simulate", str(tmp_path / "missing.jsonl")],
-                 ["simulate", str(path), "--device", "tpu9"],
+                 ["simulate", str(path), "--profile", "tpu9"],
                  ["simulate", str(path), "--budget", "lots"],
                  ["simulate", str(path), "--plan", str(tmp_path / "bad.json")]):
         assert main(argv) == 2, argv

@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from memplan.budget import NO_LIMIT
 from memplan.cost.model import Cost
 from memplan.model import ConvParams, Decision, MicroBatch, Plan
 from memplan.sim.simulate import Simulator
@@ -261,7 +262,7 @@ def test_random_plans_match_the_reference(seed):
     sim = Simulator(trace, cost)
     for _ in range(25):
         plan = _random_plan(trace, rng)
-        budget = rng.choice((None, int(trace.peak_load_bytes * rng.uniform(0.3, 1.1))))
+        budget = rng.choice((NO_LIMIT, int(trace.peak_load_bytes * rng.uniform(0.3, 1.1))))
         ref = Reference(trace, cost, plan, budget)
         got = sim.run(plan, budget)
         try:

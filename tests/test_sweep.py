@@ -55,7 +55,7 @@ def test_sweep_json_and_plot(tmp_path, capsys):
     below = floor - MIB
     budgets = f"100%,80%,{floor},{below}"
     rc = main(["sweep", str(path), "--planner", "autoswap:doa", "--planner", "autoswap:wdoa", "--budgets", budgets,
-               "--device", "gtx1080ti", "--json", "--plot", str(tmp_path / "p.png")])
+               "--profile", "gtx1080ti", "--json", "--plot", str(tmp_path / "p.png")])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["load_min_bytes"] == floor

@@ -187,7 +187,7 @@ def cnn():
 
 
 def test_every_conv_kernel_is_decided_and_the_plan_charges_its_workspaces(cnn):
-    got = make_plan(cnn, "150%", planner="ucudnn:wr", device="v100", workspace="64MiB")
+    got = make_plan(cnn, "150%", planner="ucudnn:wr", profile="v100", workspace="64MiB")
     kernels = sorted((op.index, k) for op in cnn.ops if op.conv is not None for k in op.conv.kernels)
     assert sorted((m.op, m.kernel) for m in got.microbatches) == kernels
     assert all(m.source == "model:v100" and m.workspace_bytes <= 64 * MIB for m in got.microbatches)
@@ -198,7 +198,7 @@ def test_every_conv_kernel_is_decided_and_the_plan_charges_its_workspaces(cnn):
 
 def test_a_composed_plan_fits_its_budget_with_the_workspaces(cnn):
     budget = int(0.8 * cnn.peak_load_bytes)  # autoswap:doa alone needs 74%
-    got = make_plan(cnn, budget, planner="autoswap:doa+ucudnn:wr", device="v100", min_bytes=0, workspace="32MiB")
+    got = make_plan(cnn, budget, planner="autoswap:doa+ucudnn:wr", profile="v100", min_bytes=0, workspace="32MiB")
     assert got.decisions and got.microbatches
     assert got.predicted["feasible"] and got.predicted["peak_load_bytes"] <= budget
     assert max(m.workspace_bytes for m in got.microbatches) > 0
@@ -207,12 +207,12 @@ def test_a_composed_plan_fits_its_budget_with_the_workspaces(cnn):
 def test_planner_parameters_are_typed_and_checked(cnn):
     spec = get_planner("ucudnn:wd")
     assert spec.describe()["params"]["workspace"] == {"type": "ByteSize", "default": 64 * MIB}
-    small = make_plan(cnn, "150%", planner="ucudnn:wr", device="v100", workspace=0)
+    small = make_plan(cnn, "150%", planner="ucudnn:wr", profile="v100", workspace=0)
     assert all(m.workspace_bytes == 0 for m in small.microbatches)
     for bad, message in (({"workspace": "lots"}, "byte size"), ({"policy": "some"}, "policy"),
                          ({"source": "tpu"}, "source")):
         with pytest.raises(MemplanError, match=message):
-            make_plan(cnn, "150%", planner="ucudnn:wr", device="v100", **bad)
+            make_plan(cnn, "150%", planner="ucudnn:wr", profile="v100", **bad)
     with pytest.raises(MemplanError, match="compose"):
         get_planner("smartpool+ucudnn:wd")
-    assert np.isfinite(make_plan(cnn, None, planner="none+ucudnn:wd", device="v100").predicted["time_s"])
+    assert np.isfinite(make_plan(cnn, None, planner="none+ucudnn:wd", profile="v100").predicted["time_s"])

@@ -138,26 +138,26 @@ def test_dqn_train_defaults_to_budgets_it_can_learn_at(capsys, tmp_path):
     assert all(0 < p["budget_bytes"] < peak and p["best_overhead"] is not None for p in out["problems"])
 
 
-# --- 5. a plan records the device it was planned for ----------------------------------------------------
+# --- 5. a plan records the profile it was planned for ----------------------------------------------------
 
 
-def test_simulate_uses_the_device_the_plan_was_made_for(capsys, tmp_path, trace_file):
+def test_simulate_uses_the_profile_the_plan_was_made_for(capsys, tmp_path, trace_file):
     plan = tmp_path / "p.json"
     rc, planned = json_run(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--budget", "90%",
-                                     "--device", "gtx1080ti", "-o", plan, "--json"])
-    assert rc == 0 and read_plan(plan).device["name"] == "gtx1080ti"
+                                     "--profile", "gtx1080ti", "-o", plan, "--json"])
+    assert rc == 0 and read_plan(plan).profile["name"] == "gtx1080ti"
     rc, simulated = json_run(capsys, ["simulate", trace_file, "--plan", plan, "--json"])
-    assert simulated["device"] == "gtx1080ti" and simulated["device_source"] == "plan"
+    assert simulated["profile"] == "gtx1080ti" and simulated["profile_source"] == "plan"
     assert simulated["time_s"] == planned["predicted"]["time_s"]
-    rc, other = json_run(capsys, ["simulate", trace_file, "--plan", plan, "--device", "h100", "--json"])
-    assert other["device_source"] == "given" and other["time_s"] < simulated["time_s"]
+    rc, other = json_run(capsys, ["simulate", trace_file, "--plan", plan, "--profile", "h100", "--json"])
+    assert other["profile_source"] == "given" and other["time_s"] < simulated["time_s"]
 
 
-def test_a_damaged_device_in_a_plan_is_one_line(capsys, tmp_path, trace_file):
+def test_a_damaged_profile_in_a_plan_is_one_line(capsys, tmp_path, trace_file):
     plan = tmp_path / "p.json"
     assert main(["plan", str(trace_file), "--planner", "none", "--budget", "100%", "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
-    data["device"]["fp32_flops"] = -1
+    data["profile"]["fp32_flops"] = -1
     plan.write_text(json.dumps(data))
     assert "fp32_flops" in one_line_error(capsys, ["simulate", trace_file, "--plan", plan])
 

@@ -127,8 +127,8 @@ def test_dyn_takes_the_fastest_mode_that_fits(conv_trace):
 
 
 def test_memory_optimal_algorithms_take_no_workspace_and_performance_optimal_are_faster(conv_trace):
-    m = make_plan(conv_trace, None, planner="vdnn:conv", device="gtx1080ti", algo="m")
-    p = make_plan(conv_trace, None, planner="vdnn:conv", device="gtx1080ti", algo="p")
+    m = make_plan(conv_trace, None, planner="vdnn:conv", profile="gtx1080ti", algo="m")
+    p = make_plan(conv_trace, None, planner="vdnn:conv", profile="gtx1080ti", algo="p")
     assert m.microbatches and all(mb.workspace_bytes == 0 for mb in m.microbatches)
     assert sum(mb.time_s for mb in p.microbatches) < sum(mb.time_s for mb in m.microbatches)
     assert [d.storage for d in m.decisions] == [d.storage for d in p.decisions]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes, parse_bytes
 from ..workflows import compare_settings as c
 from .base import command
@@ -32,7 +33,7 @@ def add_compare(sub):
     p.add_argument("--sim-batch", type=positive_int, default=64, help="batch of the simulated traces")
     p.add_argument("--run-batch", type=positive_int, default=8, help="batch of the measured runs")
     p.add_argument("--steps", type=positive_int, default=5, help="measured steps per run (the first warms up)")
-    p.add_argument("--profile", default="h100", help="cost-model profile of the simulated points")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="the cost model's device profile of the simulated points")
     p.add_argument("--device", type=torch_device, default="cpu",
                    help="where the measured points train: cpu (default) or cuda")
     p.add_argument("--run-profile", default=None,

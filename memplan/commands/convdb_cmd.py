@@ -30,9 +30,9 @@ def add_conv_db(sub) -> None:
                    help="a kernel as `memplan conv-db show` names it, e.g. 'fwd n64 c96x27x27 k256 5x5 p2 s1' "
                         "(repeatable)")
     f.add_argument("--source", default="model",
-                   help="model (the fitted family model for --device), cpu (PyTorch here, measured) or cudnn "
+                   help="model (the fitted family model for --profile), cpu (PyTorch here, measured) or cudnn "
                         "(a CUDA GPU with nvidia-cudnn-frontend, measured)")
-    f.add_argument("--device", default="v100", help="device profile of the model source (default v100)")
+    f.add_argument("--profile", default="v100", help="the device profile of the model source (default v100)")
     f.add_argument("--policy", default="powerOfTwo", help="micro-batch sizes: all, powerOfTwo (default), undivided")
     add_json_flag(f)
     f.set_defaults(func=run_fill)
@@ -76,7 +76,7 @@ def run_fill(args) -> int:
 
     kernels = _kernels(args)
     wanted = list(dict.fromkeys(k.with_batch(b) for k in kernels for b in policy_sizes(args.policy, k.n)))
-    source = get_source(args.source, get_profile(args.device) if args.source == "model" else None)
+    source = get_source(args.source, get_profile(args.profile) if args.source == "model" else None)
     started = time.perf_counter()
     with ConvDB(args.db) as db:
         missing = [k for k in wanted if not db.get(k, source.name)]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..fileio import make_output_folder
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budget_option, output_folder
@@ -21,7 +22,6 @@ log = logging.getLogger(__name__)
 
 DEMO_MODELS = (("resnet50", 64), ("vgg16-cifar", 100), ("hf:gpt2", 8))
 DEMO_BUDGET = "70%"
-DEMO_DEVICE = "h100"
 DEMO_OUT = "memplan-demo"
 # Left out: searches that take minutes with their defaults (home:fast runs home's search under a time
 # limit; dqn:pretrained runs the shipped policy that dqn would fine-tune for a minute per model), their
@@ -38,7 +38,7 @@ def add_demo(sub) -> None:
     p = sub.add_parser("demo", help="trace, plan and simulate a few zoo models (no GPU needed)")
     p.add_argument("--out", type=output_folder, default=DEMO_OUT,
                    help=f"folder for the traces and plots (made if missing; its parent must exist; default {DEMO_OUT})")
-    p.add_argument("--device", default=DEMO_DEVICE, help="GPU profile to simulate on")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="the GPU profile to simulate on")
     p.add_argument("--budget", type=budget_option, default=DEMO_BUDGET,
                    help="memory budget, bytes or share of the peak")
     p.add_argument("--models", default=",".join(f"{m}@{b}" for m, b in DEMO_MODELS),
@@ -62,7 +62,7 @@ def run(args) -> int:
     for model, batch in models:
         rows += _demo_model(model, batch, planners, args, out)
     if args.json:
-        emit_json({"device": args.device, "budget": str(args.budget), "rows": rows})
+        emit_json({"profile": args.profile, "budget": str(args.budget), "rows": rows})
     else:
         _print_table(rows, args)
     return 0
@@ -83,13 +83,13 @@ def _check_options(models: list[tuple[str, int]], args) -> None:
     from ..cost.profiles import get_profile
     from ..zoo.registry import check_model_name  # torch takes a second to import: only commands with models pay
 
-    get_profile(args.device)
+    get_profile(args.profile)
     for model, _ in models:
         check_model_name(model)
 
 
 def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) -> list[dict]:
-    from ..cost.model import Cost
+    from ..problem import Problem
     from ..planners.base import plan
     from ..plots import plot_load_curves
     from ..sim.simulate import simulate
@@ -100,7 +100,7 @@ def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) ->
     trace = trace_workload(model, batch, fake=True)
     stem = model.replace(":", "_")
     write_trace(trace, out / f"{stem}.jsonl")
-    cost = Cost.for_trace(trace, args.device)
+    cost = Problem.of(trace, profile=args.profile).cost
     rows, results = [], {}
     for name in planners:
         row = {"model": model, "batch": batch, "planner": name, "peak_bytes": trace.peak_load_bytes}
@@ -115,13 +115,13 @@ def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) ->
         rows.append({**row, "feasible": sim.feasible, "budget_bytes": result_plan.budget_bytes,
                      "plan_peak_bytes": sim.peak_load_bytes, "overhead": sim.overhead if sim.feasible else None,
                      "planning_s": result_plan.planning_s})
-    plot_load_curves(f"{model} batch {batch}: memory load under each plan ({args.device}, simulated)",
+    plot_load_curves(f"{model} batch {batch}: memory load under each plan ({args.profile}, simulated)",
                      trace, cost, results, out / f"{stem}_load.png")
     return rows
 
 
 def _print_table(rows: list[dict], args) -> None:
-    print(f"device {args.device}, budget {args.budget} of each model's unconstrained peak (simulated)")
+    print(f"profile {args.profile}, budget {args.budget} of each model's unconstrained peak (simulated)")
     table = []
     for r in rows:
         if r["feasible"]:

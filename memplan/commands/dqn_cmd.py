@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budgets_option, nonnegative_int, output_of, positive_float, positive_int
@@ -21,7 +22,8 @@ def add_dqn(sub) -> None:
     t.add_argument("--budgets", type=budgets_option, default=None,
                    help="comma-separated sizes or shares of each trace's peak (default: per trace, a quarter and "
                         "three quarters of the way from the lowest load the agent can reach to the peak)")
-    t.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
+    t.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"the cost model's device profile (default {DEFAULT_PROFILE})")
     t.add_argument("--episodes", type=positive_int, default=200, help="training episodes (default 200)")
     t.add_argument("--time-limit", type=positive_float, default=None, metavar="S", help="stop after S seconds")
     t.add_argument("--init", default=None, metavar="FILE", help="weights to start from (default: a fresh network)")
@@ -43,13 +45,13 @@ def run_train(args) -> int:
     min_bytes = DEFAULT_MIN_BYTES if args.min_bytes is None else args.min_bytes
     problems, names = _problems(args, min_bytes)
     config = TrainConfig(episodes=args.episodes, time_limit_s=args.time_limit, seed=args.seed)
-    net, report = train_weights(problems, args.device, init=args.init, config=config, min_bytes=min_bytes,
+    net, report = train_weights(problems, args.profile, init=args.init, config=config, min_bytes=min_bytes,
                                 progress=not args.json and sys.stderr.isatty())
     rows = [{"trace": path, "budget_bytes": budget, "budget_share": budget / peak,
              "best_overhead": None if best is None else best.overhead}
             for (path, budget, peak), best in zip(names, report.best)]
     summary = {"output": str(args.output), "episodes": report.episodes, "steps": report.steps,
-               "wall_s": report.wall_s, "device": args.device, "seed": args.seed, "problems": rows}
+               "wall_s": report.wall_s, "profile": args.profile, "seed": args.seed, "problems": rows}
     save_weights(net, args.output, meta={k: v for k, v in summary.items() if k != "output"})
     if args.json:
         emit_json(summary)
@@ -60,14 +62,14 @@ def run_train(args) -> int:
 
 def _problems(args, min_bytes: int) -> tuple[list, list]:
     """(trace, budget) pairs and (path, budget, peak) names, every option checked first."""
-    from ..cost.model import Cost
+    from ..problem import Problem
     from ..cost.profiles import get_profile
     from ..tracing.formats import load_any
     # torch (see run_train)
     from ..planners.dqn import default_budgets
     from ..planners.dqn.net import load_weights
 
-    get_profile(args.device)
+    get_profile(args.profile)
     if args.init is not None:
         load_weights(args.init)
     problems, names = [], []
@@ -75,7 +77,7 @@ def _problems(args, min_bytes: int) -> tuple[list, list]:
         trace = load_any(path)
         peak = trace.peak_load_bytes
         budgets = [b.bytes_for(peak) for b in args.budgets] if args.budgets is not None else \
-            default_budgets(trace, Cost.for_trace(trace, args.device), min_bytes)
+            default_budgets(trace, Problem.of(trace, profile=args.profile).cost, min_bytes)
         problems += [(trace, budget) for budget in budgets]
         names += [(path, budget, peak) for budget in budgets]
     return problems, names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
 from .base import command
 from .models import use_working_dir
@@ -15,7 +16,7 @@ def add_fit(sub) -> None:
     p = sub.add_parser("fit", help="largest batch per rank of a DDP/FSDP2 job per planner, with time and memory")
     p.add_argument("model", help="zoo model name, hf:<name>, tv:<name> or module:function")
     p.add_argument("--world-size", type=int, required=True, help="ranks (GPUs) in the job")
-    p.add_argument("--device", default="h100", help="device profile: its memory per rank and its links")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="the device profile: its memory per rank and its links")
     engine = p.add_mutually_exclusive_group()
     engine.add_argument("--fsdp", dest="engine", action="store_const", const="fsdp", default="fsdp",
                         help="FSDP2 (default)")
@@ -37,12 +38,12 @@ def run_fit(args) -> int:
     use_working_dir()
     given = args.planners
     planners = DEFAULT_PLANNERS if given is None else tuple(p.strip() for p in given.split(",") if p.strip())
-    out = fit(args.model, args.world_size, args.device, engine=args.engine, planners=planners, limit=args.limit,
+    out = fit(args.model, args.world_size, args.profile, engine=args.engine, planners=planners, limit=args.limit,
               **parse_config(args.config))
     if args.json:
         emit_json(out)
         return 0
-    print(f"{out['model']} on {out['world_size']} x {out['device']} ({out['engine']}, "
+    print(f"{out['model']} on {out['world_size']} x {out['profile']} ({out['engine']}, "
           f"{format_bytes(out['memory_bytes'])} per rank; simulated)")
     width = max(len(row["planner"]) for row in out["planners"])
     for row in out["planners"]:

@@ -12,18 +12,18 @@ if TYPE_CHECKING:
 
 def trace_and_plan(args) -> tuple[Trace, Plan | None]:
     """The trace `args.trace` (format `args.format`), which must have ops, and the plan `args.plan`
-    made for it (None without one); `args.device`, if given, is checked first (one line if unknown).
+    made for it (None without one); `args.profile`, if given, is checked first (one line if unknown).
 
     Raises:
-        MemplanError: an unknown device, an unreadable file, a trace without ops, a plan of another trace.
+        MemplanError: an unknown profile, an unreadable file, a trace without ops, a plan of another trace.
     """
     # numpy-based layers: every command module is imported to build the parser (commands/base.py)
     from ..cost.profiles import get_profile
     from ..model import read_plan
     from ..tracing.formats import load_any
 
-    if args.device is not None:
-        get_profile(args.device)
+    if args.profile is not None:
+        get_profile(args.profile)
     trace = load_any(args.trace, args.format)
     if not trace.ops:
         raise MemplanError(f"{args.trace}: has no ops (a pool-only problem); use `memplan pool`")

@@ -9,6 +9,7 @@ import sys
 
 from ..errors import MemplanError
 from ..fileio import atomic_write_text, written_together
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
 from ..zoo.config import parse_value
 from .base import command
@@ -29,7 +30,8 @@ def add_plan(sub) -> None:
     p.add_argument("--planner", default="none", help="registered planner name (see `memplan planners`)")
     p.add_argument("--budget", type=budget_option, required=True,
                    help="bytes (8GiB, 512MB) or a share of the trace's peak (60%%)")
-    p.add_argument("--device", default="h100", help="device profile name or profile JSON (default h100)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"the cost model's device profile, a name or a profile JSON (default {DEFAULT_PROFILE})")
     p.add_argument("--seed", type=int, default=0, help="random seed for search planners (default 0)")
     p.add_argument("--param", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="planner hyper-parameters (int, float, true/false, else string)")
@@ -60,7 +62,7 @@ def add_calibrate(sub) -> None:
     """Register `memplan calibrate`."""
     c = sub.add_parser("calibrate", help="measure this CUDA GPU (or, with --device cpu, this CPU) into a device profile")
     c.add_argument("-o", "--output", type=output_of("JSON"), default=None,
-                   help="profile JSON to write (usable as --device FILE)")
+                   help="profile JSON to write (usable as --profile FILE)")
     c.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="what to measure: the CUDA GPU (default) or this CPU, as a device whose host link "
                         "is a copy between two host buffers")
@@ -108,7 +110,7 @@ def run_plan(args) -> int:
 
         params["objective"] = measured_objective(trace)
     try:
-        result = plan(trace, args.budget, planner=args.planner, device=args.device, seed=args.seed, **params)
+        result = plan(trace, args.budget, planner=args.planner, profile=args.profile, seed=args.seed, **params)
     except MemplanError:
         raise  # the user's mistake (or an infeasible budget): one line, exit 2
     except Exception as exc:  # noqa: BLE001  anything else raised while planning is a bug in the planner
@@ -137,12 +139,12 @@ def run_plan(args) -> int:
 
 
 def _check_plan_options(args) -> None:
-    """Planner and device, checked before the trace is loaded (the budget, when it was parsed)."""
+    """Planner and profile, checked before the trace is loaded (the budget, when it was parsed)."""
     from ..cost.profiles import get_profile
     from ..planners.base import get_planner
 
     get_planner(args.planner)
-    get_profile(args.device)
+    get_profile(args.profile)
 
 
 def plan_summary(result) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import MemplanError
 from ..fileio import atomic_write_text, written_together
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, output_of, positive_float
@@ -28,9 +29,9 @@ def add_pool(sub):
                         "and loading included (default 10)")
     p.add_argument("--order", choices=("prefetch-first", "derivative-first"), default=None,
                    help="vdnnpp-highend: allocation order at one step (paper 001)")
-    p.add_argument("--device", default=None,
-                   help="with --plan: the profile that times swap-outs (default: the one the plan was made for, else "
-                        "h100)")
+    p.add_argument("--profile", default=None,
+                   help="with --plan: the cost model's device profile that times swap-outs (default: the one the "
+                        f"plan was made for, else {DEFAULT_PROFILE})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--offsets-out", type=output_of("CSV"), help="write id,offset CSV (minimalloc ids for CSV input)")
     p.add_argument("--plot", type=output_of("plot"), metavar="FILE.png",
@@ -39,13 +40,13 @@ def add_pool(sub):
     p.set_defaults(func=run)
 
 
-def load_problem(path: str, plan_path: str | None, device: str):
+def load_problem(path: str, plan_path: str | None, profile: str | None):
     """The PoolProblem for INPUT (and --plan)."""
-    from ..cost.model import Cost
+    from ..problem import Problem
     from ..model import read_plan
     from ..pool.intervals import residency_problem
     from ..pool.problem import from_storages, is_minimalloc_csv, read_minimalloc_csv
-    from ..sim.simulate import simulation_device
+    from ..sim.simulate import simulation_profile
     from ..tracing.formats import load_any
 
     if is_minimalloc_csv(path):
@@ -56,7 +57,7 @@ def load_problem(path: str, plan_path: str | None, device: str):
     if not plan_path:
         return from_storages(trace)
     plan = read_plan(plan_path, trace)
-    return residency_problem(trace, plan, Cost.for_trace(trace, simulation_device(plan, device)[0]))
+    return residency_problem(trace, plan, Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost)
 
 
 def run(args) -> int:
@@ -66,7 +67,7 @@ def run(args) -> int:
     from ..pool.plot import plot_layout
 
     options = _check_options(args)
-    problem = load_problem(args.input, args.plan, args.device)
+    problem = load_problem(args.input, args.plan, args.profile)
     result = solve(problem, args.allocator, time_limit_s=command_limit_s(args.time_limit), seed=args.seed, **options)
     if (args.offsets_out or args.plot) and result.offsets is None:
         raise MemplanError(f"allocator {args.allocator!r} has no single address space: no offsets to write or plot")
@@ -87,8 +88,8 @@ def _check_options(args) -> dict:
     ALLOCATORS.get(args.allocator)  # an unknown name is refused, listing the known ones
     if args.order and args.allocator != "vdnnpp-highend":
         raise MemplanError("--order applies to --allocator vdnnpp-highend only")
-    if args.device is not None:
-        get_profile(args.device)
+    if args.profile is not None:
+        get_profile(args.profile)
     return {"order": args.order} if args.order else {}
 
 

@@ -18,8 +18,8 @@ def add_report(sub) -> None:
     p.add_argument("--format", help="trace format, when detection is not wanted")
     p.add_argument("-o", "--output", type=output_of("HTML"), required=True,
                    help="the page to write (.html; self-contained: it opens offline and loads nothing)")
-    p.add_argument("--device", default=None, help="device profile name or profile file to time the step on "
-                   "(default: the profile the plan was made for)")
+    p.add_argument("--profile", default=None, help="the cost model's device profile, a name or a file, to time "
+                   "the step on (default: the profile the plan was made for)")
     add_json_flag(p)
     p.set_defaults(func=run)
 
@@ -30,11 +30,12 @@ def run(args) -> int:
     from .inputs import trace_and_plan
 
     trace, plan = trace_and_plan(args)
-    summary = write_report(trace, plan, args.output, args.device)
+    summary = write_report(trace, plan, args.output, args.profile)
     if args.json:
         emit_json(summary)
         return 0
-    print(f"wrote {summary['report']} ({format_bytes(summary['bytes'])}): {summary['planner']} on {summary['device']}, "
+    print(f"wrote {summary['report']} ({format_bytes(summary['bytes'])}): {summary['planner']} on "
+          f"{summary['profile']}, "
           f"peak {format_bytes(summary['peak_bytes'])} of a budget of {summary['budget']} "
           f"(without the plan {format_bytes(summary['plain_peak_bytes'])}), predicted overhead "
           f"{100 * summary['overhead']:.1f}%")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import MemplanError
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes, parse_bytes
 from ..workflows.allocator_names import AllocatorMode
 from .base import command
@@ -26,7 +27,7 @@ def add_maxbatch(sub):
     p.add_argument("--planner", default="none")
     p.add_argument("--device", type=torch_device, default="cpu",
                    help="cuda: measured under the cap; cpu: planned/simulated")
-    p.add_argument("--profile", default="h100", help="cost-model profile the planner plans for")
+    p.add_argument("--profile", default=DEFAULT_PROFILE, help="the cost model's device profile the planner plans for")
     p.add_argument("--limit", type=positive_int, default=1 << 16, help="largest batch tried")
     add_json_flag(p)
     p.set_defaults(func=run_maxbatch)
@@ -76,7 +77,7 @@ def add_run(sub):
                    help="then this many steps without the meter, timed only: measured_step_s is their median "
                         "(default 0: the metered steps after the first, less the meter's bookkeeping)")
     p.add_argument("--device", type=torch_device, default="cpu", help="where to train (cpu, cuda)")
-    p.add_argument("--profile", default="h100",
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
                    help="cost-model profile the planner plans for and the simulator times with: a built-in name or "
                         "a profile JSON (e.g. from `calibrate --device cpu`; with such a CPU profile and --device cpu "
                         "every op is timed for real first, and simulated_step_s answers to measured_step_s)")

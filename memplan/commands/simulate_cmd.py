@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..budget import budget_in_force
+from ..budget import NO_LIMIT, budget_in_force, limited
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budget_option, output_of
 from .output import emit_json
 
-_DEVICE_SOURCES = {"given": "from --device", "plan": "the profile the plan was made for", "default": "the default"}
+_PROFILE_SOURCES = {"given": "from --profile", "plan": "the profile the plan was made for", "default": "the default"}
 _BUDGET_SOURCES = {"given": "from --budget", "plan": "the plan's own budget", "none": "uncapped"}
 LANE_COLORS = {"compute": "tab:blue", "d2h": "tab:orange", "h2d": "tab:green"}
 
@@ -22,8 +23,9 @@ def add_simulate(sub) -> None:
     p.add_argument("trace", help="trace file (memplan JSON lines or an importable format)")
     p.add_argument("--format", help="trace format, when detection is not wanted")
     p.add_argument("--plan", help="plan JSON written by `memplan plan` (default: keep everything)")
-    p.add_argument("--device", default=None, help="device profile name or profile file, e.g. from `calibrate --device "
-                   "cpu` (default: the profile the plan was made for, else h100)")
+    p.add_argument("--profile", default=None, help="the cost model's device profile, a name or a profile file, e.g. "
+                   f"from `calibrate --device cpu` (default: the profile the plan was made for, else "
+                   f"{DEFAULT_PROFILE})")
     p.add_argument("--budget", type=budget_option,
                    help="memory cap: bytes (8GiB), a share of the unconstrained peak (60%%) or none (no cap); "
                         "default: the plan's own budget, no cap without a plan")
@@ -35,17 +37,18 @@ def add_simulate(sub) -> None:
 
 def run(args) -> int:
     """Simulate and print the result."""
-    from ..cost.model import Cost
+    from ..problem import Problem
     from ..sim.comm import simulate_comm
-    from ..sim.simulate import Simulator, simulation_device
+    from ..sim.simulate import Simulator, simulation_profile
     from .inputs import trace_and_plan
 
     trace, plan = trace_and_plan(args)
-    budget, source = budget_in_force(args.budget, None if plan is None else plan.budget_bytes, trace.peak_load_bytes)
-    device, device_source = simulation_device(plan, args.device)
-    sim = Simulator(trace, Cost.for_trace(trace, device))
+    own = NO_LIMIT if plan is None else plan.budget_bytes
+    budget, source = budget_in_force(args.budget, own, trace.peak_load_bytes)
+    profile, profile_source = simulation_profile(plan, args.profile)
+    sim = Simulator(trace, Problem.of(trace, profile=profile).cost)
     result = replace(sim.run(plan, budget, timeline=bool(args.plot)), budget_bytes=budget, budget_source=source)
-    summary = {"trace": args.trace, "device": sim.cost.profile.name, "device_source": device_source,
+    summary = {"trace": args.trace, "profile": sim.cost.profile.name, "profile_source": profile_source,
                **result.summary()}
     if args.plot and result.feasible:
         _plot(trace, sim, result, budget, args)
@@ -61,7 +64,7 @@ def run(args) -> int:
 
 def _print(summary: dict) -> None:
     cap = "no cap" if summary["budget_bytes"] is None else format_bytes(summary["budget_bytes"])
-    print(f"device      {summary['device']:>13}   ({_DEVICE_SOURCES[summary['device_source']]})")
+    print(f"profile     {summary['profile']:>13}   ({_PROFILE_SOURCES[summary['profile_source']]})")
     print(f"budget      {cap:>13}   ({_BUDGET_SOURCES[summary['budget_source']]})")
     if not summary["feasible"]:
         print(f"infeasible: op {summary['infeasible_op']} cannot allocate, "
@@ -92,7 +95,7 @@ def _plot(trace, sim, result, budget, args) -> None:
     top.step(base_starts, trace.load / GIB, where="post", color="black", lw=1, label="no plan")
     top.step(result.timeline_t * 1e3, result.timeline_load / GIB, where="post", color="tab:red", lw=1,
              label="under the plan")
-    if budget is not None:
+    if limited(budget):
         top.axhline(budget / GIB, color="grey", ls="--", lw=0.8, label="budget")
     top.set_ylabel("memory load (GiB)")
     top.legend(fontsize=8)

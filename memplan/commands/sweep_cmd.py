@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
 from .base import command
 from .options import add_json_flag, budgets_option, output_of, positive_int
@@ -24,7 +25,8 @@ def add_sweep(sub):
     p.add_argument("--budgets", type=budgets_option, default=DEFAULT_BUDGETS,
                    help="comma-separated sizes or shares of the peak (default "
                         + DEFAULT_BUDGETS.replace("%", "%%") + ")")
-    p.add_argument("--device", default="h100", help="device profile for the cost model (default h100)")
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help=f"the cost model's device profile (default {DEFAULT_PROFILE})")
     p.add_argument("--seed", type=int, default=0, help="seed for search planners")
     p.add_argument("--allow-multi-swap", action="store_true",
                    help="AutoSwap: below load_min, swap storages more than once")
@@ -45,11 +47,11 @@ def run(args) -> int:
     _check_sweep_options(args)
     trace = load_any(args.trace)
     params = {name: _autoswap_params(args) for name in args.planner if name.startswith(AUTOSWAP_PREFIX)}
-    result = sweep(trace, args.planner, args.budgets, args.device, seed=args.seed, params=params,
+    result = sweep(trace, args.planner, args.budgets, args.profile, seed=args.seed, params=params,
                    progress=not args.json and sys.stderr.isatty())
     summary = result.to_json()
     if args.plot:
-        plot_pareto(result, args.plot, title=f"{trace.meta.get('model', args.trace)} on {args.device}")
+        plot_pareto(result, args.plot, title=f"{trace.meta.get('model', args.trace)} on {args.profile}")
         summary["plot"] = str(args.plot)
     if args.json:
         emit_json(summary)
@@ -61,13 +63,13 @@ def run(args) -> int:
 
 
 def _check_sweep_options(args) -> None:
-    """Planners and device, checked before the trace is loaded (the budgets, when they were parsed)."""
+    """Planners and profile, checked before the trace is loaded (the budgets, when they were parsed)."""
     from ..cost.profiles import get_profile
     from ..planners.base import get_planner
 
     for name in args.planner:
         get_planner(name)
-    get_profile(args.device)
+    get_profile(args.profile)
 
 
 def _autoswap_params(args) -> dict:

@@ -49,16 +49,17 @@ class Cost:
         return self.profile.kind != "cpu" or not self.priced_host
 
     @classmethod
-    def for_trace(cls, trace: Trace, device: str | DeviceProfile = "h100", allow_tf32: bool | None = None) -> "Cost":
-        """Durations for every op of `trace` on `device`.
+    def for_trace(cls, trace: Trace, profile: str | DeviceProfile, allow_tf32: bool | None = None) -> "Cost":
+        """Durations for every op of `trace` on the device of `profile`. Code below the edge takes
+        the Cost of its `memplan.problem.Problem` instead of calling this.
 
         Args:
             trace: the trace; ops with a measured `duration_s` keep it.
-            device: a profile name, profile file or DeviceProfile.
+            profile: a profile name, profile file or DeviceProfile.
             allow_tf32: price FP32 matmuls/convs at the TF32 tensor-core rate (True) or the FP32 one
                 (False); None: as the math settings recorded in the trace say (`uses_tf32`).
         """
-        profile = get_profile(device)
+        profile = get_profile(profile)
         math = trace.meta.get("math")
         durations = np.array([
             op.duration_s if op.duration_s is not None

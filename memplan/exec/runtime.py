@@ -21,6 +21,7 @@ from dataclasses import asdict
 
 import torch
 
+from ..budget import bytes_to_json
 from ..errors import MemplanError
 from ..model import Trace
 from ..model.program import HOOKED, StepProgram
@@ -138,7 +139,7 @@ class PlanRuntime:
     def _over_budget(self, step: int, measured: int) -> bool:
         """Whether step `step` measured more than its budget allows; a warning says so."""
         budget = self.program.budget_bytes
-        if budget is None or measured <= budget * (1 + BUDGET_TOLERANCE):
+        if measured <= budget * (1 + BUDGET_TOLERANCE):
             return False
         log.warning("step %d measured %d bytes, above its budget of %d bytes (the plan's program holds at most "
                     "%s): memory the trace does not have, such as another batch kept alive, inputs of another "
@@ -222,7 +223,7 @@ class PlanRuntime:
                 "level": self.program.level,
                 "decisions": len(self.program.decisions), "slab_bytes": self.slab.nbytes,
                 "pinned_host_bytes": self.slab.nbytes if self.slab.pin else 0,
-                "budget_bytes": self.program.budget_bytes,
+                "budget_bytes": bytes_to_json(self.program.budget_bytes),
                 "simulated_peak_bytes": self.program.predicted.peak_load_bytes,
                 "measured_peak_bytes": max((s["measured_peak_bytes"] for s in measured), default=None),
                 "over_budget_steps": [s["step"] for s in measured if s["over_budget"]],

@@ -30,6 +30,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.loops.optimization.automatic import ClosureResult
 from lightning.pytorch.utilities import rank_zero_info
 
+from ..budget import UNLIMITED
 from .planned import DEFAULT_MAX_PLANS, PlannedSteps, kind_of
 
 __all__ = ["MemplanCallback"]
@@ -42,14 +43,14 @@ class MemplanCallback(Callback):
 
     Args:
         memory_budget: the budget of every plan: bytes, "6GiB", or a share of the step's unplanned
-            peak ("70%", 0.7); None: no limit.
+            peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
-        **options: passed to `memplan.optimize`: `device` (the cost model's profile), `seed`,
+        **options: passed to `memplan.optimize`: `profile` (the cost model's device profile), `seed`,
             `measure` ("first", True or False), `fake`, and the planner's parameters.
     """
 
-    def __init__(self, memory_budget=None, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS, **options):
+    def __init__(self, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS, **options):
         self.steps = PlannedSteps(memory_budget, planner, max_plans=max_plans, report=self._report, **options)
         self._trainer = None
         self._warned_manual = False

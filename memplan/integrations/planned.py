@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ..budget import parse_budget
+from ..budget import bytes_to_json, parse_budget
 from ..errors import InfeasibleBudgetError
 from ..planners.base import check_params, get_planner
 from ..workflows.optimize import OptimizedStep, input_signature, optimize
@@ -67,7 +67,7 @@ class PlannedSteps:
         max_plans: kinds planned at most.
         report: called with each plan's report (after its first step, which is measured) and with
             the reason a kind runs unplanned; keys start with "memplan/".
-        **options: passed to `memplan.optimize` (device, seed, measure, fake, planner parameters).
+        **options: passed to `memplan.optimize` (profile, seed, measure, fake, planner parameters).
     """
 
     def __init__(self, budget, planner: str = "auto", *, max_plans: int = DEFAULT_MAX_PLANS,
@@ -130,7 +130,7 @@ class PlannedSteps:
         """Warn when what the optimizer step holds (outside the plan) is over the budget alone."""
         held = sum(s.nbytes for s in step.trace.storages if s.kind in PERSISTENT_KINDS)
         budget = step.plan.budget_bytes
-        if budget is not None and held > budget:
+        if held > budget:
             log.warning("memplan: parameters, gradients and optimizer state take %d bytes, more than the budget of %d "
                         "bytes: the optimizer step, which runs outside the plan, holds them all", held, budget)
 
@@ -209,8 +209,7 @@ def _check_settings(budget, planner: str, options: dict) -> None:
     Raises:
         MemplanError: one line naming what is wrong.
     """
-    if budget is not None:
-        parse_budget(budget)
+    parse_budget(budget)
     own = set(inspect.signature(optimize).parameters)  # memplan.optimize's own keywords; the rest are the planner's
     check_params(get_planner(planner), {k: v for k, v in options.items() if k not in own})
 
@@ -222,7 +221,8 @@ def plan_report(kind: StepKind, step: OptimizedStep) -> dict:
     stats = step.stats()
     measured = stats["steps_measured"]
     return {f"{PREFIX}batch": kind.describe(), f"{PREFIX}planner": step.plan.planner,
-            f"{PREFIX}budget_bytes": step.plan.budget_bytes, f"{PREFIX}peak_bytes": stats["simulated_peak_bytes"],
+            f"{PREFIX}budget_bytes": bytes_to_json(step.plan.budget_bytes),
+            f"{PREFIX}peak_bytes": stats["simulated_peak_bytes"],
             f"{PREFIX}measured_peak_bytes": measured[0]["measured_peak_bytes"] if measured else None,
             f"{PREFIX}unplanned_peak_bytes": step.trace.peak_load_bytes,
             f"{PREFIX}predicted_overhead": step.plan.predicted.get("overhead"),

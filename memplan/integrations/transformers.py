@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from transformers import Trainer
 
+from ..budget import UNLIMITED
 from .planned import DEFAULT_MAX_PLANS, PlannedSteps
 
 __all__ = ["MemplanTrainer"]
@@ -34,15 +35,15 @@ class MemplanTrainer(Trainer):
     Args:
         *args: the Trainer's own arguments.
         memory_budget: the budget of every plan: bytes, "6GiB", or a share of the step's unplanned
-            peak ("70%", 0.7); None: no limit.
+            peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
-        memplan_options: passed to `memplan.optimize`: `device` (the cost model's profile), `seed`,
+        memplan_options: passed to `memplan.optimize`: `profile` (the cost model's device profile), `seed`,
             `measure` ("first", True or False), `fake`, and the planner's parameters.
         **kwargs: the Trainer's own keyword arguments.
     """
 
-    def __init__(self, *args, memory_budget=None, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS,
+    def __init__(self, *args, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS,
                  memplan_options: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.memplan = PlannedSteps(memory_budget, planner, max_plans=max_plans, report=lambda entry: self.log(dict(entry)),

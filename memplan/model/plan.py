@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from ..budget import NO_LIMIT, bytes_from_json, bytes_to_json
 from ..errors import TraceFormatError
 from .conv import MicroBatch
 
@@ -95,8 +96,8 @@ class Plan:
     planner: str = "none"  # registry name of the planner that made it
     params: dict = field(default_factory=dict)  # the planner's hyper-parameters
     seed: int | None = None  # the seed the planner used
-    budget_bytes: int | None = None  # the budget the plan was made for
-    device: dict = field(default_factory=dict)  # the device profile it was planned for (profile JSON); {} unknown
+    budget_bytes: int = NO_LIMIT  # the budget the plan was made for (memplan.budget.NO_LIMIT: none)
+    profile: dict = field(default_factory=dict)  # the cost model's profile it was planned for (JSON); {} unknown
     trace_digest: str | None = None  # Trace.digest of the trace it was made for
     predicted: dict = field(default_factory=dict)  # simulator summary at planning time
     planning_s: float = 0.0  # wall-clock seconds the planner took
@@ -115,8 +116,9 @@ class Plan:
         return out
 
     def to_json(self) -> dict:
-        """A JSON-ready dict with schema and version."""
-        return {"schema": PLAN_SCHEMA, "version": PLAN_VERSION, **asdict(self)}
+        """A JSON-ready dict with schema and version (no budget written as null)."""
+        return {"schema": PLAN_SCHEMA, "version": PLAN_VERSION,
+                **asdict(self), "budget_bytes": bytes_to_json(self.budget_bytes)}
 
     @staticmethod
     def from_json(data: dict, source: str = "<plan>") -> "Plan":
@@ -130,6 +132,8 @@ class Plan:
         if data.get("version") != PLAN_VERSION:
             raise TraceFormatError(f"{source}: field 'version': expected {PLAN_VERSION}, got {data.get('version')!r}")
         body = {k: v for k, v in data.items() if k not in ("schema", "version")}
+        if "device" in body and "profile" not in body:  # written before the field was named for what it holds
+            body["profile"] = body.pop("device")
         try:
             _check_types(body, _PLAN_FIELDS, "plan")
             _check_sizes(body)
@@ -137,6 +141,7 @@ class Plan:
                                       for d in body.get("decisions", ()))
             body["pool"] = tuple(PoolSlot(**_check_types(p, _SLOT_FIELDS, "pool slot")) for p in body.get("pool", ()))
             body["microbatches"] = tuple(_microbatch(m) for m in body.get("microbatches", ()))
+            body["budget_bytes"] = bytes_from_json(body.get("budget_bytes"))
             return Plan(**body)
         except (TypeError, ValueError, KeyError) as exc:
             raise TraceFormatError(f"{source}: bad plan field: {exc}") from None
@@ -147,7 +152,7 @@ _OPT_INT = (int, type(None))
 _NUMBER = (int, float)
 # JSON types of the fields `from_json` reads (bool is refused where an int is meant).
 _PLAN_FIELDS = {"decisions": (list,), "pool": (list,), "pool_bytes": _OPT_INT, "microbatches": (list,),
-                "planner": (str,), "params": (dict,), "seed": _OPT_INT, "budget_bytes": _OPT_INT, "device": (dict,),
+                "planner": (str,), "params": (dict,), "seed": _OPT_INT, "budget_bytes": _OPT_INT, "profile": (dict,),
                 "trace_digest": (str, type(None)), "predicted": (dict,), "planning_s": _NUMBER, "history": (dict,),
                 "report": (dict,)}
 _DECISION_FIELDS = {"storage": _INT, "action": (str,), "out_after": _INT, "back_before": _INT,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..budget import NO_LIMIT, bytes_to_json
 from ..vocabulary import Vocabulary
 from .conv import MicroBatch
 from .plan import Decision
@@ -113,7 +114,7 @@ class Prediction:
     link_bytes: int  # bytes over the host link, both directions
     infeasible_op: int | None  # the op whose allocation could not fit
     shortfall_bytes: int  # by how much it did not fit
-    budget_bytes: int | None  # the cap it was simulated under (None: no cap)
+    budget_bytes: int  # the cap it was simulated under (memplan.budget.NO_LIMIT: none)
     budget_source: str  # where that cap came from (memplan.budget.BudgetSource)
     level: str = "plain"  # how the executor runs it: plain, hooked or interpreted (memplan.sim.lowering)
     dropped: int = 0  # hooked: the plan's decisions left out (kept resident)
@@ -121,7 +122,7 @@ class Prediction:
 
     def to_json(self) -> dict:
         """The JSON object (the keys of `SimResult.summary`)."""
-        return asdict(self)
+        return {**asdict(self), "budget_bytes": bytes_to_json(self.budget_bytes)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +134,7 @@ class StepProgram:
     start_away: tuple[int, ...]  # decisions whose storage is on the host when a step starts
     rebuilds: dict[int, Rebuild] = field(default_factory=dict)  # recompute decision index -> how it rebuilds
     microbatches: tuple[MicroBatch, ...] = ()  # the plan's convolution decisions
-    budget_bytes: int | None = None  # the budget it was compiled under
+    budget_bytes: int = NO_LIMIT  # the budget it was compiled under
     trace_digest: str | None = None  # Trace.digest of its trace
     predicted: Prediction  # the simulation of the program
     level: str = INTERPRETED  # how the executor runs it (LEVELS)

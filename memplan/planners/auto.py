@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
-from ..model import Plan, Trace
+from ..model import Plan
+from ..problem import Problem
 from ..sim.simulate import Simulator
 from ..sim.validate import validate
 from .base import get_planner, infeasible, register
@@ -90,13 +90,12 @@ class Candidate:
 
 @register("auto", "the best simulated plan of the fast planners, milp and a local search, within a time limit",
           decides=("swap", "recompute"))
-def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
-              time_limit_s: float = DEFAULT_TIME_LIMIT_S, min_bytes: int = DEFAULT_MIN_BYTES,
+def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, min_bytes: int = DEFAULT_MIN_BYTES,
               milp: bool = True) -> Plan:
     """The best plan `auto` finds within `time_limit_s` (see the module docstring).
 
     Args:
-        trace, budget_bytes, cost, seed: see `memplan.planners.base`.
+        problem: the trace, its cap, its costs and the seed (memplan.problem).
         time_limit_s: wall-clock limit for all steps (a fast planner already running finishes).
         min_bytes: smaller activations are not feature maps for milp and the local search.
         milp: run milp (steps 2 and 5; false: never).
@@ -107,12 +106,13 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
         InfeasibleBudgetError: no candidate fits; names the smallest load one of them reaches.
         MemplanError: a time limit that is not positive.
     """
+    trace, budget_bytes, cost, _ = problem.parts()
     if not time_limit_s > 0:
         raise MemplanError(f"planner 'auto': parameter time_limit_s must be positive, got {time_limit_s!r}")
     if budget_bytes >= trace.peak_load_bytes:
         return Plan(report={"chosen": "none", "refined_from": None, "candidates": {"none": 0.0}, "bound": 0.0,
                             "gap": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
-    search = _Search(trace, budget_bytes, cost, seed, time_limit_s, min_bytes)
+    search = _Search(problem, time_limit_s, min_bytes)
     search.bound = lower_bound(trace, budget_bytes, cost, time_limit_s=BOUND_SHARE * time_limit_s)
     search.fast()
     search.bayesian()
@@ -128,10 +128,11 @@ def plan_auto(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
 class _Search:
     """The candidates so far, the loads the infeasible ones named, and milp's report."""
 
-    def __init__(self, trace: Trace, budget_bytes: int, cost: Cost, seed: int, limit_s: float, min_bytes: int):
-        self.trace, self.budget, self.cost, self.seed = trace, budget_bytes, cost, seed
+    def __init__(self, problem: Problem, limit_s: float, min_bytes: int):
+        self.problem = problem
+        self.trace, self.budget, self.cost, self.seed = problem.parts()
         self.limit_s, self.deadline, self.min_bytes = limit_s, time.monotonic() + limit_s, min_bytes
-        self.simulator = Simulator(trace, cost)
+        self.simulator = Simulator(self.trace, self.cost)
         self.candidates: list[Candidate] = []
         self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
         self.milp_report: dict | None = None
@@ -157,7 +158,7 @@ class _Search:
         candidate, or the load its infeasible-budget error names."""
         spec = get_planner(name)
         try:
-            self.add(name, spec.fn(self.trace, self.budget, self.cost, seed=self.seed, **spec.defaults, **params))
+            self.add(name, spec.fn(self.problem, **spec.defaults, **params))
         except InfeasibleBudgetError as exc:
             self.named[name] = exc.min_feasible_bytes
 

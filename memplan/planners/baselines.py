@@ -29,6 +29,7 @@ import math
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError
 from ..model import Decision, Plan, Trace
+from ..problem import Problem
 from ..sim.simulate import Simulator
 from .base import infeasible, register
 from .kit.blocks import block_calls
@@ -37,20 +38,22 @@ from .kit.saved import SavedGap, last_access_before, saved_activations
 
 
 @register("none", "keep everything resident (plain PyTorch training)", decides=())
-def plan_none(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+def plan_none(problem: Problem) -> Plan:
     """Keep every storage; infeasible when the trace's own peak exceeds the budget."""
+    trace, budget_bytes, cost, _ = problem.parts()
     return _finish(trace, budget_bytes, (), "none", cost)
 
 
 @register("save-on-cpu", "torch.autograd.graph.save_on_cpu: every saved activation to host, fetched on demand",
           decides=("swap",))
-def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+def plan_save_on_cpu(problem: Problem) -> Plan:
     """Swap every saved activation synchronously after its last forward access.
 
     The fetch is issued when backward first needs it (trigger = back_before), as
     save_on_cpu's unpack hook does. The activations moved are those made in forward that
     backward reads (what autograd saved).
     """
+    trace, budget_bytes, cost, _ = problem.parts()
     decisions = [Decision(storage=g.storage, action="swap", out_after=g.last_forward, back_before=g.back_before,
                           trigger=g.back_before, sync=True) for g in saved_activations(trace)]
     return _finish(trace, budget_bytes, decisions, "save-on-cpu", cost)
@@ -58,20 +61,20 @@ def plan_save_on_cpu(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int =
 
 @register("checkpoint-all", "torch.utils.checkpoint around every top-level block: recompute all but block outputs",
           decides=("recompute",))
-def plan_checkpoint_all(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+def plan_checkpoint_all(problem: Problem) -> Plan:
     """Checkpoint every top-level module (the first component of `Op.module`).
 
     Forward ops outside any module (functional code in the model's own forward, the
     loss) are not checkpointed: what they produce is kept.
     """
+    trace, budget_bytes, cost, _ = problem.parts()
     blocks = {op.index: op.module.split(".")[0] for op in trace.ops if op.phase == "forward" and op.module}
     return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "checkpoint-all", cost)
 
 
 @register("sqrt-n", "Chen et al. 2016: ~sqrt(n) segments of forward layers, recompute inside segments",
           decides=("recompute",))
-def plan_sqrt_n(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
-                segments: int | None = None, by_blocks: bool = True) -> Plan:
+def plan_sqrt_n(problem: Problem, *, segments: int | None = None, by_blocks: bool = True) -> Plan:
     """Checkpoint ~sqrt(n) consecutive segments of the n forward layers.
 
     Args:
@@ -80,6 +83,7 @@ def plan_sqrt_n(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
             recomputed natively, as torch.utils.checkpoint does; Chen's layer segments when they do
             not fit the budget); False: Chen's layer segments, recomputed op by op.
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     if by_blocks and block_calls(trace):
         try:
             return _finish(trace, budget_bytes, checkpoint_decisions(trace, sqrt_n_segments(trace, segments)),

@@ -26,7 +26,8 @@ import bisect
 import numpy as np
 
 from ..cost.model import Cost
-from ..model import Plan, Trace
+from ..model import Plan
+from ..problem import Problem
 from ..sim.validate import static_load
 from .base import infeasible, register
 from .kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
@@ -42,7 +43,7 @@ HIDDEN = 1e-3  # a swap adding at most this share of the baseline time counts as
 
 @register("capuchin", "Capuchin as HOME §4.1 describes it: swap by free time with tuned prefetch, then "
                       "recompute by MSPS", decides=("swap", "recompute"))
-def capuchin(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, min_bytes: int = DEFAULT_MIN_BYTES,
+def capuchin(problem: Problem, *, min_bytes: int = DEFAULT_MIN_BYTES,
              feedback_rounds: int = FEEDBACK_ROUNDS) -> Plan:
     """Capuchin's swap-then-recompute policy.
 
@@ -54,6 +55,7 @@ def capuchin(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, min_
         InfeasibleBudgetError: even with every feature map away the plan does not fit (names
             the peak load of that plan without a cap).
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
     fm = feature_maps(trace, min_bytes)
@@ -126,7 +128,7 @@ class _State:
             if self.free_time[k] <= 0 or not self._helps(over)[k]:
                 continue
             self.policy[k] = SWAP
-            after = sim.run(self.plan(), None).time_s
+            after = sim.run(self.plan()).time_s
             if after > time_s + HIDDEN * sim.baseline_time_s:
                 self.policy[k] = KEEP
             else:
@@ -168,7 +170,7 @@ class _State:
         plan = self.plan()
         result = self.evaluator.simulator.run(plan, self.budget, timeline=True)
         if not result.feasible:
-            result = self.evaluator.simulator.run(plan, None, timeline=True)
+            result = self.evaluator.simulator.run(plan, timeline=True)
         start = result.op_start_s
         swaps = sorted((d.trigger, i) for i, d in enumerate(plan.decisions) if d.action == "swap")
         index = {int(s): k for k, s in enumerate(self.fm.storage)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .base import infeasible, register
 from ..model import Plan
 from ..pool.api import DEFAULT_TIME_LIMIT_S, layout
+from ..problem import Problem
 
 
 def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAULT_TIME_LIMIT_S) -> Plan:
@@ -26,9 +27,10 @@ def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAU
 
 @register("smartpool", "offline pool: orderings portfolio + exact search (beyond paper 000)", decides=("pool",),
           allocator="smartpool")
-def smartpool_planner(trace, budget_bytes, cost, *, seed=0, allocator="smartpool",
+def smartpool_planner(problem: Problem, *, allocator="smartpool",
                       time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Plan:
     """Keep everything resident; lay buffers out with `smartpool` under `time_limit_s`."""
+    trace, budget_bytes, cost, seed = problem.parts()
     return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator, time_limit_s=time_limit_s)
 
 
@@ -36,6 +38,7 @@ def smartpool_planner(trace, budget_bytes, cost, *, seed=0, allocator="smartpool
           allocator="smartpool-bestfit")
 @register("smartpool-firstfit", "offline pool, paper 000: size-descending first-fit", decides=("pool",),
           allocator="smartpool-firstfit")
-def paper_pool_planner(trace, budget_bytes, cost, *, seed=0, allocator="smartpool-bestfit") -> Plan:
+def paper_pool_planner(problem: Problem, *, allocator="smartpool-bestfit") -> Plan:
     """Keep everything resident; lay buffers out with the paper's greedy."""
+    trace, budget_bytes, cost, seed = problem.parts()
     return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator)

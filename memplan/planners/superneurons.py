@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cost.model import Cost
-from ..model import Plan, Trace
+from ..model import Plan
+from ..problem import Problem
 from .base import infeasible, register
 from .kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
 from .kit.ops import CONV_OPS, aten_name
@@ -54,8 +54,7 @@ def layer_policy(fm: FeatureMaps) -> np.ndarray:
 
 @register("superneurons", "SuperNeurons as HOME §4.1 describes it: swap conv outputs, recompute pool/activation/BN",
           decides=("swap", "recompute"))
-def superneurons(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
-                 min_bytes: int = DEFAULT_MIN_BYTES, lead: int = DEFAULT_LEAD) -> Plan:
+def superneurons(problem: Problem, *, min_bytes: int = DEFAULT_MIN_BYTES, lead: int = DEFAULT_LEAD) -> Plan:
     """Swap convolution outputs, recompute pooling, activation and normalisation outputs.
 
     Args:
@@ -65,6 +64,7 @@ def superneurons(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
     Raises:
         InfeasibleBudgetError: the plan does not fit the budget (names its peak load).
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
     fm = feature_maps(trace, min_bytes)

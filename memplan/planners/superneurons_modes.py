@@ -19,8 +19,8 @@ planners' `superneurons`.
 
 from __future__ import annotations
 
-from ..cost.model import Cost
 from ..model import Plan, Trace
+from ..problem import Problem
 from ..sim.simulate import Simulator
 from .base import infeasible, register
 from .kit.fitting import smallest_fitting_budget
@@ -32,7 +32,7 @@ MODES = ("recompute", "swap", "both")
 EXPENSIVE = ("convolution", "mm", "linear", "rnn", "lstm", "gru", "attention")  # names of checkpointed ops
 
 
-def plan_superneurons_modes(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, mode: str = "both",
+def plan_superneurons_modes(problem: Problem, *, mode: str = "both",
                             min_bytes: int = 0) -> Plan:
     """Recompute cheap saved activations, swap expensive ones, or both (see the module doc).
 
@@ -40,6 +40,7 @@ def plan_superneurons_modes(trace: Trace, budget_bytes: int, cost: Cost, *, seed
         mode: "recompute", "swap" or "both".
         min_bytes: smallest activation considered.
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     gaps = saved_gaps(trace, min_bytes)
     ledger = Ledger(trace, gaps, trace.peak_load_bytes)
     expensive = [_expensive(trace, g.storage) for g in gaps]

@@ -9,8 +9,8 @@ the budget is used.
 
 from __future__ import annotations
 
-from ..cost.model import Cost
 from ..model import Plan, Trace
+from ..problem import Problem
 from ..sim.simulate import Simulator
 from .base import infeasible, register
 from .kit.fitting import smallest_fitting_budget
@@ -21,7 +21,7 @@ from .kit.saved import saved_gaps
 
 @register("tflms", "TFLMS-like (paper 002's baseline): swap the `count` largest saved activations",
           decides=("swap",))
-def plan_tflms(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, count: int | None = None,
+def plan_tflms(problem: Problem, *, count: int | None = None,
                min_bytes: int = 0) -> Plan:
     """Swap the `count` largest saved activations (of at least `min_bytes`).
 
@@ -32,6 +32,7 @@ def plan_tflms(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, co
         InfeasibleBudgetError: the plan (with every candidate, when `count` is not given)
             needs more than the budget; names what it needs.
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     gaps = sorted(saved_gaps(trace, min_bytes), key=lambda g: (-g.nbytes, g.storage))
     triples = [(g.storage, g.last_forward, g.back_before) for g in gaps]
     if count is None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..conv.decide import decide
 from ..model import Plan
+from ..problem import Problem
 from ..units import ByteSize
 from .base import infeasible, register
 
@@ -27,7 +28,7 @@ DEFAULT_POLICY = "powerOfTwo"  # the paper's quick policy; "all" is exact, "undi
           decides=("microbatch",), mode="wr", composed=False)
 @register("ucudnn:wd", "mu-cuDNN WD: Pareto fronts + 0-1 ILP under a total workspace (paper 003)",
           decides=("microbatch",), mode="wd", composed=False)
-def ucudnn_planner(trace, budget_bytes, cost, *, seed=0, mode="wr", composed=False,
+def ucudnn_planner(problem: Problem, *, mode="wr", composed=False,
                    workspace: ByteSize = DEFAULT_WORKSPACE, policy: str = DEFAULT_POLICY, source: str = "model",
                    db: str = "") -> Plan:
     """Micro-batch every convolution kernel; `workspace` per kernel (wr) or in total (wd).
@@ -40,6 +41,7 @@ def ucudnn_planner(trace, budget_bytes, cost, *, seed=0, mode="wr", composed=Fal
         source: benchmark source: "model" (for the cost's device), "cpu" or "cudnn".
         db: benchmark database file to reuse and extend ("" keeps benchmarks in memory).
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     if budget_bytes < trace.peak_load_bytes and not composed:
         raise infeasible(budget_bytes, trace.peak_load_bytes, f"ucudnn:{mode}")
     microbatches = decide(trace, cost.profile, mode=mode, workspace=int(workspace), policy=policy, source=source,

@@ -36,6 +36,7 @@ from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Decision, Plan, Trace
 from ..pool.api import with_pool
+from ..problem import Problem
 from ..sim.simulate import Simulator
 from .base import infeasible, register
 from .kit.fitting import smallest_fitting_budget
@@ -142,7 +143,7 @@ _WHAT = {"all": "offload of every layer's input", "conv": "offload of every conv
 
 
 def _register_family(family: str, sync: bool, what: str):
-    def planner(trace, budget_bytes, cost, *, seed=0, mode="all", sync=False, family="vdnn", algo: str = "",
+    def planner(problem: Problem, *, mode="all", sync=False, family="vdnn", algo: str = "",
                 compress: float = 0.0) -> Plan:
         """Offload each chosen layer's input X after its forward (paper 001).
 
@@ -154,6 +155,7 @@ def _register_family(family: str, sync: bool, what: str):
             InfeasibleBudgetError: the mode does not fit the budget (names the smallest that fits).
             MemplanError: an unknown `algo`, or `compress` outside [0, 1].
         """
+        trace, budget_bytes, cost, seed = problem.parts()
         return _vdnn(trace, budget_bytes, cost, mode=mode, sync=sync, name=f"{family}:{mode}", algo=algo,
                      compress=compress)
 
@@ -167,7 +169,7 @@ vdnn_planner = _register_family("vdnn", True, "vDNN: synchronous")
 vdnnpp_planner = _register_family("vdnn++", False, "vDNN++: asynchronous")
 
 
-def _highend(trace, budget_bytes, cost, *, seed=0, mode="all", algo: str = "m", compress: float = 0.0,
+def _highend(problem: Problem, *, mode="all", algo: str = "m", compress: float = 0.0,
              order: str = "prefetch-first") -> Plan:
     """vDNN++ with its buffers in one pool: offloaded inputs at the high end, the rest best-fit (§IV-B).
 
@@ -179,6 +181,7 @@ def _highend(trace, budget_bytes, cost, *, seed=0, mode="all", algo: str = "m", 
         InfeasibleBudgetError: the offload plan or its pool does not fit; names a budget at
             which both do.
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     name = f"vdnn++:{mode}+highend"
     _check(name, algo, compress)
     swaps = mode_plan(trace, cost, mode, algo or "m", sync=False, compress=compress)

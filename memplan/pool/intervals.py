@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..cost.model import Cost
 from ..model import Plan, Trace
+from ..problem import Problem
 from ..sim.kernel import for_one_run
 from ..sim.program import compile_program, residencies
 from ..sim.simulate import Simulator
@@ -36,7 +37,7 @@ def residency_problem(trace: Trace, plan: Plan | None = None, cost: Cost | None 
         rows = [(s.id, s.alloc_op, s.free_op, "plain") for s in trace.storages
                 if s.nbytes > 0 and s.free_op > s.alloc_op]
     else:
-        cost = cost or Cost.for_trace(trace)
+        cost = Problem.of(trace, cost=cost).cost
         # One simulation: interpreted, unless this process has loaded the compiled kernel (memplan.sim.kernel).
         simulator = Simulator(trace, cost, for_one_run())
         rows = residencies(trace, compile_program(trace, plan, cost, simulator=simulator))

@@ -24,6 +24,7 @@ from ..cost.network import collective_s, job_link
 from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError
 from ..model import Trace
+from ..problem import DEFAULT_PROFILE, Problem
 from ..tracing.collectives import collective_kind, payload_bytes
 
 
@@ -53,20 +54,21 @@ class CommResult:
                 "collectives": self.collectives}
 
 
-def simulate_comm(trace: Trace, device: str | DeviceProfile = "h100", *, world_size: int | None = None,
+def simulate_comm(trace: Trace, profile: str | DeviceProfile = DEFAULT_PROFILE, *, world_size: int | None = None,
                   algorithm: str = "ring", cost: Cost | None = None) -> CommResult:
     """Two-stream timing of one rank's iteration (see the module docstring).
 
     Args:
         trace: a rank's trace (from `memplan trace --ddp|--fsdp`).
-        device: device profile; its `intra_link`, `inter_link` and `gpus_per_node` price collectives.
+        profile: the cost model's device profile; its `intra_link`, `inter_link` and `gpus_per_node`
+            price collectives.
         world_size: ranks in the job (default: the trace's `meta["world_size"]`).
         algorithm: "ring" or "tree".
-        cost: op durations (default: `Cost.for_trace(trace, device)`).
+        cost: op durations (default: the trace's on `profile`).
     Raises:
         MemplanError: no world size given or recorded.
     """
-    cost = cost or Cost.for_trace(trace, device)
+    cost = Problem.of(trace, profile=profile, cost=cost).cost
     n = world_size if world_size is not None else trace.meta.get("world_size")
     if not isinstance(n, int) or n < 1:
         raise MemplanError("the trace records no world size: give one (a trace from memplan trace --ddp|--fsdp)")

@@ -9,14 +9,27 @@ those of the program the executor runs.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 from ..budget import budget_in_force
 from ..cost.model import Cost
+from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError
 from ..model import Plan, Trace
 from ..model.program import INTERPRETED, Action, ActionKind, Prediction, Rebuild, ReplayStep, StepProgram
-from .simulate import Simulator
+from ..problem import Problem
+from .simulate import Simulator, simulation_profile
+
+
+def compile_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None = None, *,
+                 hooks: bool = True) -> StepProgram:
+    """The step program of `plan` (`memplan.compile`): what the executor does at each op, and the
+    simulator's prediction of it, on the cost `profile` (None: the one the plan was made for).
+
+    Raises:
+        MemplanError: the plan is for another trace, or it does not fit its budget.
+    """
+    cost = Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost
+    return compile_program(trace, plan, cost, hooks=hooks)
 
 
 def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator | None = None,
@@ -42,7 +55,7 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator |
                 for k, chain in chains.items()} if lowered.level == INTERPRETED else {}
     start_away = tuple(k for k, d in enumerate(decisions)
                        if d.action == "swap" and d.wraps and d.prefetch_at <= d.back_before)
-    predicted = Prediction(**replace(result, budget_bytes=budget, budget_source=source).summary())
+    predicted = Prediction(**{**result.summary(), "budget_bytes": budget, "budget_source": str(source)})
     return StepProgram(decisions=decisions, actions=actions, start_away=start_away, rebuilds=rebuilds,
                        microbatches=plan.microbatches, budget_bytes=budget, trace_digest=trace.digest,
                        predicted=predicted, level=lowered.level, regions=lowered.regions, holds=lowered.holds)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..budget import NO_LIMIT
 from ..cost.model import Cost
 from ..model import Plan, Trace
 from .simulate import Simulator
@@ -26,7 +27,7 @@ def replay_cost(cost: Cost) -> Cost:
     return Cost(profile=profile, durations=cost.durations, host_in_durations=cost.host_in_durations)
 
 
-def replay_time_s(trace: Trace, plan: Plan | None, cost: Cost, budget_bytes: int | None = None) -> float | None:
+def replay_time_s(trace: Trace, plan: Plan | None, cost: Cost, budget_bytes: int = NO_LIMIT) -> float | None:
     """Simulated seconds of one replay of `plan`'s step under `budget_bytes` (None: infeasible there)."""
     result = Simulator(trace, replay_cost(cost)).run(plan, budget_bytes)
     return result.time_s if result.feasible else None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..budget import BudgetSource
+from ..budget import NO_LIMIT, BudgetSource, bytes_to_json
 
 BREAKDOWN_KEYS = ("compute_s", "memory_stall_s", "prefetch_stall_s", "recompute_s", "sync_stall_s", "overlap_s",
                   "host_s")
@@ -36,7 +36,7 @@ class SimResult:
     timeline_load: np.ndarray | None = None  # load (bytes) from each event time on
     op_start_s: np.ndarray | None = None  # start time of each op, when a timeline was asked for
     lanes: dict = field(default_factory=dict)  # per lane ("compute", "d2h", "h2d") a list of (start, end)
-    budget_bytes: int | None = None  # the cap it was simulated under (None: no cap)
+    budget_bytes: int = NO_LIMIT  # the cap it was simulated under
     budget_source: BudgetSource = BudgetSource.NONE  # where that cap came from
     level: str = "plain"  # how the executor runs the plan: plain, hooked or interpreted (memplan.sim.lowering)
     dropped: int = 0  # hooked: decisions left out (kept resident), none of the executor's hooks can run them
@@ -62,7 +62,7 @@ class SimResult:
             "link_bytes": int(self.link_bytes),
             "infeasible_op": self.infeasible_op,
             "shortfall_bytes": int(self.shortfall_bytes),
-            "budget_bytes": self.budget_bytes,
+            "budget_bytes": bytes_to_json(self.budget_bytes),
             "budget_source": str(self.budget_source),
             "level": self.level,
             "dropped": self.dropped,

@@ -58,10 +58,11 @@ from types import ModuleType
 
 import numpy as np
 
-from ..budget import Budget, budget_given, budget_in_force
+from ..budget import NO_LIMIT, Budget, budget_given, budget_in_force, limited
 from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile, profile_from_json
 from ..model import Plan, Trace, check_plan, expect_trace
+from ..problem import DEFAULT_PROFILE, Problem
 from . import _codes as K
 from .kernel import compiled
 from .arrays import csr, event_csr, host_peak, host_per_op
@@ -71,14 +72,12 @@ from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering
 from .memo import ProbeMemo
 from .result import SimResult
 
-NO_CAP_BYTES = np.iinfo(np.int64).max // 4  # the cap the kernel runs under without a budget
-DEFAULT_DEVICE = "h100"  # the profile of a simulation given none, of a plan that records none
 NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
 RECENT_CHAINS = 4096  # plans' recompute chains kept by their recompute decisions
 MICRO_BATCHES = "micro-batched convolutions run op by op"  # why such a plan is interpreted
 
 
-def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile | None = None,
+def simulate(trace: Trace, plan: Plan | None = None, profile: str | DeviceProfile | None = None,
              budget: Budget | str | int | float | None = None, cost: Cost | None = None,
              timeline: bool = False) -> SimResult:
     """Simulate one iteration of `trace` under `plan` and `budget`.
@@ -86,8 +85,8 @@ def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile
     Args:
         trace: the traced iteration.
         plan: the plan (checked to belong to `trace`); None keeps everything resident.
-        device: profile name, file or DeviceProfile (ignored when `cost` is given); None: the
-            profile the plan was made for, else DEFAULT_DEVICE.
+        profile: the cost model's profile, a name, file or DeviceProfile (ignored when `cost` is
+            given); None: the profile the plan was made for, else DEFAULT_PROFILE.
         budget: None: the plan's own budget (no cap without a plan, or for a plan made
             without one); "none": no cap; else bytes, "8GiB", "60%" or a share in (0, 1].
         cost: precomputed durations for this trace.
@@ -101,25 +100,25 @@ def simulate(trace: Trace, plan: Plan | None = None, device: str | DeviceProfile
     expect_trace(trace, "simulate")
     if plan is not None:
         check_plan(trace, plan)
-    cost = cost or Cost.for_trace(trace, simulation_device(plan, device)[0])
-    own = None if plan is None else plan.budget_bytes
+    own = NO_LIMIT if plan is None else plan.budget_bytes
     budget_bytes, source = budget_in_force(budget_given(budget), own, trace.peak_load_bytes)
-    result = Simulator(trace, cost).run(plan, budget_bytes, timeline=timeline)
+    problem = Problem.of(trace, profile=simulation_profile(plan, profile)[0], cost=cost).at(budget_bytes)
+    result = Simulator(trace, problem.cost).run(plan, problem.budget_bytes, timeline=timeline)
     return replace(result, budget_bytes=budget_bytes, budget_source=source)
 
 
-def simulation_device(plan: Plan | None, device: str | DeviceProfile | None) -> tuple[str | DeviceProfile, str]:
-    """(profile, where it came from: "given", "plan" or "default") for `simulate`: `device`,
-    else the profile the plan was made for, else DEFAULT_DEVICE.
+def simulation_profile(plan: Plan | None, profile: str | DeviceProfile | None) -> tuple[str | DeviceProfile, str]:
+    """(profile, where it came from: "given", "plan" or "default") for `simulate`: `profile`,
+    else the profile the plan was made for, else DEFAULT_PROFILE.
 
     Raises:
         MemplanError: the plan's recorded profile is damaged.
     """
-    if device is not None:
-        return device, "given"
-    if plan is not None and plan.device:
-        return profile_from_json(plan.device, "the plan's device profile"), "plan"
-    return DEFAULT_DEVICE, "default"
+    if profile is not None:
+        return profile, "given"
+    if plan is not None and plan.profile:
+        return profile_from_json(plan.profile, "the plan's device profile"), "plan"
+    return DEFAULT_PROFILE, "default"
 
 
 class Simulator:
@@ -148,7 +147,7 @@ class Simulator:
         self.lowering = Lowering(trace, self._durations) if hooks and trace.ops else None
         self._host = host_per_op(trace, cost)
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
-        self.baseline_time_s = float(self._run_lowered(Lowered(level=PLAIN, decisions=()), NO_CAP_BYTES,
+        self.baseline_time_s = float(self._run_lowered(Lowered(level=PLAIN, decisions=()), NO_LIMIT,
                                                        False, False)[1][K.R_TIME])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
 
@@ -157,11 +156,11 @@ class Simulator:
         """Start time of every op in the unconstrained run."""
         return self._prefix[:-1]
 
-    def run(self, plan: Plan | None = None, budget_bytes: int | None = None, timeline: bool = False) -> SimResult:
-        """Simulate under `plan` with a cap of `budget_bytes` (None: no cap), at the level it runs."""
+    def run(self, plan: Plan | None = None, budget_bytes: int = NO_LIMIT, timeline: bool = False) -> SimResult:
+        """Simulate under `plan` with a cap of `budget_bytes` (NO_LIMIT: no cap), at the level it runs."""
         return self._simulate(plan, budget_bytes, timeline, emit=False)[0]
 
-    def program_rows(self, plan: Plan | None, budget_bytes: int | None) -> tuple[SimResult, np.ndarray, dict, Lowered]:
+    def program_rows(self, plan: Plan | None, budget_bytes: int) -> tuple[SimResult, np.ndarray, dict, Lowered]:
         """Simulate and return the step program the simulation ran.
 
         Returns:
@@ -178,7 +177,7 @@ class Simulator:
                 replace(plan, microbatches=()), budget_bytes, timeline, emit)
             lowered = replace(lowered, level=INTERPRETED, reason=MICRO_BATCHES)
             return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, chains, lowered
-        budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
+        budget = int(budget_bytes)
         lowered = self.lower(plan.decisions if plan else ())
         out = self._run_lowered(lowered, budget, timeline, emit)
         if lowered.level == HOOKED or lowered.dropped:  # interpreted where its hooked form does not fit (or, with no cap, peaks higher)
@@ -186,19 +185,19 @@ class Simulator:
                                   reason=f"its hooked form does not fit ({lowered.reason or 'later hook points'})")
             if not out[2][K.I_FEASIBLE]:
                 out, lowered = self._run_lowered(interpreted, budget, timeline, emit), interpreted
-            elif budget_bytes is None:
+            elif not limited(budget):
                 other = self._run_lowered(interpreted, budget, timeline, emit)
                 if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
                     out, lowered = other, replace(interpreted, reason="its hooked form peaks higher")
         arrays, floats, ints, recorded, rows, chains = out
         return self._result(arrays, floats, ints, recorded, timeline, lowered), rows, chains, lowered
 
-    def hooked(self, plan: Plan, budget_bytes: int | None) -> SimResult | None:
+    def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
         """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
         lowered = self.lower(plan.decisions)
         if lowered.level == INTERPRETED or plan.microbatches or not plan.decisions:
             return None
-        budget = NO_CAP_BYTES if budget_bytes is None else int(budget_bytes)
+        budget = int(budget_bytes)
         arrays, floats, ints, recorded, _, _ = self._run_lowered(lowered, budget, False, False)
         return self._result(arrays, floats, ints, recorded, False, lowered)
 

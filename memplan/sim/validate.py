@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 
-from ..budget import Budget, budget_given, budget_in_force
+from ..budget import Budget, budget_given, budget_in_force, limited
 from ..model import Decision, Plan, Trace, expect_trace
 from .validate_memory import (check_budget, check_pool, check_pool_budget, conv_temps, residency_intervals,
                               static_load)
@@ -86,7 +86,7 @@ def validate(trace: Trace, plan: Plan, budget: Budget | int | str | float | None
         check_pool(trace, plan, by_storage, out)
     temps = conv_temps(trace, plan.microbatches, out)
     budget_bytes, _ = budget_in_force(budget_given(budget), plan.budget_bytes, trace.peak_load_bytes)
-    if budget_bytes is not None:
+    if limited(budget_bytes):
         check_budget(trace, good, budget_bytes, out, temps)
         check_pool_budget(plan.pool_bytes, budget_bytes, out)
     return out

@@ -33,6 +33,7 @@ from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError
 from ..model import Plan, Trace
 from ..planners.base import plan as make_plan
+from ..problem import DEFAULT_PROFILE, Problem
 from ..sim.simulate import simulate
 from ..sim.validate import validate
 from .synthetic import MIB, chain_trace
@@ -54,7 +55,7 @@ class PlannerConformance:
     traces: ClassVar[list[Callable[[], Trace]]] = [_uniform_chain, _uneven_chain]  # trace factories
     budgets: ClassVar[list] = ["100%", "80%", "60%", "40%"]  # budgets tried on every trace
     must_fit: ClassVar[tuple] = ("100%",)  # budgets at which the planner must not raise
-    device: ClassVar[str] = "h100"  # cost-model profile
+    profile: ClassVar[str] = DEFAULT_PROFILE  # the cost model's device profile
     seed: ClassVar[int] = 0  # seed for the plans
 
     # --- helpers (not tests) ---------------------------------------------------------------
@@ -72,7 +73,7 @@ class PlannerConformance:
         cache = cls._cache()
         if key not in cache:
             trace = cls.traces[index]()
-            cache[key] = (trace, Cost.for_trace(trace, cls.device))
+            cache[key] = (trace, Problem.of(trace, profile=cls.profile).cost)
         return cache[key]
 
     @classmethod

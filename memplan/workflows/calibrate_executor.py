@@ -54,7 +54,7 @@ def _chain(device: str):
 
 def _planned_s(model, step, inputs, planner: str, profile: DeviceProfile, device: str, **params):
     """The step's time under `planner`'s plan (no budget), and what its executor did per step."""
-    run = optimize(step, *inputs, planner=planner, model=model, measure=False, fake=False, device=profile, **params)
+    run = optimize(step, *inputs, planner=planner, model=model, measure=False, fake=False, profile=profile, **params)
     try:
         seconds = _step_s(lambda: run(*inputs), device)
         program, stats = run.program, run.stats()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..problem import DEFAULT_PROFILE
+
 DEFAULT_MODELS = ("resnet18-cifar", "vgg11-cifar")
 DEFAULT_SIM_PLANNERS = ("none", "sqrt-n", "checkpoint-all", "save-on-cpu", "autoswap:doa", "autoswap:swdoa",
                         "capuchin", "superneurons", "home:fast", "dtr", "milp")
@@ -37,7 +39,7 @@ class CompareSettings:
     sim_batch: int = 64  # batch of the simulated traces
     run_batch: int = 8  # batch of the measured runs
     steps: int = 5  # measured steps per run (the first is a warm-up)
-    profile: str = "h100"  # cost-model profile of the simulated points
+    profile: str = DEFAULT_PROFILE  # cost-model profile of the simulated points
     run_profile: str = CPU_PROFILE  # profile the measured points plan with (CPU_PROFILE, GPU_PROFILE: calibrate)
     device: str = "cpu"  # where the measured points train: "cpu", or a CUDA device ("cuda", "cuda:1")
     memory_cap: int | None = None  # emulate a device this large for the measured points (run --memory-cap)

@@ -42,20 +42,20 @@ def breakdown_at_peak(trace) -> dict[str, int]:
     return out
 
 
-def fit(name: str, world_size: int, device: str, *, engine: str = "fsdp", planners=DEFAULT_PLANNERS,
+def fit(name: str, world_size: int, profile: str, *, engine: str = "fsdp", planners=DEFAULT_PLANNERS,
         limit: int = DEFAULT_LIMIT, **config) -> dict:
     """The largest batch per rank for each planner, with time, throughput and memory (see the module).
 
     Args:
         name: zoo model name (hf:, tv:, module:function included).
         world_size: ranks (GPUs) in the job.
-        device: device profile (its memory is the cap; its links price the collectives).
+        profile: the device profile (its memory is the cap; its links price the collectives).
         engine: "fsdp" or "ddp".
         planners: planner names.
         limit: largest batch per rank tried.
         config: model options.
     Returns:
-        {"model", "world_size", "device", "engine", "memory_bytes", "limit", "planners": [{"planner",
+        {"model", "world_size", "profile", "engine", "memory_bytes", "limit", "planners": [{"planner",
         "max_batch", "at_limit", "iteration_s", "samples_per_s", "peak_bytes", "memory"}]}; a
         planner that fits not even batch 1 has max_batch 0 and no figures; "at_limit": the
         limit fits (larger batches were not tried).
@@ -63,7 +63,7 @@ def fit(name: str, world_size: int, device: str, *, engine: str = "fsdp", planne
     check_engine(engine)
     check_world_size(world_size)
     planners = check_planners(planners)
-    profile = get_profile(device)
+    profile = get_profile(profile)
     check_model_name(name)
     traces: dict[int, object] = {}
 
@@ -73,7 +73,7 @@ def fit(name: str, world_size: int, device: str, *, engine: str = "fsdp", planne
         return traces[batch]
 
     rows = [_fit_one(planner, traced, profile, world_size, limit) for planner in planners]
-    return {"model": name, "world_size": world_size, "device": profile.name, "engine": engine,
+    return {"model": name, "world_size": world_size, "profile": profile.name, "engine": engine,
             "memory_bytes": int(profile.memory_bytes), "limit": limit, "planners": rows}
 
 
@@ -82,7 +82,7 @@ def _fit_one(planner: str, traced, profile, world_size: int, limit: int) -> dict
 
     def fits(batch: int) -> bool:
         try:
-            made = make_plan(traced(batch), int(profile.memory_bytes), planner=planner, device=profile)
+            made = make_plan(traced(batch), int(profile.memory_bytes), planner=planner, profile=profile)
         except InfeasibleBudgetError:
             return False
         predicted = made.predicted or {}

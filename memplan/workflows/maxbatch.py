@@ -19,6 +19,7 @@ from ..cost.profiles import get_profile
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..planners.base import get_planner
 from ..planners.base import plan as make_plan
+from ..problem import DEFAULT_PROFILE
 from ..progress import progress_bar
 from ..zoo.registry import check_model_name
 from .run import run_workload
@@ -30,7 +31,7 @@ MAX_BATCH = 1 << 16  # probing stops here
 GPU_STEPS = 2  # steps run per probed batch on a GPU
 
 
-def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu", profile: str = "h100",
+def max_batch(name: str, memory_bytes: int, *, planner: str, device: str = "cpu", profile: str = DEFAULT_PROFILE,
               config: dict | None = None, limit: int = MAX_BATCH) -> dict:
     """Find the largest batch of zoo workload `name` that fits `memory_bytes` under `planner`.
 
@@ -91,7 +92,7 @@ def _planned_probe(name, memory_bytes, planner, profile, config):
     def fits(batch: int) -> tuple[bool, dict]:
         trace = trace_workload(name, batch, fake=True, **config)
         try:
-            p = make_plan(trace, int(memory_bytes), planner=planner, device=profile)
+            p = make_plan(trace, int(memory_bytes), planner=planner, profile=profile)
         except InfeasibleBudgetError as exc:
             return False, {"reason": str(exc)}
         peak = p.predicted["peak_load_bytes"]

@@ -38,14 +38,15 @@ from typing import Callable
 
 import torch
 
-from ..budget import UNLIMITED, Budget, parse_budget
+from ..budget import UNLIMITED, Budget
 from ..cost.device_memory import cublas_handles, cublas_workspace_bytes, device_view
 from ..cost.model import Cost
 from ..errors import MemplanError
 from ..exec.runtime import PlanRuntime
 from ..model import Plan, Trace, check_plan, read_plan
 from ..model.program import StepProgram
-from ..planners.base import plan as make_plan
+from ..planners.base import plan_problem
+from ..problem import DEFAULT_PROFILE, Problem
 from ..sim.program import compile_program
 from .cuda_graph import CudaGraphs, changed_inputs, check_mode, graphs_for
 from .keep_budget import BudgetKeeper
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 EXECUTORS = ("auto", "interpreted")  # optimize(executor=...): hooked where a plan can be, or always interpreted
 
-__all__ = ["OptimizedStep", "optimize", "prime_optimizer_state", "trace_step", "model_of", "input_signature"]
+__all__ = ["OptimizedStep", "execute", "optimize", "prime_optimizer_state", "trace_step", "model_of", "input_signature"]
 
 
 class OptimizedStep:
@@ -213,8 +214,8 @@ class OptimizedStep:
         self.runtime.close()
 
 
-def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | float | None = None,
-             planner: str = "none", device: str = "h100", model: torch.nn.Module | None = None,
+def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | float = UNLIMITED,
+             planner: str = "none", profile: str = DEFAULT_PROFILE, model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
@@ -224,9 +225,10 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
     Args:
         step_fn: one training iteration (forward, backward, optimizer step) of `model`.
         *example_inputs: inputs of one call (their shapes are the planned ones).
-        budget: memory budget ("8GiB", "60%" of the unplanned peak, bytes); None or "none": no limit.
+        budget: memory budget ("8GiB", "60%" of the unplanned peak, bytes); "none": no limit.
         planner: a registered planner name.
-        device: the cost-model device profile the planner plans for.
+        profile: the cost model's device profile the planner plans for (where the step runs is
+            where its inputs and model are).
         model: the root module (found on `step_fn.__self__` or in its closure if omitted);
             parameters and buffers the plan swaps between steps are found through it.
         optimizer: its optimizer (found likewise); its state is restored after tracing.
@@ -266,25 +268,36 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
     trace = load_trace(trace) if trace is not None else trace_step(
         step_fn, example_inputs, model, optimizer, time_repeats, time_clock,
         fake=run_on.type == "cuda" if fake is None else fake)
-    trace, plan, cost, keeper = _plan_of(trace, plan, run_on, device, budget, measure is not False, planner=planner,
+    trace, plan, cost, keeper = _plan_of(trace, plan, run_on, profile, budget, measure is not False, planner=planner,
                                          seed=seed, **planner_params)
     return _bound(step_fn, example_inputs, trace, plan, cost, keeper, model=model, optimizer=optimizer,
                   run_on=run_on, measure=measure, hooks=hooks, cuda_graph=cuda_graph)
 
 
-def _plan_of(trace: Trace, plan, run_on: torch.device, device: str, budget, keep: bool,
-             **how) -> tuple[Trace, Plan, Cost, BudgetKeeper | None]:
-    """The trace as `run_on` holds it, the plan (`plan`, else one made under `budget` as `how` says:
-    planner, seed and parameters), the cost model on profile `device`, and the budget keeper (`keep`)."""
+def execute(step_fn: Callable, *example_inputs, plan: Plan | str | os.PathLike,
+            trace: Trace | str | os.PathLike | None = None, **options) -> OptimizedStep:
+    """`step_fn` run under a plan already made (`memplan.execute`): `optimize` with `plan`, and a
+    `trace` when the plan was made for a saved one (else the step is traced again, and the plan
+    must be of that trace). `options` are `optimize`'s.
+
+    Raises:
+        MemplanError: as `optimize`; PlanMismatchError: the plan is of another trace.
+    """
+    return optimize(step_fn, *example_inputs, plan=plan, trace=trace, **options)
+
+
+def _plan_of(trace: Trace, plan, run_on: torch.device, profile: str, budget, keep: bool, *, planner: str, seed: int,
+             **params) -> tuple[Trace, Plan, Cost, BudgetKeeper | None]:
+    """The trace as `run_on` holds it, the plan (`plan`, else one `planner` makes under `budget`), the
+    cost model on `profile`, and the budget keeper (`keep`)."""
     if plan is not None:
-        cost = Cost.for_trace(trace, device)
+        cost = Problem.of(trace, profile=profile).cost
         plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
         check_plan(trace, plan)
         return trace, plan, cost, None
-    trace = as_allocated_on(trace, run_on)
-    cost = Cost.for_trace(trace, device)
-    plan, keeper = _planned(trace, UNLIMITED if budget is None else parse_budget(budget), keep, cost=cost, **how)
-    return trace, plan, cost, keeper
+    problem = Problem.of(as_allocated_on(trace, run_on), budget, profile, seed=seed)
+    plan, keeper = _planned(problem, keep, planner, params)
+    return problem.trace, plan, problem.cost, keeper
 
 
 def _bound(step_fn: Callable, inputs: tuple, trace: Trace, plan: Plan, cost: Cost, keeper: BudgetKeeper | None, *,
@@ -308,14 +321,14 @@ def _hooked(executor: str, model) -> bool:
     return executor == "auto" and model is not None
 
 
-def _planned(trace: Trace, budget: Budget, keep: bool, **how) -> tuple[Plan, BudgetKeeper | None]:
-    """The plan of `trace` under `budget` (`how`: planner, cost, seed and parameters), and, with
-    `keep` and a budget, the keeper that plans again at a margin if a step measures over it."""
-    plan = make_plan(trace, budget, **how)
-    if budget.unlimited or not keep:
+def _planned(problem: Problem, keep: bool, planner: str, params: dict) -> tuple[Plan, BudgetKeeper | None]:
+    """`planner`'s plan of `problem`, and, with `keep` and a budget, the keeper that plans again at a
+    margin if a step measures over it."""
+    plan = plan_problem(problem, planner, **params)
+    if not problem.limited or not keep:
         return plan, None
     return plan, BudgetKeeper(budget_bytes=plan.budget_bytes,
-                              make_plan=lambda nbytes: make_plan(trace, Budget.of_bytes(nbytes), **how))
+                              make_plan=lambda nbytes: plan_problem(problem.at(nbytes), planner, **params))
 
 
 def as_allocated_on(trace: Trace, device: torch.device) -> Trace:

@@ -52,7 +52,7 @@ function timeAxis(svg, x, end, y0, height) {
 
 function summary() {
   const s = DATA.summary, rows = [
-    ["planner", s.planner + " on " + s.device],
+    ["planner", s.planner + " on " + s.profile],
     ["budget", bytes(s.budget_bytes)],
     ["peak without the plan", bytes(s.plain_peak_bytes)],
     ["peak under the plan", bytes(s.peak_bytes)],
@@ -70,7 +70,7 @@ function summary() {
   }
   document.getElementById("title").textContent = "memplan plan report: " + s.model + (s.batch ? " at batch " + s.batch : "");
   document.getElementById("subtitle").textContent = s.planner + " under a budget of " + bytes(s.budget_bytes) +
-    ", simulated on " + s.device + ": predicted overhead " + (100 * s.overhead).toFixed(1) + "%";
+    ", simulated on " + s.profile + ": predicted overhead " + (100 * s.overhead).toFixed(1) + "%";
 }
 
 function legend(id, entries) {

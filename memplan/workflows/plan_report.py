@@ -24,13 +24,14 @@ from importlib import resources
 
 import numpy as np
 
+from ..budget import bytes_label, bytes_to_json
 from ..cost.model import Cost
 from ..fileio import atomic_write_text, check_output_path
 from ..model import Plan, Trace, check_plan
 from ..model.program import ActionKind, Rebuild, ReplayStep
+from ..problem import Problem
 from ..sim.program import compile_program, residencies
-from ..sim.simulate import Simulator, simulation_device
-from ..units import format_bytes
+from ..sim.simulate import Simulator, simulation_profile
 
 _NO_REBUILD = Rebuild(steps=())
 MAX_POINTS = 4000  # load-curve points per curve (each kept point is the highest load of its interval)
@@ -39,22 +40,22 @@ DATA_MARK = "/*MEMPLAN_DATA*/null"  # where the page's data goes in plan_report.
 SCRIPT_MARK = "/*MEMPLAN_SCRIPT*/"  # where plan_report.js goes
 
 
-def write_report(trace: Trace, plan: Plan, path: str | os.PathLike, device: str | None = None) -> dict:
+def write_report(trace: Trace, plan: Plan, path: str | os.PathLike, profile: str | None = None) -> dict:
     """Write the HTML report of `plan` on `trace` to `path` (whole or not at all).
 
     Args:
         trace: the traced iteration.
         plan: a plan made for it.
         path: the .html file to write.
-        device: the device profile to time it on (None: the one the plan was made for).
+        profile: the cost model's device profile to time it on (None: the one the plan was made for).
     Returns:
         A summary: the path, its size in bytes, and the numbers the page shows.
     Raises:
         PlanMismatchError: the plan is for another trace.
-        MemplanError: a bad device, a plan that does not fit its budget, a path that cannot be written.
+        MemplanError: a bad profile, a plan that does not fit its budget, a path that cannot be written.
     """
     check_output_path(path, "HTML")
-    data = report_data(trace, plan, device)
+    data = report_data(trace, plan, profile)
     text = render(data)
     atomic_write_text(path, text)
     return {"report": str(path), "bytes": len(text.encode()), **data["summary"]}
@@ -68,20 +69,19 @@ def render(data: dict) -> str:
     return page.replace(DATA_MARK, payload).replace(SCRIPT_MARK, script)
 
 
-def report_data(trace: Trace, plan: Plan, device: str | None = None) -> dict:
+def report_data(trace: Trace, plan: Plan, profile: str | None = None) -> dict:
     """Everything the page draws, as JSON-ready data (times in seconds, sizes in bytes)."""
     check_plan(trace, plan)
-    profile, _ = simulation_device(plan, device)
-    cost = Cost.for_trace(trace, profile)
+    cost = Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost
     sim = Simulator(trace, cost)
     program = compile_program(trace, plan, cost, simulator=sim)
     planned = sim.run(plan, program.budget_bytes, timeline=True)
-    plain = sim.run(None, None, timeline=True)
+    plain = sim.run(None, timeline=True)
     starts = planned.op_start_s
     ends = starts + cost.durations
     return {
         "summary": _summary(trace, plan, planned, plain, cost),
-        "load": {"plan": _curve(planned), "plain": _curve(plain), "budget": program.budget_bytes,
+        "load": {"plan": _curve(planned), "plain": _curve(plain), "budget": bytes_to_json(program.budget_bytes),
                  "end_s": float(planned.time_s), "plain_end_s": float(plain.time_s)},
         "lanes": {lane: _rounded(spans) for lane, spans in planned.lanes.items()},
         "storages": _storage_rows(trace, program, _Times(starts=starts, ends=ends, cost=cost, lanes=planned.lanes)),
@@ -93,7 +93,7 @@ def report_data(trace: Trace, plan: Plan, device: str | None = None) -> dict:
 def _summary(trace: Trace, plan: Plan, planned, plain, cost: Cost) -> dict:
     actions = [d.action for d in plan.decisions]
     return {"model": str(trace.meta.get("model", trace.meta.get("source", "trace"))), "batch": trace.meta.get("batch"),
-            "planner": plan.planner, "device": cost.profile.name, "budget_bytes": plan.budget_bytes,
+            "planner": plan.planner, "profile": cost.profile.name, "budget_bytes": bytes_to_json(plan.budget_bytes),
             "plain_peak_bytes": int(plain.peak_load_bytes), "peak_bytes": int(planned.peak_load_bytes),
             "time_s": float(planned.time_s), "baseline_time_s": float(planned.baseline_time_s),
             "overhead": float(planned.overhead), "breakdown": planned.breakdown,
@@ -102,7 +102,7 @@ def _summary(trace: Trace, plan: Plan, planned, plain, cost: Cost) -> dict:
             "swapped": len({d.storage for d in plan.decisions if d.action == "swap"}),
             "recomputed": len({d.storage for d in plan.decisions if d.action == "recompute"}),
             "decisions": {a: actions.count(a) for a in sorted(set(actions))},
-            "budget": format_bytes(plan.budget_bytes) if plan.budget_bytes is not None else "none"}
+            "budget": bytes_label(plan.budget_bytes)}
 
 
 def _curve(result) -> list[list]:

@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..budget import UNLIMITED, Budget, parse_budget
+from ..budget import UNLIMITED, Budget, limited, parse_budget
 from ..cost.profiles import get_profile
 from ..errors import MemplanError, about_model
 from ..exec.runtime import BUDGET_TOLERANCE  # a run is over its budget when it measures more than budget x (1 + this)
+from ..problem import DEFAULT_PROFILE
 from ..tracing.optimes import CLOCKS
 from ..units import format_bytes
 from ..zoo.registry import get_workload
@@ -45,7 +46,7 @@ def op_time_source(trace) -> str:
 
 
 def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | int | float | None, steps: int,
-                 device: str = "cpu", profile: str = "h100", check: bool = False, seed: int = 0,
+                 device: str = "cpu", profile: str = DEFAULT_PROFILE, check: bool = False, seed: int = 0,
                  config: dict | None = None, baseline: str | None = None, trace=None, timed_steps: int = 0,
                  planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
                  fake: bool | None = None, allocator: str = "auto", executor: str = "auto",
@@ -139,7 +140,7 @@ class _Run:
 def _run_budget(budget, planner: str, baseline: str | None, memory_cap: int | None) -> Budget:
     """The run's budget: as given; without one, under a memory cap, what the cap leaves a plan
     (segments included)."""
-    budget = UNLIMITED if budget is None else parse_budget(budget)
+    budget = parse_budget(budget)
     if memory_cap is not None and budget.unlimited and planner != "none" and not baseline:
         return Budget.of_bytes(int(memory_cap / (1 + RESERVED_TOLERANCE)))
     if memory_cap is not None and budget.nbytes is not None and budget.nbytes > memory_cap:
@@ -155,7 +156,7 @@ def _measured_against(budget: Budget, trace) -> int:
     """The bytes a run is checked against: its budget, or without one the unplanned peak
     (what plain training holds)."""
     cap = budget.bytes_for(trace.peak_load_bytes)
-    return trace.peak_load_bytes if cap is None else cap
+    return cap if limited(cap) else trace.peak_load_bytes
 
 
 def _prepare(run: _Run, allocator: str) -> tuple[_Run, AllocatorMode]:
@@ -178,7 +179,7 @@ def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):
     cpu_profile = trace is None and str(run.device) == "cpu" and get_profile(run.profile).kind == "cpu"
     with about_model(run.name, run.config):  # a step that fails while traced is the model's
         return optimize(w.step, *w.inputs, budget=UNLIMITED if run.baseline else run.budget,
-                        planner="none" if run.baseline else run.planner, device=run.profile, model=w.model,
+                        planner="none" if run.baseline else run.planner, profile=run.profile, model=w.model,
                         optimizer=w.optimizer, seed=run.seed, measure="first", trace=trace,
                         time_repeats=OP_TIME_REPEATS if cpu_profile else 0, time_clock=run.clock, fake=fake,
                         executor=run.executor, cuda_graph=run.cuda_graph, **planner_params)

@@ -9,13 +9,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 
-from ..budget import Budget, parse_budget
+from ..budget import Budget, limited, parse_budget
 from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Plan, Trace
 from ..planners.autoswap import load_min_bytes
-from ..planners.base import get_planner, plan
+from ..planners.base import get_planner, plan_problem
 from ..plots import save_figure, subplots
+from ..problem import DEFAULT_PROFILE, Problem
 from ..progress import progress_bar
 from ..sim.simulate import simulate
 from ..sim.validate import validate
@@ -56,16 +57,16 @@ class SweepResult:
                 "points": [asdict(p) for p in self.points]}
 
 
-def sweep(trace: Trace, planners: list[str], budgets: list[Budget | str | int | float], device: str = "h100", *,
-          seed: int = 0,
-          params: dict | None = None, progress: bool = False) -> SweepResult:
+def sweep(trace: Trace, planners: list[str], budgets: list[Budget | str | int | float],
+          profile: str = DEFAULT_PROFILE, *, seed: int = 0, params: dict | None = None,
+          progress: bool = False) -> SweepResult:
     """Plan and simulate every planner at every budget.
 
     Args:
         trace: the iteration.
         planners: registered planner names.
         budgets: caps as `memplan.plan` takes them (a `Budget`, bytes, "60%", ...).
-        device: cost-model profile.
+        profile: the cost model's device profile.
         seed: seed for every planner.
         params: per planner name, extra keyword parameters.
         progress: show a progress bar on stderr.
@@ -74,17 +75,17 @@ def sweep(trace: Trace, planners: list[str], budgets: list[Budget | str | int | 
     """
     for name in planners:
         get_planner(name)  # fail on an unknown name before any work
+    problem = Problem.of(trace, profile=profile, seed=seed)
     caps = [parse_budget(b).bytes_for(trace.peak_load_bytes) for b in budgets]
-    if None in caps:
+    if not all(limited(cap) for cap in caps):
         raise MemplanError("each budget of a sweep is a cap (bytes or a share of the peak), not 'none'")
-    cost = Cost.for_trace(trace, device)
     points = {}
     with progress_bar("sweep", total=len(planners) * len(caps), unit=" plans", enabled=progress) as bar:
         for name in planners:
             tighter = None  # the plan at the tighter budget before (its planner keeps it where it is faster)
             for b in sorted(set(caps)):
                 bar.set_postfix_str(f"{name} at {format_bytes(b)}")
-                points[name, b], made = _point(trace, cost, name, b, seed, (params or {}).get(name, {}),
+                points[name, b], made = _point(problem.at(b), name, (params or {}).get(name, {}),
                                                tighter if name in KEEPS_TIGHTER else None)
                 tighter = made or tighter
                 bar.update(caps.count(b))
@@ -92,14 +93,14 @@ def sweep(trace: Trace, planners: list[str], budgets: list[Budget | str | int | 
                        points=tuple(points[name, b] for name in planners for b in caps))
 
 
-def _point(trace: Trace, cost: Cost, planner: str, budget: int, seed: int, params: dict,
-           tighter: Plan | None = None) -> tuple[SweepPoint, Plan | None]:
-    """The planner's point at `budget` and its plan; with `tighter` (the plan at a tighter budget),
-    that plan instead where it simulates faster at `budget` and validates there."""
+def _point(problem: Problem, planner: str, params: dict, tighter: Plan | None = None) -> tuple[SweepPoint, Plan | None]:
+    """The planner's point at the problem's cap and its plan; with `tighter` (the plan at a tighter
+    budget), that plan instead where it simulates faster at this cap and validates there."""
+    trace, budget, cost, _ = problem.parts()
     started = time.perf_counter()
     error = None
     try:
-        result = plan(trace, budget, planner=planner, seed=seed, cost=cost, simulate_result=False, **params)
+        result = plan_problem(problem, planner, simulate_result=False, **params)
     except InfeasibleBudgetError as exc:
         result, error = None, str(exc)
     if tighter is not None:

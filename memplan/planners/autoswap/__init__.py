@@ -16,6 +16,7 @@ import numpy as np
 from ...cost.model import Cost
 from ...errors import InfeasibleBudgetError, MemplanError
 from ...model import Plan, Trace
+from ...problem import Problem
 from ...units import format_bytes
 from ..base import register
 from ..kit.candidates import DEFAULT_MIN_BYTES, Candidates, find_candidates
@@ -32,7 +33,7 @@ OBJECTIVES = ("simulated",)  # or a callable plan -> overhead (a measured one co
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class Problem:
+class SwapProblem:
     """Everything one (trace, budget) needs, computed once and shared by all score variants."""
 
     trace: Trace  # the iteration
@@ -58,7 +59,7 @@ def load_min_bytes(trace: Trace, min_bytes: int = DEFAULT_MIN_BYTES, multi_swap:
 
 
 def make_problem(trace: Trace, budget_bytes: int, cost: Cost, *, min_bytes: int = DEFAULT_MIN_BYTES,
-                 allow_multi_swap: bool = False, planner: str = "autoswap") -> Problem:
+                 allow_multi_swap: bool = False, planner: str = "autoswap") -> SwapProblem:
     """Candidates and standardized scores for one budget, after checking it is reachable.
 
     Raises:
@@ -72,7 +73,7 @@ def make_problem(trace: Trace, budget_bytes: int, cost: Cost, *, min_bytes: int 
             raise _no_candidates(budget_bytes, floor, planner, min_bytes)
         raise _below_load_min(budget_bytes, floor, planner, allow_multi_swap)
     raw = all_scores(cand, cost, trace.load) if len(cand) else {k: np.zeros(0) for k in SCORES}
-    return Problem(trace=trace, cost=cost, budget_bytes=budget_bytes, cand=cand,
+    return SwapProblem(trace=trace, cost=cost, budget_bytes=budget_bytes, cand=cand,
                    scores={k: standardize(v) for k, v in raw.items()})
 
 
@@ -93,7 +94,7 @@ def _no_candidates(budget: int, peak: int, planner: str, min_bytes: int) -> Infe
         budget_bytes=budget, min_feasible_bytes=peak)
 
 
-def plan_for_priority(problem: Problem, priority: np.ndarray) -> Plan:
+def plan_for_priority(problem: SwapProblem, priority: np.ndarray) -> Plan:
     """Select (§IV-D) and schedule (§IV-E) the swaps for one priority score array."""
     cand, load = problem.cand, problem.trace.load
     order = sched.priority_order(priority, cand.primary)
@@ -106,19 +107,19 @@ def plan_for_priority(problem: Problem, priority: np.ndarray) -> Plan:
     return Plan(decisions=sched.decisions(picked, trigger))
 
 
-def combined_priority(problem: Problem, weights) -> np.ndarray:
+def combined_priority(problem: SwapProblem, weights) -> np.ndarray:
     """Eq. 3: a*AOA + b*DOA + c*WDOA + d*SWDOA over the standardized scores."""
     return sum(float(w) * problem.scores[k] for w, k in zip(weights, SCORES))
 
 
-def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, score: str = "bo",
+def autoswap(problem: Problem, *, score: str = "bo",
              min_bytes: int = DEFAULT_MIN_BYTES, allow_multi_swap: bool = False,
              n_trials: int = DEFAULT_TRIALS, objective="simulated", weights: object = None,
              time_limit_s: float | None = None) -> Plan:
     """AutoSwap: swap the highest-priority candidates until the load fits the budget.
 
     Args:
-        trace, budget_bytes, cost, seed: see `memplan.planners.base`.
+        problem: the trace, its cap, its costs and the seed (memplan.problem).
         score: "doa", "aoa", "wdoa", "swdoa" or "bo" (Bayesian-optimised weights, §IV-C).
         min_bytes: candidate size threshold (§IV-A, default 1 MiB).
         allow_multi_swap: below load_min, swap further gaps (storages more than once).
@@ -133,16 +134,17 @@ def autoswap(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, scor
         InfeasibleBudgetError: the budget is below load_min (names it).
         MemplanError: a bad score, objective or weights.
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     _check_args(score, objective, weights, time_limit_s)
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
-    problem = make_problem(trace, budget_bytes, cost, min_bytes=min_bytes, allow_multi_swap=allow_multi_swap,
-                           planner=f"autoswap:{score}")
-    return _plan_variant(problem, score, seed=seed, n_trials=n_trials, objective=objective, weights=weights,
+    swaps = make_problem(trace, budget_bytes, cost, min_bytes=min_bytes, allow_multi_swap=allow_multi_swap,
+                         planner=f"autoswap:{score}")
+    return _plan_variant(swaps, score, seed=seed, n_trials=n_trials, objective=objective, weights=weights,
                          time_limit_s=time_limit_s)
 
 
-def _plan_variant(problem: Problem, score: str, *, seed: int, n_trials: int, objective, weights,
+def _plan_variant(problem: SwapProblem, score: str, *, seed: int, n_trials: int, objective, weights,
                   time_limit_s: float | None = None) -> Plan:
     if score in SCORES:
         return plan_for_priority(problem, problem.scores[score])

@@ -1,12 +1,14 @@
 """The planner registry and `memplan.plan`.
 
-A planner is a plain function `fn(trace, budget_bytes, cost, *, seed, **params) -> Plan`
-registered under one or more names (`family` or `family:variant`), declaring what it
-decides (`DECIDES`). Its parameters are its keyword arguments: their annotations and
-defaults are the typed parameter schema that checks and converts what a user passes.
+A planner is a plain function `fn(problem, **params) -> Plan` (memplan.problem: the trace,
+its cap in bytes, its costs and the seed) registered under one or more names (`family` or
+`family:variant`), declaring what it decides (`DECIDES`). Its parameters are its keyword
+arguments: their annotations and defaults are the typed parameter schema that checks and
+converts what a user passes.
 Every module of this package is a family, found by the registry (memplan.registry: a
-new family is one module plus its test). `plan()` checks the parameters,
-times the planner, fills the plan's metadata and attaches the simulator's prediction.
+new family is one module plus its test). `plan()` makes the Problem from what a user gives;
+`plan_problem()` checks the parameters, times the planner, fills the plan's metadata and
+attaches the simulator's prediction.
 A name `X+Y`, where Y decides only micro-batches (a convolution planner such as
 `ucudnn:wd`), composes any swap/recompute planner X with it; where Y decides
 only the pool (`smartpool`...), Y lays the pool out over X's plan (memplan.planners.base.compositions).
@@ -19,21 +21,22 @@ import logging
 import time
 from typing import Callable
 
-from ...budget import UNLIMITED, Budget, parse_budget
+from ...budget import UNLIMITED, Budget
 from ...cost.model import Cost
 from ...cost.profiles import DeviceProfile, profile_to_json
 from ...errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknown_name
 from ...model import Plan, Trace, expect_trace
+from ...problem import DEFAULT_PROFILE, Problem
 from ...registry import Registry
 from ...sim.simulate import simulate
-from ...units import MAX_BYTES, ByteSize, format_bytes, parse_bytes
+from ...units import ByteSize, format_bytes, parse_bytes
 from .compositions import compose, compose_pool
 from .hooks_fit import fit_hooked
 from .spec import DECIDES, Param, PlannerFn, PlannerSpec
 
 log = logging.getLogger(__name__)
 
-_COMMON = ("trace", "budget_bytes", "cost", "seed")  # arguments every planner takes
+_COMMON = ("problem",)  # the argument every planner takes
 
 
 PLANNERS: Registry[PlannerSpec] = Registry("planner", "memplan.planners")
@@ -103,8 +106,8 @@ def get_planner(name: str) -> PlannerSpec:
     raise unknown_name("planner", name, planners)
 
 
-def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner: str = "none",
-         device: str | DeviceProfile = "h100", seed: int = 0, cost: Cost | None = None,
+def plan(trace: Trace, budget: Budget | str | int | float | None = UNLIMITED, planner: str = "none",
+         profile: str | DeviceProfile = DEFAULT_PROFILE, seed: int = 0, cost: Cost | None = None,
          simulate_result: bool = True, **params) -> Plan:
     """Plan where every storage of `trace` lives under a memory `budget`.
 
@@ -114,12 +117,12 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
     Args:
         trace: the traced iteration.
         budget: bytes, a size string ("8GiB"), a share of the unconstrained peak ("60%",
-            or a float in (0, 1]), a `memplan.budget.Budget`; None or "none" means no limit
+            or a float in (0, 1]), a `memplan.budget.Budget`; "none" (UNLIMITED) means no limit
             (the plan records none).
         planner: a registered planner name (see `known_planners()`).
-        device: profile name or file for the cost model.
+        profile: the cost model's device profile, a name or a profile file.
         seed: random seed for search planners.
-        cost: a precomputed Cost for this trace (overrides `device`).
+        cost: a precomputed Cost for this trace (overrides `profile`).
         simulate_result: attach the simulator's prediction in `plan.predicted`.
         **params: the planner's hyper-parameters.
     Returns:
@@ -132,21 +135,33 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = None, planner
             has no ops (a pool problem: plan it with a planner that decides only the pool).
     """
     expect_trace(trace, "plan")
+    return plan_problem(Problem.of(trace, budget, profile, seed=seed, cost=cost), planner, simulate_result,
+                        **params)
+
+
+def plan_problem(problem: Problem, planner: str = "none", simulate_result: bool = True, **params) -> Plan:
+    """`plan` of a Problem already made (the library's own callers: they hold one).
+
+    Raises:
+        UnknownNameError: unknown planner or parameter.
+        MemplanError: a bad parameter value.
+        InfeasibleBudgetError: no plan of this planner fits; names the smallest feasible load.
+        NeedsOpsError: the planner decides about ops and the trace has none.
+    """
     spec = get_planner(planner)
+    trace, cap = problem.trace, problem.budget_bytes
     if spec.needs_ops and not trace.ops:
         raise refuse_without_ops(spec)
-    cap = (UNLIMITED if budget is None else parse_budget(budget)).bytes_for(trace.peak_load_bytes)
-    cost = cost or Cost.for_trace(trace, device)
     params = check_params(spec, params)
     started = time.perf_counter()
-    result = planned_at(spec, trace, cap, cost, seed, params)
+    result = planned_at(spec, problem, params)
     elapsed = time.perf_counter() - started
-    if cap is not None and result.pool_bytes is not None and result.pool_bytes > cap:
+    if result.pool_bytes is not None and result.pool_bytes > cap:
         raise pool_over_budget(cap, result.pool_bytes, planner)
-    result = result.with_meta(planner=planner, params=dict(params), seed=seed, budget_bytes=cap,
-                              device=profile_to_json(cost.profile), trace_digest=trace.digest, planning_s=elapsed)
+    result = result.with_meta(planner=planner, params=dict(params), seed=problem.seed, budget_bytes=cap,
+                              profile=profile_to_json(problem.profile), trace_digest=trace.digest, planning_s=elapsed)
     if simulate_result:
-        result = result.with_meta(predicted=simulate(trace, result, cost=cost).summary())
+        result = result.with_meta(predicted=simulate(trace, result, cost=problem.cost).summary())
     return result
 
 
@@ -158,42 +173,41 @@ def searched_to_its_limit(spec: PlannerSpec, params: dict, seconds: float) -> bo
     return limit is not None and seconds >= 0.5 * float(limit)
 
 
-def planned_at(spec: PlannerSpec, trace: Trace, cap: int | None, cost: Cost, seed: int, params: dict) -> Plan:
-    """`spec`'s plan under `cap` (None: no limit), planned again under a smaller load where its hooked
-    form misses `cap` (memplan.planners.base.hooks_fit), unless the planner searched to its time limit."""
+def planned_at(spec: PlannerSpec, problem: Problem, params: dict) -> Plan:
+    """`spec`'s plan of `problem`, planned again under a smaller load where its hooked form misses
+    the cap (memplan.planners.base.hooks_fit), unless the planner searched to its time limit."""
     started = time.perf_counter()
-    result = _run_planner(spec, trace, planning_bytes(spec, trace, cap), cost, seed, params, limited=cap is not None)
-    if cap is not None and spec.decides & {"swap", "recompute"} and \
+    result = _run_planner(spec, problem.at(planning_bytes(spec, problem)), params, limited=problem.limited)
+    if problem.limited and spec.decides & {"swap", "recompute"} and \
             not searched_to_its_limit(spec, params, time.perf_counter() - started):
-        result = fit_hooked(lambda load: _run_planner(spec, trace, load, cost, seed, params, limited=True),
-                            trace, cap, result, cost, time.perf_counter() - started)
+        result = fit_hooked(lambda load: _run_planner(spec, problem.at(load), params, limited=True),
+                            problem, result, time.perf_counter() - started)
     return result
 
 
-def planning_bytes(spec: PlannerSpec, trace: Trace, cap: int | None) -> int:
+def planning_bytes(spec: PlannerSpec, problem: Problem) -> int:
     """The bytes a planner plans under: the cap; without one, the trace's unconstrained peak
     (no limit binds there), or for a planner deciding micro-batches or a pool no limit at all
     (workspaces and a layout's fragmentation may take memory above the trace's own peak)."""
-    if cap is not None:
-        return cap
-    return MAX_BYTES if spec.decides & {"microbatch", "pool"} else trace.peak_load_bytes
+    if problem.limited or spec.decides & {"microbatch", "pool"}:
+        return problem.budget_bytes
+    return problem.trace.peak_load_bytes
 
 
-def _run_planner(spec: PlannerSpec, trace: Trace, budget_bytes: int, cost: Cost, seed: int, params: dict, *,
-                 limited: bool) -> Plan:
-    """`spec`'s plan at `budget_bytes`; without a budget (`limited` false), at whatever load it needs.
+def _run_planner(spec: PlannerSpec, problem: Problem, params: dict, *, limited: bool) -> Plan:
+    """`spec`'s plan of `problem`; without a budget (`limited` false), at whatever load it needs.
 
     Planners take the unconstrained peak for "no budget"; one whose plan needs more there (a
     recomputation's rebuilt inputs beside what is resident) says how much, and it is run
     again at that load, which the infeasible-budget error promises it fits.
     """
     try:
-        return spec.fn(trace, budget_bytes, cost, seed=seed, **spec.defaults, **params)
+        return spec.fn(problem, **spec.defaults, **params)
     except InfeasibleBudgetError as exc:
         if limited:
             raise
         log.debug("planner %s needs %d bytes without a budget; planning there", spec.name, exc.min_feasible_bytes)
-        return spec.fn(trace, exc.min_feasible_bytes, cost, seed=seed, **spec.defaults, **params)
+        return spec.fn(problem.at(exc.min_feasible_bytes), **spec.defaults, **params)
 
 
 def infeasible(budget_bytes: int, min_feasible_bytes: int, planner: str) -> InfeasibleBudgetError:

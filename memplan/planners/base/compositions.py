@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from ...errors import InfeasibleBudgetError, MemplanError
 from ...model import Plan, Trace
 from ...pool import with_pool
+from ...problem import Problem
 from ...sim.convview import conv_view
-from ...units import MAX_BYTES, format_bytes
+from ...budget import NO_LIMIT, limited
+from ...units import format_bytes
 from .spec import Param, PlannerSpec
 
 POOL_TRIES = 6  # X+pool: plans of X under shrinking loads until its pool fits the budget
@@ -39,11 +42,12 @@ def compose(base: PlannerSpec, conv: PlannerSpec) -> PlannerSpec:
         raise MemplanError(f"cannot compose {name!r}: both planners take {', '.join(sorted(clash))}")
     conv_names = {p.name for p in conv.params}
 
-    def fn(trace, budget_bytes, cost, *, seed, **params):
-        convs = conv.fn(trace, budget_bytes, cost, seed=seed, **{**conv.defaults, "composed": True},
+    def fn(problem: Problem, **params):
+        trace, cost = problem.trace, problem.cost
+        convs = conv.fn(problem, **{**conv.defaults, "composed": True},
                         **{k: v for k, v in params.items() if k in conv_names})
         view, durations = conv_view(trace, cost.durations, convs.microbatches)
-        plan_ = base.fn(view, budget_bytes, cost.carried(durations), seed=seed, **base.defaults,
+        plan_ = base.fn(replace(problem, trace=view, cost=cost.carried(durations)), **base.defaults,
                         **{k: v for k, v in params.items() if k not in conv_names})
         # decisions on the view's workspace storages (not in the trace) would mean nothing
         kept = tuple(d for d in plan_.decisions if d.storage < len(trace.storages))
@@ -72,7 +76,8 @@ def compose_pool(base: PlannerSpec, pool: PlannerSpec) -> PlannerSpec:
                            f"lay a pool out over a swap or recompute planner's plan")
     pool_params = tuple(Param(name=f"pool_{p.name}", type=p.type, default=p.default) for p in pool.params)
 
-    def fn(trace, budget_bytes, cost, *, seed, **params):
+    def fn(problem: Problem, **params):
+        trace, budget_bytes, cost, seed = problem.parts()
         options = {k.removeprefix("pool_"): v for k, v in params.items() if k.startswith("pool_")}
         mine = {k: v for k, v in params.items() if not k.startswith("pool_")}
         layouts: dict = {}  # (decisions, budget) -> the laid-out plan: a plan that did not change is not laid out again
@@ -80,8 +85,8 @@ def compose_pool(base: PlannerSpec, pool: PlannerSpec) -> PlannerSpec:
         def pooled(load: int, budget: int) -> Plan:
             """base's plan at `load`, laid out as the program the executor runs under `budget`
             (the budget decides where compute waits for swap-outs to free memory)."""
-            plan_ = base.fn(trace, load, cost, seed=seed, **base.defaults, **mine)
-            plan_ = plan_.with_meta(budget_bytes=None if budget >= MAX_BYTES else budget)
+            plan_ = base.fn(problem.at(load), **base.defaults, **mine)
+            plan_ = plan_.with_meta(budget_bytes=budget)
             key = (plan_.decisions, plan_.budget_bytes)
             if key not in layouts:
                 layouts[key] = with_pool(trace, plan_, allocator=pool.defaults.get("allocator", pool.name), seed=seed,
@@ -125,7 +130,7 @@ def _fit(trace: Trace, budget_bytes: int, pooled: Pooled) -> Plan | InfeasibleBu
         The plan; else the smallest pool laid out, or base's error when it cannot plan at the
         budget itself.
     """
-    load = trace.peak_load_bytes if budget_bytes >= MAX_BYTES else budget_bytes  # no limit: nothing need move
+    load = budget_bytes if limited(budget_bytes) else trace.peak_load_bytes  # no limit: nothing need move
     cut, smallest, before = MIN_CUT, None, None
     reached, out_of_reach = load, None  # the last load base planned, the highest it did not
     for tries in range(1, POOL_TRIES + 1):
@@ -156,7 +161,7 @@ def _pooled_load(trace: Trace, bound: int, pooled: Pooled) -> int:
         if isinstance(_fit(trace, load, pooled), Plan):
             return load
     try:
-        unmoved = pooled(trace.peak_load_bytes, MAX_BYTES).pool_bytes  # what it moves at the peak (mostly nothing)
+        unmoved = pooled(trace.peak_load_bytes, NO_LIMIT).pool_bytes  # what it moves at the peak (mostly nothing)
     except InfeasibleBudgetError as exc:  # a planner that moves storages whatever the budget (sqrt-n)
-        unmoved = pooled(exc.min_feasible_bytes, MAX_BYTES).pool_bytes
+        unmoved = pooled(exc.min_feasible_bytes, NO_LIMIT).pool_bytes
     return max(trace.peak_load_bytes, unmoved)

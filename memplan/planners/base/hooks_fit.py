@@ -18,7 +18,8 @@ import logging
 import time
 
 from ...errors import InfeasibleBudgetError
-from ...model import Plan, Trace
+from ...model import Plan
+from ...problem import Problem
 from ...sim.simulate import Simulator
 
 log = logging.getLogger(__name__)
@@ -27,14 +28,15 @@ MAX_TRIES = 4  # plans made again at most
 TIME_FACTOR = 3.0  # ... and for at most this many times the first plan's planning time (plus a second)
 
 
-def fit_hooked(plan_at, trace: Trace, cap: int, first: Plan, cost, first_s: float) -> Plan:
-    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits `cap`.
+def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
+    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits the cap.
 
     Args:
         plan_at: load -> the planner's plan there (raises InfeasibleBudgetError when it has none).
-        first: the plan made at `cap`, which took `first_s` seconds.
+        first: the plan made under the problem's cap, which took `first_s` seconds.
     """
-    sim = Simulator(trace, cost)
+    cap = problem.budget_bytes
+    sim = Simulator(problem.trace, problem.cost)
     result = sim.hooked(first, cap)
     if result is None or result.feasible:
         return first

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from ...cost.model import Cost
 from ...errors import MemplanError
 from ...model import Plan, Trace
+from ...problem import DEFAULT_PROFILE, Problem
 from ...sim.simulate import Simulator
 from ...units import format_bytes
 from ..base import get_planner, infeasible, refuse_without_ops, register
@@ -62,7 +63,7 @@ REFINE_LIMIT_S = 20.0  # dqn:refined's local search
 
 @register("dqn", "paper 002: DQN swap/recompute policy trained on this trace (fine-tunes shipped weights)",
           decides=("swap", "recompute"))
-def plan_dqn(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weights: str | None = None,
+def plan_dqn(problem: Problem, *, weights: str | None = None,
              episodes: int = 200, time_limit_s: float = 60.0, min_bytes: int = DEFAULT_MIN_BYTES,
              gamma: float = 0.99, lr: float = 1e-3, epsilon: float | None = None) -> Plan:
     """Train the Q network on this trace and budget, then return the best plan evaluated.
@@ -76,6 +77,7 @@ def plan_dqn(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weig
         gamma, lr: discount and Adam step size.
         epsilon: starting epsilon (default 1.0 from scratch, 0.3 from weights).
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     from .train import Instance, TrainConfig, train
 
     net, from_file = _network(weights, seed, required=False)
@@ -94,7 +96,7 @@ def plan_dqn(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weig
 
 @register("dqn:pretrained", "paper 002: greedy DQN policy from a weights file (default: the shipped weights)",
           decides=("swap", "recompute"))
-def plan_dqn_pretrained(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weights: str | None = None,
+def plan_dqn_pretrained(problem: Problem, *, weights: str | None = None,
                         min_bytes: int = DEFAULT_MIN_BYTES) -> Plan:
     """The greedy policy of a trained network, no training.
 
@@ -102,6 +104,7 @@ def plan_dqn_pretrained(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
         weights: the weights file (default: the shipped weights).
         min_bytes: smallest activation the agent may act on.
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     net, _ = _network(weights, seed, required=True)
     graph = _graph(trace, budget_bytes, cost, min_bytes, "dqn:pretrained")
     if graph is None:
@@ -111,7 +114,7 @@ def plan_dqn_pretrained(trace: Trace, budget_bytes: int, cost: Cost, *, seed: in
 
 @register("dqn:refined", "dqn:pretrained's greedy plan, then a local search over keep/swap/recompute per feature "
                         "map (ours, not paper 002's)", decides=("swap", "recompute"))
-def plan_dqn_refined(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, weights: str | None = None,
+def plan_dqn_refined(problem: Problem, *, weights: str | None = None,
                      min_bytes: int = DEFAULT_MIN_BYTES, time_limit_s: float = REFINE_LIMIT_S) -> Plan:
     """The greedy policy of a trained network, improved by single-entry changes of its policy while
     they lower the simulated overhead (`memplan.planners.kit.refine`), within `time_limit_s`.
@@ -121,7 +124,8 @@ def plan_dqn_refined(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int =
         min_bytes: smallest activation the agent (and the local search) may act on.
         time_limit_s: wall-clock limit of the local search.
     """
-    start = plan_dqn_pretrained(trace, budget_bytes, cost, seed=seed, weights=weights, min_bytes=min_bytes)
+    trace, budget_bytes, cost, _ = problem.parts()
+    start = plan_dqn_pretrained(problem, weights=weights, min_bytes=min_bytes)
     fm = feature_maps(trace, min_bytes)
     if not start.decisions or not len(fm):
         return start
@@ -131,14 +135,14 @@ def plan_dqn_refined(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int =
     return refiner.plan(best) if score < INFEASIBLE and (not sim.feasible or score < sim.overhead) else start
 
 
-def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, init: str | None = None,
+def train_weights(problems: list[tuple[Trace, int]], profile: str = DEFAULT_PROFILE, *, init: str | None = None,
                   config: TrainConfig | None = None, min_bytes: int = DEFAULT_MIN_BYTES,
                   progress: bool = True) -> tuple[QNet, TrainReport]:
     """Train one network on several (trace, budget) problems in turn (`memplan dqn train`).
 
     Args:
         problems: (trace, budget in bytes) pairs; each budget must be at least its trace's floor.
-        device: cost-model profile.
+        profile: the cost model's device profile.
         init: weights file to start from (default: a fresh network seeded with config.seed).
         config: Alg. 1's hyper-parameters (default: TrainConfig()).
         min_bytes: smallest activation the agent may act on.
@@ -158,7 +162,7 @@ def train_weights(problems: list[tuple[Trace, int]], device: str = "h100", *, in
         if budget >= trace.peak_load_bytes:
             raise MemplanError(f"budget {budget} is at or above the peak {trace.peak_load_bytes} of "
                                f"{trace.meta.get('model', 'a trace')}: nothing to learn there")
-        graph = _graph(trace, budget, Cost.for_trace(trace, device), min_bytes, "dqn")
+        graph = _graph(trace, budget, Problem.of(trace, profile=profile).cost, min_bytes, "dqn")
         instances.append(Instance(graph=graph, env=Env(graph)))
     net = load_weights(init)[0] if init is not None else fresh_network((config or TrainConfig()).seed)
     return net, train(net, instances, config or TrainConfig(), progress=progress)

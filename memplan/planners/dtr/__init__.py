@@ -21,6 +21,7 @@ import time
 
 from ...cost.model import Cost
 from ...model import Decision, Plan, Trace
+from ...problem import Problem
 from ...sim.simulate import Simulator
 from ...sim.validate import static_load
 from ..base import infeasible, register
@@ -35,14 +36,15 @@ NAMING_CAPS = 3  # caps tried per load while searching the smallest feasible loa
 
 @register("dtr", "Dynamic Tensor Rematerialization (ICLR'21): greedy online eviction by h_DTR = cost / "
                  "(size x staleness), rematerialized on access", decides=("recompute",))
-def plan_dtr(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0) -> Plan:
+def plan_dtr(problem: Problem) -> Plan:
     """DTR's evictions under `budget_bytes`, as recompute decisions.
 
     Args:
-        trace, budget_bytes, cost, seed: see `memplan.planners.base` (DTR is deterministic).
+        problem: the trace, its cap and its costs (memplan.problem; DTR is deterministic: no seed).
     Raises:
         InfeasibleBudgetError: no DTR run fits under the budget; names a load at which it does.
     """
+    trace, budget_bytes, cost, _ = problem.parts()
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
     simulator = Simulator(trace, cost)

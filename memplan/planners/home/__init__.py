@@ -36,6 +36,7 @@ import numpy as np
 from ...cost.model import Cost
 from ...errors import MemplanError
 from ...model import Plan, Trace
+from ...problem import Problem
 from ...progress import progress_bar
 from ...sim.simulate import Simulator
 from ..base import infeasible, register
@@ -57,13 +58,13 @@ SEED_PLANNERS = ("capuchin", "tflms", "sqrt-n", "checkpoint-all", "superneurons"
 PARALLEL_MIN_WORK = 20_000  # particles x feature maps below which worker processes cost more than they save
 
 
-def home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, iters: int = DEFAULT_ITERS,
+def home(problem: Problem, *, iters: int = DEFAULT_ITERS,
          particles: int = DEFAULT_PARTICLES, time_limit_s: float | None = None, workers: int = 0,
          min_bytes: int = DEFAULT_MIN_BYTES, lead: int = DEFAULT_LEAD, label: str = "home") -> Plan:
     """HOME's particle swarm search.
 
     Args:
-        trace, budget_bytes, cost, seed: see `memplan.planners.base`.
+        problem: the trace, its cap, its costs and the seed (memplan.problem).
         iters: swarm iterations (Algorithm 1).
         particles: particles per iteration.
         time_limit_s: stop after the iteration running when this many seconds have passed.
@@ -76,6 +77,7 @@ def home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, iters: i
         MemplanError: iters or particles below 1.
         InfeasibleBudgetError: no policy tried fits (names the smallest peak seen).
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     return _home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
                  workers=workers, min_bytes=min_bytes, lead=lead, name=label)
 
@@ -97,7 +99,7 @@ def _home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int, iters: int,
     policies = random_policies(fm.allowed(), particles, np.random.default_rng(seed))
     seeds: list[Plan] = []
     if seeded:
-        seeds = fitting_plans(trace, budget_bytes, cost, SEED_PLANNERS, Simulator(trace, cost))
+        seeds = fitting_plans(Problem(trace, cost, budget_bytes), SEED_PLANNERS, Simulator(trace, cost))
         starts = np.array([policy_of(fm, p.decisions)[0] for p in seeds], dtype=np.int8).reshape(-1, len(fm))
         policies[:len(starts)] = starts[:particles]
     evaluator(policies[0])  # compiles the simulator before any worker is forked
@@ -161,11 +163,11 @@ register("home", "HOME (paper 004 §3): particle swarm over keep/swap/recompute 
          decides=("swap", "recompute"), label="home")(home)
 
 
-def home_fast(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, iters: int = DEFAULT_ITERS,
+def home_fast(problem: Problem, *, iters: int = DEFAULT_ITERS,
               particles: int = DEFAULT_PARTICLES, time_limit_s: float = FAST_TIME_LIMIT_S, workers: int = 0,
               min_bytes: int = DEFAULT_MIN_BYTES, lead: int = DEFAULT_LEAD) -> Plan:
     """`home` under a time limit: the best policy found when it runs out."""
-    return home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
+    return home(problem, iters=iters, particles=particles, time_limit_s=time_limit_s,
                 workers=workers, min_bytes=min_bytes, lead=lead, label="home:fast")
 
 
@@ -173,13 +175,14 @@ register("home:fast", "HOME's swarm under a time limit (default 20 s), best poli
          decides=("swap", "recompute"))(home_fast)
 
 
-def home_seeded(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0, iters: int = DEFAULT_ITERS,
+def home_seeded(problem: Problem, *, iters: int = DEFAULT_ITERS,
                 particles: int = SEEDED_PARTICLES, time_limit_s: float = FAST_TIME_LIMIT_S, workers: int = 0,
                 min_bytes: int = DEFAULT_MIN_BYTES, lead: int = DEFAULT_LEAD) -> Plan:
     """HOME's swarm with other planners' plans among its first particles (SEED_PLANNERS), then a
     mutation step: single-entry changes of the swarm's best, kept while they lower the overhead
     (a local search, `memplan.planners.kit.refine`), all within the time limit; the seed plans
     themselves (with their own prefetch triggers) stay candidates, the best simulated one wins."""
+    trace, budget_bytes, cost, seed = problem.parts()
     return _home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
                  workers=workers, min_bytes=min_bytes, lead=lead, name="home:seeded", seeded=True)
 

@@ -5,9 +5,9 @@ planners that fit, for the planners that start from them.
 
 from __future__ import annotations
 
-from ...cost.model import Cost
 from ...errors import InfeasibleBudgetError
-from ...model import Plan, Trace
+from ...model import Plan
+from ...problem import Problem
 from ...sim.simulate import Simulator
 from ..base import get_planner, planned_at
 
@@ -30,7 +30,7 @@ def smallest_fitting_budget(simulator: Simulator, plan: Plan, lowest: int, *, re
     """
     if simulator.run(plan, lowest).feasible:
         return lowest
-    lo, hi = lowest, max(simulator.run(plan, None).peak_load_bytes, lowest + 1)
+    lo, hi = lowest, max(simulator.run(plan).peak_load_bytes, lowest + 1)
     resolution = max(1, int(hi * resolution_share))
     for _ in range(MAX_BISECTIONS):
         if hi - lo <= resolution:
@@ -40,16 +40,16 @@ def smallest_fitting_budget(simulator: Simulator, plan: Plan, lowest: int, *, re
     return hi
 
 
-def fitting_plans(trace: Trace, budget_bytes: int, cost: Cost, planners, simulator: Simulator, **params) -> list[Plan]:
+def fitting_plans(problem: Problem, planners, simulator: Simulator, **params) -> list[Plan]:
     """The plans (seed 0; their defaults, and `params`) of the named planners that the simulator runs
-    within `budget_bytes`, in the order named, each as `memplan.plan` makes it (planned again where
+    within the problem's cap, in the order named, each as `memplan.plan` makes it (planned again where
     its hooked form misses the budget: raw, it would run interpreted); a planner refusing the budget
     gives none."""
-    out = []
+    out, budget_bytes = [], problem.budget_bytes
     for name in planners:
         spec = get_planner(name)
         try:
-            plan = planned_at(spec, trace, budget_bytes, cost, 0, dict(params))
+            plan = planned_at(spec, problem.with_seed(0), dict(params))
         except InfeasibleBudgetError:
             continue
         result = simulator.run(plan, budget_bytes)

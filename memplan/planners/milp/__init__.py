@@ -65,6 +65,7 @@ import numpy as np
 from ...cost.model import Cost
 from ...errors import InfeasibleBudgetError, MemplanError
 from ...model import Decision, Plan, Trace
+from ...problem import Problem
 from ...sim.simulate import Simulator
 from ...sim.validate import OVER_BUDGET, static_load, validate
 from ..base import infeasible, register
@@ -96,8 +97,7 @@ MIN_SOLVE_S = 1.0  # the MILP's time limit after that bound, at least
 
 @register("milp", "keep/swap/recompute per gap of every movable storage, the MILP optimum (HiGHS) on the "
                   "layer view", decides=("swap", "recompute"))
-def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
-              time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_gap: float = DEFAULT_GAP,
+def plan_milp(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, mip_rel_gap: float = DEFAULT_GAP,
               min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
               max_direct_groups: int = MAX_DIRECT_GROUPS, moves: str = "all") -> Plan:
     """The plan of least overhead in the MILP, checked by the validator and the simulator.
@@ -126,6 +126,7 @@ def plan_milp(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int = 0,
             planners, DTR or autoswap:bo fits it either; it names the floor.
         MemplanError: a bad parameter.
     """
+    trace, budget_bytes, cost, seed = problem.parts()
     return solve_milp(trace, budget_bytes, cost, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap,
                       min_bytes=min_bytes, window=window, max_direct_groups=max_direct_groups, moves=moves)
 

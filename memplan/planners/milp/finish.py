@@ -9,6 +9,7 @@ import time
 from ...cost.model import Cost
 from ...errors import InfeasibleBudgetError
 from ...model import Decision, Plan, Trace
+from ...problem import Problem
 from ...sim.simulate import Simulator
 from ...sim.validate import validate
 from ..dtr import dtr_within
@@ -28,9 +29,10 @@ def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator
     """The decisions of the fitting plan of least simulated time among START_PLANNERS' and, with
     `dtr_s` and `bo_s`, DTR's (its caps tried within that many seconds) and autoswap:bo's (with that
     time limit); None when none fits."""
-    plans = fitting_plans(trace, budget_bytes, cost, START_PLANNERS, simulator)
+    problem = Problem(trace, cost, budget_bytes)
+    plans = fitting_plans(problem, START_PLANNERS, simulator)
     if bo_s > 0:
-        plans += fitting_plans(trace, budget_bytes, cost, ("autoswap:bo",), simulator, time_limit_s=bo_s)
+        plans += fitting_plans(problem, ("autoswap:bo",), simulator, time_limit_s=bo_s)
     if dtr_s > 0:
         found = dtr_within(trace, cost, simulator, budget_bytes, time.monotonic() + dtr_s)
         plans += [found] if found is not None and not validate(trace, found, budget_bytes) else []

@@ -63,7 +63,7 @@ from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile, profile_from_json
 from ..model import Plan, Trace, check_plan, expect_trace
 from . import _codes as K
-from .kernel import compiled
+from .kernel_loader import compiled
 from .arrays import csr, event_csr, host_peak, host_per_op
 from .chains import plan_chains
 from .convview import conv_view
@@ -131,7 +131,7 @@ class Simulator:
     def __init__(self, trace: Trace, cost: Cost, kernel: ModuleType | None = None, hooks: bool = True):
         self.trace = trace
         self.cost = cost
-        self._kernel = kernel or compiled()  # memplan.sim.kernel: compiled, or interpreted for one run
+        self._kernel = kernel or compiled()  # memplan.sim.kernel_loader: compiled, or interpreted for one run
         n = trace.num_steps
         self._births = csr(trace.alloc_ops[trace.free_ops > trace.alloc_ops],
                             np.arange(len(trace.storages))[trace.free_ops > trace.alloc_ops], n)

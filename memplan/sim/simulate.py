@@ -1,6 +1,6 @@
 """The discrete-event simulator every planner is judged by.
 
-Semantics (the contract of DESIGN.md, "Simulator semantics"):
+Semantics (the contract; docs/simulator.md, "Simulation", says it for users):
 
 - One compute stream runs the ops in trace order for `cost.durations` (a pool-only trace,
   without ops, runs its time axis as steps that take no time). Two copy engines,

@@ -81,7 +81,7 @@ def run_child(spec: dict) -> dict:
 def cpu_stream_replay(spec: dict) -> dict:
     """Dry run of a pool configuration: the allocation requests of one real planned step on the CPU
     (torch.profiler, each with the runner's op) replayed through the host pool (memplan.testing.requests)."""
-    from memplan.pool.replay import ReplayAllocator
+    from memplan.pool.replay_allocator import ReplayAllocator
     from memplan.pool.requests import step_requests
     from memplan.testing.requests import record_cpu_requests, replay_requests
     from memplan.workflows.optimize import optimize

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_interpreted_kernel_gives_the_compiled_kernels_residencies():
     from memplan import plan as make_plan
     from memplan.problem import Problem
-    from memplan.sim import kernel
+    from memplan.sim import kernel_loader
     from memplan.sim.program import compile_program, residencies
     from memplan.sim.simulate import Simulator
 
@@ -39,8 +39,8 @@ def test_the_interpreted_kernel_gives_the_compiled_kernels_residencies():
     made = make_plan(trace, "60%", planner="autoswap:doa", simulate_result=False)
     cost = Problem.of(trace).cost
     programs = [compile_program(trace, made, cost, simulator=Simulator(trace, cost, k))
-                for k in (kernel.compiled(), kernel.interpreted())]
-    assert kernel.interpreted().run_kernel is not kernel.compiled().run_kernel
+                for k in (kernel_loader.compiled(), kernel_loader.interpreted())]
+    assert kernel_loader.interpreted().run_kernel is not kernel_loader.compiled().run_kernel
     assert programs[0].actions == programs[1].actions and programs[0].predicted == programs[1].predicted
     assert residencies(trace, programs[0]) == residencies(trace, programs[1])
 

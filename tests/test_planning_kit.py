@@ -141,7 +141,7 @@ def _conv_op_names(node) -> bool:
 
 
 SHAPES = {
-    "an input overwritten before a replay (kit.replay.input_overwritten)":
+    "an input overwritten before a replay (kit.replayable.input_overwritten)":
         lambda f: _calls(f, "lineage") and _subscripts(f, "writers"),
     "a bisection for the smallest budget that fits (kit.fitting.smallest_fitting_budget)":
         lambda f: _bisects(f) and _reads(f, "feasible"),
@@ -174,7 +174,7 @@ def test_the_shapes_find_the_kit_rules_they_stand_for():
     # The checks above are only as good as their shapes: each one finds the kit's own definition.
     kit = {path.stem: tree for path, tree in _modules(outside_kit=False)}
     functions = {f.name: f for tree in kit.values() for f in _functions(tree)}
-    assert SHAPES["an input overwritten before a replay (kit.replay.input_overwritten)"](functions["input_overwritten"])
+    assert SHAPES["an input overwritten before a replay (kit.replayable.input_overwritten)"](functions["input_overwritten"])
     assert SHAPES["a bisection for the smallest budget that fits (kit.fitting.smallest_fitting_budget)"](
         functions["smallest_fitting_budget"])
     saved = "which activations autograd saved (kit.saved.saved_activations)"

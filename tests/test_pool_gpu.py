@@ -33,7 +33,7 @@ def test_a_smartpool_plan_trains_on_its_layout_bit_identically():
 
 def test_the_pool_cannot_replace_an_allocator_in_use():
     code = ("import torch; torch.ones(1, device='cuda')\n"
-            "from memplan.pool.replay import install_cuda_allocator\n"
+            "from memplan.pool.replay_allocator import install_cuda_allocator\n"
             "try:\n    install_cuda_allocator()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "MemplanError" in proc.stdout and "before the first CUDA allocation" in proc.stdout

@@ -11,8 +11,8 @@ import pytest
 import memplan.pool as mp
 from memplan.pool import construct
 from memplan.pool.allocators import smartpool as smart
-from memplan.pool.budget import EXIT_S, command_limit_s, process_age_s
 from memplan.pool.synthetic import FAMILIES, synthetic_problem
+from memplan.pool.time_limit import EXIT_S, command_limit_s, process_age_s
 
 
 def overlapping_pairs(problem, offsets):

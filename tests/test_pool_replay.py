@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import memplan.pool as mp
 from memplan.errors import MemplanError
-from memplan.pool.replay import ReplayAllocator, ReplayPlan
+from memplan.pool.replay_allocator import ReplayAllocator, ReplayPlan
 
 OTHER_STREAM = 0x1234  # any value other than the pool's stream (0, the default stream)
 

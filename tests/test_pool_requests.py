@@ -14,7 +14,7 @@ import memplan.pool as mp
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError, MemplanError
 from memplan.planners.base import plan as make_plan
-from memplan.pool.replay import ReplayAllocator
+from memplan.pool.replay_allocator import ReplayAllocator
 from memplan.pool.requests import MIN_SLOT_BYTES, aligned_offsets, step_requests
 from memplan.sim.program import compile_program, residencies
 from memplan.testing.planner_property import fast_params

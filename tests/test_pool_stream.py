@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from memplan.pool.replay import ReplayAllocator
+from memplan.pool.replay_allocator import ReplayAllocator
 from memplan.pool.requests import step_requests
 from memplan.testing.requests import record_cpu_requests, replay_requests
 from memplan.workflows.optimize import optimize

@@ -1,8 +1,9 @@
 """Append to each planner-family page its registered planners and their parameters (from the registry).
 
-A page under docs/planners/ claims the modules that register its planners in its front
-matter (`planners: [memplan.planners.autoswap, ...]`). The build fails when a registered
-planner is on no page, so a new planner cannot go undocumented.
+A page under docs/planners/ claims its planners in its front matter by the modules that register
+them (`planners: [memplan.planners.autoswap, ...]`), or by a planning function where one module
+registers planners of two pages (`memplan.planners.superneurons.superneurons`). The build fails
+when a registered planner is on no page, so a new planner cannot go undocumented.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from memplan.planners.base import PlannerSpec, known_planners
 PAGES = Path(mkdocs_gen_files.config.docs_dir) / "planners"
 
 
-def _claims(module: str, prefixes: list[str]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
+def _claims(spec: PlannerSpec, prefixes: list[str]) -> bool:
+    where = f"{spec.fn.__module__}.{spec.fn.__qualname__}"  # the planning function's full name
+    return any(where.startswith(p + ".") or where == p for p in prefixes)
 
 
 def _default(value) -> str:
@@ -52,7 +54,7 @@ def main() -> None:
     for path in sorted(PAGES.glob("*.md")):
         _, meta = get_data(path.read_text())
         prefixes = meta.get("planners") or []
-        mine = [s for s in specs if _claims(s.fn.__module__, prefixes)]
+        mine = [s for s in specs if _claims(s, prefixes)]
         if prefixes and not mine:
             raise SystemExit(f"docs/planners/{path.name}: no registered planner comes from {prefixes}")
         if mine:

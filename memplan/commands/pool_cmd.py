@@ -63,8 +63,8 @@ def load_problem(path: str, plan_path: str | None, profile: str | None):
 def run(args) -> int:
     """Solve, validate (inside `solve`), write outputs, print."""
     from ..pool.api import solve
-    from ..pool.budget import command_limit_s
     from ..pool.plot import plot_layout
+    from ..pool.time_limit import command_limit_s
 
     options = _check_options(args)
     problem = load_problem(args.input, args.plan, args.profile)

@@ -46,8 +46,8 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .engine import CudaCopyEngine
 from .hostcopy import load
+from .op_replay import byte_view
 from .owners import resolve_owner
-from .replay import byte_view
 from .residency import Residency
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ from ..model.hookpoints import hook_points
 from ..model.program import ActionKind, RegionRun, StepProgram
 from .engine import CopyEngine
 from .mover import Mover
-from .replay import adopt
+from .op_replay import adopt
 from .residency import MovedStorage, Residency
 from .slab import HostSlab
 

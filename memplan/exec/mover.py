@@ -18,7 +18,7 @@ from ..model.program import Action, ActionKind, StepProgram
 from .engine import CopyEngine, blocked_s
 from .hostcopy import load, store, typed_bytes
 from .locate import StorageFinder
-from .replay import byte_view
+from .op_replay import byte_view
 from .residency import ExecStats, MovedStorage, Residency
 from .slab import HostSlab
 

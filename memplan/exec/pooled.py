@@ -1,6 +1,6 @@
 """PoolSession: a plan's pool layout served by the replay allocator, one iteration per step.
 
-The allocator (memplan.pool.replay) is armed for exactly the span of a planned step, on the
+The allocator (memplan.pool.replay_allocator) is armed for exactly the span of a planned step, on the
 stream the step computes on, and disarmed after it: what runs between steps (inputs made for
 the next step, the loss read back) is served by its heap and is not the plan's business. The
 step runner publishes the op it runs in the allocator's op clock, which is how requests find
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..pool.replay import ReplayAllocator, ReplayPlan
+from ..pool.replay_allocator import ReplayAllocator, ReplayPlan
 
 # Counters reported per step as differences over the step.
 _COUNTED = ("requests", "served", "served_bytes", "small", "fallbacks", "unplanned", "unplanned_bytes", "conflicts",

@@ -34,8 +34,8 @@ from . import microconv
 from .engine import CopyEngine
 from .locate import touched_entries
 from .mover import Mover
+from .op_replay import Replayer, adopt
 from .points import ProgramPoints
-from .replay import Replayer, adopt
 from .residency import MovedStorage, Residency
 from .resync import INSERTED_LIMIT, RESYNC_WINDOW, op_ahead
 from .slab import HostSlab

@@ -1,6 +1,6 @@
 """The data model every layer shares: the trace of one iteration and the plan made for it.
 
-Plain frozen dataclasses, JSON on disk (see DESIGN.md, "Data model").
+Plain frozen dataclasses, JSON on disk (docs/traces.md describes a trace and its file).
 """
 
 from .check import PlanMismatchError, check_plan, expect_trace

@@ -1,1 +1,2 @@
-"""Plans and planners: the plan format, the registry and one module per planner family."""
+"""Planners: one module or package per planner family, the registry and `memplan.plan` (`base`),
+and the rules several families share (`kit`). The plan they return is `memplan.model`'s."""

@@ -33,7 +33,7 @@ from ..problem import Problem
 from ..sim.simulate import Simulator
 from .base import infeasible, register
 from .kit.blocks import block_calls
-from .kit.replay import replayable
+from .kit.replayable import replayable
 from .kit.saved import SavedGap, last_access_before, saved_activations
 
 
@@ -130,7 +130,7 @@ def checkpoint_decisions(trace: Trace, block_of: dict[int, object]) -> list[Deci
     another block (or outside every block) reads it (a block output). All of a block's
     recomputed storages come back before the block's first backward access, so the block
     runs again once. One whose replay would need an input that is gone or overwritten by
-    then is kept instead (`memplan.planners.kit.replay`): a block boundary inside the block.
+    then is kept instead (`memplan.planners.kit.replayable`): a block boundary inside the block.
 
     Args:
         trace: the trace.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..cost.model import Cost
 from ..model import Plan, Trace
 from ..problem import Problem
-from ..sim.kernel import for_one_run
+from ..sim.kernel_loader import for_one_run
 from ..sim.program import compile_program, residencies
 from ..sim.simulate import Simulator
 from .problem import ROLE_OFFLOAD, ROLE_PLAIN, ROLE_PREFETCH, PoolProblem, make_problem
@@ -38,7 +38,8 @@ def residency_problem(trace: Trace, plan: Plan | None = None, cost: Cost | None 
                 if s.nbytes > 0 and s.free_op > s.alloc_op]
     else:
         cost = Problem.of(trace, cost=cost).cost
-        # One simulation: interpreted, unless this process has loaded the compiled kernel (memplan.sim.kernel).
+        # One simulation: interpreted, unless this process has loaded the compiled kernel
+        # (memplan.sim.kernel_loader).
         simulator = Simulator(trace, cost, for_one_run())
         rows = residencies(trace, compile_program(trace, plan, cost, simulator=simulator))
     sids = [r[0] for r in rows]

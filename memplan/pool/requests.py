@@ -1,5 +1,5 @@
 """The runtime pool of a plan: the allocation requests a planned step makes, in order, each at its
-offset in the plan's layout, ready for the replay allocator (replay.py).
+offset in the plan's layout, ready for the replay allocator (replay_allocator.py).
 
 Only residencies whose allocation a step requests are planned: persistent storages
 (parameters, optimizer state) and the step's inputs exist before the step starts, so they
@@ -22,7 +22,7 @@ from ..model.program import StepProgram
 from ..sim.program import residencies
 from .check import check_layout
 from .problem import make_problem
-from .replay import ReplayPlan
+from .replay_allocator import ReplayPlan
 
 ALIGNMENT = 512  # bytes: the caching allocator's smallest block (kMinBlockSize), so kernels see the same alignment
 MIN_SLOT_BYTES = 512  # smaller storages stay with the heap: few bytes, and sizes too common to match reliably

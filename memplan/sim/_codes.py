@@ -1,7 +1,7 @@
 """The numbers the simulator's kernel and its callers agree on: decision kinds, wrap modes,
 bits, and the slots of the kernel's result vectors and program rows.
 
-Apart from the kernel so that importing them does not import numba (memplan.sim.kernel).
+Apart from the kernel so that importing them does not import numba (memplan.sim.kernel_loader).
 """
 
 from ..model.program import ActionKind

@@ -1,7 +1,7 @@
 """The simulator's inner event loop over flat arrays (numba-compiled when numba imports).
 
 Everything here is plain numpy arrays and scalars so that numba can compile it; the
-semantics are documented in `memplan.sim.simulate`. `memplan.sim.kernel` also loads this
+semantics are documented in `memplan.sim.simulate`. `memplan.sim.kernel_loader` also loads this
 file a second time with numba hidden, as plain Python, for one-shot simulations.
 """
 

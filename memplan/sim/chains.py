@@ -11,7 +11,7 @@ that op (batch norm's saved statistics beside its output) that storage is taken 
 replay and its own chain is empty. So a checkpointed segment runs its forward ops once.
 A temporary input is dropped right after the last chain of the op that reads it.
 The simulator charges the chains' time and memory from this one description, and the
-executor replays exactly these steps (memplan.exec.replay).
+executor replays exactly these steps (memplan.exec.op_replay).
 
 Memory of a chain: its target and the storages it adopts stay resident; the inputs it
 rebuilds stay until the last chain of the op that reads them is done; for each replayed

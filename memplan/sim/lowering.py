@@ -1,6 +1,6 @@
 """Lower a plan onto what the executor can act on without interpreting every op.
 
-DESIGN.md, "Lower the plan, do not interpret it". A plan runs at one of three levels:
+Lower the plan, do not interpret it (docs/executor.md, "How it runs"). A plan runs at one of three levels:
 
 - plain: no decision; nothing is installed in the step.
 - hooked: the decisions take tensors autograd saved (`Trace.saved`) out of memory until backward

@@ -1,6 +1,6 @@
 """The discrete-event simulator every planner is judged by.
 
-Semantics (the contract of DESIGN.md, "Simulator semantics"):
+Semantics (the contract; docs/simulator.md, "Simulation", says it for users):
 
 - One compute stream runs the ops in trace order for `cost.durations` (a pool-only trace,
   without ops, runs its time axis as steps that take no time). Two copy engines,
@@ -64,7 +64,7 @@ from ..cost.profiles import DeviceProfile, profile_from_json
 from ..model import Plan, Trace, check_plan, expect_trace
 from ..problem import DEFAULT_PROFILE, Problem
 from . import _codes as K
-from .kernel import compiled
+from .kernel_loader import compiled
 from .arrays import csr, event_csr, host_peak, host_per_op
 from .chains import plan_chains
 from .convview import conv_view
@@ -130,7 +130,7 @@ class Simulator:
     def __init__(self, trace: Trace, cost: Cost, kernel: ModuleType | None = None, hooks: bool = True):
         self.trace = trace
         self.cost = cost
-        self._kernel = kernel or compiled()  # memplan.sim.kernel: compiled, or interpreted for one run
+        self._kernel = kernel or compiled()  # memplan.sim.kernel_loader: compiled, or interpreted for one run
         n = trace.num_steps
         self._births = csr(trace.alloc_ops[trace.free_ops > trace.alloc_ops],
                             np.arange(len(trace.storages))[trace.free_ops > trace.alloc_ops], n)

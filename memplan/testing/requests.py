@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..pool.replay import ReplayAllocator, ReplayPlan
+from ..pool.replay_allocator import ReplayAllocator, ReplayPlan
 
 
 @dataclass(frozen=True, kw_only=True)

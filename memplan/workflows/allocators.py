@@ -2,7 +2,7 @@
 segments, or the plan's pool (SmartPool's layout served by memplan's replay allocator).
 
 The choice is made before the run's first CUDA allocation: a pluggable allocator can only
-replace PyTorch's before that (memplan.pool.replay says why it must be one). `auto` picks the
+replace PyTorch's before that (memplan.pool.replay_allocator says why it must be one). `auto` picks the
 pool for a plan that has a layout (a planner that decides "pool": smartpool, X+smartpool) on
 CUDA, and otherwise expandable segments, whose reserved memory stays close to what is
 allocated (a plan's budget then holds in reserved bytes too), unless PYTORCH_CUDA_ALLOC_CONF
@@ -19,7 +19,7 @@ import torch
 from ..errors import MemplanError
 from ..exec.pooled import PoolSession
 from ..planners.base import get_planner
-from ..pool.replay import install_cuda_allocator, installed_cuda_allocator
+from ..pool.replay_allocator import install_cuda_allocator, installed_cuda_allocator
 from ..pool.requests import step_requests
 from .allocator_names import AllocatorMode
 

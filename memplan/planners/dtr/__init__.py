@@ -12,7 +12,7 @@ replayed op's discarded outputs, inputs rebuilt along the way), so its plan at c
 need more than c in the simulator. The planner therefore runs DTR at the budget and,
 while the simulator does not fit the plan under the budget, again at lower caps (a fixed
 grid of shares of the trace's peak, at most MAX_TRIES runs). Evictions whose replay cannot run (an input gone
-or overwritten by then: `memplan.planners.kit.replay`) are kept instead.
+or overwritten by then: `memplan.planners.kit.replayable`) are kept instead.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from ...sim.simulate import Simulator
 from ...sim.validate import static_load
 from ..base import infeasible, register
 from ..kit.prefetch import in_issue_order
-from ..kit.replay import replayable
+from ..kit.replayable import replayable
 from .eviction import DtrRun
 
 MAX_TRIES = 10  # DTR runs (the budget, then lower caps) before the budget counts as out of reach

@@ -19,7 +19,7 @@ rebuilt for the replay and dropped again, as `memplan.sim.chains` runs a recompu
 Each eviction becomes one recompute gap: from the storage's last access before the
 eviction to its next access. Evictable: non-persistent activations with a producer in the
 trace (`Trace.recomputable`) that some later op reads, and whose replay there would read the
-values its producer read (no input written again in between: `memplan.planners.kit.replay`'s rule
+values its producer read (no input written again in between: `memplan.planners.kit.replayable`'s rule
 2); parameters, gradients, optimizer state and inputs stay. The op's own operands are locked
 while it runs.
 """

@@ -5,7 +5,7 @@
 | `saved` | which storages are saved activations, and the gap each can leave memory for |
 | `candidates` | every gap a storage can leave memory for (AutoSwap's candidates, milp's units) |
 | `gaps` | whether the trace holds a storage at an op, whether an op is inside a gap; the load with a set of gaps away |
-| `replay` | whether a recomputation can be replayed (an input overwritten before it, inputs gone) |
+| `replayable` | whether a recomputation can be replayed (an input overwritten before it, inputs gone) |
 | `rebuild` | what a recomputation relies on while gaps are decided one at a time |
 | `prefetch` | when a swapped storage is prefetched (layer lead; paper 002 §4.5); the order decisions are listed in |
 | `fitting` | the smallest budget a plan fits; the plans of other planners that fit |
@@ -27,7 +27,7 @@ RULES = {
     "last_access_before": "saved", "first_backward_op": "saved",
     "Candidates": "candidates", "find_candidates": "candidates",
     "alive_at": "gaps", "gap_covers": "gaps", "away_mask": "gaps", "load_without": "gaps",
-    "input_overwritten": "replay", "can_replay": "replay", "replayable": "replay",
+    "input_overwritten": "replayable", "can_replay": "replayable", "replayable": "replayable",
     "Rebuilder": "rebuild",
     "lead_trigger": "prefetch", "backward_layer_starts": "prefetch", "prefetch_triggers": "prefetch",
     "gap_decisions": "prefetch", "in_issue_order": "prefetch", "issue_key": "prefetch",

@@ -7,7 +7,7 @@ same trace and cost model (op durations, copy latency and bandwidth of the profi
 compress a swapped storage or split convolutions into micro-batches change the op times or the
 bytes copied and are not covered.
 
-What the LP knows of the simulator (each a consequence of its semantics, DESIGN.md):
+What the LP knows of the simulator (each a consequence of its semantics, `memplan.sim.simulate`):
 - while op i runs, every storage its lifetime holds there is resident, unless a decision has it
   away (released after its swap-out, not yet prefetched; or dropped, not yet recomputed), so the
   bytes away at i are at least the trace's load there minus the budget;

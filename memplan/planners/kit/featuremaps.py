@@ -31,7 +31,7 @@ from ...sim.chains import MAX_CHAIN_DEPTH
 from ...sim.memo import ProbeMemo
 from .gaps import alive_at
 from .prefetch import DEFAULT_LEAD, backward_layer_starts, lead_trigger
-from .replay import can_replay
+from .replayable import can_replay
 from .saved import saved_gaps
 
 KEEP, SWAP, RECOMPUTE = 0, 1, 2  # HOME's policy values (paper 004 §3.3)

@@ -1,7 +1,7 @@
 """Can a storage be recomputed before an op, given the gaps decided so far?
 
 The rules are the validator's (RECOMPUTE_INPUT_ABSENT, RECOMPUTE_INPUT_OVERWRITTEN, which
-`memplan.sim.validate` checks independently; the second is `memplan.planners.kit.replay`'s
+`memplan.sim.validate` checks independently; the second is `memplan.planners.kit.replayable`'s
 `input_overwritten`): replaying the ops that wrote a storage needs each of their inputs
 there, either resident (alive and not inside one of its gaps) or itself rebuilt from
 resident storages; a swapped-away input is on the host and cannot be rebuilt; no input may
@@ -16,7 +16,7 @@ from __future__ import annotations
 from ...model import Trace
 from ...sim.chains import MAX_CHAIN_DEPTH
 from .gaps import alive_at
-from .replay import input_overwritten
+from .replayable import input_overwritten
 
 
 class Rebuilder:

@@ -36,7 +36,7 @@ from ...model import Trace
 from ..kit.candidates import find_candidates
 from ..kit.gaps import alive_at, gap_covers
 from ..kit.ops import op_starts
-from ..kit.replay import input_overwritten
+from ..kit.replayable import input_overwritten
 from ..kit.saved import saved_gaps
 
 MAX_DEPTH = 64  # rebuilds nested deeper than this are refused (the simulator does not follow them either)

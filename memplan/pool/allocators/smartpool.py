@@ -17,12 +17,12 @@ import time
 
 import numpy as np
 
-from ..budget import reserve_s
 from ..construct import affordable_graph, construct
 from ..greedy import greedy_place
 from ..problem import PoolProblem
 from ..search import default_threads, improve
 from ..split import Atom, split
+from ..time_limit import reserve_s
 from .base import AllocatorOutcome, register_allocator
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Pool planners: `smartpool`, `smartpool-bestfit`, `smartpool-firstfit`.
+"""Planners that decide only the pool: `smartpool`, `smartpool-bestfit`, `smartpool-firstfit`.
 
 They keep every storage resident (no swaps) and lay all buffers out in one offline-planned
 pool. `X+smartpool` lays the pool out over any swap or recompute planner X's plan

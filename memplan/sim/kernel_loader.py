@@ -1,4 +1,4 @@
-"""Which copy of the simulator's kernel runs: compiled by numba, or the same code interpreted.
+"""Which copy of the simulator's kernel (_kernel.py) runs: compiled by numba, or the same code interpreted.
 
 Loading the compiled kernel costs most of a second per process (importing numba, then its
 cached machine code), while the interpreter runs one simulation of a few thousand ops in a

@@ -27,7 +27,7 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.planners.autoswap import load_min_bytes
 from memplan.planners.base import plan
 from memplan.problem import Problem
-from memplan.workflows.sweep import SweepResult, plot_pareto, sweep
+from memplan.reports.sweep import SweepResult, plot_pareto, sweep
 from memplan.sim.simulate import simulate
 from memplan.fileio import atomic_write_text
 from memplan.tracing.io import read_trace, write_trace

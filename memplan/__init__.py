@@ -45,7 +45,7 @@ _EXPORTS = {
     "optimize": "memplan.workflows.optimize",
     "execute": "memplan.workflows.optimize",
     "OptimizedStep": "memplan.workflows.optimize",
-    "write_report": "memplan.workflows.plan_report",
+    "write_report": "memplan.reports.plan_report",
     "MemplanError": "memplan.errors",
     "InfeasibleBudgetError": "memplan.errors",
 }

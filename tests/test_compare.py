@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import memplan.workflows.compare as compare
+import memplan.reports.compare as compare
 from memplan.cli import main
-from memplan.workflows.compare_report import pareto, with_measured_overhead
+from memplan.reports.compare_report import pareto, with_measured_overhead
 
 SMALL = ["--models", "vgg11-cifar", "--planners", "none,sqrt-n,dtr", "--run-planners", "", "--baselines", "",
          "--maxbatch-planners", "none,dtr", "--budgets", "70%", "--sim-batch", "8", "--run-batch", "2",
@@ -169,7 +169,7 @@ def test_gpu_points_are_measured_on_the_gpu_under_other_keys(monkeypatch, tmp_pa
 
 
 def test_the_report_names_the_gpu_the_points_were_measured_on(tmp_path):
-    from memplan.workflows.compare_report import write_report
+    from memplan.reports.compare_report import write_report
 
     points = [{"kind": "measured", "model": "m", "method": "none", "budget": "-", "batch": 8,
                "source": "measured (Test GPU)", "peak_bytes": 2**20, "step_s": 1.0}]

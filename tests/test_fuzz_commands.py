@@ -57,7 +57,7 @@ TOOLS = st.lists(st.sampled_from(["torch-checkpoint", "save-on-cpu", "compile-bu
 def cheap_compare(monkeypatch):
     """`compare` with its points, its calibration and its plots stubbed: what is fuzzed is the checking."""
     from memplan.cost.profiles import get_profile
-    from memplan.workflows import compare, compare_report
+    from memplan.reports import compare, compare_report
 
     monkeypatch.setattr(compare, "compute_point", lambda task, settings: {"error": "not computed (fuzz test)"})
     monkeypatch.setattr(compare, "calibrate_cpu", lambda name=None: get_profile("h100"))

@@ -20,15 +20,15 @@ import pytest
 
 import memplan
 from memplan.cli import main
-from memplan.workflows import plan_report
-from memplan.workflows.plan_report import report_data
+from memplan.reports import plan_report
+from memplan.reports.plan_report import report_data
 
 MAX_PAGE_BYTES = 2 * 2**20
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 BROWSER_INITIATOR = "not an origin"  # Chromium's own requests (updates, accounts) in its network log
-# Colours the page draws with (memplan/workflows/plan_report.js), each for one thing, and the fewest
+# Colours the page draws with (memplan/reports/plan_report.js), each for one thing, and the fewest
 # pixels each must cover (a legend's swatch is 180; this small model's step is host-bound on the h100
 # profile, so its compute stream is busy a fraction of the step: memplan.sim.simulate, "host").
 COLOURS = {"memory chart: without the plan": ("#8c564b", 1500), "memory chart: under the plan": ("#1f77b4", 1500),
@@ -128,7 +128,7 @@ def test_bad_input_is_one_line_and_no_page(files, capsys, argv, needle):
 
 
 def test_the_report_module_needs_no_torch():
-    code = "import sys, memplan.workflows.plan_report; sys.exit('torch' in sys.modules)"
+    code = "import sys, memplan.reports.plan_report; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -1,4 +1,4 @@
-"""`memplan sweep` and memplan.workflows.sweep."""
+"""`memplan sweep` and memplan.reports.sweep."""
 
 import json
 
@@ -9,7 +9,7 @@ from memplan.errors import MemplanError
 from memplan.budget import parse_budgets
 from memplan.testing.synthetic import MIB, chain_trace
 from memplan.tracing.io import write_trace
-from memplan.workflows.sweep import sweep
+from memplan.reports.sweep import sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

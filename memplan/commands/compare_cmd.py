@@ -7,7 +7,7 @@ import sys
 
 from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes, parse_bytes
-from ..workflows import compare_settings as c
+from ..reports import compare_settings as c
 from .base import command
 from .options import add_json_flag, output_folder, positive_int, torch_device
 from .output import emit_json
@@ -51,8 +51,8 @@ def add_compare(sub):
 
 def run(args) -> int:
     """Compute the missing points, write the report, print where it is."""
-    from ..workflows.compare import compare  # torch takes a second to import: only this command pays for it
-    from ..workflows.compare_report import write_report
+    from ..reports.compare import compare  # torch takes a second to import: only this command pays for it
+    from ..reports.compare_report import write_report
 
     args.run_profile = args.run_profile or _default_run_profile(args.device)
     settings = c.CompareSettings(

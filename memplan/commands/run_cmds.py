@@ -7,7 +7,7 @@ import sys
 from ..errors import MemplanError
 from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes, parse_bytes
-from ..workflows.allocator_names import AllocatorMode
+from ..workflows.allocators import AllocatorMode
 from .base import command
 from .models import fits_or_says_so, use_working_dir
 from .options import add_json_flag, budget_option, nonnegative_int, positive_int, torch_device

@@ -42,7 +42,7 @@ def add_sweep(sub):
 def run(args) -> int:
     """Run the sweep and print it."""
     from ..tracing.formats import load_any
-    from ..workflows.sweep import plot_pareto, sweep
+    from ..reports.sweep import plot_pareto, sweep
 
     _check_sweep_options(args)
     trace = load_any(args.trace)

@@ -32,7 +32,7 @@ Samples = list[tuple[Kernel, float]]
 
 def prior_model(profile: DeviceProfile) -> FamilyTimeModel:
     """The starting point and prior of a fit on `profile`'s device."""
-    return FamilyTimeModel(device=profile.name, peak_flops=profile.fp32_flops, bandwidth=profile.hbm_bytes_per_s,
+    return FamilyTimeModel(profile=profile.name, peak_flops=profile.fp32_flops, bandwidth=profile.hbm_bytes_per_s,
                            family=dict(PRIOR_FAMILY_COST), saturation=PRIOR_SATURATION,
                            saturation_rows=PRIOR_SATURATION_ROWS)
 

@@ -48,7 +48,7 @@ class ModelSource:
 
     def __init__(self, profile: DeviceProfile):
         self.model = model_for(profile)
-        self.name = f"model:{self.model.device}"
+        self.name = f"model:{self.model.profile}"
 
     def measure(self, kernels: list[Kernel]) -> list[Row]:
         """Every supported family on every kernel."""

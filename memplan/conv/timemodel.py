@@ -39,7 +39,7 @@ VERSION = 1
 class FamilyTimeModel:
     """Coefficients of the family time model for one device."""
 
-    device: str  # profile name (with "~" when extrapolated from other GPUs)
+    profile: str  # the device profile's name (with "~" when extrapolated from other GPUs)
     peak_flops: float  # FP32 peak FLOP/s of the device
     bandwidth: float  # device memory bytes/s
     family: dict = field(default_factory=lambda: dict.fromkeys(FAMILIES, 1.0))  # a_f per family
@@ -173,7 +173,7 @@ def model_for(profile: DeviceProfile) -> FamilyTimeModel:
     if profile.name in fitted:
         return fitted[profile.name]
     mean = np.mean([m.vector() for m in fitted.values()], axis=0)
-    base = FamilyTimeModel(device=f"~{profile.name}", peak_flops=profile.fp32_flops, bandwidth=profile.hbm_bytes_per_s)
+    base = FamilyTimeModel(profile=f"~{profile.name}", peak_flops=profile.fp32_flops, bandwidth=profile.hbm_bytes_per_s)
     return base.from_vector(mean)
 
 

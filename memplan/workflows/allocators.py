@@ -8,20 +8,31 @@ CUDA, and otherwise expandable segments, whose reserved memory stays close to wh
 allocated (a plan's budget then holds in reserved bytes too), unless PYTORCH_CUDA_ALLOC_CONF
 configures the caching allocator itself. Torch has no memory counters for a pluggable
 allocator, so a pooled run's reserved bytes are the pool's own (`PoolSession`).
+
+Importing it is light: the command line offers the allocators' names; torch and the pool's
+runtime are imported where an allocator is installed or served.
 """
 
 from __future__ import annotations
 
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import MemplanError
-from ..exec.pooled import PoolSession
-from ..planners.base import get_planner
-from ..pool.replay_allocator import install_cuda_allocator, installed_cuda_allocator
-from ..pool.requests import step_requests
-from .allocator_names import AllocatorMode
+from ..vocabulary import Vocabulary
+
+if TYPE_CHECKING:
+    from ..exec.pooled import PoolSession
+
+
+class AllocatorMode(Vocabulary):
+    """The CUDA allocator a run uses (`memplan run --allocator`)."""
+
+    AUTO = "auto"  # chosen for the run (`choose_allocator`)
+    CACHING = "caching"  # PyTorch's caching allocator as configured
+    EXPANDABLE = "expandable"  # the same with expandable segments
+    POOL = "pool"  # the plan's layout, served by memplan's replay allocator
+
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"  # a user's own allocator settings: `auto` leaves them alone
 ALLOCATORS = AllocatorMode.names()
@@ -33,9 +44,11 @@ def choose_allocator(name: str, *, planner: str, device, baseline: str | None = 
     Raises:
         MemplanError: an unknown name, or one that cannot serve this run.
     """
+    from ..planners.base import get_planner
+
     if name not in ALLOCATORS:
         raise MemplanError(f"unknown allocator {name!r}; known: {', '.join(ALLOCATORS)}")
-    mode, cuda = AllocatorMode(name), torch.device(device).type == "cuda"
+    mode, cuda = AllocatorMode(name), str(device).split(":")[0] == "cuda"
     pooled_plan = not baseline and "pool" in get_planner(planner).decides
     if mode == AllocatorMode.AUTO:
         if cuda and pooled_plan:
@@ -58,13 +71,21 @@ def install_allocator(mode: AllocatorMode) -> None:
     PYTORCH_CUDA_ALLOC_CONF would; "pool" makes the replay allocator PyTorch's CUDA allocator.
     """
     if mode == AllocatorMode.EXPANDABLE:
+        import torch
+
         torch.cuda.memory._set_allocator_settings("expandable_segments:True")
     elif mode == AllocatorMode.POOL:
+        from ..pool.replay_allocator import install_cuda_allocator
+
         install_cuda_allocator()
 
 
 def attach_pool(step) -> PoolSession:
     """Serve the layout of an OptimizedStep's plan from the installed pool allocator, step by step."""
+    from ..exec.pooled import PoolSession
+    from ..pool.replay_allocator import installed_cuda_allocator
+    from ..pool.requests import step_requests
+
     allocator = installed_cuda_allocator()
     if allocator is None:
         raise MemplanError("the pool allocator is not installed in this process")

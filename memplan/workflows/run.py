@@ -22,8 +22,7 @@ from ..problem import DEFAULT_PROFILE
 from ..tracing.optimes import CLOCKS
 from ..units import format_bytes
 from ..zoo.registry import get_workload
-from .allocator_names import AllocatorMode
-from .allocators import allocator_report, attach_pool, choose_allocator, install_allocator
+from .allocators import AllocatorMode, allocator_report, attach_pool, choose_allocator, install_allocator
 from .memory_cap import (RESERVED_TOLERANCE, hold_reserved, lift_cap, prepare_device, refuse_what_cannot_fit,
                          release_cache)
 from .measure import measure_steps, measured_step_s, state_differences, time_steps

@@ -1,5 +1,5 @@
 """What `memplan compare` covers: its settings and their defaults (apart from the comparison
-itself, memplan.workflows.compare, which imports torch, so that the command line can show the
+itself, memplan.reports.compare, which imports torch, so that the command line can show the
 defaults without importing it)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// Draws memplan's plan report from DATA (memplan/workflows/plan_report.py) as inline SVG.
+// Draws memplan's plan report from DATA (memplan/reports/plan_report.py) as inline SVG.
 "use strict";
 
 const NS = "http://www.w3.org/2000/svg";

@@ -21,7 +21,7 @@ it was on and a rerun skips every finished one):
   (`memplan.workflows.maxbatch`; measuring it needs a GPU).
 
 A planner that cannot meet a budget gives a point with its error (it is finished too).
-The report (Markdown and one PNG per model) is `memplan.workflows.compare_report`.
+The report (Markdown and one PNG per model) is `memplan.reports.compare_report`.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ from ..fileio import atomic_write_text, make_output_folder, read_text
 from ..planners.base import get_planner, plan
 from ..progress import progress_bar
 from ..zoo.registry import check_model_name
-from .calibrate_executor import with_executor_costs
+from ..workflows.calibrate_executor import with_executor_costs
 from .compare_settings import (CPU_PROFILE, CPU_PROFILE_FILE, GPU_PROFILE, GPU_PROFILE_FILE, METERED_STEPS, NO_BUDGET,
                                PLANNER_PARAMS, TOOL_PREFIX, CompareSettings)
-from .maxbatch import max_batch
-from .run import check_baseline, run_workload
-from .workloads import trace_workload
+from ..workflows.maxbatch import max_batch
+from ..workflows.run import check_baseline, run_workload
+from ..workflows.workloads import trace_workload
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def compute_point(task: Task, settings: CompareSettings) -> dict:
 def _simulated(task: Task, s: CompareSettings) -> dict:
     trace = trace_workload(task.model, task.batch, fake=True)
     budget = UNLIMITED if task.budget == NO_BUDGET else task.budget
-    result = plan(trace, budget, planner=task.method, device=s.profile, seed=s.seed,
+    result = plan(trace, budget, planner=task.method, profile=s.profile, seed=s.seed,
                   **PLANNER_PARAMS.get(task.method, {}))
     p = result.predicted
     return {"peak_bytes": p["peak_load_bytes"], "overhead": p["overhead"], "time_s": p["time_s"],

@@ -10,7 +10,7 @@ and overhead. Everything comes from the simulator (memplan.sim) and the plan's s
 (`compile_program`, `residencies`): the page draws what the executor would do.
 
 The page is one file: its data is JSON inside it and its charts are SVG that a short inline
-script draws (memplan/workflows/plan_report.js; styles in plan_report.html), so it opens
+script draws (memplan/reports/plan_report.js; styles in plan_report.html), so it opens
 offline and loads nothing (its Content-Security-Policy forbids any load). Long timelines keep
 each interval's highest load; storages beyond `MAX_ROWS` rows show the largest kept ones.
 """

@@ -7,7 +7,7 @@ import itertools
 
 import memplan.pool as mp
 from memplan.pool.caching import CachingAllocator
-from memplan.pool.poolsize import serves, smallest_pool
+from memplan.pool.poolsize import STALLED_RESTARTS, serves, smallest_pool
 
 MIB = 2**20
 U = 512  # CNMeM granularity: use it as the unit so rounding does not blur the examples
@@ -38,6 +38,18 @@ def test_smallest_pool_grows_by_the_shortfall():
     tricky = mp.make_problem([0, 0, 1, 2], [1, 3, 3, 3], [U, U, 2 * U, 2 * U])
     found = smallest_pool(tricky)
     assert serves(tricky, found.pool_bytes) and found.pool_bytes >= tricky.peak_load_bytes
+
+
+def test_smallest_pool_grows_by_the_request_where_growing_by_the_shortfall_stalls():
+    # A(24 MiB) [3,5) @0, B(U) [4,16) @24 MiB; A freed, C(64 B) takes the tighter hole [0, 24 MiB) and
+    # D(24 MiB) [13,19) the block above B, so E(24 MiB) at 15 finds 24 MiB - U free below C: short by U.
+    # Growing the pool grows only its top block, which would need ~49k granules to hold E; after
+    # STALLED_RESTARTS failures alike, the search grows the pool by the whole request.
+    problem = mp.make_problem([3, 4, 6, 13, 15], [5, 16, 19, 19, 21], [24 * MIB, U, 64, 24 * MIB, 24 * MIB])
+    result = smallest_pool(problem)
+    assert serves(problem, result.pool_bytes) and result.restarts == STALLED_RESTARTS
+    assert result.pool_bytes == (48 * MIB + 2 * U) + (STALLED_RESTARTS - 1) * U + 24 * MIB
+    assert not serves(problem, 48 * MIB + 2 * U + (STALLED_RESTARTS - 1) * U)
 
 
 def test_cnmem_grows_by_rounded_size_and_never_merges():

@@ -4,6 +4,10 @@ Start from the peak load; simulate; when a request fails, restart with the pool 
 (request size - largest free block). The result always serves the sequence, but it is an
 approximation: best-fit is not monotone in the pool size (a larger pool can fail where a
 smaller one succeeds; the paper's example is in the tests), so it may not be the smallest.
+
+Growing the pool only grows its top block, which need not be the largest free one: where the
+same request fails alike restart after restart (STALLED_RESTARTS in a row), the pool grows by
+the whole request instead, else the search would creep up one granule at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from .problem import PoolProblem
 from .sequence import round_up
 
 MAX_RESTARTS = 10_000  # safety net; each restart grows the pool by at least one granule
+STALLED_RESTARTS = 100  # restarts failing alike in a row, after which the pool grows by the whole request
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,10 +52,14 @@ def smallest_pool(problem: PoolProblem, high_end: bool = False, order: str = "pr
         The pool size found and how many restarts it took.
     """
     pool = round_up(problem.peak_load_bytes if start_bytes is None else start_bytes, CNMEM_GRANULARITY)
+    last, alike = None, 0  # the last failure (request, largest free block), and how many times in a row
     for restarts in range(MAX_RESTARTS):
         try:
             run_cnmem(problem, pool, grow=False, high_end=high_end, order=order)
             return PoolSizeResult(pool_bytes=pool, restarts=restarts)
         except PoolExhausted as exc:
-            pool += max(round_up(exc.request - exc.largest_free, CNMEM_GRANULARITY), CNMEM_GRANULARITY)
+            failure = (exc.request, exc.largest_free)
+            alike, last = (alike + 1 if failure == last else 1), failure
+            shortfall = exc.request if alike >= STALLED_RESTARTS else exc.request - exc.largest_free
+            pool += max(round_up(shortfall, CNMEM_GRANULARITY), CNMEM_GRANULARITY)
     raise RuntimeError(f"smallest-pool search did not converge after {MAX_RESTARTS} restarts")

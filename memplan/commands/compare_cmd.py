@@ -5,12 +5,14 @@ from __future__ import annotations
 import shlex
 import sys
 
+from .. import CALIBRATED_CPU_PROFILE, CALIBRATED_GPU_PROFILE, CompareSettings
 from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes, parse_bytes
-from ..reports import compare_settings as c
 from .base import command
 from .options import add_json_flag, output_folder, positive_int, torch_device
 from .output import emit_json
+
+_DEFAULTS = CompareSettings()  # the defaults of every option that lists names
 
 
 @command("compare")
@@ -21,15 +23,15 @@ def add_compare(sub):
     p.add_argument("--out", type=output_folder, default="benchmarks/results/compare",
                    help="folder of the report, the plots and the cache of finished points (made if missing; its "
                         "parent must exist)")
-    p.add_argument("--models", default=",".join(c.DEFAULT_MODELS), help="comma-separated zoo model names")
-    p.add_argument("--planners", default=",".join(c.DEFAULT_SIM_PLANNERS), help="planners simulated")
-    p.add_argument("--run-planners", default=",".join(c.DEFAULT_RUN_PLANNERS),
+    p.add_argument("--models", default=",".join(_DEFAULTS.models), help="comma-separated zoo model names")
+    p.add_argument("--planners", default=",".join(_DEFAULTS.sim_planners), help="planners simulated")
+    p.add_argument("--run-planners", default=",".join(_DEFAULTS.run_planners),
                    help="planners measured on --device (none is always measured); empty for none")
-    p.add_argument("--baselines", default=",".join(c.DEFAULT_BASELINES),
+    p.add_argument("--baselines", default=",".join(_DEFAULTS.baselines),
                    help="PyTorch tools measured on --device; empty for none")
-    p.add_argument("--maxbatch-planners", default=",".join(c.DEFAULT_MAXBATCH_PLANNERS),
+    p.add_argument("--maxbatch-planners", default=",".join(_DEFAULTS.maxbatch_planners),
                    help="planners whose largest batch under --maxbatch-memory is searched; empty for none")
-    p.add_argument("--budgets", default=",".join(c.DEFAULT_BUDGETS), help="shares of the unplanned peak")
+    p.add_argument("--budgets", default=",".join(_DEFAULTS.budgets), help="shares of the unplanned peak")
     p.add_argument("--sim-batch", type=positive_int, default=64, help="batch of the simulated traces")
     p.add_argument("--run-batch", type=positive_int, default=8, help="batch of the measured runs")
     p.add_argument("--steps", type=positive_int, default=5, help="measured steps per run (the first warms up)")
@@ -38,7 +40,7 @@ def add_compare(sub):
                    help="where the measured points train: cpu (default) or cuda")
     p.add_argument("--run-profile", default=None,
                    help=f"profile the measured points plan with (default: the --device, calibrated once per --out: "
-                        f"{c.CPU_PROFILE} for this CPU, {c.GPU_PROFILE} for this GPU)")
+                        f"{CALIBRATED_CPU_PROFILE} for this CPU, {CALIBRATED_GPU_PROFILE} for this GPU)")
     p.add_argument("--memory-cap", type=parse_bytes, default=None, metavar="SIZE",
                    help="measure under an emulated device of SIZE (as `run --memory-cap`); a point that cannot "
                         "fit says so in its cell")
@@ -51,11 +53,10 @@ def add_compare(sub):
 
 def run(args) -> int:
     """Compute the missing points, write the report, print where it is."""
-    from ..reports.compare import compare  # torch takes a second to import: only this command pays for it
-    from ..reports.compare_report import write_report
+    from .. import compare, write_compare_report  # torch takes a second to import: only this command pays for it
 
     args.run_profile = args.run_profile or _default_run_profile(args.device)
-    settings = c.CompareSettings(
+    settings = CompareSettings(
         models=_names(args.models), sim_planners=_names(args.planners), run_planners=_names(args.run_planners),
         baselines=_names(args.baselines), maxbatch_planners=_names(args.maxbatch_planners),
         budgets=_names(args.budgets), sim_batch=args.sim_batch, run_batch=args.run_batch, steps=args.steps,
@@ -63,7 +64,7 @@ def run(args) -> int:
         maxbatch_limit=args.maxbatch_limit,
         maxbatch_memory=parse_bytes(args.maxbatch_memory) if args.maxbatch_memory else None)
     result = compare(settings, args.out, progress=not args.json and sys.stderr.isatty())
-    files = write_report(result, args.out, _command(args))
+    files = write_compare_report(result, args.out, _command(args))
     if args.json:
         emit_json({**result, **files})
         return 0
@@ -77,7 +78,7 @@ def run(args) -> int:
 
 
 def _default_run_profile(device: str) -> str:
-    return c.CPU_PROFILE if device == "cpu" else c.GPU_PROFILE
+    return CALIBRATED_CPU_PROFILE if device == "cpu" else CALIBRATED_GPU_PROFILE
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ..conv.options import policy_sizes
+from .. import conv_policy_sizes
 from ..errors import MemplanError
 from ..units import format_bytes
 from .base import command
@@ -54,12 +54,11 @@ def add_conv_db(sub) -> None:
 
 
 def _kernels(args) -> list:
-    from ..conv.kernels import parse_kernel, trace_kernels
-    from ..tracing.formats import load_any
+    from .. import load_any, parse_conv_kernel, trace_conv_kernels
 
-    kernels = [parse_kernel(spec) for spec in args.kernel]
+    kernels = [parse_conv_kernel(spec) for spec in args.kernel]
     if args.trace:
-        found = trace_kernels(load_any(args.trace))
+        found = trace_conv_kernels(load_any(args.trace))
         if not found:
             raise MemplanError(f"{args.trace}: the trace has no 2-D convolution")
         kernels += [tk.kernel for tk in found]
@@ -70,13 +69,11 @@ def _kernels(args) -> list:
 
 def run_fill(args) -> int:
     """Benchmark what is missing, print what was added."""
-    from ..conv.db import ConvDB
-    from ..conv.sources import get_source  # torch takes a second to import: only `fill` pays for it
-    from ..cost.profiles import get_profile
+    from .. import ConvDB, get_conv_source, get_profile  # get_conv_source: torch (a second), only `fill` pays
 
     kernels = _kernels(args)
-    wanted = list(dict.fromkeys(k.with_batch(b) for k in kernels for b in policy_sizes(args.policy, k.n)))
-    source = get_source(args.source, get_profile(args.profile) if args.source == "model" else None)
+    wanted = list(dict.fromkeys(k.with_batch(b) for k in kernels for b in conv_policy_sizes(args.policy, k.n)))
+    source = get_conv_source(args.source, get_profile(args.profile) if args.source == "model" else None)
     started = time.perf_counter()
     with ConvDB(args.db) as db:
         missing = [k for k in wanted if not db.get(k, source.name)]
@@ -96,8 +93,7 @@ def run_fill(args) -> int:
 
 def run_show(args) -> int:
     """Per-source summary, or one kernel's rows."""
-    from ..conv.db import ConvDB
-    from ..conv.kernels import parse_kernel
+    from .. import ConvDB, parse_conv_kernel
 
     with ConvDB(args.db, create=False) as db:
         if args.kernel is None:
@@ -111,7 +107,7 @@ def run_show(args) -> int:
                 print(f"{s['source']}: {count(s['rows'], 'row')}, {count(s['kernels'], 'kernel shape')}, "
                       f"{count(s['batches'], 'micro-batch size')}, workspace unknown in {s['workspace_unknown']}")
             return 0
-        kernel = parse_kernel(args.kernel)
+        kernel = parse_conv_kernel(args.kernel)
         sources = [s["source"] for s in db.summary() if _matches(s["source"], args.source)]
         rows = [r for src in sources for r in db.get(kernel, src)]
     if not rows:
@@ -137,8 +133,7 @@ def _matches(source: str, wanted: str | None) -> bool:
 
 def run_import(args) -> int:
     """Merge another database or DeepBench's CSV into DB."""
-    from ..conv.db import ConvDB, Row
-    from ..conv.deepbench import read_conv_csv
+    from .. import ConvDB, ConvDBRow, read_conv_csv
 
     is_sqlite = _head(args.file).startswith(b"SQLite format 3\0")
     with ConvDB(args.db) as db:
@@ -148,7 +143,8 @@ def run_import(args) -> int:
             what = "memplan conv-db"
         else:
             measured = read_conv_csv(args.file)
-            rows = [Row(kernel=k, algo=DEEPBENCH_ALGO, source=f"deepbench:{device}", time_s=t, workspace_bytes=None)
+            rows = [ConvDBRow(kernel=k, algo=DEEPBENCH_ALGO, source=f"deepbench:{device}", time_s=t,
+                              workspace_bytes=None)
                     for device, samples in measured.items() for k, t in samples]
             db.put(rows)
             added, what = len(rows), "DeepBench CSV"

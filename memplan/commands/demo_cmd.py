@@ -49,7 +49,7 @@ def add_demo(sub) -> None:
 
 def run(args) -> int:
     """Trace, plan and simulate every demo model; print and plot the results."""
-    from ..planners.base import known_planners
+    from .. import known_planners
 
     models = _parse_models(args.models)
     _check_options(models, args)
@@ -80,8 +80,7 @@ def _parse_models(text: str) -> list[tuple[str, int]]:
 
 def _check_options(models: list[tuple[str, int]], args) -> None:
     """Every option checked before the first model is traced (the budget, when it was parsed)."""
-    from ..cost.profiles import get_profile
-    from ..zoo.registry import check_model_name  # torch takes a second to import: only commands with models pay
+    from .. import check_model_name, get_profile  # torch takes a second to import: only commands with models pay
 
     get_profile(args.profile)
     for model, _ in models:
@@ -89,12 +88,9 @@ def _check_options(models: list[tuple[str, int]], args) -> None:
 
 
 def _demo_model(model: str, batch: int, planners: list[str], args, out: Path) -> list[dict]:
-    from ..problem import Problem
-    from ..planners.base import plan
+    from .. import plan, simulate, trace_workload, write_trace  # trace_workload: torch (see _check_options)
     from ..plots import plot_load_curves
-    from ..sim.simulate import simulate
-    from ..tracing.io import write_trace
-    from ..workflows.workloads import trace_workload  # torch (see _check_options)
+    from ..problem import Problem
 
     log.info("tracing %s at batch %d with fake tensors", model, batch)
     trace = trace_workload(model, batch, fake=True)

@@ -38,21 +38,19 @@ def add_dqn(sub) -> None:
 def run_train(args) -> int:
     """Train, write the weights and print what each (trace, budget) reached."""
     # torch takes a second to import: only this command pays for it
-    from ..planners.dqn import DEFAULT_MIN_BYTES, train_weights
-    from ..planners.dqn.net import save_weights
-    from ..planners.dqn.train import TrainConfig
+    from .. import DQN_MIN_BYTES, DQNTrainConfig, save_dqn_weights, train_dqn_weights
 
-    min_bytes = DEFAULT_MIN_BYTES if args.min_bytes is None else args.min_bytes
+    min_bytes = DQN_MIN_BYTES if args.min_bytes is None else args.min_bytes
     problems, names = _problems(args, min_bytes)
-    config = TrainConfig(episodes=args.episodes, time_limit_s=args.time_limit, seed=args.seed)
-    net, report = train_weights(problems, args.profile, init=args.init, config=config, min_bytes=min_bytes,
+    config = DQNTrainConfig(episodes=args.episodes, time_limit_s=args.time_limit, seed=args.seed)
+    net, report = train_dqn_weights(problems, args.profile, init=args.init, config=config, min_bytes=min_bytes,
                                 progress=not args.json and sys.stderr.isatty())
     rows = [{"trace": path, "budget_bytes": budget, "budget_share": budget / peak,
              "best_overhead": None if best is None else best.overhead}
             for (path, budget, peak), best in zip(names, report.best)]
     summary = {"output": str(args.output), "episodes": report.episodes, "steps": report.steps,
                "wall_s": report.wall_s, "profile": args.profile, "seed": args.seed, "problems": rows}
-    save_weights(net, args.output, meta={k: v for k, v in summary.items() if k != "output"})
+    save_dqn_weights(net, args.output, meta={k: v for k, v in summary.items() if k != "output"})
     if args.json:
         emit_json(summary)
     else:
@@ -62,22 +60,20 @@ def run_train(args) -> int:
 
 def _problems(args, min_bytes: int) -> tuple[list, list]:
     """(trace, budget) pairs and (path, budget, peak) names, every option checked first."""
+    from .. import get_profile, load_any
     from ..problem import Problem
-    from ..cost.profiles import get_profile
-    from ..tracing.formats import load_any
     # torch (see run_train)
-    from ..planners.dqn import default_budgets
-    from ..planners.dqn.net import load_weights
+    from .. import dqn_default_budgets, load_dqn_weights
 
     get_profile(args.profile)
     if args.init is not None:
-        load_weights(args.init)
+        load_dqn_weights(args.init)
     problems, names = [], []
     for path in args.traces:
         trace = load_any(path)
         peak = trace.peak_load_bytes
         budgets = [b.bytes_for(peak) for b in args.budgets] if args.budgets is not None else \
-            default_budgets(trace, Problem.of(trace, profile=args.profile).cost, min_bytes)
+            dqn_default_budgets(trace, Problem.of(trace, profile=args.profile).cost, min_bytes)
         problems += [(trace, budget) for budget in budgets]
         names += [(path, budget, peak) for budget in budgets]
     return problems, names

@@ -32,14 +32,13 @@ def add_fit(sub) -> None:
 def run_fit(args) -> int:
     """Search each planner's batch and print the table."""
     # torch takes a second to import: only the commands that build a model pay for it
-    from ..workflows.fit import DEFAULT_PLANNERS, fit
-    from ..zoo import parse_config
+    from .. import FIT_PLANNERS, fit_distributed, parse_model_config
 
     use_working_dir()
     given = args.planners
-    planners = DEFAULT_PLANNERS if given is None else tuple(p.strip() for p in given.split(",") if p.strip())
-    out = fit(args.model, args.world_size, args.profile, engine=args.engine, planners=planners, limit=args.limit,
-              **parse_config(args.config))
+    planners = FIT_PLANNERS if given is None else tuple(p.strip() for p in given.split(",") if p.strip())
+    out = fit_distributed(args.model, args.world_size, args.profile, engine=args.engine, planners=planners,
+                          limit=args.limit, **parse_model_config(args.config))
     if args.json:
         emit_json(out)
         return 0

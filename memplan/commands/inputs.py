@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..errors import MemplanError
 
 if TYPE_CHECKING:
-    from ..model import Plan, Trace
+    from .. import Plan, Trace
 
 
 def trace_and_plan(args) -> tuple[Trace, Plan | None]:
@@ -18,9 +18,7 @@ def trace_and_plan(args) -> tuple[Trace, Plan | None]:
         MemplanError: an unknown profile, an unreadable file, a trace without ops, a plan of another trace.
     """
     # numpy-based layers: every command module is imported to build the parser (commands/base.py)
-    from ..cost.profiles import get_profile
-    from ..model import read_plan
-    from ..tracing.formats import load_any
+    from .. import get_profile, load_any, read_plan
 
     if args.profile is not None:
         get_profile(args.profile)

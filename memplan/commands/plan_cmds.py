@@ -7,11 +7,11 @@ import json
 import logging
 import sys
 
+from .. import parse_config_value
 from ..errors import MemplanError
 from ..fileio import atomic_write_text, written_together
 from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes
-from ..zoo.config import parse_value
 from .base import command
 from .options import add_json_flag, budget_option, nonnegative_int, output_of, positive_float
 from .output import emit_json, print_rows, readable
@@ -86,17 +86,14 @@ def parse_params(items: list[str]) -> dict:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise MemplanError(f"--param: expected key=value, got {item!r}")
-        params[key.strip().replace("-", "_")] = parse_value(text.strip())
+        params[key.strip().replace("-", "_")] = parse_config_value(text.strip())
     return params
 
 
 def run_plan(args) -> int:
     """Plan, validate, write the plan and print its predicted simulation."""
-    from ..model import write_plan
-    from ..planners.base import plan
+    from .. import load_any, plan, validate, write_plan
     from ..plots import plot_history
-    from ..sim.validate import validate
-    from ..tracing.formats import load_any
 
     _check_plan_options(args)
     trace = load_any(args.trace, args.format)
@@ -106,7 +103,7 @@ def run_plan(args) -> int:
             raise MemplanError("--time-limit and --param time_limit_s disagree: give one")
         params["time_limit_s"] = args.time_limit
     if params.get("objective") == "measured":
-        from ..workflows.run import measured_objective  # torch (a second): only a measured objective pays for it
+        from .. import measured_objective  # torch (a second): only a measured objective pays for it
 
         params["objective"] = measured_objective(trace)
     try:
@@ -140,8 +137,7 @@ def run_plan(args) -> int:
 
 def _check_plan_options(args) -> None:
     """Planner and profile, checked before the trace is loaded (the budget, when it was parsed)."""
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
+    from .. import get_planner, get_profile
 
     get_planner(args.planner)
     get_profile(args.profile)
@@ -227,7 +223,7 @@ def _bytes(n: int | None) -> str:
 
 def run_planners(args) -> int:
     """List registered planner names with their one-line summaries."""
-    from ..planners.base import known_planners
+    from .. import known_planners
 
     planners = [spec.describe() for spec in known_planners(args.decides).values()]
     # X+Y, X any swap or recompute planner: Y decides the convolutions first, or lays the pool out after
@@ -249,10 +245,7 @@ def run_planners(args) -> int:
 def run_calibrate(args) -> int:
     """Measure the GPU (or the CPU), print the profile and write it (with -o)."""
     # torch takes a second to import: only the commands that run it pay for it
-    from ..cost.calibrate import calibrate
-    from ..cost.calibrate_cpu import calibrate_cpu
-    from ..cost.profiles import profile_to_json
-    from ..workflows.calibrate_executor import with_executor_costs
+    from .. import calibrate, calibrate_cpu, profile_to_json, with_executor_costs
 
     profile = calibrate_cpu(name=args.name) if args.device == "cpu" else calibrate(args.gpu, name=args.name)
     profile = with_executor_costs(profile, "cpu" if args.device == "cpu" else f"cuda:{args.gpu}")

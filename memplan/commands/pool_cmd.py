@@ -42,12 +42,9 @@ def add_pool(sub):
 
 def load_problem(path: str, plan_path: str | None, profile: str | None):
     """The PoolProblem for INPUT (and --plan)."""
+    from .. import (is_minimalloc_csv, load_any, read_minimalloc_csv, read_plan, residency_pool_problem,
+                    simulation_profile, storage_pool_problem)
     from ..problem import Problem
-    from ..model import read_plan
-    from ..pool.intervals import residency_problem
-    from ..pool.problem import from_storages, is_minimalloc_csv, read_minimalloc_csv
-    from ..sim.simulate import simulation_profile
-    from ..tracing.formats import load_any
 
     if is_minimalloc_csv(path):
         if plan_path:
@@ -55,37 +52,35 @@ def load_problem(path: str, plan_path: str | None, profile: str | None):
         return read_minimalloc_csv(path)
     trace = load_any(path)
     if not plan_path:
-        return from_storages(trace)
+        return storage_pool_problem(trace)
     plan = read_plan(plan_path, trace)
-    return residency_problem(trace, plan, Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost)
+    return residency_pool_problem(trace, plan, Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost)
 
 
 def run(args) -> int:
     """Solve, validate (inside `solve`), write outputs, print."""
-    from ..pool.api import solve
-    from ..pool.plot import plot_layout
-    from ..pool.time_limit import command_limit_s
+    from .. import plot_pool_layout, pool_command_limit_s, solve_pool
 
     options = _check_options(args)
     problem = load_problem(args.input, args.plan, args.profile)
-    result = solve(problem, args.allocator, time_limit_s=command_limit_s(args.time_limit), seed=args.seed, **options)
+    result = solve_pool(problem, args.allocator, time_limit_s=pool_command_limit_s(args.time_limit), seed=args.seed,
+                        **options)
     if (args.offsets_out or args.plot) and result.offsets is None:
         raise MemplanError(f"allocator {args.allocator!r} has no single address space: no offsets to write or plot")
     with written_together():  # both or neither, even on Ctrl-C while the plot is drawn
         if args.offsets_out:
             _write_offsets(args.offsets_out, result)
         if args.plot:
-            plot_layout(result, args.plot)
+            plot_pool_layout(result, args.plot)
     _print(args, result)
     return 0
 
 
 def _check_options(args) -> dict:
     """Allocator options, every option checked before the input is loaded."""
-    from ..cost.profiles import get_profile
-    from ..pool.allocators.base import ALLOCATORS
+    from .. import POOL_ALLOCATORS, get_profile
 
-    ALLOCATORS.get(args.allocator)  # an unknown name is refused, listing the known ones
+    POOL_ALLOCATORS.get(args.allocator)  # an unknown name is refused, listing the known ones
     if args.order and args.allocator != "vdnnpp-highend":
         raise MemplanError("--order applies to --allocator vdnnpp-highend only")
     if args.profile is not None:

@@ -26,7 +26,7 @@ def add_report(sub) -> None:
 
 def run(args) -> int:
     """Write the page and say what it shows."""
-    from ..reports.plan_report import write_report  # numpy and the simulator: only when a report is made
+    from .. import write_report  # numpy and the simulator: only when a report is made
     from .inputs import trace_and_plan
 
     trace, plan = trace_and_plan(args)

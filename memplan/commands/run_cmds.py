@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from .. import AllocatorMode
 from ..errors import MemplanError
 from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes, parse_bytes
-from ..workflows.allocators import AllocatorMode
 from .base import command
 from .models import fits_or_says_so, use_working_dir
 from .options import add_json_flag, budget_option, nonnegative_int, positive_int, torch_device
@@ -35,7 +35,7 @@ def add_maxbatch(sub):
 
 def run_maxbatch(args) -> int:
     """Search the batch and print it."""
-    from ..workflows.maxbatch import max_batch  # torch takes a second to import: only this command pays for it
+    from .. import max_batch  # torch takes a second to import: only this command pays for it
 
     use_working_dir()
     out = max_batch(args.model, args.memory, planner=args.planner, device=args.device,
@@ -116,16 +116,14 @@ def add_run(sub):
 def run(args) -> int:
     """Run the measurement and print it; with --check, exit 1 when the run exceeded its budget."""
     # torch takes a second to import: only the commands that train pay for it
-    from ..workflows.memory_cap import RESERVED_TOLERANCE
-    from ..workflows.run import BUDGET_TOLERANCE, check_baseline, run_workload
-    from ..zoo import parse_config
+    from .. import BUDGET_TOLERANCE, RESERVED_TOLERANCE, check_baseline, parse_model_config, run_workload
 
     if args.baseline:
         check_baseline(args.baseline)
         if args.planner is not None:
             raise MemplanError(f"--baseline {args.baseline} runs PyTorch's own tool instead of a plan; "
                                f"drop --planner {args.planner} (or drop --baseline)")
-    config = parse_config(args.config)
+    config = parse_model_config(args.config)
     use_working_dir()
     _check_run_options(args)
     with fits_or_says_so(f"{args.model} at batch {args.batch}", args.device):
@@ -149,9 +147,7 @@ def run(args) -> int:
 
 def _check_run_options(args) -> None:
     """The names, checked before the model is built and traced (the budget, when it was parsed)."""
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
-    from ..zoo.registry import check_model_name  # torch (see run)
+    from .. import check_model_name, get_planner, get_profile  # check_model_name: torch (see run)
 
     check_model_name(args.model)
     if args.cuda_graph == "on" and not args.device.startswith("cuda"):

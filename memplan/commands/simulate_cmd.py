@@ -37,9 +37,8 @@ def add_simulate(sub) -> None:
 
 def run(args) -> int:
     """Simulate and print the result."""
+    from .. import Simulator, simulate_comm, simulation_profile
     from ..problem import Problem
-    from ..sim.comm import simulate_comm
-    from ..sim.simulate import Simulator, simulation_profile
     from .inputs import trace_and_plan
 
     trace, plan = trace_and_plan(args)

@@ -41,8 +41,7 @@ def add_sweep(sub):
 
 def run(args) -> int:
     """Run the sweep and print it."""
-    from ..tracing.formats import load_any
-    from ..reports.sweep import plot_pareto, sweep
+    from .. import load_any, plot_pareto, sweep
 
     _check_sweep_options(args)
     trace = load_any(args.trace)
@@ -64,8 +63,7 @@ def run(args) -> int:
 
 def _check_sweep_options(args) -> None:
     """Planners and profile, checked before the trace is loaded (the budgets, when they were parsed)."""
-    from ..cost.profiles import get_profile
-    from ..planners.base import get_planner
+    from .. import get_planner, get_profile
 
     for name in args.planner:
         get_planner(name)

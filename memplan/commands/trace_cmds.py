@@ -76,13 +76,11 @@ def add_info(sub) -> None:
 
 def run_trace(args) -> int:
     """Trace the model and write the trace file."""
-    from ..tracing.io import write_trace
+    from .. import write_trace
     # torch takes a second to import: only the commands that build a model pay for it
-    from ..workflows.distributed import trace_rank
-    from ..workflows.workloads import trace_workload
-    from ..zoo import parse_config
+    from .. import parse_model_config, trace_rank, trace_workload
 
-    config = parse_config(args.config)
+    config = parse_model_config(args.config)
     use_working_dir()
     if not args.verbose:
         # A model that rejects its input fails inside a fake kernel; torch logs the traceback,
@@ -111,7 +109,7 @@ def run_trace(args) -> int:
 
 
 def _check_engine_options(args) -> None:
-    from ..workflows.distributed import check_world_size  # torch (see run_trace)
+    from .. import check_world_size  # torch (see run_trace)
 
     if args.engine is None:
         if args.world_size is not None:
@@ -142,7 +140,7 @@ def _device_option(device: str) -> dict:
 
 def run_info(args) -> int:
     """Print the summary of a trace (and draw its load curve)."""
-    from ..tracing.formats import load_any
+    from .. import load_any
 
     trace = load_any(args.trace, args.format)
     summary = summarise(trace)
@@ -223,7 +221,7 @@ def _print_table(summary: dict, trace) -> None:
 
 def _meta_text(key: str, value, trace) -> str:
     """A meta entry in one readable line: collectives counted per kind, anything long cut short."""
-    from ..tracing.collectives import collective_totals
+    from .. import collective_totals
 
     if key == "collectives":
         return ", ".join(f"{kind} x{t['count']} ({format_bytes(t['bytes'])})"

@@ -23,15 +23,20 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan.errors import InfeasibleBudgetError
+from memplan import (
+    InfeasibleBudgetError,
+    Problem,
+    plan,
+    plot_pareto,
+    read_trace,
+    simulate,
+    sweep,
+    trace_workload,
+    write_trace,
+)
 from memplan.planners.autoswap import load_min_bytes
-from memplan.planners.base import plan
-from memplan.problem import Problem
-from memplan.reports.sweep import SweepResult, plot_pareto, sweep
-from memplan.sim.simulate import simulate
+from memplan.reports.sweep import SweepResult
 from memplan.fileio import atomic_write_text
-from memplan.tracing.io import read_trace, write_trace
-from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
 CACHE = Path("/tmp/memplan-bench-traces")  # traced iterations, reused between runs (not committed)

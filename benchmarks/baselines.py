@@ -15,11 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
-from memplan.errors import InfeasibleBudgetError
-from memplan.planners.base import plan
+from memplan import DEFAULT_PROFILE, InfeasibleBudgetError, Problem, plan, trace_workload
 from memplan.fileio import atomic_write_text
-from memplan.problem import DEFAULT_PROFILE, Problem
-from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
 BASELINES = ("sqrt-n", "checkpoint-all", "save-on-cpu")

@@ -41,7 +41,7 @@ BUSBW_BYTES = 8 * 2**30  # nccl-tests' largest size in that sweep (-e 8G)
 def trace7b() -> dict:
     """Trace the 7B model in a fresh process; its wall time and peak RSS."""
     code = ("import json, resource, time; t=time.perf_counter();"
-            "from memplan.workflows.distributed import trace_rank;"
+            "from memplan import trace_rank;"
             "tr = trace_rank('hf:llama-7b', 1, 'fsdp', 64);"
             "print(json.dumps({'seconds': time.perf_counter()-t, 'ops': len(tr.ops),"
             "'peak_load_bytes': int(tr.peak_load_bytes), 'collectives': len(tr.meta['collectives']),"
@@ -100,9 +100,7 @@ def measured_peak(engine: str) -> int:
 
 
 def peak() -> list[dict]:
-    from memplan.problem import DEFAULT_PROFILE
-    from memplan.sim.simulate import simulate
-    from memplan.workflows.distributed import trace_rank
+    from memplan import DEFAULT_PROFILE, simulate, trace_rank
 
     rows = []
     for engine in ("fsdp", "ddp"):
@@ -127,8 +125,8 @@ def allreduce() -> list[dict]:
 
 
 def busbw() -> list[dict]:
+    from memplan import get_profile
     from memplan.cost.network import bus_bandwidth, collective_s, get_link
-    from memplan.cost.profiles import get_profile
 
     rows = []
     for name, low, high in NCCL_BUSBW:

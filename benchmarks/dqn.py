@@ -30,22 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan.budget import NO_LIMIT, bytes_to_json
-from memplan.errors import InfeasibleBudgetError
+from memplan import DQN_MIN_BYTES, NO_LIMIT, DQNTrainConfig, InfeasibleBudgetError, Problem, plan_problem, simulate
+from memplan.budget import bytes_to_json
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import plan_problem
 from memplan.planners.dqn import (
-    DEFAULT_MIN_BYTES,
     SHIPPED_WEIGHTS,
     build_graph,
     floor_bytes,
     fresh_network,
 )
 from memplan.planners.dqn.env import Env
-from memplan.planners.dqn.train import Instance, TrainConfig, one_thread, train
+from memplan.planners.dqn.train import Instance, one_thread, train
 from memplan.planners.kit.saved import saved_gaps
-from memplan.problem import Problem
-from memplan.sim.simulate import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from autoswap import get_trace  # noqa: E402  (the sibling benchmark's trace cache)
@@ -110,7 +106,7 @@ def _candidates(trace) -> int:
 def dqn_points(problem: Problem, train_s: float) -> list[dict]:
     """`dqn` at each share of the peak above its floor, and just above the floor."""
     peak = problem.trace.peak_load_bytes
-    floor = floor_bytes(build_graph(problem.trace, problem.cost, peak - 1, DEFAULT_MIN_BYTES))
+    floor = floor_bytes(build_graph(problem.trace, problem.cost, peak - 1, DQN_MIN_BYTES))
     budgets = [int(s * peak) for s in SHARES if s * peak > floor * FLOOR_MARGIN] + [int(floor * FLOOR_MARGIN)]
     out = []
     for budget in budgets:
@@ -225,7 +221,7 @@ def _plot_fig5(rows: dict) -> None:
 
 def steps_per_second(trace, cost) -> dict:
     """Random-policy episodes: environment steps per second, alone and with the end-of-episode simulation."""
-    graph = build_graph(trace, cost, int(COST_SHARE * trace.peak_load_bytes), DEFAULT_MIN_BYTES)
+    graph = build_graph(trace, cost, int(COST_SHARE * trace.peak_load_bytes), DQN_MIN_BYTES)
     env = Env(graph)
     rng = np.random.default_rng(0)
     env.outcome() if env.done else None
@@ -247,9 +243,9 @@ def steps_per_second(trace, cost) -> dict:
 
 def training_cost(trace, cost) -> dict:
     """Train from scratch on COST_MODEL at COST_SHARE; when the best plan came within CONVERGED of the end's."""
-    graph = build_graph(trace, cost, int(COST_SHARE * trace.peak_load_bytes), DEFAULT_MIN_BYTES)
+    graph = build_graph(trace, cost, int(COST_SHARE * trace.peak_load_bytes), DQN_MIN_BYTES)
     net = fresh_network(0)
-    config = TrainConfig(episodes=COST_EPISODES, time_limit_s=COST_TRAIN_S, eval_every=5, seed=0)
+    config = DQNTrainConfig(episodes=COST_EPISODES, time_limit_s=COST_TRAIN_S, eval_every=5, seed=0)
     report = train(net, [Instance(graph=graph, env=Env(graph))], config, progress=False)
     best, trajectory = math.inf, []
     for row in report.history:

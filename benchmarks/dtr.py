@@ -20,11 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from memplan.errors import InfeasibleBudgetError
+from memplan import DEFAULT_PROFILE, InfeasibleBudgetError, Problem, plan, trace_workload
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import plan
-from memplan.problem import DEFAULT_PROFILE, Problem
-from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
 MODELS = ("resnet18-cifar@128", "vgg11-cifar@512", "resnet50@32", "mobilenet_v2@32", "transformer-encoder@16")

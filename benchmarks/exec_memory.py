@@ -27,13 +27,18 @@ from pathlib import Path
 
 import torch
 
-from memplan.errors import InfeasibleBudgetError
+import memplan
+from memplan import (
+    BUDGET_TOLERANCE,
+    DEFAULT_PROFILE,
+    InfeasibleBudgetError,
+    Problem,
+    known_planners,
+    optimize,
+    plan_problem,
+)
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import known_planners, plan_problem
-from memplan.problem import DEFAULT_PROFILE, Problem
-from memplan.sim.program import compile_program
-from memplan.workflows.optimize import optimize
-from memplan.workflows.run import BUDGET_TOLERANCE, measure_steps
+from memplan.workflows.run import measure_steps
 from memplan.zoo import get_workload
 
 RESULTS = Path(__file__).parent / "results"
@@ -61,7 +66,7 @@ def model_rows(spec: str, planners: list[str], steps: int, save=lambda rows: Non
             if key in done:  # same decisions as another planner (X+smartpool, pool-only planners): same run
                 rows.append({**done[key], "planner": planner, "budget": budget, "same_run_as": done[key]["planner"]})
                 continue
-            row = _run(name, batch, config, trace, problem.cost, made, reference, steps)
+            row = _run(name, batch, config, trace, made, reference, steps)
             row.update(model=spec, planner=planner, budget=budget, plain_step_s=plain_s)
             done[key] = row
             rows.append(row)
@@ -89,8 +94,8 @@ def _plans(problem: Problem, planner: str):
     return out
 
 
-def _run(name, batch, config, trace, cost, made, reference, steps) -> dict:
-    program = compile_program(trace, made, cost)
+def _run(name, batch, config, trace, made, reference, steps) -> dict:
+    program = memplan.compile(trace, made, DEFAULT_PROFILE)
     w = get_workload(name, batch, seed=SEED, **config)
     step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, trace=trace, plan=made, measure=False)
     records = measure_steps(step, lambda i: w.make_inputs(batch, seed=SEED + 1 + i), steps, w.model, w.optimizer,

@@ -61,7 +61,7 @@ def build(device: str = "cpu"):
 
 def one_swap_plan(trace):
     """A plan that swaps one activation out over the longest gap between two of its accesses."""
-    from memplan.model import Decision, Plan
+    from memplan import Decision, Plan
 
     gaps = []
     for s in trace.storages:
@@ -75,7 +75,8 @@ def one_swap_plan(trace):
 def measure(device: str = "cpu") -> dict:
     import torch
 
-    from memplan.workflows.optimize import optimize, trace_step
+    from memplan import optimize
+    from memplan.workflows.optimize import trace_step
 
     torch.set_num_threads(1)
     model, opt, step, inputs = build(device)

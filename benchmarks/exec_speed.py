@@ -47,8 +47,7 @@ def run_one(case: str, config: str, budget, profile: str, timed: int, clock: str
     import torch
 
     torch.set_num_threads(1)
-    from memplan.budget import UNLIMITED
-    from memplan.workflows.run import run_workload
+    from memplan import UNLIMITED, run_workload
 
     model, batch, model_config = CASES[case]
     planner = "none" if config in (PLAIN, CHECKPOINT) else config
@@ -88,7 +87,7 @@ def calibrate(out: Path) -> str:
 
 
 def bench(rounds: int, timed: int, out: Path, clock: str) -> dict:
-    from memplan.budget import UNLIMITED
+    from memplan import UNLIMITED
 
     profile = calibrate(out)
     runs: list[dict] = []

@@ -10,9 +10,8 @@ import argparse
 import json
 import logging
 
-from memplan.budget import UNLIMITED
+from memplan import UNLIMITED, run_workload
 from memplan.workflows.torch_tools import BASELINES
-from memplan.workflows.run import run_workload
 from memplan.fileio import atomic_write_text
 
 MODELS = (("resnet50", 64, {}), ("hf:gpt2", 8, {}))

@@ -92,8 +92,7 @@ def trace_path(out: str, group: str) -> str:
 
 
 def group_main(group: str, args) -> None:
-    from memplan.problem import DEFAULT_PROFILE
-    from memplan.tracing.io import read_trace, write_trace
+    from memplan import DEFAULT_PROFILE, read_trace, write_trace
 
     deadline = time.time() + args.deadline_s
     model, batch, config, cap, budget, cases, source = GROUPS[group]
@@ -127,7 +126,7 @@ def group_main(group: str, args) -> None:
 def run_row(args, group: str, case: str, planner: str, params: dict, cap: int, budget: int, deadline: float,
             scratch: str, common: dict) -> None:
     """One case of a group: its record in OUT/gpu_budget.jsonl."""
-    from memplan.budget import UNLIMITED
+    from memplan import UNLIMITED
 
     if args.dry_run:
         params = {k: DRY_SOURCE.get(v, v) if k == "source" else DRY_PARAMS.get(k, v) for k, v in params.items()}

@@ -117,7 +117,7 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, r
     benchmarks measure the executor (gpu_graph.py measures the captured step)."""
     import torch
 
-    from memplan.workflows.run import run_workload
+    from memplan import run_workload
 
     global _cases_seen
     _cases_seen += 1
@@ -200,7 +200,7 @@ def device_info() -> dict:
 
 def trace_once(model: str, batch: int, device: str, config: dict):
     """The fake trace every case of a group plans from (ops timed alone on a GPU)."""
-    from memplan.workflows.workloads import trace_workload
+    from memplan import trace_workload
 
     return trace_workload(model, batch, fake=True, device=device, time_ops=device == "cuda", **config)
 

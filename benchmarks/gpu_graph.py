@@ -111,7 +111,7 @@ def compiled_case(out: str, group: str, model: str, batch: int, config: dict, fr
 
 
 def group_main(group: str, args) -> None:
-    from memplan.problem import DEFAULT_PROFILE
+    from memplan import DEFAULT_PROFILE
 
     deadline = time.time() + args.deadline_s
     model, batch, config, budget, planner, _ = GROUPS[group]

@@ -65,8 +65,7 @@ def plain_steps(model: str, batch: int, config: dict, device: str) -> dict:
 def group_main(group: str, args) -> None:
     import torch
 
-    from memplan.budget import UNLIMITED
-    from memplan.problem import DEFAULT_PROFILE
+    from memplan import DEFAULT_PROFILE, UNLIMITED
 
     deadline = time.time() + args.deadline_s
     model, batch, config, budget = GROUPS[group]

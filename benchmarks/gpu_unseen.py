@@ -64,7 +64,7 @@ def probe(spec: str, out: str) -> None:
         rec["tf32"] = {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32,
                        "precision": torch.get_float32_matmul_precision()}
     emit = lambda r: _emit(out, r)  # noqa: E731
-    from memplan.workflows.workloads import trace_workload
+    from memplan import trace_workload
     from memplan.zoo import get_workload
 
     w = get_workload(name, batch, device=device, seed=0)
@@ -107,7 +107,7 @@ class _Passthrough:
 
 def _under_none(w, tr, cuda: bool) -> dict:
     """The executor with nothing to do, on the fake trace: its step time and whether it kept in sync."""
-    from memplan.workflows.optimize import optimize
+    from memplan import optimize
 
     step = optimize(w.step, *w.inputs, trace=tr, planner="none", model=w.model, optimizer=w.optimizer,
                     measure=False)

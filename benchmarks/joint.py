@@ -40,20 +40,13 @@ import numpy as np
 from torch import nn
 
 import memplan.planners.home as home_module
-from memplan.budget import UNLIMITED
-from memplan.cost.model import Cost
-from memplan.errors import InfeasibleBudgetError
+from memplan import DEFAULT_PROFILE, UNLIMITED, Cost, InfeasibleBudgetError, Problem, Simulator, plan, trace_workload
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import plan
-from memplan.planners.home import workers as _home_workers
 from memplan.planners.home.pso import Chunk, random_policies
 from memplan.planners.kit.featuremaps import feature_maps
 from memplan.planners.kit.policy import PolicyEvaluator
 from memplan.plots import new_figure, plot_history, save_figure
-from memplan.problem import DEFAULT_PROFILE, Problem
-from memplan.sim.simulate import Simulator
 from memplan.workflows.maxbatch import search
-from memplan.workflows.workloads import trace_workload
 from memplan.zoo.tasks import classify_loss, image_inputs
 from memplan.zoo.workload import SGD_LR, ModelSpec, build_workload
 
@@ -371,7 +364,7 @@ def parallel(profile: str) -> None:
     cost = Problem.of(trace, profile=profile).cost
     budget = trace.peak_load_bytes // 2
     rows, particles = [], REDUCED.get("parallel_particles", PARALLEL_PARTICLES)
-    real = _home_workers.make_chunks
+    real = home_module.make_chunks
     for label, workers in (("1 process", 1), ("2 processes", 2), ("2 threads", 2)):
         if label.endswith("threads"):
             home_module.make_chunks = lambda score, policies, w: [_ThreadChunk(score, b)

@@ -27,12 +27,8 @@ import os
 import time
 from pathlib import Path
 
-from memplan.cost.model import Cost
-from memplan.errors import InfeasibleBudgetError
+from memplan import DEFAULT_PROFILE, Cost, InfeasibleBudgetError, Problem, known_planners, plan, trace_workload
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import known_planners, plan
-from memplan.problem import DEFAULT_PROFILE, Problem
-from memplan.workflows.workloads import trace_workload
 
 RESULTS = Path(__file__).parent / "results"
 MIB = 2**20

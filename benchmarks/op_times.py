@@ -36,13 +36,12 @@ from pathlib import Path
 
 import torch
 
+from memplan import Problem, get_profile, trace_workload
 from memplan.cost.calibrate import slug
 from memplan.cost.calibrate_cpu import cpu_model
-from memplan.cost.profiles import DeviceProfile, get_profile
+from memplan.cost.profiles import DeviceProfile
 from memplan.fileio import atomic_write_text
-from memplan.problem import Problem
 from memplan.workflows.run import time_steps
-from memplan.workflows.workloads import trace_workload
 from memplan.zoo import get_workload
 
 RESULTS = Path(__file__).parent / "results"
@@ -127,10 +126,10 @@ def device_profile(device: str, given: str | None) -> DeviceProfile:
     if given:
         return get_profile(given)
     if device == "cpu":
-        from memplan.cost.calibrate_cpu import calibrate_cpu
+        from memplan import calibrate_cpu
 
         return calibrate_cpu()
-    from memplan.cost.calibrate import calibrate
+    from memplan import calibrate
 
     return calibrate(torch.device(device).index or 0)
 

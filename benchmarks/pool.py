@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-import memplan.pool as mp
+from memplan import read_minimalloc_csv, solve_pool, storage_pool_problem
 from memplan.pool.native import library
-from memplan.pool.problem import from_storages
 from memplan.fileio import atomic_write_text
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "minimalloc-challenging"  # vendored, see its SOURCE.md
@@ -50,22 +49,22 @@ def cold_run(path: Path, time_limit: float) -> dict:
 def challenging(time_limit: float, passes: int) -> list[dict]:
     """smartpool cold (per pass) and warm, and every baseline, on the 11 files."""
     library()  # built once per machine and source version, before anything is timed
-    mp.solve(mp.read_minimalloc_csv(DATA / "A.1048576.csv"), "smartpool", time_limit_s=time_limit)  # warm this process
+    solve_pool(read_minimalloc_csv(DATA / "A.1048576.csv"), "smartpool", time_limit_s=time_limit)  # warm this process
     rows = []
     for path in sorted(DATA.glob("[A-K].1048576.csv")):
-        problem = mp.read_minimalloc_csv(path)
+        problem = read_minimalloc_csv(path)
         row = {"file": path.name.split(".")[0], "buffers": problem.n, "peak_load": problem.peak_load_bytes,
                "load_avg": round(os.getloadavg()[0], 1)}
         colds = [cold_run(path, time_limit) for _ in range(passes)]
         row["smartpool"] = round(float(np.mean([c["ratio"] for c in colds])), 4)
         row["smartpool_passes"] = " ".join(str(round(c["ratio"], 4)) for c in colds)
         row["cold_wall_s"] = round(max(c["wall_s"] for c in colds), 2)
-        warm = mp.solve(problem, "smartpool", time_limit_s=time_limit)
+        warm = solve_pool(problem, "smartpool", time_limit_s=time_limit)
         row["warm_s"] = round(warm.seconds, 3)
         row["lower_bound"] = colds[-1]["details"]["lower_bound"]
         row["search"] = colds[-1]["details"]["search"]
         for name in BASELINES:
-            row[name] = round(mp.solve(problem, name).ratio, 4)
+            row[name] = round(solve_pool(problem, name).ratio, 4)
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -73,15 +72,15 @@ def challenging(time_limit: float, passes: int) -> list[dict]:
 
 def models(time_limit: float) -> list[dict]:
     """Allocator ratios on fake-traced model iterations (paper 000 Table I)."""
-    from memplan.workflows.workloads import trace_workload
+    from memplan import trace_workload
 
     rows = []
     for name, batch, side in MODELS:
         trace = trace_workload(name, batch, fake=True, input_size=side)
-        problem = from_storages(trace)
+        problem = storage_pool_problem(trace)
         row = {"model": f"{name}@{batch}x{side}", "buffers": problem.n, "peak_load_MiB": round(problem.peak_load_bytes / 2**20, 1)}
         for alloc in ("smartpool", "smartpool-bestfit", "cnmem", "caching", "caching-expandable"):
-            result = mp.solve(problem, alloc, time_limit_s=time_limit)
+            result = solve_pool(problem, alloc, time_limit_s=time_limit)
             row[alloc] = round(result.ratio, 4)
         rows.append(row)
         print(row, flush=True)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-import memplan.pool as mp
-from memplan.pool.problem import from_storages, make_problem
+from memplan import read_minimalloc_csv, solve_pool, storage_pool_problem
+from memplan.pool.problem import make_problem
 from memplan.pool.synthetic import FAMILIES, synthetic_problem
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -48,9 +48,9 @@ def tiled(problem, copies: int):
 
 def tiled_problem():
     """A 60,000-buffer problem tiled from a resnet50@32x224 trace."""
-    from memplan.workflows.workloads import trace_workload
+    from memplan import trace_workload
 
-    base = from_storages(trace_workload("resnet50", 32, fake=True, input_size=224))
+    base = storage_pool_problem(trace_workload("resnet50", 32, fake=True, input_size=224))
     persistent = int(((base.starts == 0) & (base.ends == base.horizon)).sum())
     copies = -(-(TILED_BUFFERS - persistent) // (base.n - persistent))
     return tiled(base, copies).subset(np.arange(TILED_BUFFERS))
@@ -64,7 +64,7 @@ def one(name: str, time_limit: float) -> dict:
         family, size = name.split(":")
         problem = synthetic_problem(family, int(size))
     started = time.monotonic()
-    result = mp.solve(problem, "smartpool", time_limit_s=time_limit)
+    result = solve_pool(problem, "smartpool", time_limit_s=time_limit)
     wall = time.monotonic() - started
     details = result.details
     return {"problem": name, "buffers": problem.n, "ratio": round(result.ratio, 4), "solve_s": round(wall, 1),
@@ -89,10 +89,10 @@ def threads(time_limit: float) -> list[dict]:
     """The search at 1, 2 and 4 threads: ratio, search nodes per second, seconds."""
     rows = []
     for name in THREAD_FILES:
-        problem = mp.read_minimalloc_csv(DATA / f"{name}.1048576.csv")
+        problem = read_minimalloc_csv(DATA / f"{name}.1048576.csv")
         for count in THREADS:
             load = os.getloadavg()[0]
-            result = mp.solve(problem, "smartpool", time_limit_s=time_limit, threads=count)
+            result = solve_pool(problem, "smartpool", time_limit_s=time_limit, threads=count)
             rows.append({"file": name, "threads": count, "ratio": round(result.ratio, 4), "seconds": round(result.seconds, 2),
                          "search_nodes": result.details.get("search_nodes", 0),
                          "nodes_per_s": result.details.get("nodes_per_s", 0), "load_avg": round(load, 1)})

@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 
 import memplan
-from memplan.errors import InfeasibleBudgetError
-from memplan.problem import DEFAULT_PROFILE, Problem
-from memplan.workflows.workloads import trace_workload
+from memplan import DEFAULT_PROFILE, InfeasibleBudgetError, Problem, trace_workload
 
 OUT = Path(__file__).parent / "results" / "pool_plans"
 MODELS = ("resnet50@64", "hf:gpt2@8", "vgg16@64")

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import memplan.pool as mp
+from memplan import read_minimalloc_csv
 from memplan.pool.greedy import conflict_graph
 from memplan.pool.search import FOUND, PREORDERS, _Searcher, compile_kernel
 from memplan.fileio import atomic_write_text
@@ -33,7 +33,7 @@ SHOWN = 6  # fastest orders listed per file in the table
 def screen_file(path: Path, seconds: float) -> tuple[str, dict]:
     """Seconds to a layout at peak load for every order that found one within `seconds`."""
     compile_kernel()
-    problem = mp.read_minimalloc_csv(path)
+    problem = read_minimalloc_csv(path)
     orders = ["".join(letters) for letters in itertools.permutations(LETTERS, 3)]
     searcher = _Searcher(problem, conflict_graph(problem), preorders=tuple(orders))
     found = {}

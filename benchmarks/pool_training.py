@@ -60,7 +60,7 @@ def run_child(spec: dict) -> dict:
     """One configuration, in this (fresh) process: JSON-ready summary."""
     import torch
 
-    from memplan.workflows.run import run_workload
+    from memplan import run_workload
 
     cuda = spec["device"] == "cuda"
     if not cuda and spec["allocator"] == "pool":
@@ -81,10 +81,10 @@ def run_child(spec: dict) -> dict:
 def cpu_stream_replay(spec: dict) -> dict:
     """Dry run of a pool configuration: the allocation requests of one real planned step on the CPU
     (torch.profiler, each with the runner's op) replayed through the host pool (memplan.testing.requests)."""
+    from memplan import optimize
     from memplan.pool.replay_allocator import ReplayAllocator
     from memplan.pool.requests import step_requests
     from memplan.testing.requests import record_cpu_requests, replay_requests
-    from memplan.workflows.optimize import optimize
     from memplan.zoo import get_workload
 
     started = time.perf_counter()
@@ -107,7 +107,7 @@ def cpu_stream_replay(spec: dict) -> dict:
 
 def _budget(spec: dict):
     """The case's budget as the library takes it: a spec is JSON, where null is no limit (UNLIMITED)."""
-    from memplan.budget import UNLIMITED
+    from memplan import UNLIMITED
 
     return UNLIMITED if spec["budget"] is None else spec["budget"]
 

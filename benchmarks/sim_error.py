@@ -28,12 +28,9 @@ from pathlib import Path
 
 import torch
 
-from memplan.cost.calibrate_cpu import calibrate_cpu
-from memplan.cost.profiles import profile_to_json
-from memplan.errors import InfeasibleBudgetError, MemplanError
+from memplan import InfeasibleBudgetError, MemplanError, calibrate_cpu, profile_to_json, run_workload
 from memplan.fileio import atomic_write_text
 from memplan.workflows.optimize import trace_step
-from memplan.workflows.run import run_workload
 from memplan.zoo import get_workload
 
 RESULTS = Path(__file__).parent / "results"

@@ -18,9 +18,7 @@ import time
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from memplan.model import Decision, Plan  # noqa: E402
-from memplan.problem import DEFAULT_PROFILE, Problem  # noqa: E402
-from memplan.sim.simulate import Simulator  # noqa: E402
+from memplan import DEFAULT_PROFILE, Decision, Plan, Problem, Simulator  # noqa: E402
 
 ROUNDS = 5  # the median of several rounds: this host's speed varies from run to run
 TARGET = 1000.0  # evaluations per second the issue asks for
@@ -61,11 +59,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.trace:
-        from memplan.tracing.formats import load_any
+        from memplan import load_any
 
         trace, name = load_any(args.trace), args.trace
     else:
-        from memplan.workflows.workloads import trace_workload
+        from memplan import trace_workload
 
         trace, name = trace_workload("resnet50", 256, fake=True), "resnet50 batch 256 (fake)"
     sim = Simulator(trace, Problem.of(trace, profile=DEFAULT_PROFILE).cost)

@@ -30,14 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
+from memplan import conv_policy_sizes, get_profile, read_conv_csv
 from memplan.conv import fit as F
-from memplan.conv.deepbench import read_conv_csv
 from memplan.conv.kernels import Kernel
-from memplan.conv.options import POLICIES, Option, accumulator_bytes, policy_sizes
+from memplan.conv.options import POLICIES, Option, accumulator_bytes
 from memplan.conv.sources import ModelSource
 from memplan.conv.timemodel import write_coefficients
 from memplan.conv.wr import best_config
-from memplan.cost.profiles import get_profile
 from memplan.fileio import atomic_write_text
 from memplan.model import CONV_KERNELS
 
@@ -122,7 +121,7 @@ def run_fig9() -> dict:
     for kind in CONV_KERNELS:
         kernel = replace(CONV2, kind=kind)
         for policy in POLICIES:
-            sizes = policy_sizes(policy, kernel.n)
+            sizes = conv_policy_sizes(policy, kernel.n)
             by_size = _options(source, kernel, sizes)
             for limit in FIG9_LIMITS:
                 acc = accumulator_bytes(kind, kernel.weight_bytes, kernel.element_bytes)
@@ -199,8 +198,8 @@ FIG13_POLICY = "powerOfTwo"
 
 def run_fig13() -> dict:
     """Summed convolution time under WR (per-kernel limit) and WD (the same total), and WD at half."""
+    from memplan import trace_workload
     from memplan.conv.decide import decide
-    from memplan.workflows.workloads import trace_workload
 
     profile = get_profile(FIG9_PROFILE)
     rows = []
@@ -256,17 +255,16 @@ def fig13_markdown(result: dict) -> str:
 
 def run_speed() -> dict:
     """WR's DP on AlexNet conv2 at batch 256 with `all`; WD's fronts and ILP for ResNet-50 at batch 64."""
+    from memplan import trace_conv_kernels, trace_workload
     from memplan.conv import wd
-    from memplan.conv.kernels import trace_kernels
-    from memplan.workflows.workloads import trace_workload
 
     source = ModelSource(get_profile(FIG9_PROFILE))
-    options = _options(source, CONV2, policy_sizes("all", CONV2.n))
+    options = _options(source, CONV2, conv_policy_sizes("all", CONV2.n))
     first = _timed(lambda: best_config(options, CONV2.n, 64 * MIB))  # includes numba's compile, if any
     dp = min(_timed(lambda: best_config(options, CONV2.n, 64 * MIB)) for _ in range(5))
     trace = trace_workload("resnet50", 64, fake=True)
-    kernels = trace_kernels(trace)
-    opts = {tk.kernel: _options(source, tk.kernel, policy_sizes(FIG13_POLICY, tk.kernel.n)) for tk in kernels}
+    kernels = trace_conv_kernels(trace)
+    opts = {tk.kernel: _options(source, tk.kernel, conv_policy_sizes(FIG13_POLICY, tk.kernel.n)) for tk in kernels}
     started = time.perf_counter()
     fronts = [wd.pareto_front(opts[tk.kernel], tk.kernel.n) for tk in kernels]
     fronts_s = time.perf_counter() - started
@@ -303,15 +301,14 @@ CONFIRM_OVER = 1.10  # a split that looks this much faster is measured again, he
 def run_cpu() -> dict:
     """Per distinct kernel (in op order, until the per-model budget is spent): PyTorch's CPU time
     at each micro-batch size, and the best split against the undivided kernel."""
-    from memplan.conv.kernels import trace_kernels
+    from memplan import trace_conv_kernels, trace_workload
     from memplan.conv.sources import CpuSource, time_kernel
-    from memplan.workflows.workloads import trace_workload
 
     source = CpuSource(repeats=2)
     models = []
     for model, batch in CPU_MODELS:
         trace = trace_workload(model, batch, fake=True)
-        kernels = list(dict.fromkeys(tk.kernel for tk in trace_kernels(trace)))
+        kernels = list(dict.fromkeys(tk.kernel for tk in trace_conv_kernels(trace)))
         started, rows = time.perf_counter(), []
         for kernel in kernels:
             if time.perf_counter() - started > CPU_BUDGET_S:
@@ -400,7 +397,7 @@ def run_exec() -> dict:
     without a plan from the same weights and data; compare the weights and the step times."""
     import torch
 
-    from memplan.workflows.optimize import optimize
+    from memplan import optimize
 
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(EXEC_BATCH, 3, 28, 28, generator=g), torch.randint(0, 10, (EXEC_BATCH,), generator=g))

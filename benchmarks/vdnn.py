@@ -33,17 +33,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from memplan.budget import UNLIMITED
-from memplan.errors import InfeasibleBudgetError
+from memplan import (
+    UNLIMITED,
+    InfeasibleBudgetError,
+    Problem,
+    Simulator,
+    plan,
+    residency_pool_problem,
+    trace_workload,
+)
 from memplan.exec import hostzvc
 from memplan.fileio import atomic_write_text
-from memplan.planners.base import plan
 from memplan.planners.vdnn import mode_plan
-from memplan.pool.intervals import residency_problem
 from memplan.pool.poolsize import smallest_pool
-from memplan.problem import Problem
-from memplan.sim.simulate import Simulator
-from memplan.workflows.workloads import trace_workload
 from memplan.zoo import vgg
 from memplan.zoo.registry import get_spec, get_workload
 from memplan.zoo.workload import build_workload
@@ -162,7 +164,7 @@ def table5(name: str, batch: int, profile: str) -> list[dict]:
     rows = []
     for mode, algo in [(m, a) for m in MODES for a in ALGOS]:
         p = plan(trace, UNLIMITED, planner=f"vdnn++:{mode}", cost=cost, algo=algo)
-        problem = residency_problem(trace, p, cost)
+        problem = residency_pool_problem(trace, p, cost)
         # the pool holds the trace's buffers: a (p) mode's cuDNN workspaces are not among them
         row = {"network": f"{name}({batch})", "mode": f"{mode}({algo})",
                "aggregate_mib": problem.peak_load_bytes / MIB}

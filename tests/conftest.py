@@ -2,7 +2,7 @@
 
 - `memplan` (the default): a small, reproducible example budget, so `make test` stays fast
   and gives the same examples on every run; `MEMPLAN_FUZZ_EXAMPLES=N` asks for N examples
-  per property instead, drawn at random (the convention of tests/test_fuzz_user_input.py).
+  per property instead, drawn at random (the convention of tests/project/test_fuzz_user_input.py).
 - `ci-long` (`pytest --hypothesis-profile ci-long`): many random examples, for a run by hand.
 """
 
@@ -11,7 +11,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-DEFAULT_EXAMPLES = 12  # per property (and per planner in tests/test_planner_property.py)
+DEFAULT_EXAMPLES = 12  # per property (and per planner in tests/planners/test_planner_property.py)
 LONG_EXAMPLES = 300
 _EXAMPLES = os.environ.get("MEMPLAN_FUZZ_EXAMPLES")
 

@@ -10,7 +10,7 @@ Every command module is imported to build the parser, so at the top a command mo
 only what its parser needs (the standard library, these helpers, `memplan.errors`, `units`,
 `budget`, `fileio`); numpy, torch and the layers built on them are imported by the functions
 that use them. `memplan --help`, and a mistake in a command's options, then cost no more than
-the parser (`tests/test_cli_startup.py` keeps numpy and torch out of `memplan --help`).
+the parser (`tests/project/test_cli_startup.py` keeps numpy and torch out of `memplan --help`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@
 | `blocks` | the model's blocks (the module calls torch.utils.checkpoint users wrap) |
 
 The kit imports no planner family (only `memplan.planners.base` of this package), and
-`tests/test_planning_kit.py` fails when a module outside it defines one of `RULES` (or a
+`tests/planners/test_kit.py` fails when a module outside it defines one of `RULES` (or a
 former name of one) again.
 """
 

@@ -1,0 +1,150 @@
+"""The hooked executor (memplan.exec.hooked): plans run at autograd's saved-tensor hooks and recompute by
+running module calls again. Oracles: plain training from the same seed (bit-identical parameters and
+buffers), the independent memory meter, and PyTorch's own dispatch-mode stack (no mode is entered)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from memplan.budget import NO_LIMIT
+from memplan.exec.meter import MemoryMeter
+from memplan.model import Plan
+from memplan.planners.base import plan as make_plan
+from memplan.problem import Problem
+from memplan.sim.simulate import Simulator
+from memplan.workflows.optimize import optimize, trace_step
+from memplan.workflows.run import BUDGET_TOLERANCE
+
+from tests.exec.helpers import STEPS, batches, state_diffs, swap_all_plan, tiny_workload, train_plain
+
+# A GPT-2 of short ops (the issue's CPU proxy of a GPU's host-bound step), at batch 1
+GPT2 = {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}
+
+
+def gpt2_workload():
+    from memplan.zoo.registry import get_workload
+
+    return get_workload("hf:gpt2", 1, seed=0, **GPT2)
+
+
+def _planned(make, plan, trace, steps: int = STEPS):
+    """Train `steps` steps under `plan`, every one measured, recording the dispatch-mode stack in forward."""
+    w = make()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=trace, measure=True)
+    modes = []
+    handle = next(m for m in w.model.modules() if not any(m.children())).register_forward_hook(
+        lambda *_: modes.append(sum(not isinstance(m, MemoryMeter) for m in _get_current_dispatch_mode_stack())))
+    torch.manual_seed(5)
+    for i in range(steps):  # each step's inputs made right before it (older ones would be live memory)
+        step(*w.make_inputs(w.batch, seed=100 + i))
+    handle.remove()
+    stats = step.stats()
+    step.close()
+    return w, stats, modes
+
+
+def _plain(make, steps: int = STEPS):
+    w = make()
+    torch.manual_seed(5)
+    train_plain(w, batches(w, steps))
+    return w
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    w = tiny_workload()
+    return trace_step(w.step, w.inputs, w.model, w.optimizer)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    w = gpt2_workload()
+    return trace_step(w.step, w.inputs, w.model, w.optimizer)
+
+
+def _at_checkpoint_memory(trace, planner: str) -> Plan:
+    """`planner`'s plan at the peak sqrt-n's hooked form (block by block, as torch.utils.checkpoint) reaches."""
+    budget = Simulator(trace, Problem.of(trace).cost).hooked(make_plan(trace, None, planner="sqrt-n"), NO_LIMIT).peak_load_bytes
+    assert budget < trace.peak_load_bytes
+    return make_plan(trace, budget, planner=planner)
+
+
+def _checked(stats, modes):
+    assert stats["level"] == "hooked" and stats["diverged_steps"] == 0 and stats["unresolved"] == 0
+    assert stats["ops_in_mode"] == 0 and stats["replayed_ops"] == 0
+    assert modes and max(modes) == 0  # no dispatch mode but the memory meter's while the model's forward runs
+    for step in stats["steps_measured"]:
+        assert step["measured_peak_bytes"] <= stats["budget_bytes"] * (1 + BUDGET_TOLERANCE)
+        assert abs(step["measured_peak_bytes"] - stats["simulated_peak_bytes"]) <= \
+            BUDGET_TOLERANCE * stats["simulated_peak_bytes"]
+
+
+@pytest.mark.parametrize("planner", ["sqrt-n", "dtr"])
+def test_gpt2_under_a_hooked_plan_is_bit_identical_and_enters_no_mode(gpt2, planner):
+    plan = _at_checkpoint_memory(gpt2, planner)
+    assert plan.predicted["level"] == "hooked", plan.predicted["level_reason"]
+    got, stats, modes = _planned(gpt2_workload, plan, gpt2)
+    _checked(stats, modes)
+    assert stats["regions_recomputed"] >= STEPS and stats["recomputed"] >= stats["regions_recomputed"]
+    assert max(state_diffs(got.model, _plain(gpt2_workload).model).values()) == 0.0
+
+
+def test_region_recompute_with_dropout_batch_norm_and_in_place_ops_is_bit_identical(tiny):
+    # TinyNet's blocks draw dropout masks, update batch-norm statistics and ReLU in place: a block run
+    # again must draw the same masks and leave the statistics as one forward did.
+    plan = _at_checkpoint_memory(tiny, "sqrt-n")
+    assert plan.predicted["level"] == "hooked", plan.predicted["level_reason"]
+    got, stats, modes = _planned(tiny_workload, plan, tiny)
+    _checked(stats, modes)
+    assert stats["regions_recomputed"] >= STEPS
+    assert max(state_diffs(got.model, _plain(tiny_workload).model).values()) == 0.0  # buffers included
+
+
+def test_a_hooked_swap_plan_is_bit_identical_and_frees_what_it_moves(tiny):
+    plan = swap_all_plan(tiny, lead=1)
+    plan = plan.with_meta(budget_bytes=make_plan(tiny, None, planner="none").predicted["peak_load_bytes"])
+    got, stats, modes = _planned(tiny_workload, plan, tiny)
+    _checked(stats, modes)
+    assert stats["released"] > 0 and stats["prefetched"] + stats["kept"] > 0
+    assert stats["measured_peak_bytes"] < tiny.peak_load_bytes
+    assert max(state_diffs(got.model, _plain(tiny_workload).model).values()) == 0.0
+
+
+def test_an_unpack_before_its_storage_is_back_brings_it_back_first(gpt2):
+    # rule 3: with every recomputation postponed past the end of the step, each first unpack rebuilds
+    plan = _at_checkpoint_memory(gpt2, "sqrt-n")
+    w = gpt2_workload()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=gpt2, measure=False)
+    runner = step.runtime.runner
+    late = len(gpt2.ops) + 1
+    runner.when = [late if a.kind.value == "recompute" else at for a, at in zip(step.runtime.program.actions, runner.when)]
+    runner.when = [max(runner.when[:i + 1]) for i in range(len(runner.when))]  # the cursor's order holds
+    torch.manual_seed(5)
+    for x in batches(w):
+        step(*x)
+    assert step.stats()["late_unpacks"] > 0
+    assert max(state_diffs(w.model, _plain(gpt2_workload).model).values()) == 0.0
+
+
+def test_a_step_that_saves_other_tensors_than_traced_runs_unplanned(gpt2):
+    # rule 2: with the embedding's dropout off the step saves one tensor less: its packs are not the
+    # traced ones, and it leaves the program, training as plain training does
+    plan = _at_checkpoint_memory(gpt2, "dtr")
+    w, ref = gpt2_workload(), gpt2_workload()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=gpt2, measure=False)
+    for model in (w.model, ref.model):
+        model.transformer.drop.eval()
+    x = w.make_inputs(w.batch, seed=3)
+    torch.manual_seed(5)
+    step(*x)
+    torch.manual_seed(5)
+    ref.step(*x)
+    assert step.stats()["diverged_steps"] == 1
+    assert max(state_diffs(w.model, ref.model).values()) == 0.0
+
+
+def test_an_empty_plan_installs_nothing(tiny):
+    got, stats, modes = _planned(tiny_workload, Plan(decisions=(), trace_digest=tiny.digest), tiny)
+    assert stats["level"] != "hooked" and stats["ops_in_mode"] == 0 and max(modes) == 0

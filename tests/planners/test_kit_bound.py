@@ -1,0 +1,232 @@
+"""The lower bound of every plan (`memplan.planners.kit.bound`): never above the simulated overhead of a
+plan that validates and fits, whoever made it — planners on generated traces, random plans of
+every kind of decision (swaps with any prefetch op, overlapping or synchronous copies, weights
+across the iteration boundary, recomputations) — and "no plan fits" only where none does. The
+brute-force optimum over every policy is in tests/planners/test_milp.py; `milp` and `auto` report it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from memplan.budget import parse_budget
+from memplan.cost.model import Cost
+from memplan.errors import InfeasibleBudgetError
+from memplan.model import Decision, Plan
+from memplan.planners.base import plan as make_plan
+from memplan.model.program import HOOKED
+from memplan.planners.kit.bound import check_ops, fewest_away, lower_bound
+from memplan.sim.arrays import host_per_op
+from memplan.sim.simulate import Simulator
+from memplan.sim.validate import static_load, validate
+from memplan.testing.planner_property import fast_params
+from memplan.testing.strategies import budget_shares, training_traces
+from memplan.testing.synthetic import MIB, chain_trace, residual_trace
+
+PLANNERS = ("capuchin", "autoswap:swdoa", "tflms", "sqrt-n", "checkpoint-all", "superneurons", "dtr", "vdnn:all",
+            "home:fast", "save-on-cpu")
+TOLERANCE = 1e-9  # the bound is taken below the LP's optimum by more than HiGHS' tolerances
+
+
+def _fits(simulator, plan, budget) -> float | None:
+    """The plan's simulated overhead when it validates and fits the budget, else None."""
+    result = simulator.run(plan, budget)
+    if result.feasible and result.peak_load_bytes <= budget and not validate(simulator.trace, plan, budget):
+        return result.overhead
+    return None
+
+
+@given(trace=training_traces(), budget=budget_shares())
+def test_the_bound_is_below_every_planners_plan(trace, budget):
+    _below_every_planners_plan(trace, budget, Cost.for_trace(trace, "h100"))
+
+
+@given(trace=training_traces(), budget=budget_shares())
+def test_the_bound_holds_where_the_host_is_priced(trace, budget):
+    # as for a traced PyTorch step: the host issues every op and acts (a generated trace runs interpreted)
+    _below_every_planners_plan(trace, budget, replace(Cost.for_trace(trace, "h100"), priced_host=True))
+
+
+def test_where_the_host_is_priced_the_bound_is_the_device_or_the_hosts_work_over_the_plain_step():
+    trace = chain_trace(12, MIB)
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(0.6 * trace.peak_load_bytes)
+    device = lower_bound(trace, budget, cost, time_limit_s=60.0).overhead
+    device_s = float(np.sum(cost.durations))
+    assert device > 0
+    # actions for free: the device's bound, over a plain step the host's work makes longer
+    free = replace(cost, priced_host=True, profile=replace(cost.profile, action_s=0.0))
+    plain_s = Simulator(trace, free).run(None).time_s
+    assert plain_s > device_s
+    assert lower_bound(trace, budget, free, time_limit_s=60.0).overhead == pytest.approx(
+        (1 + device) * device_s / plain_s - 1, abs=1e-6)
+    # dear actions: the host's work for the storages the peak op needs away is the larger
+    dear = replace(cost, priced_host=True, profile=replace(cost.profile, action_s=0.01))
+    host_s = float(host_per_op(trace, dear)[HOOKED].sum()) + 2 * 0.01 * fewest_away(trace, budget, [trace.peak_op])
+    assert host_s > (1 + device) * device_s
+    assert lower_bound(trace, budget, dear, time_limit_s=60.0).overhead >= host_s / plain_s - 1 - 1e-6
+
+
+@given(trace=training_traces(), budget=budget_shares())
+def test_fewest_away_is_the_least_number_of_storages_that_bring_an_op_within_the_budget(trace, budget):
+    budget_bytes = max(1, parse_budget(budget).bytes_for(trace.peak_load_bytes))
+    i = trace.peak_op
+    alive = [int(s) for s in np.flatnonzero((trace.alloc_ops <= i) & (trace.free_ops > i))]
+    assume(len(alive) <= 12)  # brute force over every group of them
+    need = int(trace.load[i]) - budget_bytes
+    least = 0 if need <= 0 else next(
+        (k for k in range(1, len(alive) + 1)
+         if any(sum(int(trace.nbytes[s]) for s in group) >= need for group in itertools.combinations(alive, k))),
+        len(alive) + 1)
+    assert fewest_away(trace, budget_bytes, [i]) == least
+
+
+def _below_every_planners_plan(trace, budget, cost):
+    budget_bytes = max(1, parse_budget(budget).bytes_for(trace.peak_load_bytes))
+    bound = lower_bound(trace, budget_bytes, cost, time_limit_s=60.0)
+    assert bound.overhead is not None and bound.overhead >= 0
+    simulator = Simulator(trace, cost)
+    for name in PLANNERS:
+        try:
+            p = make_plan(trace, budget_bytes, planner=name, cost=cost, simulate_result=False, **fast_params(name))
+        except InfeasibleBudgetError:
+            continue
+        overhead = _fits(simulator, p, budget_bytes)
+        if overhead is not None:
+            assert bound.overhead <= overhead + TOLERANCE, name  # inf ("no plan fits") fails here too
+
+
+def _gaps(trace):
+    """(storage, out_after, back_before) of every gap between two accesses of a storage (wrapping
+    around for persistent ones), written apart from the bound's code."""
+    n = len(trace.ops)
+    for s in trace.storages:
+        acc = [a for a in trace.accesses[s.id] if s.alloc_op <= a < s.free_op]
+        for a, b in zip(acc, acc[1:]):
+            if b - a >= 2:
+                yield s.id, a, b
+        if s.persistent and acc and (n - 1 - acc[-1]) + acc[0] >= 1:
+            yield s.id, acc[-1], acc[0]
+
+
+@st.composite
+def random_plans(draw, trace):
+    """A plan of random decisions on random gaps: each swapped (any trigger in its gap, overlapping
+    or synchronous copies) or recomputed, or left; it may not validate."""
+    n, out = len(trace.ops), []
+    for sid, a, b in _gaps(trace):
+        action = draw(st.sampled_from(("keep", "keep", "swap", "recompute")))
+        wraps = b <= a
+        if action == "recompute" and not wraps and trace.recomputable(sid):
+            out.append(Decision(storage=sid, action="recompute", out_after=a, back_before=b))
+        elif action == "swap":
+            triggers = [*range(a + 1, n), *range(0, b + 1)] if wraps else list(range(a + 1, b + 1))
+            out.append(Decision(storage=sid, action="swap", out_after=a, back_before=b,
+                                trigger=draw(st.sampled_from(triggers)), sync=draw(st.booleans()) and not wraps,
+                                overlap=draw(st.booleans()) and sid not in trace.ops[a].writes))
+    return Plan(decisions=tuple(sorted(out, key=lambda d: (d.prefetch_at, d.storage))))
+
+
+SYNTHETIC = st.one_of(
+    st.builds(lambda n, flops: chain_trace(n, flops_per_layer=flops,
+                                           sizes=[(16 + 24 * (i % 4)) * MIB for i in range(n)]),
+              st.integers(2, 6), st.sampled_from([3e10, 1e11, 3e11])),
+    st.builds(lambda n, flops: residual_trace(n, flops_per_block=flops), st.integers(1, 3),
+              st.sampled_from([3e10, 1e11])))
+
+
+@given(data=st.data(), trace=st.one_of(training_traces(), SYNTHETIC))
+def test_the_bound_is_below_every_random_plan_that_fits(data, trace):
+    """Each random plan that validates, at budgets below the trace's peak where it fits: its static
+    load (what it holds with copies and replays taking no time) and its simulated peak without a cap."""
+    cost = Cost.for_trace(trace, "h100")
+    simulator = Simulator(trace, cost)
+    for _ in range(4):
+        p = data.draw(random_plans(trace))
+        if not p.decisions:
+            continue
+        for budget in {int(static_load(trace, list(p.decisions)).max()), simulator.run(p).peak_load_bytes}:
+            overhead = _fits(simulator, p, budget) if budget < trace.peak_load_bytes else None
+            if overhead is not None:
+                bound = lower_bound(trace, budget, cost, time_limit_s=60.0)
+                assert bound.overhead is not None and bound.overhead <= overhead + TOLERANCE
+
+
+def test_no_plan_fits_below_what_must_stay():
+    """Below the load of what every op itself reads and writes, the LP is infeasible: no plan fits,
+    and no planner finds one."""
+    trace = chain_trace(4)
+    cost = Cost.for_trace(trace, "h100")
+    pinned = max(sum(int(trace.nbytes[s]) for s in set(op.reads) | set(op.writes)) for op in trace.ops)
+    bound = lower_bound(trace, pinned // 2, cost)
+    assert bound.overhead == math.inf and bound.status == "no plan fits"
+    with pytest.raises(InfeasibleBudgetError):
+        make_plan(trace, pinned // 2, planner="milp", cost=cost)
+
+
+def test_nothing_to_move_is_a_bound_of_zero():
+    trace = chain_trace(4)
+    bound = lower_bound(trace, trace.peak_load_bytes, Cost.for_trace(trace, "h100"))
+    assert bound.overhead == 0.0 and bound.status == "nothing to move"
+
+
+def test_a_tighter_budget_never_has_a_lower_bound_with_every_op_checked():
+    """With every op over the budget checked, the LP at a tighter budget has the same rows with
+    larger right-hand sides: its optimum cannot be lower."""
+    trace = residual_trace(3, flops_per_block=3e10)
+    cost = Cost.for_trace(trace, "h100")
+    bounds = [lower_bound(trace, int(s * trace.peak_load_bytes), cost, max_checks=10_000).overhead
+              for s in (0.9, 0.75, 0.6)]
+    assert bounds == sorted(bounds) and bounds[-1] > 0
+
+
+def test_check_ops_are_the_most_loaded_op_of_each_stretch():
+    load = np.array([5, 9, 7, 1, 8, 6, 9, 2], dtype=np.int64)
+    assert check_ops(load, 4, 100).tolist() == [0, 1, 2, 4, 5, 6]
+    assert check_ops(load, 4, 2).tolist() == [1, 6]  # stretches [0, 1, 2] and [4, 5, 6]
+
+
+@pytest.mark.parametrize("planner", ["milp", "auto"])
+def test_milp_and_auto_report_the_bound_and_their_gap(planner):
+    trace = chain_trace(9, sizes=[(16 + 24 * (i % 4)) * MIB for i in range(9)])
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(0.5 * trace.peak_load_bytes)
+    got = make_plan(trace, budget, planner=planner, cost=cost, time_limit_s=30.0)
+    report = got.report
+    overhead = Simulator(trace, cost).run(got, budget).overhead
+    assert report["bound_status"].startswith("optimal")
+    assert 0 <= report["bound"] <= overhead + TOLERANCE
+    assert report["gap"] == pytest.approx(overhead - report["bound"], abs=1e-9)
+
+
+def test_where_only_the_interpreted_executor_can_fit_the_bound_counts_its_host_work():
+    """A small GPT-2's weights outweigh its activations: below what moving every saved tensor reaches,
+    every plan that fits moves weights, which no hook sees, and runs interpreted."""
+    from memplan.model.program import INTERPRETED
+    from memplan.planners.kit.bound import hooks_cannot_fit
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("hf:gpt2", 1, fake=True, n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq_len=32)
+    cost = Cost.for_trace(trace, "h100")
+    assert cost.priced_host and trace.saved
+    low, high = int(0.5 * trace.peak_load_bytes), int(0.97 * trace.peak_load_bytes)
+    assert hooks_cannot_fit(trace, low) and not hooks_cannot_fit(trace, high)
+    bound = lower_bound(trace, low, cost, time_limit_s=30.0).overhead
+    plain_s = Simulator(trace, cost).run(None).time_s
+    interpreted_s = float(host_per_op(trace, cost)[INTERPRETED].sum())
+    assert bound >= interpreted_s / plain_s - 1 - 1e-6 > 0
+    simulator = Simulator(trace, cost)
+    for name in ("capuchin", "autoswap:doa", "tflms", "save-on-cpu"):
+        try:
+            plan = make_plan(trace, low, planner=name, cost=cost)
+        except InfeasibleBudgetError:
+            continue
+        overhead = _fits(simulator, plan, low)
+        if overhead is not None:
+            assert simulator.run(plan, low).level == INTERPRETED and overhead >= bound - TOLERANCE, name

@@ -1,0 +1,200 @@
+"""One front door (issue 38): `memplan` is the library's one public module, and the benchmarks
+reach the library through it as a user would.
+
+Every `import memplan...` / `from memplan... import` of every benchmarks/*.py (read with `ast`,
+nothing run) names `memplan` itself or a foundation module (errors, units, fileio, budget,
+problem, vocabulary, progress, plots, registry). A benchmark that times one internal component
+(the simulator's kernel, the pool search, DQN's environment...) may import that component's
+module, as tests may: each such (benchmark, module) pair is listed in COMPONENT_BENCHMARKS with
+why. The list must stay exact: a new internal import fails until it is listed (or goes through
+the front door, once memplan exports what it needs), and an entry no longer imported fails as
+stale. A name the front door exports comes through it even where its module is listed.
+
+Also: every name in `memplan.__all__` resolves, and `import memplan` stays cheap (no numpy,
+no torch: its names are imported lazily).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import memplan
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+FRONT_DOOR = "memplan"
+FOUNDATION = {f"memplan.{name}" for name in
+              ("errors", "units", "fileio", "budget", "problem", "vocabulary", "progress", "plots", "registry")}
+
+# benchmark file -> {internal module it imports: why it reaches past the front door}
+COMPONENT_BENCHMARKS = {
+    "autoswap.py": {
+        "memplan.planners.autoswap": "load_min_bytes: AutoSwap's floor, a column of Table II",
+        "memplan.reports.sweep": "SweepResult, the type of Fig. 9's sweep",
+        "memplan.pool": "Fig. 10 spells out autoswap:bo+smartpool's composition (pool.layout, pool.with_pool)",
+        "memplan.pool.search": "compiles the pool search's kernel before anything is timed",
+    },
+    "distributed_sim.py": {
+        "memplan.zoo.workload": "wraps its own MLP as a Workload",
+        "memplan.workflows.distributed": "wrap_workload: the DDP/FSDP ranks it measures",
+        "memplan.cost.network": "the collective cost model, checked against DeepBench and nccl-tests",
+    },
+    "dqn.py": {
+        "memplan.planners.dqn": "the DQN planner's graph, floor, shipped weights and fresh network",
+        "memplan.planners.dqn.env": "times DQN's environment (steps per second)",
+        "memplan.planners.dqn.train": "times DQN's training from scratch",
+        "memplan.planners.kit.saved": "saved_gaps: TFLMS's candidate count (its baseline's parameter)",
+    },
+    "exec_memory.py": {
+        "memplan.workflows.run": "measure_steps: each real step's peak, by the independent meter",
+        "memplan.zoo": "get_workload: the real model it trains",
+    },
+    "exec_overhead.py": {"memplan.workflows.optimize": "trace_step: the step traced once, as optimize traces it"},
+    "executor.py": {"memplan.workflows.torch_tools": "BASELINES: the PyTorch tools it runs beside the plans"},
+    "frontier.py": {"memplan.planners.kit.bound": "lower_bound: the proven bound every planner is held to"},
+    "gpu_graph.py": {"memplan.zoo": "get_workload: the real model it trains"},
+    "gpu_speed.py": {"memplan.zoo": "get_workload: the real model it trains"},
+    "gpu_unseen.py": {
+        "memplan.zoo": "get_workload: the real model it trains",
+        "memplan.tracing.opinfo": "what the tracer counts as an op and its fresh tensors, measured op by op",
+    },
+    "joint.py": {
+        "memplan.planners.home": "swaps HOME's chunk maker for threads (the parallel table)",
+        "memplan.planners.home.pso": "times HOME's swarm chunks",
+        "memplan.planners.kit.featuremaps": "times the policy evaluator on a trace's feature maps",
+        "memplan.planners.kit.policy": "times the policy evaluator",
+        "memplan.workflows.maxbatch": "search: the largest batch that fits, planner by planner (Table 2)",
+        "memplan.zoo.tasks": "the inputs and loss of the Plain-20 model it builds",
+        "memplan.zoo.workload": "builds its Plain-20 workload",
+    },
+    "op_times.py": {
+        "memplan.cost.calibrate": "slug: results filed under the GPU's name",
+        "memplan.cost.calibrate_cpu": "cpu_model: the CPU's name in the results",
+        "memplan.cost.profiles": "DeviceProfile, the type of the profile it times against",
+        "memplan.workflows.run": "time_steps: the measured plain training step",
+        "memplan.zoo": "get_workload: the real model it times",
+    },
+    "pool.py": {"memplan.pool.native": "builds the native search before anything is timed"},
+    "pool_cold.py": {"memplan.pool.native": "builds the native search before anything is timed"},
+    "pool_large.py": {
+        "memplan.pool.problem": "make_problem: a large problem tiled from a trace's",
+        "memplan.pool.synthetic": "the synthetic problem families",
+    },
+    "pool_preorders.py": {
+        "memplan.pool.greedy": "the conflict graph the search runs on",
+        "memplan.pool.search": "screens the search's preorders on its internals",
+    },
+    "pool_training.py": {
+        "memplan.pool.replay_allocator": "the replay allocator, replayed on the host (dry run)",
+        "memplan.pool.requests": "the planned step's allocation requests",
+        "memplan.testing.requests": "records and replays a real step's requests on the CPU",
+        "memplan.zoo": "get_workload: the real model it trains",
+    },
+    "sim_error.py": {
+        "memplan.workflows.optimize": "trace_step: the real trace with measured op times",
+        "memplan.zoo": "get_workload: the real model it trains",
+    },
+    "ucudnn.py": {
+        "memplan.conv.fit": "fits the family time model to DeepBench",
+        "memplan.conv.kernels": "the convolution kernels it times",
+        "memplan.conv.options": "the micro-batch policies and options of paper 003",
+        "memplan.conv.sources": "conv time sources: the model's, and timed on this CPU",
+        "memplan.conv.timemodel": "writes the fitted coefficients",
+        "memplan.conv.wr": "times WR's dynamic program",
+        "memplan.conv.wd": "times WD's fronts and ILP",
+        "memplan.conv.decide": "WR and WD decided for a traced model (Fig. 13)",
+        "memplan.model": "CONV_KERNELS: the kernel kinds of Fig. 9",
+    },
+    "vdnn.py": {
+        "memplan.exec.hostzvc": "host compression, measured",
+        "memplan.planners.vdnn": "mode_plan: each vDNN mode planned alone (Table III, Fig. 9)",
+        "memplan.pool.poolsize": "smallest_pool: pool size by order and heuristic",
+        "memplan.zoo.vgg": "VGG's blocks, for the constructed network and the VGG variants",
+        "memplan.zoo.registry": "VGG-16's spec for its variants; the real model whose outputs it compresses",
+        "memplan.zoo.workload": "builds the VGG variants as workloads",
+    },
+}
+
+
+def _module_path(module: str) -> bool:
+    """Whether `module` (a dotted name under memplan) is a module or package in the source tree."""
+    base = ROOT.joinpath(*module.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names imported from it, line) of every memplan import in `path`; `from memplan.x
+    import y` where y is a submodule counts as module memplan.x.y, and `from memplan import y`
+    as memplan.y unless the front door exports y."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == FRONT_DOOR]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == FRONT_DOOR:
+            for a in node.names:
+                if node.module == FRONT_DOOR and a.name in memplan.__all__:
+                    found.append((FRONT_DOOR, [a.name], node.lineno))
+                elif node.module == FRONT_DOOR or _module_path(f"{node.module}.{a.name}"):
+                    found.append((f"{node.module}.{a.name}", [], node.lineno))
+                else:
+                    found.append((node.module, [a.name], node.lineno))
+    return found
+
+
+PLAIN_VALUES = (bool, int, float, str, bytes, type(None))  # equal values may be one object: matched by name
+
+
+@cache
+def _exported_objects() -> dict[int, str]:
+    """id of every object the front door exports -> its public name."""
+    return {id(getattr(memplan, name)): name for name in memplan.__all__}
+
+
+def _exported_as(module: str, name: str) -> str | None:
+    """The front door's name for `module.name`, if memplan exports that very object (a plain value:
+    if memplan exports it from that module, under its own name or another)."""
+    obj = getattr(importlib.import_module(module), name, None)
+    if not isinstance(obj, PLAIN_VALUES):
+        return _exported_objects().get(id(obj))
+    for public, target in memplan._EXPORTS.items():
+        source, _, attribute = target.partition(":")
+        if source == module and (attribute or public) == name:
+            return public
+    return None
+
+
+def test_benchmarks_reach_the_library_through_the_front_door():
+    files = sorted(p.name for p in BENCH.glob("*.py"))
+    problems = [f"COMPONENT_BENCHMARKS lists {name}, which is not a benchmark"
+                for name in COMPONENT_BENCHMARKS if name not in files]
+    for name in files:
+        listed = COMPONENT_BENCHMARKS.get(name, {})
+        used = set()
+        for module, names, line in _imports(BENCH / name):
+            if module == FRONT_DOOR or module in FOUNDATION:
+                continue
+            if module not in listed and module not in used:
+                problems.append(f"{name}:{line} imports {module}: import from `memplan` (export the name there if "
+                                "it is public), or list the pair in COMPONENT_BENCHMARKS with why")
+            used.add(module)
+            for imported in names:
+                if public := _exported_as(module, imported):
+                    problems.append(f"{name}:{line} imports {imported} from {module}: the front door exports it "
+                                    f"(`from memplan import {public}`)")
+        problems += [f"COMPONENT_BENCHMARKS[{name!r}] lists {module}, which it no longer imports (stale)"
+                     for module in sorted(set(listed) - used)]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_public_name_resolves_and_import_memplan_stays_cheap():
+    missing = [name for name in memplan.__all__ if not hasattr(memplan, name)]
+    assert not missing, f"memplan.__all__ names that do not resolve: {missing}"
+    assert memplan.__all__ == sorted(set(memplan.__all__))
+    probe = "import memplan, sys; print('numpy' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["False", "False"], f"`import memplan` imports numpy, torch: {out.stdout.strip()}"

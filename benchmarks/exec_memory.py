@@ -33,13 +33,13 @@ from memplan import (
     DEFAULT_PROFILE,
     InfeasibleBudgetError,
     Problem,
+    get_workload,
     known_planners,
+    measure_steps,
     optimize,
     plan_problem,
 )
 from memplan.fileio import atomic_write_text
-from memplan.workflows.run import measure_steps
-from memplan.zoo import get_workload
 
 RESULTS = Path(__file__).parent / "results"
 MODELS = ("resnet18-cifar@32", "vgg11-cifar@32", "hf:gpt2@4", "transformer-encoder@8")

@@ -73,7 +73,7 @@ def timed(train, make_inputs, cuda: bool) -> dict:
 
 
 def plain_case(out: str, group: str, model: str, batch: int, config: dict, device: str) -> None:
-    from memplan.zoo import get_workload
+    from memplan import get_workload
 
     w = get_workload(model, batch, device=device, seed=0, **config)
     emit(out, NAME, {"group": group, "case": "plain", "planner": "plain PyTorch",
@@ -84,7 +84,7 @@ def compiled_case(out: str, group: str, model: str, batch: int, config: dict, fr
     """The forward through torch.compile(mode="reduce-overhead") under activation_memory_budget=`fraction`."""
     import torch
 
-    from memplan.zoo import get_workload
+    from memplan import get_workload
 
     rec = {"group": group, "case": "pytorch", "planner": "torch.compile reduce-overhead", "fraction": fraction}
     if device != "cuda":

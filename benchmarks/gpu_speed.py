@@ -42,7 +42,7 @@ def plain_steps(model: str, batch: int, config: dict, device: str) -> dict:
     """Plain PyTorch training of the zoo workload: no memplan in the step."""
     import torch
 
-    from memplan.zoo import get_workload
+    from memplan import get_workload
 
     cuda = device == "cuda"
     w = get_workload(model, batch, device=device, seed=0, **config)

@@ -65,7 +65,7 @@ def probe(spec: str, out: str) -> None:
                        "precision": torch.get_float32_matmul_precision()}
     emit = lambda r: _emit(out, r)  # noqa: E731
     from memplan import trace_workload
-    from memplan.zoo import get_workload
+    from memplan import get_workload
 
     w = get_workload(name, batch, device=device, seed=0)
     for _ in range(2):

@@ -36,13 +36,11 @@ from pathlib import Path
 
 import torch
 
-from memplan import Problem, get_profile, trace_workload
+from memplan import Problem, get_profile, get_workload, time_steps, trace_workload
 from memplan.cost.calibrate import slug
 from memplan.cost.calibrate_cpu import cpu_model
 from memplan.cost.profiles import DeviceProfile
 from memplan.fileio import atomic_write_text
-from memplan.workflows.run import time_steps
-from memplan.zoo import get_workload
 
 RESULTS = Path(__file__).parent / "results"
 GPU_MODELS = ("resnet50@64", "hf:gpt2@8", "transformer-encoder@32")

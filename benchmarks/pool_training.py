@@ -85,7 +85,7 @@ def cpu_stream_replay(spec: dict) -> dict:
     from memplan.pool.replay_allocator import ReplayAllocator
     from memplan.pool.requests import step_requests
     from memplan.testing.requests import record_cpu_requests, replay_requests
-    from memplan.zoo import get_workload
+    from memplan import get_workload
 
     started = time.perf_counter()
     planner, params = plan_for(spec["planner"], "pool")

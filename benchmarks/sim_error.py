@@ -28,10 +28,9 @@ from pathlib import Path
 
 import torch
 
-from memplan import InfeasibleBudgetError, MemplanError, calibrate_cpu, profile_to_json, run_workload
+from memplan import (InfeasibleBudgetError, MemplanError, calibrate_cpu, get_workload, profile_to_json, run_workload,
+                     trace_step)
 from memplan.fileio import atomic_write_text
-from memplan.workflows.optimize import trace_step
-from memplan.zoo import get_workload
 
 RESULTS = Path(__file__).parent / "results"
 MODELS = ("transformer-encoder@8", "hf:gpt2@8", "vgg11-cifar@64", "resnet18-cifar@64")

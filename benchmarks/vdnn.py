@@ -38,6 +38,7 @@ from memplan import (
     InfeasibleBudgetError,
     Problem,
     Simulator,
+    get_workload,
     plan,
     residency_pool_problem,
     trace_workload,
@@ -47,7 +48,7 @@ from memplan.fileio import atomic_write_text
 from memplan.planners.vdnn import mode_plan
 from memplan.pool.poolsize import smallest_pool
 from memplan.zoo import vgg
-from memplan.zoo.registry import get_spec, get_workload
+from memplan.zoo.registry import get_spec
 from memplan.zoo.workload import build_workload
 
 RESULTS = Path(__file__).parent / "results"

@@ -50,6 +50,7 @@ _EXPORTS = {
     "trace_workload": "memplan.workflows.workloads",
     "trace_rank": "memplan.workflows.distributed",
     "check_world_size": "memplan.workflows.distributed",
+    "get_workload": "memplan.zoo.registry",
     "check_model_name": "memplan.zoo.registry",
     "parse_model_config": "memplan.zoo.config:parse_config",
     "parse_config_value": "memplan.zoo.config:parse_value",
@@ -92,6 +93,9 @@ _EXPORTS = {
     "load_dqn_weights": "memplan.planners.dqn.net:load_weights",
     # training and measurement
     "run_workload": "memplan.workflows.run",
+    "trace_step": "memplan.workflows.step_trace",
+    "measure_steps": "memplan.workflows.measure",
+    "time_steps": "memplan.workflows.measure",
     "check_baseline": "memplan.workflows.run",
     "measured_objective": "memplan.workflows.run",
     "BUDGET_TOLERANCE": "memplan.workflows.run",

@@ -50,17 +50,9 @@ COMPONENT_BENCHMARKS = {
         "memplan.planners.dqn.train": "times DQN's training from scratch",
         "memplan.planners.kit.saved": "saved_gaps: TFLMS's candidate count (its baseline's parameter)",
     },
-    "exec_memory.py": {
-        "memplan.workflows.run": "measure_steps: each real step's peak, by the independent meter",
-        "memplan.zoo": "get_workload: the real model it trains",
-    },
-    "exec_overhead.py": {"memplan.workflows.optimize": "trace_step: the step traced once, as optimize traces it"},
     "executor.py": {"memplan.workflows.torch_tools": "BASELINES: the PyTorch tools it runs beside the plans"},
     "frontier.py": {"memplan.planners.kit.bound": "lower_bound: the proven bound every planner is held to"},
-    "gpu_graph.py": {"memplan.zoo": "get_workload: the real model it trains"},
-    "gpu_speed.py": {"memplan.zoo": "get_workload: the real model it trains"},
     "gpu_unseen.py": {
-        "memplan.zoo": "get_workload: the real model it trains",
         "memplan.tracing.opinfo": "what the tracer counts as an op and its fresh tensors, measured op by op",
     },
     "joint.py": {
@@ -76,8 +68,6 @@ COMPONENT_BENCHMARKS = {
         "memplan.cost.calibrate": "slug: results filed under the GPU's name",
         "memplan.cost.calibrate_cpu": "cpu_model: the CPU's name in the results",
         "memplan.cost.profiles": "DeviceProfile, the type of the profile it times against",
-        "memplan.workflows.run": "time_steps: the measured plain training step",
-        "memplan.zoo": "get_workload: the real model it times",
     },
     "pool.py": {"memplan.pool.native": "builds the native search before anything is timed"},
     "pool_cold.py": {"memplan.pool.native": "builds the native search before anything is timed"},
@@ -93,11 +83,6 @@ COMPONENT_BENCHMARKS = {
         "memplan.pool.replay_allocator": "the replay allocator, replayed on the host (dry run)",
         "memplan.pool.requests": "the planned step's allocation requests",
         "memplan.testing.requests": "records and replays a real step's requests on the CPU",
-        "memplan.zoo": "get_workload: the real model it trains",
-    },
-    "sim_error.py": {
-        "memplan.workflows.optimize": "trace_step: the real trace with measured op times",
-        "memplan.zoo": "get_workload: the real model it trains",
     },
     "ucudnn.py": {
         "memplan.conv.fit": "fits the family time model to DeepBench",

@@ -27,6 +27,7 @@ from memplan import (
     InfeasibleBudgetError,
     Problem,
     plan,
+    load_min_bytes,
     plot_pareto,
     read_trace,
     simulate,
@@ -34,7 +35,6 @@ from memplan import (
     trace_workload,
     write_trace,
 )
-from memplan.planners.autoswap import load_min_bytes
 from memplan.reports.sweep import SweepResult
 from memplan.fileio import atomic_write_text
 

@@ -39,6 +39,10 @@ _EXPORTS = {
     "read_plan": "memplan.model",
     "write_plan": "memplan.model",
     "StepProgram": "memplan.model.program",
+    "ActionKind": "memplan.model.program",
+    "Rebuild": "memplan.model.program",
+    "ReplayStep": "memplan.model.program",
+    "check_plan": "memplan.model",
     # traces and workloads
     "Trace": "memplan.model",
     "Storage": "memplan.model",
@@ -57,8 +61,12 @@ _EXPORTS = {
     # planners
     "known_planners": "memplan.planners.base",
     "get_planner": "memplan.planners.base",
+    "load_min_bytes": "memplan.planners.autoswap",
+    "check_planner_params": "memplan.planners.base:check_params",
     # simulation and cost
     "Simulator": "memplan.sim.simulate",
+    "compile_program": "memplan.sim.program",
+    "program_residencies": "memplan.sim.program:residencies",
     "simulation_profile": "memplan.sim.simulate",
     "simulate_comm": "memplan.sim.comm",
     "Cost": "memplan.cost.model",
@@ -94,6 +102,7 @@ _EXPORTS = {
     # training and measurement
     "run_workload": "memplan.workflows.run",
     "trace_step": "memplan.workflows.step_trace",
+    "input_signature": "memplan.workflows.step_trace",
     "measure_steps": "memplan.workflows.measure",
     "time_steps": "memplan.workflows.measure",
     "check_baseline": "memplan.workflows.run",

@@ -29,8 +29,7 @@ import torch
 
 from ..budget import bytes_to_json, parse_budget
 from ..errors import InfeasibleBudgetError
-from ..planners.base import check_params, get_planner
-from ..workflows.optimize import OptimizedStep, input_signature, optimize
+from .. import OptimizedStep, check_planner_params, get_planner, input_signature, optimize
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +210,7 @@ def _check_settings(budget, planner: str, options: dict) -> None:
     """
     parse_budget(budget)
     own = set(inspect.signature(optimize).parameters)  # memplan.optimize's own keywords; the rest are the planner's
-    check_params(get_planner(planner), {k: v for k, v in options.items() if k not in own})
+    check_planner_params(get_planner(planner), {k: v for k, v in options.items() if k not in own})
 
 
 def plan_report(kind: StepKind, step: OptimizedStep) -> dict:

@@ -34,21 +34,14 @@ from pathlib import Path
 
 import torch
 
+from .. import (calibrate, calibrate_cpu, check_baseline, check_model_name, get_planner, get_profile, max_batch, plan,
+               profile_to_json, run_workload, trace_workload, with_executor_costs)
 from ..budget import UNLIMITED, parse_budget
-from ..cost.calibrate import calibrate
-from ..cost.calibrate_cpu import calibrate_cpu
-from ..cost.profiles import get_profile, profile_to_json
 from ..errors import MemplanError
 from ..fileio import atomic_write_text, make_output_folder, read_text
-from ..planners.base import get_planner, plan
 from ..progress import progress_bar
-from ..zoo.registry import check_model_name
-from ..workflows.calibrate_executor import with_executor_costs
 from .compare_settings import (CPU_PROFILE, CPU_PROFILE_FILE, GPU_PROFILE, GPU_PROFILE_FILE, METERED_STEPS, NO_BUDGET,
                                PLANNER_PARAMS, TOOL_PREFIX, CompareSettings)
-from ..workflows.maxbatch import max_batch
-from ..workflows.run import check_baseline, run_workload
-from ..workflows.workloads import trace_workload
 
 log = logging.getLogger(__name__)
 

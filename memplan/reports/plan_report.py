@@ -24,14 +24,11 @@ from importlib import resources
 
 import numpy as np
 
+from .. import (ActionKind, Cost, Plan, Rebuild, ReplayStep, Simulator, Trace, check_plan, compile_program,
+               program_residencies, simulation_profile)
 from ..budget import bytes_label, bytes_to_json
-from ..cost.model import Cost
 from ..fileio import atomic_write_text, check_output_path
-from ..model import Plan, Trace, check_plan
-from ..model.program import ActionKind, Rebuild, ReplayStep
 from ..problem import Problem
-from ..sim.program import compile_program, residencies
-from ..sim.simulate import Simulator, simulation_profile
 
 _NO_REBUILD = Rebuild(steps=())
 MAX_POINTS = 4000  # load-curve points per curve (each kept point is the highest load of its interval)
@@ -127,7 +124,7 @@ def _storage_rows(trace: Trace, program, times: "_Times") -> dict:
     released = {(program.decisions[a.decision].storage, a.op): copies[a.decision, "d2h"][1]
                 for a in program.actions if a.kind == ActionKind.RELEASE}
     resident: dict[int, list] = {}
-    for sid, start, end, how in residencies(trace, program):
+    for sid, start, end, how in program_residencies(trace, program):
         # a swapped-out storage's bytes are free once its copy is done; other storages go as op `end - 1` ends
         until = released.get((sid, end), times.begin(end)) if how == "offload" else times.end(end)
         resident.setdefault(sid, []).append([times.begin(start), until])

@@ -9,17 +9,12 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 
+from .. import Cost, Plan, Trace, get_planner, load_min_bytes, plan_problem, simulate, validate
 from ..budget import Budget, limited, parse_budget
-from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, MemplanError
-from ..model import Plan, Trace
-from ..planners.autoswap import load_min_bytes
-from ..planners.base import get_planner, plan_problem
 from ..plots import save_figure, subplots
 from ..problem import DEFAULT_PROFILE, Problem
 from ..progress import progress_bar
-from ..sim.simulate import simulate
-from ..sim.validate import validate
 from ..units import format_bytes
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,6 @@ FOUNDATION = {f"memplan.{name}" for name in
 # benchmark file -> {internal module it imports: why it reaches past the front door}
 COMPONENT_BENCHMARKS = {
     "autoswap.py": {
-        "memplan.planners.autoswap": "load_min_bytes: AutoSwap's floor, a column of Table II",
         "memplan.reports.sweep": "SweepResult, the type of Fig. 9's sweep",
         "memplan.pool": "Fig. 10 spells out autoswap:bo+smartpool's composition (pool.layout, pool.with_pool)",
         "memplan.pool.search": "compiles the pool search's kernel before anything is timed",

@@ -73,4 +73,4 @@ class Problem:
         return replace(self, seed=int(seed))
 
     def __str__(self) -> str:
-        return f"{self.trace.meta.get('name', 'trace')} under {bytes_label(self.budget_bytes)} on {self.profile.name}"
+        return f"{self.trace.meta.get('model', 'trace')} under {bytes_label(self.budget_bytes)} on {self.profile.name}"

@@ -147,7 +147,7 @@ def limited(nbytes: int) -> bool:
 
 
 def bytes_label(nbytes: int) -> str:
-    """A cap for people: "8.0 GiB", or "none" for NO_LIMIT."""
+    """A cap for people: "8.00 GiB", or "none" for NO_LIMIT."""
     return format_bytes(nbytes) if limited(nbytes) else NO_CAP
 
 

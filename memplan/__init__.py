@@ -68,6 +68,7 @@ _EXPORTS = {
     "compile_program": "memplan.sim.program",
     "program_residencies": "memplan.sim.program:residencies",
     "simulation_profile": "memplan.sim.simulate",
+    "plan_cost": "memplan.sim.simulate",
     "simulate_comm": "memplan.sim.comm",
     "Cost": "memplan.cost.model",
     "get_profile": "memplan.cost.profiles",

@@ -42,9 +42,8 @@ def add_pool(sub):
 
 def load_problem(path: str, plan_path: str | None, profile: str | None):
     """The PoolProblem for INPUT (and --plan)."""
-    from .. import (is_minimalloc_csv, load_any, read_minimalloc_csv, read_plan, residency_pool_problem,
-                    simulation_profile, storage_pool_problem)
-    from ..problem import Problem
+    from .. import (is_minimalloc_csv, load_any, plan_cost, read_minimalloc_csv, read_plan, residency_pool_problem,
+                    storage_pool_problem)
 
     if is_minimalloc_csv(path):
         if plan_path:
@@ -54,7 +53,7 @@ def load_problem(path: str, plan_path: str | None, profile: str | None):
     if not plan_path:
         return storage_pool_problem(trace)
     plan = read_plan(plan_path, trace)
-    return residency_pool_problem(trace, plan, Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost)
+    return residency_pool_problem(trace, plan, plan_cost(trace, plan, profile))
 
 
 def run(args) -> int:

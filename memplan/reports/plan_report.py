@@ -24,11 +24,10 @@ from importlib import resources
 
 import numpy as np
 
-from .. import (ActionKind, Cost, Plan, Rebuild, ReplayStep, Simulator, Trace, check_plan, compile_program,
-               program_residencies, simulation_profile)
+from .. import (ActionKind, Cost, Plan, Rebuild, ReplayStep, Simulator, Trace, check_plan, compile_program, plan_cost,
+               program_residencies)
 from ..budget import bytes_label, bytes_to_json
 from ..fileio import atomic_write_text, check_output_path
-from ..problem import Problem
 
 _NO_REBUILD = Rebuild(steps=())
 MAX_POINTS = 4000  # load-curve points per curve (each kept point is the highest load of its interval)
@@ -69,7 +68,7 @@ def render(data: dict) -> str:
 def report_data(trace: Trace, plan: Plan, profile: str | None = None) -> dict:
     """Everything the page draws, as JSON-ready data (times in seconds, sizes in bytes)."""
     check_plan(trace, plan)
-    cost = Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost
+    cost = plan_cost(trace, plan, profile)
     sim = Simulator(trace, cost)
     program = compile_program(trace, plan, cost, simulator=sim)
     planned = sim.run(plan, program.budget_bytes, timeline=True)

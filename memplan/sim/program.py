@@ -16,8 +16,7 @@ from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError
 from ..model import Plan, Trace
 from ..model.program import INTERPRETED, Action, ActionKind, Prediction, Rebuild, ReplayStep, StepProgram
-from ..problem import Problem
-from .simulate import Simulator, simulation_profile
+from .simulate import Simulator, plan_cost
 
 
 def compile_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None = None, *,
@@ -28,8 +27,7 @@ def compile_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None =
     Raises:
         MemplanError: the plan is for another trace, or it does not fit its budget.
     """
-    cost = Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost
-    return compile_program(trace, plan, cost, hooks=hooks)
+    return compile_program(trace, plan, plan_cost(trace, plan, profile), hooks=hooks)
 
 
 def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator | None = None,

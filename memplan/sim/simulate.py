@@ -102,9 +102,21 @@ def simulate(trace: Trace, plan: Plan | None = None, profile: str | DeviceProfil
         check_plan(trace, plan)
     own = NO_LIMIT if plan is None else plan.budget_bytes
     budget_bytes, source = budget_in_force(budget_given(budget), own, trace.peak_load_bytes)
-    problem = Problem.of(trace, profile=simulation_profile(plan, profile)[0], cost=cost).at(budget_bytes)
-    result = Simulator(trace, problem.cost).run(plan, problem.budget_bytes, timeline=timeline)
+    result = Simulator(trace, plan_cost(trace, plan, profile, cost)).run(plan, budget_bytes, timeline=timeline)
     return replace(result, budget_bytes=budget_bytes, budget_source=source)
+
+
+def plan_cost(trace: Trace, plan: Plan | None, profile: str | DeviceProfile | None = None,
+              cost: Cost | None = None) -> Cost:
+    """What `plan` is timed on: `cost` when given, else `trace` priced on the profile
+    `simulation_profile` picks (the one given, else the plan's own, else DEFAULT_PROFILE).
+
+    Raises:
+        MemplanError: the plan's recorded profile is damaged; UnknownNameError: an unknown profile.
+    """
+    if cost is not None:
+        return cost
+    return Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost
 
 
 def simulation_profile(plan: Plan | None, profile: str | DeviceProfile | None) -> tuple[str | DeviceProfile, str]:

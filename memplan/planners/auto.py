@@ -4,8 +4,10 @@ Within one time limit (default 20 s) it
 1. proves a lower bound on the overhead of every plan (`memplan.planners.kit.bound`) with
    BOUND_SHARE of the limit;
 2. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
-   PyTorch-style baselines), each scored by the simulator at the budget, then DTR's search for a
-   plan within the budget (`dtr_within`, DTR_SHARE of the time left);
+   PyTorch-style baselines) and the plan of the fewest swaps, largest storages first
+   (`memplan.planners.kit.cover`: what a host that pays per decision wants), each scored by the
+   simulator at the budget, then DTR's search for a plan within the budget (`dtr_within`,
+   DTR_SHARE of the time left);
 3. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
 4. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
    decision groups; over saved activations only when the model over every storage is
@@ -48,6 +50,7 @@ from ..sim.validate import validate
 from .base import get_planner, infeasible, register
 from .dtr import dtr_within
 from .kit.bound import Bound, lower_bound
+from .kit.cover import largest_first
 from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from .kit.fitting import smallest_fitting_budget
 from .kit.plan_search import PlanSearch
@@ -62,6 +65,7 @@ log = logging.getLogger(__name__)
 # hf:gpt2@8 at 50%; auto runs its search for a fitting plan only (`dtr_within`).
 FAST = ("capuchin", "tflms", "superneurons", "autoswap:doa", "autoswap:swdoa", "sqrt-n", "checkpoint-all",
         "save-on-cpu")
+LARGEST_FIRST = "largest-first"  # the candidate name of the plan of `memplan.planners.kit.cover`
 DEFAULT_TIME_LIMIT_S = 20.0
 DTR_SHARE = 0.1  # of the time left after the fast planners, for DTR's plan (not its refusal: see FAST)
 BO_SHARE = 0.25  # of the time left after the fast planners, for autoswap:bo
@@ -163,10 +167,14 @@ class _Search:
             self.named[name] = exc.min_feasible_bytes
 
     def fast(self) -> None:
-        """Step 1: every fast planner (all of them run: they take a fraction of a second each), then DTR's
-        plan where it fits (its caps tried within DTR_SHARE of the time left)."""
+        """Step 1: every fast planner (all of them run: they take a fraction of a second each) and the
+        largest storages first, then DTR's plan where it fits (its caps tried within DTR_SHARE of the
+        time left)."""
         for name in FAST:
             self.run_planner(name)
+        few = largest_first(self.trace, self.budget, self.min_bytes)
+        if few is not None:
+            self.add(LARGEST_FIRST, Plan(decisions=few))
         found = dtr_within(self.trace, self.cost, self.simulator, self.budget,
                            time.monotonic() + DTR_SHARE * self.left())
         if found is not None:

@@ -124,15 +124,16 @@ def test_an_auto_plan_trains_exactly_within_its_budget():
 
 
 def test_when_no_fast_planner_fits_milp_over_every_storage_runs(monkeypatch):
-    """Only Capuchin and TFLMS as fast planners (neither moves optimizer state), no autoswap:bo
-    (which does), and milp's size gate closed: auto still plans, with milp over every storage,
-    which swaps the optimizer state across the iteration boundary."""
+    """Only Capuchin and TFLMS as fast planners (neither moves optimizer state), neither the largest
+    storages first nor autoswap:bo (which do), and milp's size gate closed: auto still plans, with
+    milp over every storage, which swaps the optimizer state across the iteration boundary."""
     import memplan.planners.auto as auto
     from tests.planners.test_milp import _optimizer_state_chain
 
     monkeypatch.setattr(auto, "FAST", ("capuchin", "tflms"))
     monkeypatch.setattr(auto, "MILP_MAX_GROUPS", 0)
     monkeypatch.setattr(auto, "BO_SHARE", 0.0)
+    monkeypatch.setattr(auto, "largest_first", lambda *args: None)
     trace = _optimizer_state_chain()
     got = make_plan(trace, 0.6, planner="auto", time_limit_s=60.0)
     assert validate(trace, got) == []

@@ -9,14 +9,17 @@ import itertools
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from memplan.cli import main
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Op, Plan, Storage, Trace
+from memplan.model.program import INTERPRETED
 from memplan.planners.base import plan as make_plan
-from memplan.planners.kit.bound import lower_bound
+from memplan.planners.kit.bound import fewest_away, lower_bound
+from memplan.sim.arrays import host_per_op
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
@@ -166,6 +169,28 @@ def test_the_bound_is_never_above_the_brute_force_optimum(factory, share, tight)
     assert (bound.overhead == pytest.approx(best / baseline - 1, abs=1e-5)) == tight
     report = make_plan(trace, budget, planner="milp", cost=cost, **EXACT).report
     assert report["bound"] == pytest.approx(bound.overhead) and report["bound"] <= report["simulated_overhead"] + 1e-9
+
+
+@pytest.mark.parametrize("action_s", [30e-6, 2e-3])
+@pytest.mark.parametrize("factory, share, tight", BRUTE_CASES)
+def test_where_the_host_is_priced_the_bound_is_never_above_the_brute_force_optimum(factory, share, tight, action_s):
+    """The same on a host-bound step (the host issues each op in 1.5 times the device's mean op
+    time; actions cheap, or dear enough that the host's rows of the LP decide the bound): never
+    above the optimum, never below what the device and the host's work bound apart."""
+    trace = factory()
+    plain = Cost.for_trace(trace, "h100")
+    host_op_s = 1.5 * float(np.mean(plain.durations))
+    cost = replace(plain, priced_host=True, profile=replace(plain.profile, action_s=action_s, host_op_s=host_op_s))
+    budget = int(share * trace.peak_load_bytes)
+    plain_s = Simulator(trace, cost).run(None).time_s
+    best = _brute_force(trace, cost, budget, overlap=True)
+    bound = lower_bound(trace, budget, cost).overhead
+    assert best is not None and bound is not None
+    assert bound <= best / plain_s - 1 + 1e-9
+    device = (1 + lower_bound(trace, budget, plain).overhead) * float(sum(plain.durations))
+    host = float(host_per_op(trace, cost)[INTERPRETED].sum()) + 2 * action_s * fewest_away(trace, budget,
+                                                                                           [trace.peak_op])
+    assert bound >= max(device, host) / plain_s - 1 - 1e-6
 
 
 def test_the_light_residual_case_mixes_swaps_and_recomputes():

@@ -8,6 +8,7 @@
 | `replayable` | whether a recomputation can be replayed (an input overwritten before it, inputs gone) |
 | `rebuild` | what a recomputation relies on while gaps are decided one at a time |
 | `prefetch` | when a swapped storage is prefetched (layer lead; paper 002 §4.5); the order decisions are listed in |
+| `cover` | a plan of few swaps: the largest storage away at the op most over the budget, again until none is |
 | `fitting` | the smallest budget a plan fits; the plans of other planners that fit |
 | `featuremaps` | feature maps and how a keep/swap/recompute policy over them becomes decisions |
 | `policy` | a policy's simulated score |
@@ -31,6 +32,7 @@ RULES = {
     "Rebuilder": "rebuild",
     "lead_trigger": "prefetch", "backward_layer_starts": "prefetch", "prefetch_triggers": "prefetch",
     "gap_decisions": "prefetch", "in_issue_order": "prefetch", "issue_key": "prefetch",
+    "largest_first": "cover",
     "smallest_fitting_budget": "fitting", "fitting_plans": "fitting",
     "FeatureMaps": "featuremaps", "feature_maps": "featuremaps", "Decoder": "featuremaps",
     "PolicyEvaluator": "policy",

@@ -17,17 +17,19 @@ What the LP knows of the simulator (each a consequence of its semantics, `mempla
 - a recomputation replays at least its storage's producer op, once per op it is due at however
   many storages it rebuilds there, on the compute stream after the ops it is away at;
 - every op runs for its duration, in order; every wait and replay delays all later ops.
-Where the cost model prices the host's work (a traced PyTorch step: `Cost.priced_host`), the LP bounds
-the device's work alone, and the step is bounded twice over (`_with_host`): the host only ever delays
-an op, so a plan's simulated step is no shorter than the same plan's without the host, which the LP
-bounds; and the host issues every op and action one after another, so the step is no shorter than
-the host's work: the hooked executor's per op (the interpreted one's is more) and at least two
-actions for each storage away, of which the op that needs most away needs at least `fewest_away`.
-Where no plan that moves only what autograd saves can fit (`hooks_cannot_fit`: at some op, even
-with every saved storage away wherever that op does not touch it, the load is over the budget),
-every plan that fits moves something no hook sees and runs interpreted: the host's work per op is
-then the interpreted executor's. The larger of the two, over the plain step with the host's work,
-is the bound.
+Where the cost model prices the host's work (a traced PyTorch step: `Cost.priced_host`), the host
+issues every op and action one after another, ahead of the device (`host_floor`: the least work
+every plan that fits pays, the hooked executor's per op, the interpreted one's where no hooked plan
+fits). The LP then also knows (`memplan.planners.kit.bound_lp`, its host rows) that no op starts
+before the host has issued it and every op before it, and that the step ends no earlier than the
+host's work for every op plus the actions of every storage away at some check op (four a swap,
+two a recomputation) and a recomputation's run where any storage is recomputed. Where no plan
+that moves only what autograd saves can fit (`hooks_cannot_fit`: at some op, even with every
+storage a hook could move there away, the load is over the budget: a saved storage from its
+first pack until the last backward op, wherever that op does not touch it), every plan that fits
+moves something no hook moves and runs interpreted. The bound is the larger of the LP's step and
+the host's work with two actions for each of the `fewest_away` storages the neediest check op
+needs away (integral, where the LP's shares are not), over the plain step with the host's work.
 What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
 can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
 replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
@@ -53,7 +55,7 @@ from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
 from .absences import MS, absences
-from .bound_lp import BoundLP
+from .bound_lp import BoundLP, HostFloor
 from .columns import MIB
 
 log = logging.getLogger(__name__)
@@ -106,9 +108,10 @@ def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: fl
     if not (trace.load > budget_bytes).any() or baseline_ms <= 0:
         return Bound(overhead=0.0, status="nothing to move", seconds=time.perf_counter() - started, check_ops=0,
                      units=0, variables=0, constraints=0)
+    host = host_floor(trace, budget_bytes, cost)
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
-        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms)
+        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host)
         log.info("bound with %d check ops: %s (%s) in %.1f s", found.check_ops, found.overhead, found.status,
                  found.seconds)
         best = found if best is None or _better(found, best) else best
@@ -116,36 +119,58 @@ def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: fl
                 time.perf_counter() >= deadline:
             break
         checks = min(2 * checks, max_checks)
-    return replace(_with_host(best, trace, cost, budget_bytes, baseline_ms), seconds=time.perf_counter() - started)
+    return replace(_with_host(best, trace, cost, budget_bytes, baseline_ms, host), seconds=time.perf_counter() - started)
 
 
-def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseline_ms: float) -> Bound:
-    """`found` (a bound on the device's work over the plain step's device time) as a bound on the
-    overhead over the plain step the simulator runs with the host's work priced (module docstring)."""
-    if not cost.priced_host or found.overhead is None or not math.isfinite(found.overhead):
+def host_floor(trace: Trace, budget_bytes: int, cost: Cost) -> HostFloor | None:
+    """The least host work of every plan that fits (None where the cost model prices no host work):
+    the hooked executor's per op, or the interpreted one's where no hooked plan fits."""
+    if not cost.priced_host:
+        return None
+    level = INTERPRETED if hooks_cannot_fit(trace, budget_bytes) else HOOKED
+    run_s = min(cost.executor_s("region"), cost.executor_s("replay_op")) + cost.host_op_s  # either level
+    return HostFloor(per_op_ms=MS * host_per_op(trace, cost)[level], action_ms=MS * cost.executor_s("action"),
+                     run_ms=MS * run_s)
+
+
+def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseline_ms: float,
+               host: HostFloor | None) -> Bound:
+    """`found` (a bound on the step over the plain step's device time) as a bound on the overhead
+    over the plain step the simulator runs with the host's work priced (module docstring)."""
+    if host is None or found.overhead is None or not math.isfinite(found.overhead):
         return found
     plain_ms = MS * Simulator(trace, cost).run(None).time_s
     ops = np.append(check_ops(trace.load, budget_bytes, DEFAULT_CHECKS), trace.peak_op)
-    level = INTERPRETED if hooks_cannot_fit(trace, budget_bytes) else HOOKED
-    host_ms = MS * (float(host_per_op(trace, cost)[level].sum())
-                    + 2 * cost.executor_s("action") * fewest_away(trace, budget_bytes, ops)) - SAFETY_MS
+    host_ms = float(host.per_op_ms.sum()) + 2 * host.action_ms * fewest_away(trace, budget_bytes, ops) - SAFETY_MS
     step_ms = max((1.0 + found.overhead) * baseline_ms, host_ms)
     return replace(found, overhead=max(0.0, step_ms / plain_ms - 1.0))
 
 
 def hooks_cannot_fit(trace: Trace, budget_bytes: int) -> bool:
-    """Whether every plan that fits must move a storage autograd does not save (which only the
-    interpreted executor moves): at some op over the budget, the load is still over it with every
-    saved storage alive there away unless the op touches it (more than any hooked plan can have away)."""
-    saved = np.zeros(len(trace.storages), dtype=bool)
-    saved[[s.storage for s in trace.saved]] = True
+    """Whether every plan that fits must move a storage no hook moves there (which only the
+    interpreted executor does): at some op over the budget, the load is still over it with every
+    storage a hooked plan could have away there away (`hook_movable`)."""
+    movable = hook_movable(trace)
     for i in np.flatnonzero(trace.load > budget_bytes):
-        away = saved & (trace.alloc_ops <= i) & (trace.free_ops > i)
+        away = movable(int(i)) & (trace.alloc_ops <= i) & (trace.free_ops > i)
         op = trace.ops[i]
         away[list(op.reads) + list(op.writes)] = False
         if int(trace.load[i]) - int(trace.nbytes[away].sum()) > budget_bytes:
             return True
     return False
+
+
+def hook_movable(trace: Trace):
+    """op -> the storages a hooked plan may have away while that op runs (a superset): the hooked
+    executor moves a storage autograd saved, from its first pack on (memplan.sim.lowering takes it
+    no earlier), until backward needs it, so never at an op after the last backward op (the
+    optimizer's step, say, where every weight and its state is resident whatever the plan)."""
+    first_pack = np.full(len(trace.storages), np.iinfo(np.int64).max, dtype=np.int64)
+    for s in trace.saved:
+        if s.storage is not None:
+            first_pack[s.storage] = min(first_pack[s.storage], s.packed_at)
+    last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)
+    return lambda i: (first_pack <= i) & (i < last_backward)
 
 
 def fewest_away(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
@@ -165,12 +190,14 @@ def _better(a: Bound, b: Bound) -> bool:
     return a.overhead is not None and (b.overhead is None or a.overhead > b.overhead)
 
 
-def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_s: float, baseline_ms: float) -> Bound:
+def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_s: float, baseline_ms: float,
+           host: HostFloor | None) -> Bound:
     """The LP's bound with `checks` check ops, tightened by branch and bound when the LP is small."""
     started = time.perf_counter()
     check = check_ops(trace.load, budget_bytes, checks)
     units = absences(trace, cost, check)
-    lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units)
+    lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units,
+                 host)
     result = _solve(lp, time_limit_s)
     if result.status == OPTIMAL:
         overhead, status = max(0.0, float(result.fun) - SAFETY_MS) / baseline_ms, "optimal"

@@ -15,21 +15,42 @@ the device-to-host lane, for every release op v; the copies back started after i
 op v fit between them on the host-to-device lane, for every due op v; the replays after i fit
 between i and the step's end. Each lane's sum is a running column over the release (or due)
 ops, so that a cut row has three terms.
+
+Where the host's work is priced (`host`: its least work per op, in ms), the device starts no op
+before the host has issued it and every op before it (the simulator's asynchronous host): at
+every time op j, its start is at least the host's work up to and including j; and the step ends
+no earlier than the host's work for every op, plus the actions of every storage away at some
+check op: four for a swap (out, release, prefetch, wait; two each for the tail and the head of
+one across the iteration boundary), two for a recomputation (drop, run) (columns per unit and action: at least its share away that way at each of its ops, times the
+fewest storages that share is), and one recomputation's run where any share is recomputed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .columns import MIB, Columns
 from .absences import Absence
+from .columns import MIB, Columns
+
+SWAP_ACTIONS, RECOMPUTE_ACTIONS = 4, 2  # the executor's actions per decision (memplan.sim.simulate)
+
+
+@dataclass(frozen=True)
+class HostFloor:
+    """The least host work a plan that fits pays: per op, and per action (ms)."""
+
+    per_op_ms: np.ndarray
+    action_ms: float
+    run_ms: float  # a recomputation's run: a region's (hooked) or an op's replay (interpreted), the less
 
 
 class BoundLP:
     """The LP over `units` with memory rows at `check_ops` and lane rows at `cut_ops`."""
 
     def __init__(self, durations_ms: np.ndarray, excess_bytes: np.ndarray, check_ops: np.ndarray,
-                 cut_ops: np.ndarray, units: list[Absence]):
+                 cut_ops: np.ndarray, units: list[Absence], host: HostFloor | None = None):
         self.c, self.units = Columns(), units
         self.start = np.concatenate([[0.0], np.cumsum(durations_ms)])  # op start times without a plan
         self.durations = durations_ms
@@ -44,6 +65,8 @@ class BoundLP:
         self._memory(check_ops, excess_bytes)
         for i in cut_ops.tolist():
             self._cuts(i)
+        if host is not None:
+            self._host(host)
 
     def _unit_columns(self) -> None:
         """x, y and their running maxima z, w, r per unit and op (see the module docstring)."""
@@ -82,6 +105,31 @@ class BoundLP:
                     rows[i].append((self.y[k][t], size))
         for i, terms in rows.items():
             self.c.ge(terms, excess_bytes[i] / MIB)
+
+    def _host(self, host: HostFloor) -> None:
+        """The host's rows (module docstring): no op starts before the host issued it; the step ends
+        after the host's work for every op and the actions and runs of what is away."""
+        issued = np.cumsum(host.per_op_ms)  # the host's work up to and including each op
+        for j in self.times:
+            self.c.ge([(self.delta[j], 1)], issued[j] - self.start[j])
+        actions = []
+        for x, y, u in zip(self.x, self.y, self.units):
+            # a weight's tail and head are one swap across the boundary: half its actions each
+            swap = SWAP_ACTIONS if u.release is not None and u.due is not None else SWAP_ACTIONS / 2
+            for shares, per_storage in ((x, swap), (y, RECOMPUTE_ACTIONS)):
+                if shares is not None:
+                    most = int(self.c.add(1, ub=1)[0])  # its largest share away by this action
+                    for col in shares:
+                        self.c.ge([(most, 1), (col, -1)], 0)
+                    actions.append((most, -per_storage * host.action_ms * u.fewest))
+        recomputed = [col for y in self.y if y is not None for col in y]
+        if recomputed:  # at least one run when anything is recomputed
+            runs = int(self.c.add(1, ub=1)[0])
+            for col in recomputed:
+                self.c.ge([(runs, 1), (col, -1)], 0)
+            actions.append((runs, -host.run_ms))
+        n = len(self.durations)
+        self.c.ge([(self.end, 1)] + actions, issued[-1] + self.durations[-1] - self.start[n])
 
     def _cuts(self, i: int) -> None:
         """The lane and replay rows at cut op i."""

@@ -52,7 +52,9 @@ def prefetch_triggers(trace: Trace, swaps, load: np.ndarray, cap: int) -> list[i
 
     Swaps are issued in order of next use (one FIFO host-to-device engine); each is
     issued at the first backward op, not before the previous one's, from which holding
-    its bytes until its use keeps the load within `cap`.
+    its bytes until its use keeps the load within `cap`. A swap across the iteration
+    boundary (a weight or optimizer state: back_before <= out_after) is prefetched in the
+    head of the next iteration, from its first op on.
 
     Args:
         trace: the trace.
@@ -67,7 +69,7 @@ def prefetch_triggers(trace: Trace, swaps, load: np.ndarray, cap: int) -> list[i
     triggers, previous = [], 0
     for sid, out_after, back in swaps:
         size = int(trace.nbytes[sid])
-        lo = min(back, max(out_after + 1, earliest, previous))
+        lo = min(back, max(out_after + 1, earliest, previous) if back > out_after else previous)
         over = np.flatnonzero(load[lo:back] + size > cap)
         trigger = lo + int(over[-1]) + 1 if over.size else lo
         load[trigger:back] += size

@@ -14,6 +14,8 @@ from ...sim.simulate import Simulator
 from ...sim.validate import validate
 from ..dtr import dtr_within
 from ..kit.bound import Bound
+from ..kit.candidates import DEFAULT_MIN_BYTES
+from ..kit.cover import largest_first
 from ..kit.fitting import fitting_plans
 
 START_PLANNERS = ("autoswap:doa", "autoswap:swdoa", "capuchin", "tflms")  # the decomposition starts from their best
@@ -26,11 +28,16 @@ FALLBACK_BO_S = 10.0
 
 def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator, dtr_s: float = 0.0,
                bo_s: float = 0.0) -> tuple[Decision, ...] | None:
-    """The decisions of the fitting plan of least simulated time among START_PLANNERS' and, with
-    `dtr_s` and `bo_s`, DTR's (its caps tried within that many seconds) and autoswap:bo's (with that
-    time limit); None when none fits."""
+    """The decisions of the fitting plan of least simulated time among START_PLANNERS', the largest
+    storages first (`memplan.planners.kit.cover`) and, with `dtr_s` and `bo_s`, DTR's (its caps
+    tried within that many seconds) and autoswap:bo's (with that time limit); None when none fits."""
     problem = Problem(trace, cost, budget_bytes)
     plans = fitting_plans(problem, START_PLANNERS, simulator)
+    decisions = largest_first(trace, budget_bytes, DEFAULT_MIN_BYTES)
+    few = None if decisions is None else Plan(decisions=decisions)
+    if few is not None and math.isfinite(_time_s(simulator, few, budget_bytes)) and not validate(trace, few,
+                                                                                               budget_bytes):
+        plans.append(few)
     if bo_s > 0:
         plans += fitting_plans(problem, ("autoswap:bo",), simulator, time_limit_s=bo_s)
     if dtr_s > 0:

@@ -48,3 +48,12 @@ def hook_points(saved: tuple[Saved, ...], n_ops: int) -> list[int]:
     """The points a hooked executor acts at, ascending: every pack and unpack, the step's start and end."""
     marks = {0, n_ops} | {s.packed_at for s in saved} | {s.unpacked_at for s in saved if s.unpacked_at is not None}
     return sorted(marks)
+
+
+def first_packs(saved: tuple[Saved, ...]) -> dict[int, int]:
+    """Storage -> the index in `saved` of its first pack (the earliest: `saved` is in pack order)."""
+    out: dict[int, int] = {}
+    for k, s in enumerate(saved):
+        if s.storage is not None:
+            out.setdefault(s.storage, k)
+    return out

@@ -33,10 +33,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..model import Decision, Trace
-from ..model.hookpoints import hook_points
+from ..model.hookpoints import first_packs, hook_points
 from ..model.program import HOOKED, INTERPRETED, PLAIN, RegionRun
 from .chains import Chain, ChainStep
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,10 +57,7 @@ class Lowering:
         self.trace = trace
         self.durations = durations
         self.points = hook_points(trace.saved, len(trace.ops))
-        self.first_pack: dict[int, int] = {}  # storage -> index of its first pack
-        for k, s in enumerate(trace.saved):
-            if s.storage is not None:
-                self.first_pack.setdefault(s.storage, k)
+        self.first_pack = first_packs(trace.saved)  # storage -> index of its first pack
         self.calls = trace.calls
         self._buffers = frozenset(o.storage for o in trace.owners if o.kind == "buffer")
         self._runs: dict = {}  # (call, stop, captures) -> (RegionRun, Chain)

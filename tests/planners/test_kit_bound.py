@@ -142,7 +142,7 @@ SYNTHETIC = st.one_of(
               st.sampled_from([3e10, 1e11])))
 
 
-def _host_bound(cost: Cost, action_s: float) -> Cost:
+def host_bound(cost: Cost, action_s: float) -> Cost:
     """`cost` with the host's work priced, the host issuing each op in 1.5 times the mean op time."""
     host_op_s = 1.5 * float(np.mean(cost.durations)) if len(cost.durations) else 0.0
     return replace(cost, priced_host=True, profile=replace(cost.profile, action_s=action_s, host_op_s=host_op_s))
@@ -156,7 +156,7 @@ def test_the_bound_is_below_every_random_plan_that_fits(data, trace, action_s):
     Also on a host-bound step (`action_s`: what each action costs the host), where the LP's host
     rows count every plan's actions, weights across the iteration boundary included."""
     cost = Cost.for_trace(trace, "h100")
-    cost = cost if action_s is None else _host_bound(cost, action_s)
+    cost = cost if action_s is None else host_bound(cost, action_s)
     simulator = Simulator(trace, cost)
     for _ in range(4):
         p = data.draw(random_plans(trace))

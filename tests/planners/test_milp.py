@@ -9,7 +9,6 @@ import itertools
 import json
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from memplan.cli import main
@@ -25,6 +24,7 @@ from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import MIB, chain_trace, residual_trace
 from memplan.tracing.io import write_trace
+from tests.planners.test_kit_bound import host_bound
 
 EXACT = {"window": 0, "mip_rel_gap": 0.0}  # the whole gap, proven optimal
 SMALL_WEIGHTS = 2**19  # below milp's min_bytes (1 MiB): weights and gradients stay, keeping brute force small
@@ -179,8 +179,7 @@ def test_where_the_host_is_priced_the_bound_is_never_above_the_brute_force_optim
     above the optimum, never below what the device and the host's work bound apart."""
     trace = factory()
     plain = Cost.for_trace(trace, "h100")
-    host_op_s = 1.5 * float(np.mean(plain.durations))
-    cost = replace(plain, priced_host=True, profile=replace(plain.profile, action_s=action_s, host_op_s=host_op_s))
+    cost = host_bound(plain, action_s)
     budget = int(share * trace.peak_load_bytes)
     plain_s = Simulator(trace, cost).run(None).time_s
     best = _brute_force(trace, cost, budget, overlap=True)

@@ -51,6 +51,7 @@ from scipy.sparse import vstack
 
 from ...cost.model import Cost
 from ...model import Trace
+from ...model.hookpoints import first_packs
 from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
@@ -166,9 +167,8 @@ def hook_movable(trace: Trace):
     no earlier), until backward needs it, so never at an op after the last backward op (the
     optimizer's step, say, where every weight and its state is resident whatever the plan)."""
     first_pack = np.full(len(trace.storages), np.iinfo(np.int64).max, dtype=np.int64)
-    for s in trace.saved:
-        if s.storage is not None:
-            first_pack[s.storage] = min(first_pack[s.storage], s.packed_at)
+    for sid, k in first_packs(trace.saved).items():
+        first_pack[sid] = trace.saved[k].packed_at
     last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)
     return lambda i: (first_pack <= i) & (i < last_backward)
 

@@ -21,8 +21,9 @@ before the host has issued it and every op before it (the simulator's asynchrono
 every time op j, its start is at least the host's work up to and including j; and the step ends
 no earlier than the host's work for every op, plus the actions of every storage away at some
 check op: four for a swap (out, release, prefetch, wait; two each for the tail and the head of
-one across the iteration boundary), two for a recomputation (drop, run) (columns per unit and action: at least its share away that way at each of its ops, times the
-fewest storages that share is), and one recomputation's run where any share is recomputed.
+one across the iteration boundary), two for a recomputation (drop, run), each times its largest
+share away that way (the end of its running maximum) and the fewest storages that share is; and
+one recomputation's run where any share is recomputed.
 """
 
 from __future__ import annotations
@@ -113,16 +114,16 @@ class BoundLP:
         for j in self.times:
             self.c.ge([(self.delta[j], 1)], issued[j] - self.start[j])
         actions = []
-        for x, y, u in zip(self.x, self.y, self.units):
+        for k, u in enumerate(self.units):
+            # its largest share away by a swap and by a recomputation: the running maxima's ends;
             # a weight's tail and head are one swap across the boundary: half its actions each
             swap = SWAP_ACTIONS if u.release is not None and u.due is not None else SWAP_ACTIONS / 2
-            for shares, per_storage in ((x, swap), (y, RECOMPUTE_ACTIONS)):
-                if shares is not None:
-                    most = int(self.c.add(1, ub=1)[0])  # its largest share away by this action
-                    for col in shares:
-                        self.c.ge([(most, 1), (col, -1)], 0)
-                    actions.append((most, -per_storage * host.action_ms * u.fewest))
-        recomputed = [col for y in self.y if y is not None for col in y]
+            swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None \
+                else self._running(self.x[k], forward=True)[-1]
+            actions.append((swapped, -swap * host.action_ms * u.fewest))
+            if self.r[k] is not None:
+                actions.append((self.r[k][0], -RECOMPUTE_ACTIONS * host.action_ms * u.fewest))
+        recomputed = [r[0] for r in self.r if r is not None]
         if recomputed:  # at least one run when anything is recomputed
             runs = int(self.c.add(1, ub=1)[0])
             for col in recomputed:

@@ -42,13 +42,7 @@ TINY = {
 TINY_BATCH = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny convs run fastest single-threaded; OpenMP spinning on a busy 2-core box costs seconds."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models run fastest on one thread
 
 
 def tiny_config(name: str) -> dict:

@@ -22,13 +22,7 @@ TOLERANCE = 0.01
 TINY_GPT2 = dict(n_layer=2, n_embd=32, n_head=2, seq_len=8, vocab_size=97)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest single-threaded on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models run fastest on one thread
 
 
 def test_presets_are_listed():

@@ -88,6 +88,15 @@ class MemoryMeter(TorchDispatchMode):
             torch.UntypedStorage._free_weak_ref(self._weak.pop(key))
         return total
 
+    def live_storages(self) -> list[tuple[int, int, int]]:
+        """(data pointer, bytes, a new weak pointer the caller frees) of every live storage counted."""
+        out = []
+        for weak in self._weak.values():
+            if not _expired(weak):
+                storage = _from_weak(weak)
+                out.append((storage.data_ptr(), storage.nbytes(), storage._weak_ref()))
+        return out
+
     def peak(self) -> dict:
         """{"measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only, else None)} since the last reset."""
         if self.cuda:
@@ -142,21 +151,27 @@ class AllocatorMeter:
     and inductor's buffers are allocated below the Python dispatcher.
 
     `torch.profiler` with `profile_memory` records every allocation and free of the CPU
-    allocator with its running total since profiling began; the peak is `start_bytes` (what
-    the step starts from, counted by the caller) plus the largest running total. Unlike
-    `MemoryMeter` it also counts memory an op allocates and frees inside itself.
+    allocator with its running total; the peak is what the step starts from (the storages
+    `start` tracks: parameters, gradients, optimizer state, inputs) plus the largest total
+    since the block began. The profiler reports a free only of a block it saw allocated (in
+    any profiled block): a tracked storage that dies unreported in the block is taken to have
+    died at its start (zero_grad dropping the last step's gradients). Unlike `MemoryMeter` it
+    also counts memory an op allocates and frees inside itself.
 
     Args:
-        start_bytes: bytes live on the CPU role when the block starts.
+        start: the meter that tracks what is live when the block starts (None: nothing).
     """
 
-    def __init__(self, start_bytes: int = 0):
-        self.start_bytes = start_bytes
-        self.peak_bytes = start_bytes
+    def __init__(self, start: MemoryMeter | None = None):
+        self._start = start
+        self.peak_bytes = 0
         self.own_s = 0.0
         self._profile = None
+        self._live: list[tuple[int, int, int]] = []  # (data pointer, bytes, weak pointer) live at the start
 
     def __enter__(self) -> "AllocatorMeter":
+        self._live = self._start.live_storages() if self._start is not None else []
+        self.peak_bytes = sum(nbytes for _, nbytes, _ in self._live)
         self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         with _silent_stderr():
             self._profile.__enter__()
@@ -166,8 +181,14 @@ class AllocatorMeter:
         with _silent_stderr():
             self._profile.__exit__(*exc)
         if exc[0] is None:
-            totals = _cpu_allocation_totals(self._profile.profiler.kineto_results.experimental_event_tree())
-            self.peak_bytes = self.start_bytes + max([0, *totals])
+            events = _cpu_allocations(self._profile.profiler.kineto_results.experimental_event_tree())
+            reported = _reported_frees(events)
+            start = sum(nbytes for ptr, nbytes, weak in self._live if not (_expired(weak) and ptr not in reported))
+            before = events[0][1] - events[0][2] if events else 0  # the running total before the block
+            self.peak_bytes = start + max([0, *(total - before for _, total, _, _ in events)])
+        for _, _, weak in self._live:
+            torch.UntypedStorage._free_weak_ref(weak)
+        self._live = []
 
     def peak(self) -> dict:
         """{"measured_peak_bytes", "measured_peak_reserved_bytes": None}, as `MemoryMeter.peak`."""
@@ -190,12 +211,22 @@ def _silent_stderr():
         os.close(devnull)
 
 
-def _cpu_allocation_totals(roots) -> list[int]:
-    """The allocator's running total after each CPU allocation or free in the profiled events."""
-    totals, todo = [], list(roots)
+def _cpu_allocations(roots) -> list[tuple[int, int, int, int]]:
+    """The profiled CPU allocations and frees in time order: (time, running total, bytes (negative
+    for a free), data pointer)."""
+    events, todo = [], list(roots)
     while todo:
         event = todo.pop()
         if event.tag == _EventType.Allocation and event.extra_fields.device.type == torch.device("cpu").type:
-            totals.append(event.extra_fields.total_allocated)
+            f = event.extra_fields
+            events.append((event.start_time_ns, f.total_allocated, f.alloc_size, f.ptr))
         todo.extend(event.children)
-    return totals
+    return sorted(events)
+
+
+def _reported_frees(events) -> set[int]:
+    """Pointers whose first event in the block is a free: blocks from before it, whose free was reported."""
+    first: dict[int, int] = {}
+    for _, _, nbytes, ptr in events:
+        first.setdefault(ptr, nbytes)
+    return {ptr for ptr, nbytes in first.items() if nbytes < 0}

@@ -33,7 +33,9 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
     """Run `steps` steps, each under its own memory meter; inputs are made right before each.
 
     On a GPU the meter is the allocator's counters and its dispatch mode is not entered:
-    torch.compile does not compile under a Python dispatch mode.
+    torch.compile does not compile under a Python dispatch mode. A step that meters itself
+    (`meters_itself` true: a compiled memplan step keeping its budget, memplan.workflows.compiled)
+    runs without a meter here, and its own record is taken.
 
     Args:
         host: buffers that are host memory beside the device role (the executor's slab): not counted.
@@ -49,26 +51,59 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
     for i in range(steps):
         x = make_inputs(i)
         if meter is None:
-            device = _device(model, x)
-            meter = MemoryMeter(device)
-            meter.exclude(host)
-        owned = (list(model.parameters()), list(model.buffers())) if model is not None else ()
-        meter.track((owned, _state(optimizer), x))
-        _sync(device)
-        meter.reset_peak()
-        active = meter if meter.cuda or not compiled else AllocatorMeter(meter.live_bytes())
-        started = time.perf_counter()
-        with contextlib.nullcontext() if meter.cuda else active:  # CUDA: the allocator's counters
+            meter = StepMeter(_device(model, x), host=host, compiled=compiled)
+        if getattr(step, "meters_itself", False):
             step(*x)
-        _sync(device)
-        wall = time.perf_counter() - started
-        records.append({"step": i, "time_s": wall, "meter_s": active.own_s, **active.peak(),
-                        "meter": "cuda" if meter.cuda else "allocator" if compiled else "dispatch"})
+            record = dict(step.steps[-1])
+        else:
+            record = meter.measure(step, x, model, optimizer)[1]
+        records.append({"step": i, **record})
         del x
-        over_cap(records[-1]["measured_peak_bytes"], memory_cap, device)
+        over_cap(records[-1]["measured_peak_bytes"], memory_cap, meter.device)
     if meter is not None:
         meter.close()
     return records
+
+
+class StepMeter:
+    """Meters whole steps on one device: each step's wall time and peak memory (memplan.exec.meter).
+
+    Args:
+        device: where the steps train.
+        host: buffers that are host memory beside the device role: not counted.
+        compiled: the steps run torch.compile'd code (on the CPU: the allocator's own stream).
+    """
+
+    def __init__(self, device: torch.device, host=(), compiled: bool = False):
+        self.device = device
+        self.compiled = compiled
+        self._meter = MemoryMeter(device)
+        self._meter.exclude(host)
+
+    def measure(self, step: Callable, inputs: tuple, model, optimizer):
+        """(what `step(*inputs)` returned, its record: "time_s", "meter_s", the peaks, "meter")."""
+        with self.metering(inputs, model, optimizer) as record:
+            out = step(*inputs)
+        return out, record
+
+    @contextlib.contextmanager
+    def metering(self, inputs: tuple, model, optimizer):
+        """Meter the block, a step on `inputs`; the record it yields is filled when the block ends."""
+        meter, record = self._meter, {}
+        meter.track((owned_tensors(model), _state(optimizer), inputs))
+        _sync(self.device)
+        meter.reset_peak()
+        active = meter if meter.cuda or not self.compiled else AllocatorMeter(meter)
+        started = time.perf_counter()
+        with contextlib.nullcontext() if meter.cuda else active:  # CUDA: the allocator's counters
+            yield record
+        _sync(self.device)
+        record.update({"time_s": time.perf_counter() - started, "meter_s": active.own_s, **active.peak(),
+                       "meter": "cuda" if meter.cuda else "allocator" if self.compiled else "dispatch"})
+
+    def close(self) -> None:
+        """Drop what it tracks."""
+        self._meter.close()
 
 
 def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: range, model, seed: int,
@@ -100,6 +135,15 @@ def _device(model, inputs) -> torch.device:
     tensors = list(model.parameters()) if model is not None else []
     tensors += [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
     return tensors[0].device if tensors else torch.device("cpu")
+
+
+def owned_tensors(model) -> list:
+    """What a step starts from beside the optimizer's state and its inputs: the model's parameters,
+    buffers and the gradients the last step left (which a step's zero_grad may drop)."""
+    if model is None:
+        return []
+    params = list(model.parameters())
+    return params + list(model.buffers()) + [p.grad for p in params if p.grad is not None]
 
 
 def _state(optimizer) -> list:

@@ -124,6 +124,30 @@ def test_the_allocator_meter_agrees_with_the_dispatch_meter_on_eager_training():
     assert conv_alloc[-1]["measured_peak_bytes"] >= conv[-1]["measured_peak_bytes"]
 
 
+def test_the_allocator_meter_counts_once_what_an_earlier_metered_step_left_alive():
+    # Adam makes its state in the first step: the profiler's running total keeps it from then on,
+    # and every later step starts with it counted already among the tensors it tracks
+    def fresh():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        opt = torch.optim.Adam(model.parameters())
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        return step, model, opt
+
+    make = lambda i: (torch.randn(32, 64), torch.randint(0, 10, (32,)))  # noqa: E731
+    step, model, opt = fresh()
+    allocator = measure_steps(step, make, 3, model, opt, 0, compiled=True)
+    step, model, opt = fresh()
+    dispatch = measure_steps(step, make, 3, model, opt, 0)
+    for a, d in zip(allocator, dispatch):
+        assert a["measured_peak_bytes"] == pytest.approx(d["measured_peak_bytes"], rel=1e-3)
+
+
 @pytest.mark.slow  # torch.compile of a small net: about 20 s
 def test_compile_budget_compiles_on_the_cpu_and_is_measured(capsys):
     # Under the dispatch-mode meter Dynamo would skip the frame (eager training measured as

@@ -95,6 +95,11 @@ def add_run(sub):
                    help="capture the planned step as one CUDA graph after warm-up steps and replay it: auto "
                         "where the step can be captured and runs on cuda, else eager with a warning saying "
                         "why; on: that is an error; off (default, until a GPU run shows captures work): never")
+    p.add_argument("--compile", action="store_true",
+                   help="run the model's forward through torch.compile, the plan lowered onto its partitioner "
+                        "(recompute only without CUDA; docs/compile.md)")
+    p.add_argument("--compile-mode", default=None, metavar="MODE",
+                   help="torch.compile's mode with --compile (default, reduce-overhead, max-autotune, ...)")
     p.add_argument("--allocator", choices=AllocatorMode.names(), default=AllocatorMode.AUTO.value,
                    help="CUDA allocator: PyTorch's caching one, with expandable segments, or pool: the plan's "
                         "SmartPool layout (X+smartpool planners); auto (default): pool for such a plan on cuda")
@@ -131,7 +136,7 @@ def run(args) -> int:
                            steps=args.steps, device=args.device, profile=args.profile, check=args.check,
                            seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock,
                            config=config, memory_cap=args.memory_cap, fake=args.fake, allocator=args.allocator,
-                           executor=args.executor, cuda_graph=args.cuda_graph)
+                           executor=args.executor, cuda_graph=args.cuda_graph, compile=_compile_of(args))
     if args.json:
         emit_json(out)
     else:
@@ -145,6 +150,13 @@ def run(args) -> int:
     return 0
 
 
+def _compile_of(args):
+    """`run_workload`'s compile: False, True, or torch.compile's mode."""
+    if args.compile_mode is not None:
+        return {"mode": args.compile_mode}
+    return args.compile
+
+
 def _check_run_options(args) -> None:
     """The names, checked before the model is built and traced (the budget, when it was parsed)."""
     from .. import check_model_name, get_planner, get_profile  # check_model_name: torch (see run)
@@ -154,6 +166,11 @@ def _check_run_options(args) -> None:
         raise MemplanError(f"--cuda-graph on: the step runs on {args.device}: a CUDA graph needs --device cuda")
     if args.cuda_graph == "on" and args.baseline:
         raise MemplanError(f"--cuda-graph on captures a planned step; --baseline {args.baseline} runs no plan")
+    if args.compile_mode is not None and not args.compile:
+        raise MemplanError(f"--compile-mode {args.compile_mode} sets torch.compile's mode: give --compile too")
+    if args.compile and (args.baseline or args.cuda_graph != "off" or args.executor != "auto"):
+        raise MemplanError("--compile runs the plan through torch.compile: it goes with neither --baseline, "
+                           "--cuda-graph (use --compile-mode reduce-overhead) nor --executor")
     if args.planner is not None:
         get_planner(args.planner)
     get_profile(args.profile)
@@ -173,7 +190,9 @@ def _print_run(out: dict) -> None:
             ("allocator", _allocator(out)),
             ("CUDA graph", _graph(out.get("cuda_graph")))]
     ex = out["executor"]
-    if ex is not None:  # a PyTorch tool runs without memplan's executor
+    if ex is not None and ex.get("executor") == "compiled":
+        rows += _compiled_rows(ex)
+    elif ex is not None:  # a PyTorch tool runs without memplan's executor
         rows += [("host slab", format_bytes(ex["slab_bytes"])),
                  ("swapped out", f"{ex['swapped_out']} ({format_bytes(ex['swapped_out_bytes'])})"),
                  ("recomputed", f"{ex['recomputed']} storages, {ex['replayed_ops']} ops replayed"),
@@ -184,6 +203,18 @@ def _print_run(out: dict) -> None:
         rows += [("max param diff", f"{out['max_param_diff']:.3g}"),
                  ("max buffer diff", f"{out['max_buffer_diff']:.3g}")]
     print_rows(rows)
+
+
+def _compiled_rows(ex: dict) -> list[tuple[str, str]]:
+    """What a compiled run says of its compilations (memplan.workflows.compiled)."""
+    rows = []
+    for k, c in enumerate(ex["compilations"], 1):
+        lowered = c["decisions_lowered"]
+        missed = sum(c["decisions_not_lowered"].values())
+        first = c.get("first_call_s")
+        rows.append((f"compilation {k}", f"{c['planner']}: {lowered} decisions lowered, {missed} not; saves "
+                     f"{format_bytes(c['saved_bytes'])}" + (f"; first call {first:.1f} s" if first else "")))
+    return rows
 
 
 def _kept_by(out: dict) -> str:

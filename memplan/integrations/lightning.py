@@ -15,6 +15,12 @@ kind, a stand-in of the closure made of the same public pieces (`Strategy.traini
 calls are muted while it does, so logged values are those of the real steps only. Each plan's
 report (keys starting with "memplan/") goes to the Trainer's loggers after its first step.
 
+A compiled LightningModule (`trainer.fit(torch.compile(module))`) is trained under compiled plans
+(memplan.workflows.compiled, docs/compile.md): the callback takes the compilation over, as
+Lightning's `to_uncompiled` undoes it, and compiles the module's `training_step` (what Lightning
+compiles) with each plan lowered onto the partitioner; `compile={...}` gives torch.compile's
+settings (Inductor's defaults otherwise), and `compile=True` compiles a module that was not.
+
 Manual optimization (`automatic_optimization = False`) is not planned (a warning says so):
 there the module's own code runs forward, backward and the optimizer in one `training_step`.
 Needs `pip install memplan[lightning]`.
@@ -29,6 +35,7 @@ from numbers import Number
 from lightning.pytorch import Callback
 from lightning.pytorch.loops.optimization.automatic import ClosureResult
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.compile import to_uncompiled
 
 from ..budget import UNLIMITED
 from .planned import DEFAULT_MAX_PLANS, PlannedSteps, kind_of
@@ -47,7 +54,8 @@ class MemplanCallback(Callback):
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
         **options: passed to `memplan.optimize`: `profile` (the cost model's device profile), `seed`,
-            `measure` ("first", True or False), `fake`, and the planner's parameters.
+            `measure` ("first", True or False), `fake`, `compile` (True, or torch.compile's settings:
+            the plans run compiled), and the planner's parameters.
     """
 
     def __init__(self, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS, **options):
@@ -59,6 +67,17 @@ class MemplanCallback(Callback):
     def reports(self) -> list[dict]:
         """Every plan's report (and every reason a step kind ran unplanned), in order."""
         return self.steps.reports
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        """A compiled module: memplan compiles its training_step under each plan instead."""
+        compile = self.steps.options.get("compile")
+        if getattr(pl_module, "_compiler_ctx", None) is not None:
+            to_uncompiled(pl_module)
+            compile = compile or True
+            rank_zero_info("memplan: the LightningModule is compiled under each plan (its training_step, as "
+                           "Lightning compiles it)")
+        if compile:
+            self.steps.options["compile"] = {**({} if compile is True else compile), "method": "training_step"}
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         """Begin the batch's step under the plan of its kind (planned now if the kind is new)."""

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ..budget import bytes_to_json, parse_budget
+from ..budget import parse_budget
 from ..errors import InfeasibleBudgetError
 from .. import OptimizedStep, check_planner_params, get_planner, input_signature, optimize
 
@@ -220,7 +220,7 @@ def plan_report(kind: StepKind, step: OptimizedStep) -> dict:
     stats = step.stats()
     measured = stats["steps_measured"]
     return {f"{PREFIX}batch": kind.describe(), f"{PREFIX}planner": step.plan.planner,
-            f"{PREFIX}budget_bytes": bytes_to_json(step.plan.budget_bytes),
+            f"{PREFIX}budget_bytes": stats["budget_bytes"],
             f"{PREFIX}peak_bytes": stats["simulated_peak_bytes"],
             f"{PREFIX}measured_peak_bytes": measured[0]["measured_peak_bytes"] if measured else None,
             f"{PREFIX}unplanned_peak_bytes": step.trace.peak_load_bytes,

@@ -14,6 +14,11 @@ scheduler, and logging are the Trainer's, untouched. Each plan is reported in th
 (`state.log_history`, and every logging integration) after its first step, under keys starting
 with "memplan/"; a kind that cannot be planned is logged with the reason and runs unplanned.
 
+With `torch_compile=True` in the TrainingArguments the plan runs compiled (memplan.workflows.compiled,
+docs/compile.md): memplan compiles the model's forward itself, with the plan lowered onto the
+partitioner and the Trainer's `torch_compile_mode` (and backend, Inductor or aot_eager), instead of
+the compiled model accelerate made.
+
 On a GPU `memplan.optimize` traces fake copies of the model, so a step that does not fit
 unplanned can still be planned. Needs `pip install memplan[hf]` (transformers, accelerate).
 """
@@ -46,11 +51,17 @@ class MemplanTrainer(Trainer):
     def __init__(self, *args, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS,
                  memplan_options: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        options = dict(memplan_options or {})
+        if self.args.torch_compile:
+            options.setdefault("compile", _compile_settings(self.args))
         self.memplan = PlannedSteps(memory_budget, planner, max_plans=max_plans, report=lambda entry: self.log(dict(entry)),
-                                    **(memplan_options or {}))
+                                    **options)
 
     def training_step(self, model: torch.nn.Module, inputs: dict, num_items_in_batch=None) -> torch.Tensor:
         """The Trainer's own training step, under the plan of its kind."""
+        if self.args.torch_compile:
+            model = getattr(model, "_orig_mod", model)  # memplan compiles the forward, under the plan
+
         def step(batch, num_items):
             return super(MemplanTrainer, self).training_step(model, batch, num_items)
 
@@ -63,3 +74,9 @@ class MemplanTrainer(Trainer):
             return super().train(*args, **kwargs)
         finally:
             self.memplan.close()
+
+
+def _compile_settings(args) -> dict:
+    """torch.compile's keyword arguments as the TrainingArguments ask for them."""
+    settings = {"mode": args.torch_compile_mode, "backend": args.torch_compile_backend}
+    return {k: v for k, v in settings.items() if v is not None}

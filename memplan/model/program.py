@@ -89,6 +89,7 @@ class Rebuild:
 
 PLAIN, HOOKED, INTERPRETED = "plain", "hooked", "interpreted"
 LEVELS = (PLAIN, HOOKED, INTERPRETED)  # how the executor runs a program (memplan.sim.lowering)
+COMPILED = "compiled"  # no executor: torch.compile runs the plan (memplan.exec.partition)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +117,7 @@ class Prediction:
     shortfall_bytes: int  # by how much it did not fit
     budget_bytes: int  # the cap it was simulated under (memplan.budget.NO_LIMIT: none)
     budget_source: str  # where that cap came from (memplan.budget.BudgetSource)
-    level: str = "plain"  # how the executor runs it: plain, hooked or interpreted (memplan.sim.lowering)
+    level: str = "plain"  # how the executor runs it: plain, hooked or interpreted (memplan.sim.lowering); or compiled
     dropped: int = 0  # hooked: the plan's decisions left out (kept resident)
     level_reason: str = ""  # why the level, or why decisions were dropped
 

@@ -95,7 +95,7 @@ class Candidate:
 @register("auto", "the best simulated plan of the fast planners, milp and a local search, within a time limit",
           decides=("swap", "recompute"))
 def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, min_bytes: int = DEFAULT_MIN_BYTES,
-              milp: bool = True) -> Plan:
+              milp: bool = True, swaps: bool = True) -> Plan:
     """The best plan `auto` finds within `time_limit_s` (see the module docstring).
 
     Args:
@@ -103,6 +103,7 @@ def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
         time_limit_s: wall-clock limit for all steps (a fast planner already running finishes).
         min_bytes: smaller activations are not feature maps for milp and the local search.
         milp: run milp (steps 2 and 5; false: never).
+        swaps: consider plans that swap (false: recompute only, as a compiled step on the CPU runs them).
     Returns:
         The plan; `plan.report` says which planner's plan was chosen or refined, every
         candidate's simulated overhead, and milp's bound and status where it ran.
@@ -116,7 +117,7 @@ def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
     if budget_bytes >= trace.peak_load_bytes:
         return Plan(report={"chosen": "none", "refined_from": None, "candidates": {"none": 0.0}, "bound": 0.0,
                             "gap": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
-    search = _Search(problem, time_limit_s, min_bytes)
+    search = _Search(problem, time_limit_s, min_bytes, swaps)
     search.bound = lower_bound(trace, budget_bytes, cost, time_limit_s=BOUND_SHARE * time_limit_s)
     search.fast()
     search.bayesian()
@@ -132,8 +133,9 @@ def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
 class _Search:
     """The candidates so far, the loads the infeasible ones named, and milp's report."""
 
-    def __init__(self, problem: Problem, limit_s: float, min_bytes: int):
+    def __init__(self, problem: Problem, limit_s: float, min_bytes: int, swaps: bool = True):
         self.problem = problem
+        self.swaps = swaps  # False: a plan that swaps is no candidate
         self.trace, self.budget, self.cost, self.seed = problem.parts()
         self.limit_s, self.deadline, self.min_bytes = limit_s, time.monotonic() + limit_s, min_bytes
         self.simulator = Simulator(self.trace, self.cost)
@@ -146,7 +148,11 @@ class _Search:
         return self.deadline - time.monotonic()
 
     def add(self, name: str, plan: Plan) -> None:
-        """Score `plan` and keep it when the simulator runs it within the budget."""
+        """Score `plan` and keep it when the simulator runs it within the budget (and swaps only where
+        swaps are allowed)."""
+        if not self.swaps and any(d.action == "swap" for d in plan.decisions):
+            log.debug("auto: %s's plan swaps, and swaps are off", name)
+            return
         result = self.simulator.run(plan, self.budget)
         if result.feasible and result.peak_load_bytes <= self.budget:
             self.candidates.append(Candidate(name=name, plan=plan, time_s=result.time_s, overhead=result.overhead))
@@ -171,7 +177,8 @@ class _Search:
         largest storages first, then DTR's plan where it fits (its caps tried within DTR_SHARE of the
         time left)."""
         for name in FAST:
-            self.run_planner(name)
+            if self.swaps or "recompute" in get_planner(name).decides:
+                self.run_planner(name)
         few = largest_first(self.trace, self.budget, self.min_bytes)
         if few is not None:
             self.add(LARGEST_FIRST, Plan(decisions=few))
@@ -183,7 +190,7 @@ class _Search:
     def bayesian(self) -> None:
         """Step 2: AutoSwap's weights tuned by Bayesian optimisation, for BO_SHARE of the time left."""
         share = BO_SHARE * self.left()
-        if share >= BO_MIN_S:
+        if share >= BO_MIN_S and self.swaps:  # AutoSwap only swaps
             self.run_planner("autoswap:bo", time_limit_s=share)
 
     def milp(self) -> None:

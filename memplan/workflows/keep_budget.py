@@ -31,10 +31,12 @@ class BudgetKeeper:
     Args:
         budget_bytes: the budget the run must keep.
         make_plan: plans at a given budget in bytes (the same planner, seed and parameters).
+        max_replans: plans it makes again at most.
     """
 
     budget_bytes: int
     make_plan: Callable[[int], Plan]
+    max_replans: int = MAX_REPLANS  # plans it makes again at most
     margin_bytes: int = 0  # bytes the plan leaves free for what its trace does not see
     replanned: int = 0  # plans made again
     settled: bool = False  # a step kept the budget, or no more plans will be made
@@ -49,7 +51,7 @@ class BudgetKeeper:
         if self.settled or measured_bytes <= self.budget_bytes:
             self.settled = True
             return None
-        if self.replanned >= MAX_REPLANS:
+        if self.replanned >= self.max_replans:
             return self._give_up(f"still {format_bytes(measured_bytes - self.budget_bytes)} over after "
                                  f"{self.replanned} plans")
         margin = max(self.margin_bytes, measured_bytes - simulated_bytes)
@@ -77,3 +79,52 @@ class BudgetKeeper:
         """JSON-ready: margin_bytes, replanned, error, history."""
         return {"margin_bytes": self.margin_bytes, "replanned": self.replanned, "replan_error": self.error,
                 "budget_history": list(self.history)}
+
+
+@dataclass(kw_only=True)
+class FitOnce(BudgetKeeper):
+    """Keeps a compiled step's budget with one plan made again (two compilations at most).
+
+    A plan is made on the trace's view of memory, which a compiled step does not hold as planned:
+    the compiler fuses, and saves what it chooses beside the plan's decisions. So after the first
+    compiled step the excess of the measured peak over the simulated one is the margin: a step over
+    its budget is planned again under the budget less it. One within it is planned again under the
+    budget plus the memory the plan left unused (`filling`: the caller compiles that plan only if
+    it simulates faster): the larger of what its peak left and what the compiler saved for backward
+    less than the plan assumed (`saved_excess`, negative then), since a compiled step's peak may be
+    elsewhere (the optimizer's step) and hide how far its activations are under the budget. The second plan stands if its step keeps the budget; if it does not and the first
+    one did, `reverted` says to go back to the first (whose compiled graph is cached).
+    """
+
+    filling: bool = False  # the plan made again uses memory the first left: worth it only if faster
+    reverted: bool = False  # the second plan measured over the budget the first one kept
+
+    def after_step(self, measured_bytes: int, simulated_bytes: int, saved_excess: int = 0) -> Plan | None:
+        """As BudgetKeeper.after_step; after the second plan's step, `reverted` may be set.
+
+        Args:
+            saved_excess: what the compiled step saves for backward beyond what the plan assumed.
+        """
+        self.history.append({"measured_bytes": measured_bytes, "simulated_bytes": simulated_bytes,
+                             "margin_bytes": self.margin_bytes})
+        if self.settled:
+            return None
+        within = measured_bytes <= self.budget_bytes
+        self.settled = True
+        if self.replanned:
+            self.reverted = not within and self.filling
+            return None
+        margin = measured_bytes - simulated_bytes
+        if within:
+            margin = min(margin, saved_excess)
+            if margin >= 0:
+                return None
+        try:
+            plan = self.make_plan(self.budget_bytes - margin)
+        except InfeasibleBudgetError as exc:
+            return None if within else self._give_up(str(exc))
+        log.info("a compiled step measured %s against a budget of %s: planned again with a margin of %s",
+                 format_bytes(measured_bytes), format_bytes(self.budget_bytes), format_bytes(margin))
+        self.settled, self.filling = False, within
+        self.margin_bytes, self.replanned = margin, 1
+        return plan

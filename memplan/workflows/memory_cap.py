@@ -94,7 +94,7 @@ def refuse_what_cannot_fit(step, memory_cap: int, what: str) -> None:
     Raises:
         MemplanError: one line with the simulated peak, the cap, and planners that fit it.
     """
-    peak = step.program.predicted.peak_load_bytes or step.trace.peak_load_bytes
+    peak = step.predicted.peak_load_bytes or step.trace.peak_load_bytes
     if peak <= memory_cap:
         return
     step.close()

@@ -48,6 +48,7 @@ from ..model.program import StepProgram
 from ..planners.base import plan_problem
 from ..problem import DEFAULT_PROFILE, Problem
 from ..sim.program import compile_program
+from .compiled import CompiledStep, compiled_step
 from .cuda_graph import CudaGraphs, changed_inputs, check_mode, graphs_for
 from .keep_budget import BudgetKeeper
 from .step_trace import (device_of, find_in_step, input_signature, is_fake, load_trace, model_of,
@@ -125,6 +126,15 @@ class OptimizedStep:
     def settled(self) -> bool:
         """True once no measured step can make the planner plan again."""
         return self.keeper is None or self.keeper.settled
+
+    @property
+    def predicted(self):
+        """The step program's simulated result (memplan.sim.result.SimResult)."""
+        return self.program.predicted
+
+    def host_buffers(self) -> tuple:
+        """The host memory beside the device role (the runtime's slab): no meter counts it."""
+        return self.runtime.host_buffers()
 
     @contextlib.contextmanager
     def iteration(self, *inputs):
@@ -219,7 +229,8 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
              trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
              time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
-             executor: str = "auto", cuda_graph: str = "off", **planner_params) -> OptimizedStep:
+             executor: str = "auto", cuda_graph: str = "off", compile: bool | dict = False,
+             **planner_params) -> OptimizedStep | CompiledStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -229,17 +240,15 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
         planner: a registered planner name.
         profile: the cost model's device profile the planner plans for (where the step runs is
             where its inputs and model are).
-        model: the root module (found on `step_fn.__self__` or in its closure if omitted);
-            parameters and buffers the plan swaps between steps are found through it.
+        model: the root module, whose parameters and buffers the plan may move (else found on the step).
         optimizer: its optimizer (found likewise); its state is restored after tracing.
         plan: a saved plan (a Plan or a JSON path) to use instead of planning.
         trace: a saved trace (a Trace or a path) to use instead of tracing.
         seed: planner seed.
         measure: which steps' peak memory to measure and check against the budget: "first" (the
-            default: the first step of every plan made, re-planning until one keeps it), True
-            (every step) or False (none, and no check). A step over its budget logs a warning and
-            is listed in `stats()["over_budget_steps"]`. The CPU meter sums the live storages after
-            every op (2-3 times slower on many small ops); a GPU reads the allocator's counters.
+            default: the first step of every plan made, re-planning until one keeps it), True (every
+            step) or False (none, and no check). A step over its budget logs a warning and is listed
+            in `stats()["over_budget_steps"]` (the CPU meter slows many small ops 2-3 times).
         time_repeats: on the CPU, time every op of the real trace (the least of this many more
             iterations, undone afterwards); 0: roofline estimates.
         time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
@@ -247,27 +256,30 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
             a GPU, where the unplanned step may not fit).
         executor: "auto": the plan runs at autograd's hooks where it can (memplan.exec.hooked), else
             interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
-        cuda_graph: "auto": on CUDA, after warm-up steps, the planned step is captured as one CUDA
-            graph and replayed (memplan.workflows.cuda_graph), unless it cannot be, which a logged
-            warning says; "on": that is an error, and so is a step off CUDA; "off" (the default until a
-            GPU run shows captures work: the first, on an H200, captured nothing): never.
+        cuda_graph: "auto": on CUDA, after warm-up steps, the step is captured as one CUDA graph and
+            replayed where it can be (memplan.workflows.cuda_graph; a warning says why not); "on": that
+            is an error, as is a step off CUDA; "off" (the default until a GPU run shows captures work).
+        compile: run the model's forward through torch.compile with the plan lowered onto its
+            partitioner (docs/compile.md): True, or torch.compile's keyword arguments (backend
+            inductor or aot_eager; "method": another method to compile); not with cuda_graph (use
+            mode "reduce-overhead") nor executor "interpreted".
         **planner_params: the planner's hyper-parameters.
     Returns:
-        The OptimizedStep.
+        The OptimizedStep (with compile: a CompiledStep, alike to use).
     Raises:
-        MemplanError: a plan that was made for another trace, an unknown planner, a step that
-            cannot be captured with cuda_graph "on", ...
+        MemplanError: a plan made for another trace, an unknown planner, cuda_graph "on" that cannot be.
     """
     model = model_of(step_fn, model)
     optimizer = optimizer if optimizer is not None else find_in_step(step_fn, torch.optim.Optimizer, "optimizer")
-    hooks = _hooked(executor, model)
+    hooks, options = _hooked(executor, model), _compile_options(compile, executor, cuda_graph)
     run_on = device_of(example_inputs, model)
     check_mode(cuda_graph, run_on)
-    if optimizer is not None and not is_fake(example_inputs, model):
-        prime_optimizer_state(optimizer)
-    trace = load_trace(trace) if trace is not None else trace_step(
-        step_fn, example_inputs, model, optimizer, time_repeats, time_clock,
-        fake=run_on.type == "cuda" if fake is None else fake)
+    trace = _traced(step_fn, example_inputs, trace, model=model, optimizer=optimizer, time_repeats=time_repeats,
+                    time_clock=time_clock, fake=run_on.type == "cuda" if fake is None else fake)
+    if options is not None:
+        return compiled_step(step_fn, example_inputs, as_allocated_on(trace, run_on), model=model, optimizer=optimizer,
+                             device=run_on, budget=budget, planner=planner, profile=profile, seed=seed,
+                             plan=_saved_plan(plan, trace), measure=measure, options=options, params=planner_params)
     trace, plan, cost, keeper = _plan_of(trace, plan, run_on, profile, budget, measure is not False, planner=planner,
                                          seed=seed, **planner_params)
     return _bound(step_fn, example_inputs, trace, plan, cost, keeper, model=model, optimizer=optimizer,
@@ -291,10 +303,7 @@ def _plan_of(trace: Trace, plan, run_on: torch.device, profile: str, budget, kee
     """The trace as `run_on` holds it, the plan (`plan`, else one `planner` makes under `budget`), the
     cost model on `profile`, and the budget keeper (`keep`)."""
     if plan is not None:
-        cost = Problem.of(trace, profile=profile).cost
-        plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
-        check_plan(trace, plan)
-        return trace, plan, cost, None
+        return trace, _saved_plan(plan, trace), Problem.of(trace, profile=profile).cost, None
     problem = Problem.of(as_allocated_on(trace, run_on), budget, profile, seed=seed)
     plan, keeper = _planned(problem, keep, planner, params)
     return problem.trace, plan, problem.cost, keeper
@@ -312,6 +321,38 @@ def _bound(step_fn: Callable, inputs: tuple, trace: Trace, plan: Plan, cost: Cos
         runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(inputs), model, keeper=keeper, cost=cost,
                          measure=measure, hooks=hooks, graphs=graphs)
+
+
+def _traced(step_fn: Callable, inputs: tuple, trace, *, model, optimizer, time_repeats: int, time_clock: str,
+            fake: bool) -> Trace:
+    """`trace` loaded, or `step_fn` traced from the steady state (the optimizer's state made first)."""
+    if optimizer is not None and not is_fake(inputs, model):
+        prime_optimizer_state(optimizer)
+    if trace is not None:
+        return load_trace(trace)
+    return trace_step(step_fn, inputs, model, optimizer, time_repeats, time_clock, fake=fake)
+
+
+def _compile_options(compile, executor: str, cuda_graph: str) -> dict | None:
+    """torch.compile's keyword arguments for `optimize(compile=...)`, None without compile."""
+    if compile is False or compile is None:
+        return None
+    if not isinstance(compile, (bool, dict)):
+        raise MemplanError(f"compile must be True, False or a dict of torch.compile's keyword arguments, "
+                           f"got {compile!r}")
+    if cuda_graph != "off" or executor != "auto":
+        raise MemplanError("compile runs the step through torch.compile, not memplan's executor: leave executor and "
+                           "cuda_graph out (for CUDA graphs, compile={'mode': 'reduce-overhead'})")
+    return {} if compile is True else dict(compile)
+
+
+def _saved_plan(plan, trace: Trace) -> Plan | None:
+    """A plan given to `optimize` (a Plan or a path), checked against `trace`; None without one."""
+    if plan is None:
+        return None
+    plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
+    check_plan(trace, plan)
+    return plan
 
 
 def _hooked(executor: str, model) -> bool:

@@ -49,7 +49,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
                  config: dict | None = None, baseline: str | None = None, trace=None, timed_steps: int = 0,
                  planner_params: dict | None = None, clock: str = "wall", memory_cap: int | None = None,
                  fake: bool | None = None, allocator: str = "auto", executor: str = "auto",
-                 cuda_graph: str = "off") -> dict:
+                 cuda_graph: str = "off", compile: bool | dict = False) -> dict:
     """Train `steps` steps of zoo workload `name` under a plan (or a PyTorch baseline) and measure.
 
     Args:
@@ -78,6 +78,8 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
             dispatch-mode runner; always so under the pool allocator, which needs its op clock).
         cuda_graph: "auto", "on" or "off" (the default): capture the planned step as a CUDA graph after
             warm-up steps (memplan.workflows.cuda_graph; never under a baseline).
+        compile: the model's forward through torch.compile with the plan lowered onto its partitioner
+            (`memplan.optimize`'s compile: True, or torch.compile's keyword arguments; not with a baseline).
     Returns:
         A JSON-ready dict: per step its time and measured peak (`steps`), the largest
         measured peak, the simulated peak of the plan's step program and the budget,
@@ -95,7 +97,7 @@ def run_workload(name: str, batch: int, *, planner: str, budget: Budget | str | 
     run = _Run(name=name, batch=batch, planner=planner, device=device, profile=profile, seed=seed,
                config=config or {}, baseline=baseline, clock=clock, memory_cap=memory_cap,
                budget=_run_budget(budget, planner, baseline, memory_cap), executor=executor,
-               cuda_graph="off" if baseline else cuda_graph)
+               cuda_graph="off" if baseline else cuda_graph, compile=_compile_of(compile, baseline))
     run, mode = _prepare(run, allocator)
     w = get_workload(name, batch, device=device, seed=seed, **run.config)
     step = _planned_step(run, w, trace, fake, planner_params or {})
@@ -134,6 +136,21 @@ class _Run:
     memory_cap: int | None  # the emulated device's bytes
     executor: str = "auto"  # memplan.workflows.optimize.EXECUTORS
     cuda_graph: str = "off"  # memplan.workflows.cuda_graph.GRAPH_MODES
+    compile: dict | None = None  # torch.compile's keyword arguments: the plan runs compiled (None: eager)
+
+
+def _compile_of(compile, baseline: str | None) -> dict | None:
+    """torch.compile's keyword arguments for a compiled run (None: eager).
+
+    Raises:
+        MemplanError: compile with a baseline (which runs PyTorch's own tool, compiled or not).
+    """
+    if compile is False or compile is None:
+        return None
+    if baseline:
+        raise MemplanError(f"compile runs a plan through torch.compile; --baseline {baseline} runs no plan "
+                           f"(for PyTorch's compiled tool, --baseline compile-budget)")
+    return {} if compile is True else dict(compile)
 
 
 def _run_budget(budget, planner: str, baseline: str | None, memory_cap: int | None) -> Budget:
@@ -168,6 +185,9 @@ def _prepare(run: _Run, allocator: str) -> tuple[_Run, AllocatorMode]:
     mode = choose_allocator(allocator, planner=run.planner, device=run.device, baseline=run.baseline)
     install_allocator(mode)
     prepare_device(run.device, run.memory_cap, pooled=mode == AllocatorMode.POOL)
+    if mode == AllocatorMode.POOL and run.compile is not None:
+        raise MemplanError("the pool allocator serves memplan's own executor (its op clock): a compiled step "
+                           "cannot use it; leave out --compile or --allocator pool")
     if mode == AllocatorMode.POOL:
         run = replace(run, executor="interpreted")  # the pool matches requests by the op clock only it publishes
     return run, mode
@@ -181,7 +201,8 @@ def _planned_step(run: _Run, w, trace, fake: bool | None, planner_params: dict):
                         planner="none" if run.baseline else run.planner, profile=run.profile, model=w.model,
                         optimizer=w.optimizer, seed=run.seed, measure="first", trace=trace,
                         time_repeats=OP_TIME_REPEATS if cpu_profile else 0, time_clock=run.clock, fake=fake,
-                        executor=run.executor, cuda_graph=run.cuda_graph, **planner_params)
+                        executor=run.executor, cuda_graph=run.cuda_graph,
+                        compile=False if run.compile is None else run.compile, **planner_params)
 
 
 def _serve_allocator(run: _Run, step, mode: AllocatorMode):
@@ -219,7 +240,7 @@ def _measure(run: _Run, w, step, model, make_inputs, steps: int, timed_steps: in
     with baseline_installed(run.baseline, model, fraction, torch.device(run.device)) if run.baseline \
             else contextlib.nullcontext():
         records = measure_steps(train, make_inputs, steps, model, w.optimizer, run.seed,
-                                host=step.runtime.host_buffers(), compiled=is_compiled(run.baseline),
+                                host=step.host_buffers(), compiled=is_compiled(run.baseline) or run.compile is not None,
                                 memory_cap=run.memory_cap)
         timed = time_steps(train, make_inputs, range(steps, steps + timed_steps), model, run.seed, run.clock)
     return records, timed
@@ -227,7 +248,7 @@ def _measure(run: _Run, w, step, model, make_inputs, steps: int, timed_steps: in
 
 def _report(run: _Run, step, records: list[dict], timed: list[float], budget_bytes: int, allocation: dict) -> dict:
     """`run_workload`'s JSON-ready result (see its docstring)."""
-    predicted = None if run.baseline else step.program.predicted
+    predicted = None if run.baseline else step.predicted
     stats = step.stats()
     graph = stats.pop("cuda_graph", None)  # a key of its own in the report
     settled = records[stats["final_plan_from_step"]:] or records[-1:]
@@ -251,11 +272,14 @@ def _report(run: _Run, step, records: list[dict], timed: list[float], budget_byt
 
 
 def _against_plain_training(run: _Run, model, make_inputs, steps: int) -> dict:
-    """The largest differences from training the same workload plainly from the same seed."""
+    """The largest differences from training the same workload plainly from the same seed (a
+    compiled run: plainly compiled, with the same torch.compile options)."""
     lift_cap(run.device)  # plain training needs what the plan saved
     ref = get_workload(run.name, run.batch, device=run.device, seed=run.seed, **run.config)
     ref_model = model_of(ref.step, ref.model)
-    measure_steps(ref.step, make_inputs, steps, ref_model, ref.optimizer, run.seed)
+    if run.compile is not None:
+        ref_model.forward = torch.compile(ref_model.forward, **run.compile)
+    measure_steps(ref.step, make_inputs, steps, ref_model, ref.optimizer, run.seed, compiled=run.compile is not None)
     return state_differences(model, ref_model)
 
 

@@ -100,10 +100,20 @@ class BatchLosses(L.Callback):
         self.losses.append(outputs["loss"])
 
 
-def train(tmp_path, callbacks=(), precision="32-true", accumulation=1):
-    """Train a fresh MLP (seed 0) for STEPS optimizer steps; returns the module and its logger."""
+class UnloggedMLP(MLP):
+    """The MLP without `self.log` in its training step: Dynamo cannot trace Lightning's log (torch 2.13,
+    Lightning 2.6: it inspects the compiled `training_step`), compiled by Lightning or by memplan."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+def train(tmp_path, callbacks=(), precision="32-true", accumulation=1, compile_backend=None):
+    """Train a fresh MLP (seed 0) for STEPS optimizer steps (`compile_backend`: UnloggedMLP, compiled
+    with it); returns the module and its logger."""
     L.seed_everything(0, verbose=False)
-    module = MLP()
+    module = UnloggedMLP() if compile_backend else MLP()
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(20 * BATCH, WIDTH, generator=g),
                                           torch.randint(0, 10, (20 * BATCH,), generator=g))
@@ -115,7 +125,8 @@ def train(tmp_path, callbacks=(), precision="32-true", accumulation=1):
                         callbacks=[*callbacks, batch_losses],
                         logger=logger, log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=str(tmp_path))
-    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True))
+    fitted = torch.compile(module, backend=compile_backend) if compile_backend else module
+    trainer.fit(fitted, torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True))
     logger.batch_losses = batch_losses.losses
     logger.scaler = getattr(trainer.precision_plugin, "scaler", None)
     return module, logger
@@ -159,3 +170,18 @@ def test_training_under_a_plan_is_plain_training_within_its_budget(tmp_path, pre
     assert len(reports) == accumulation
     assert all(r["memplan/peak_bytes"] <= r["memplan/budget_bytes"] < r["memplan/unplanned_peak_bytes"]
                for r in reports)
+
+
+@pytest.mark.slow
+def test_a_compiled_module_trains_compiled_under_its_plans(tmp_path):
+    # aot_eager: AOTAutograd and its partitioner without code generation (Inductor: tests/workflows/test_compiled.py)
+    plain, plain_log = train(tmp_path, compile_backend="aot_eager")
+    callback = MemplanCallback("80%", "auto", compile={"backend": "aot_eager"}, time_limit_s=2)
+    planned, planned_log = train(tmp_path, [callback], compile_backend="aot_eager")
+    assert len(plain_log.batch_losses) == STEPS
+    assert all(torch.equal(a, b) for a, b in zip(plain_log.batch_losses, planned_log.batch_losses))
+    for (name, a), b in zip(plain.named_parameters(), planned.parameters()):
+        assert torch.equal(a, b), name
+    plans = callback.steps.stats()
+    assert len(plans) == 1 and plans[0]["executor"] == "compiled" and len(plans[0]["compilations"]) <= 2
+    assert all(c["decisions_lowered"] > 0 for c in plans[0]["compilations"])

@@ -172,3 +172,16 @@ def test_a_shape_that_cannot_be_planned_runs_unplanned_and_the_logs_say_why(tmp_
     assert first["memplan/batch"] == "8x64, 8x64" and first["memplan/planner"] == "autoswap:doa"
     assert second["memplan/batch"] == "8x32, 8x32" and "max_plans" in second["memplan/unplanned"]
     assert "run unplanned" in caplog.text
+
+
+@pytest.mark.slow
+def test_with_torch_compile_the_trainer_trains_compiled_under_its_plans(tmp_path):
+    # aot_eager: AOTAutograd and its partitioner without code generation (Inductor: tests/workflows/test_compiled.py)
+    compiled = dict(torch_compile=True, torch_compile_backend="aot_eager")
+    plain, plain_model = fine_tune(Trainer, tmp_path, **compiled)
+    planned, planned_model = fine_tune(MemplanTrainer, tmp_path, memory_budget="80%", planner="auto",
+                                       memplan_options={"time_limit_s": 2}, **compiled)
+    assert_same_training(plain, plain_model, planned, planned_model)
+    plans = planned.memplan.stats()
+    assert len(plans) == 1 and plans[0]["executor"] == "compiled" and len(plans[0]["compilations"]) <= 2
+    assert all(c["decisions_lowered"] > 0 for c in plans[0]["compilations"])

@@ -10,9 +10,10 @@ GPU: elsewhere the planner plans without them (`auto`'s `swaps=False`; a planner
 refused), which is said once in the log.
 
 The budget is kept in measured bytes: the first step after each compilation is metered (on the
-CPU from the allocator's own events, on a GPU by its counters); one over the budget makes the
-planner plan once more under the budget less the excess (memplan.workflows.keep_budget), and the
-forward compiles again: at most two compilations per budget (COMPILATIONS).
+CPU from the allocator's own events, on a GPU by its counters); one over the budget, or one whose
+plan left memory unused, makes the planner plan once more with the margin measured
+(memplan.workflows.keep_budget.FitOnce), and the forward compiles again: at most two compilations
+per budget (COMPILATIONS).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from typing import Callable
 
 import torch
 
+from ..budget import budget_in_force, bytes_to_json
 from ..cost.compiled import compiled_cost
 from ..errors import MemplanError
 from ..exec.partition import CompiledPlan, PlanPartitioner, compile_options, offload_available
-from ..budget import budget_in_force, bytes_to_json
 from ..model import Plan, Trace
 from ..model.program import COMPILED, Prediction
 from ..planners.base import get_planner, plan_problem
@@ -79,7 +80,8 @@ def plan_compiled(problem: Problem, planner: str, offload: bool, params: dict) -
 class CompiledStep:
     """A training step whose model's forward runs compiled, under a plan lowered onto the compiler.
 
-    Call it like the step function, or use it as a context manager around a loop you own.
+    Call it like the step function (its first steps are metered and keep the budget), or use it as a
+    context manager around a loop you own (the compiled forward runs under the plan made first).
 
     Attributes:
         trace: the traced step. plan: the plan the compiled forward runs (the latest).
@@ -148,7 +150,7 @@ class CompiledStep:
             self._keep_budget(record["measured_peak_bytes"])
 
     def _keep_budget(self, measured: int) -> None:
-        """After a metered step: compile again under a new plan if it was over the budget."""
+        """After a metered step: compile again under the plan the keeper makes again (FitOnce), if any."""
         if self.keeper is None or self.keeper.settled:
             return
         lowered = self.compilations[self._current - 1]["partitioner"].report()
@@ -157,7 +159,8 @@ class CompiledStep:
         if plan is not None and (not self.keeper.filling or self._faster(plan)):
             self._lower(plan)
             return
-        self.keeper.settled = True
+        if plan is not None:
+            self.keeper.decline()
         if self.keeper.reverted:  # the first plan kept the budget, the second did not
             self._restore(self.compilations[-2])
         if not self.keeper.error and self.on_settled is not None:
@@ -260,7 +263,7 @@ def compiled_step(step_fn: Callable, inputs: tuple, trace: Trace, *, model, opti
     if plan is None:
         plan = plan_compiled(problem, planner, offload, params)
         if problem.limited and measure is not False:
-            keeper = FitOnce(budget_bytes=plan.budget_bytes, max_replans=COMPILATIONS - 1,
+            keeper = FitOnce(budget_bytes=plan.budget_bytes,
                              make_plan=lambda nbytes: plan_compiled(problem.at(nbytes), planner, offload, params))
     return CompiledStep(step_fn, model, optimizer, problem, plan, trace=trace, keeper=keeper, options=options,
                         signature=input_signature(inputs), device=device, measure=measure)

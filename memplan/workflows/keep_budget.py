@@ -93,7 +93,8 @@ class FitOnce(BudgetKeeper):
     it simulates faster): the larger of what its peak left and what the compiler saved for backward
     less than the plan assumed (`saved_excess`, negative then), since a compiled step's peak may be
     elsewhere (the optimizer's step) and hide how far its activations are under the budget. The second plan stands if its step keeps the budget; if it does not and the first
-    one did, `reverted` says to go back to the first (whose compiled graph is cached).
+    one did, `reverted` says to go back to the first (whose compiled graph is cached). One made to fill
+    that the caller does not use is `decline`d.
     """
 
     filling: bool = False  # the plan made again uses memory the first left: worth it only if faster
@@ -128,3 +129,7 @@ class FitOnce(BudgetKeeper):
         self.settled, self.filling = False, within
         self.margin_bytes, self.replanned = margin, 1
         return plan
+
+    def decline(self) -> None:
+        """The plan made again to fill the budget is not used (it would not be faster): settled as is."""
+        self.settled, self.filling, self.replanned, self.margin_bytes = True, False, 0, 0

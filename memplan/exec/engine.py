@@ -188,26 +188,33 @@ class InlineCopyEngine(CopyEngine):
 
 
 class CudaCopyEngine(CopyEngine):
-    """GPU engine: one CUDA stream per lane, CUDA events as tickets."""
+    """GPU engine: one CUDA stream per lane, CUDA events as tickets.
 
-    def __init__(self, device: torch.device | str | int | None = None):
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        self._streams = {lane: torch.cuda.Stream(self.device) for lane in LANES}
+    Args:
+        device: the CUDA device (None: the current one).
+        cuda: the CUDA runtime (torch.cuda; on the CPU, memplan.testing.cuda_rules' stand-in, which
+            checks CUDA's rules).
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None, cuda=torch.cuda):
+        self.cuda = cuda
+        self.device = torch.device("cuda", cuda.current_device()) if device is None else torch.device(device)
+        self._streams = {lane: cuda.Stream(self.device) for lane in LANES}
 
     def submit(self, lane, fn, *, after=None):
         stream = self._streams[lane]
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # rules 1 and 2
+        stream.wait_stream(self.cuda.current_stream(self.device))  # rules 1 and 2
         if after is not None:
             stream.wait_event(after)  # rule 3
-        with torch.cuda.stream(stream), torch.no_grad():
+        with self.cuda.stream(stream), torch.no_grad():
             fn()
-        event = torch.cuda.Event()
+        event = self.cuda.Event()
         event.record(stream)
         return event
 
     def wait(self, ticket):
         if ticket is not None:
-            torch.cuda.current_stream(self.device).wait_event(ticket)  # rule 4
+            self.cuda.current_stream(self.device).wait_event(ticket)  # rule 4
 
     def sync(self, ticket):
         if ticket is not None:

@@ -55,32 +55,31 @@ log = logging.getLogger(__name__)
 WARMUP_STEPS = 3  # eager steps before the capture (PyTorch's whole-network example warms up 3)
 
 
-def capturing() -> bool:
-    """True while the current CUDA stream is being captured."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
 class CaptureEngine(CudaCopyEngine):
     """CUDA copy lanes a capture can hold (rule 3); outside a capture, a CudaCopyEngine."""
 
+    def capturing(self) -> bool:
+        """True while the current stream is being captured."""
+        return self.cuda.is_available() and self.cuda.is_current_stream_capturing()
+
     def done(self, ticket) -> bool:
-        return True if capturing() else super().done(ticket)  # querying a captured event is an error
+        return True if self.capturing() else super().done(ticket)  # querying a captured event is an error
 
     def sync(self, ticket) -> None:
-        if capturing():
+        if self.capturing():
             self.wait(ticket)  # the device orders it: the host cannot wait for a captured copy
         else:
             super().sync(ticket)
 
     def drain(self) -> None:
-        if capturing():
+        if self.capturing():
             self.join()
         else:
             super().drain()
 
     def join(self) -> None:
         """Make the compute stream wait for every lane (a capture ends only with its streams joined)."""
-        current = torch.cuda.current_stream(self.device)
+        current = self.cuda.current_stream(self.device)
         for stream in self._streams.values():
             current.wait_stream(stream)
 
@@ -98,9 +97,10 @@ class GraphedStep:
     def __init__(self, run_step: Callable[[tuple], Any], runtime, device: torch.device | str):
         self.run_step = run_step
         self.runtime = runtime
+        self.cuda = runtime.engine.cuda  # torch.cuda, or the CPU stand-in that checks its rules
         self.device = torch.device(device)
-        self.stream = torch.cuda.Stream(self.device)  # warm-up and capture (rule 1)
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.stream = self.cuda.Stream(self.device)  # warm-up and capture (rule 1)
+        self.graph = None  # the CUDAGraph, once captured
         self.static = None  # the captured inputs (rule 2)
         self.outputs = None  # the captured outputs (rule 7)
         self.constants: list = []  # the captured inputs' other values (a graph replays them as captured)
@@ -110,9 +110,9 @@ class GraphedStep:
 
     def warm_up(self, inputs: tuple):
         """One eager step on the side stream (rule 1)."""
-        current = torch.cuda.current_stream(self.device)
+        current = self.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
-        with torch.cuda.stream(self.stream):
+        with self.cuda.stream(self.stream):
             out = self.run_step(inputs)
         current.wait_stream(self.stream)
         self.warmed += 1
@@ -123,23 +123,23 @@ class GraphedStep:
         self.static = tree_map_only(torch.Tensor, _static_copy, inputs)  # rule 2
         self.constants = constants_of(inputs)
         backup = _backup(self.runtime)
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize(self.device)
-        _reset_peaks(self.device)
+        graph = self.cuda.CUDAGraph()
+        self.cuda.synchronize(self.device)
+        _reset_peaks(self.cuda, self.device)
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
+            with self.cuda.graph(graph, stream=self.stream):
                 outputs = self.run_step(self.static)
                 self.runtime.engine.join()  # rule 3
         except Exception as exc:  # noqa: BLE001 - a capture that fails leaves the step eager, said in one line
             _recover(self.runtime, backup)
-            _release_generator(self.device)
+            _release_generator(self.cuda, self.device)
             return f"the capture failed: {_first_error(exc)}"
         self.graph, self.outputs = graph, outputs
         for entry in self.runtime.runner.entries.values():
             entry.d2h = entry.h2d = None  # events recorded in a capture serve no wait outside it (rule 3)
-        self.memory["capture"] = _peaks(self.device)
-        torch.cuda.empty_cache()  # blocks the warm-up cached and the capture freed outside its pool
-        _reset_peaks(self.device)
+        self.memory["capture"] = _peaks(self.cuda, self.device)
+        self.cuda.empty_cache()  # blocks the warm-up cached and the capture freed outside its pool
+        _reset_peaks(self.cuda, self.device)
         return ""
 
     def replay(self, inputs: tuple):
@@ -151,7 +151,7 @@ class GraphedStep:
             self.runtime.settle()  # storages brought back between steps (a state_dict) go to the host again
         self.graph.replay()
         self.replays += 1
-        peaks = _peaks(self.device)
+        peaks = _peaks(self.cuda, self.device)
         self.memory["replays"] = {k: _larger(v, self.memory.get("replays", {}).get(k)) for k, v in peaks.items()}
         return tree_map_only(torch.Tensor, lambda t: t.detach().clone(), self.outputs)
 
@@ -182,7 +182,7 @@ def _backup(runtime) -> list:
 
 def _recover(runtime, backup: list) -> None:
     """After a failed capture: persistent storages back as they were, the step's others forgotten (rule 8)."""
-    _synchronize(runtime.device)
+    _synchronize(runtime)
     runner, program = runtime.runner, runtime.program
     saved = {entry.sid: host for entry, host in backup}
     away_at_start = {program.decisions[k].storage for k in program.start_away}
@@ -200,7 +200,7 @@ def _recover(runtime, backup: list) -> None:
                     load(byte_view(storage), source)
         entry.state, entry.storage, entry.d2h, entry.h2d = Residency.RESIDENT, None, None, None
     runner.away.clear()
-    _synchronize(runtime.device)
+    _synchronize(runtime)
     runtime.settle()  # the storages kept on the host between steps go back there
 
 
@@ -218,36 +218,38 @@ def _first_error(exc: BaseException) -> str:
     return line(first) if first is exc else f"{line(first)} (then {line(exc)})"
 
 
-def _release_generator(device: torch.device) -> None:
+def _release_generator(cuda, device: torch.device) -> None:
     """A capture that fails leaves the device's default generator in capture mode (PyTorch ends that mode
     only when a capture ends well): every later random op outside a capture would fail ("Offset
     increment outside graph capture"). A fresh copy of its state is out of capture mode."""
-    if device.type != "cuda":
+    if not cuda.default_generators:  # the CPU stand-in: the CPU generator takes no part in a capture
         return
-    generator = torch.cuda.default_generators[torch.cuda.current_device() if device.index is None else device.index]
+    generator = cuda.default_generators[cuda.current_device() if device.index is None else device.index]
     try:
         generator.graphsafe_set_state(generator.clone_state())
     except RuntimeError as exc:  # a torch without graph-safe generator states
         log.warning("after the failed capture the CUDA generator could not be reset: %s", exc)
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _synchronize(runtime) -> None:
+    """Wait for the runtime's device (a runtime without CUDA lanes: nothing to wait for)."""
+    cuda = getattr(runtime.engine, "cuda", None)
+    if cuda is not None:
+        cuda.synchronize(runtime.engine.device)
 
 
-def _reset_peaks(device: torch.device) -> None:
+def _reset_peaks(cuda, device: torch.device) -> None:
     try:
-        torch.cuda.reset_peak_memory_stats(device)
+        cuda.reset_peak_memory_stats(device)
     except RuntimeError:  # a pluggable allocator (the pool) keeps no statistics
         pass
 
 
-def _peaks(device: torch.device) -> dict:
+def _peaks(cuda, device: torch.device) -> dict:
     """The allocator's peaks since the last reset (None under a pluggable allocator, which has none)."""
     try:
-        return {"allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
-                "reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
+        return {"allocated_bytes": int(cuda.max_memory_allocated(device)),
+                "reserved_bytes": int(cuda.max_memory_reserved(device))}
     except RuntimeError:
         return {"allocated_bytes": None, "reserved_bytes": None}
 

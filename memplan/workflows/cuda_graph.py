@@ -20,6 +20,7 @@ import torch
 
 from ..errors import MemplanError
 from ..exec.capturable import CaptureCheck, Refusal, check_program, check_step, input_change
+from ..exec.engine import CudaCopyEngine
 from ..exec.graph_schedule import capture_schedule
 from ..exec.graphed import WARMUP_STEPS, CaptureEngine, GraphedStep, constants_of
 from ..sim.replayed import replay_time_s
@@ -50,13 +51,16 @@ class CudaGraphs:
         device: where the step runs.
         check: the step's capturability (memplan.exec.capturable.check_step).
         fake: the step was traced on fake tensors only (nothing to capture).
+        cuda: the CUDA runtime (None: torch.cuda; memplan.testing.cuda_rules' CPU stand-in runs the copy
+            lanes on itself even when nothing is captured).
     Raises:
         MemplanError: mode "on" and a step that cannot be captured.
     """
 
-    def __init__(self, mode: str, device: torch.device, check: CaptureCheck, fake: bool = False):
+    def __init__(self, mode: str, device: torch.device, check: CaptureCheck, fake: bool = False, cuda=None):
         self.mode = mode
         self.device = device
+        self.cuda = cuda
         self.check = check
         self.graphed: GraphedStep | None = None
         self.refused_calls = 0
@@ -71,7 +75,9 @@ class CudaGraphs:
 
     def engine(self):
         """The copy engine a runtime of this step needs (None: the device's own)."""
-        return CaptureEngine(self.device) if self.active else None
+        if self.active:
+            return CaptureEngine(self.device, cuda=self.cuda or torch.cuda)
+        return None if self.cuda is None else CudaCopyEngine(self.device, cuda=self.cuda)
 
     def own_loop(self) -> None:
         """A loop the user owns runs the step: nothing is captured ("on": an error)."""
@@ -146,3 +152,13 @@ def changed_inputs(graphs: CudaGraphs, signature: tuple, inputs: tuple) -> None:
         refusal = input_change(signature, input_signature(inputs))
         if refusal is not None:
             graphs.refuse_call(refusal)
+
+
+def on_cuda_runtime(step, cuda, mode: str = "on") -> None:
+    """Run OptimizedStep `step` (its tensors on the CPU) as it runs on CUDA with `cuda_graph` `mode`,
+    with `cuda` as its CUDA runtime: memplan.testing.cuda_rules' stand-in checks every copy lane,
+    event and capture against CUDA's rules. From the next call on; its plan runs anew (re-settled)."""
+    check = check_step(step.trace, step.program, optimizer=step.runtime.optimizer, signature=step.signature,
+                       device="cpu")  # the stand-in's tensors are on the CPU
+    step.graphs = CudaGraphs(mode, torch.device("cuda"), check, cuda=cuda)
+    step._run_plan(step.plan)

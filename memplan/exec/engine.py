@@ -21,7 +21,9 @@ NOTE stream safety -- the whole argument, in one place:
     (CUDA: the compute stream waits on the event, on the device; CPU: blocks on the Future).
  5. Device memory a swap-out reads is freed only after the copy finished: the program's
     release calls `wait(ticket)` before freeing (CUDA: the compute stream waits for the
-    copy's event, on the device, and the host runs on; CPU: blocks on the Future). A block
+    copy's event, on the device, and the host runs on; CPU: blocks on the Future), and so
+    does a prefetch that finds the copy not yet released (the storage stays, and the
+    framework may free it any time after). A block
     freed on the compute stream goes only to later work of that stream (PyTorch's
     allocators keep per-stream pools; a pool's slots are used by compute-stream work), all
     of it ordered after the copy. A host wait here (`sync`) would drain the device queue

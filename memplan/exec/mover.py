@@ -101,6 +101,7 @@ class Mover:
     def _prefetch(self, entry: MovedStorage, k: int, found=None) -> None:
         if entry.state == Residency.LEAVING:  # fetched before its swap-out was released: it never left
             self.engine.cancel(entry.d2h)
+            self.engine.wait(entry.d2h)  # a copy still reading it ends before its memory can be freed (rule 5)
             self._resident(entry)
             self.stats.kept += 1
         if entry.state != Residency.AWAY:

@@ -16,9 +16,14 @@ NOTE what the capture relies on (cited as "rule N"):
     host slab (memplan.exec.runtime) and the static inputs (device copies of the batch).
  3. No host wait inside the capture: a release waits for its swap-out's event on the device
     (memplan.exec.engine, rule 5), and `CaptureEngine` never queries an event recorded in a
-    capture nor blocks on one; every lane is joined to the capture stream before it ends, so
-    a replay's copies are done before the stream's next work, and an eager step after it
-    (a refused call) waits for no event recorded in the capture: their tickets are dropped.
+    capture nor blocks on one. No stream in the capture waits on an event recorded outside it
+    (CUDA forbids it): a ticket from before the capture (an earlier step's swap-out, a lane
+    that never joined) is not waited on, and need not be: its copy is done, since the capture
+    begins after a device synchronize and each replay is launched behind the work that wrote
+    it. Every lane that joined the capture is joined back to the capture stream before it
+    ends, so a replay's copies are done before the stream's next work, and an eager step
+    after it (a refused call) waits for no event recorded in the capture: their tickets are
+    dropped.
  4. Memory: what the step allocates during the capture comes from the graph's private pool
     (or, under the pool allocator, the plan's arena); a block freed during the capture serves
     later requests of the same capture, so the pool holds the step's peak. A replay allocates
@@ -58,6 +63,32 @@ WARMUP_STEPS = 3  # eager steps before the capture (PyTorch's whole-network exam
 class CaptureEngine(CudaCopyEngine):
     """CUDA copy lanes a capture can hold (rule 3); outside a capture, a CudaCopyEngine."""
 
+    def __init__(self, device=None, cuda=torch.cuda):
+        super().__init__(device, cuda)
+        self._captured: dict[int, object] = {}  # the tickets recorded in the capture underway, by id
+        self._joined: set[str] = set()  # lanes that joined it
+
+    def submit(self, lane, fn, *, after=None):
+        if not self.capturing():
+            return super().submit(lane, fn, after=after)
+        ticket = super().submit(lane, fn, after=self._in_capture(after))  # the lane joins the capture
+        self._joined.add(lane)
+        self._captured[id(ticket)] = ticket  # held: no other ticket takes its id during the capture
+        return ticket
+
+    def wait(self, ticket) -> None:
+        super().wait(self._in_capture(ticket) if self.capturing() else ticket)
+
+    def _in_capture(self, ticket):
+        """`ticket` if the capture underway recorded it; None for one recorded before it, which a capturing
+        stream may not wait on and need not: its copy is done (rule 3)."""
+        return ticket if ticket is not None and id(ticket) in self._captured else None
+
+    def begin_capture(self) -> None:
+        """A capture begins: no ticket is its yet, no lane has joined it."""
+        self._captured.clear()
+        self._joined.clear()
+
     def capturing(self) -> bool:
         """True while the current stream is being captured."""
         return self.cuda.is_available() and self.cuda.is_current_stream_capturing()
@@ -78,10 +109,12 @@ class CaptureEngine(CudaCopyEngine):
             super().drain()
 
     def join(self) -> None:
-        """Make the compute stream wait for every lane (a capture ends only with its streams joined)."""
+        """Make the compute stream wait for every lane that joined the capture (a capture ends only with
+        its streams joined; one that never joined it must not be waited on inside it)."""
         current = self.cuda.current_stream(self.device)
-        for stream in self._streams.values():
-            current.wait_stream(stream)
+        for lane in sorted(self._joined):
+            current.wait_stream(self._streams[lane])
+        self._joined.clear()
 
 
 class GraphedStep:
@@ -126,6 +159,7 @@ class GraphedStep:
         graph = self.cuda.CUDAGraph()
         self.cuda.synchronize(self.device)
         _reset_peaks(self.cuda, self.device)
+        self.runtime.engine.begin_capture()
         try:
             with self.cuda.graph(graph, stream=self.stream):
                 outputs = self.run_step(self.static)

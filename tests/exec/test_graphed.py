@@ -1,0 +1,65 @@
+"""The planned step captured and replayed (memplan.exec.graphed) under CUDA's rules, on the CPU: the
+copy lanes, events and capture run on memplan.testing.cuda_rules' stand-in, which fails where a GPU
+fails (issue 51). The step's ops run on the CPU when warmed up and captured; a replay checks and counts."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from memplan.errors import MemplanError
+from memplan.exec.graphed import WARMUP_STEPS
+from memplan.model import Decision, Plan
+from memplan.testing.cuda_rules import CudaRules
+from memplan.workflows.cuda_graph import on_cuda_runtime
+from memplan.workflows.optimize import optimize, trace_step
+
+from tests.exec.helpers import batches, swap_all_plan, tiny_workload
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    w = tiny_workload()
+    return trace_step(w.step, w.inputs, w.model, w.optimizer)
+
+
+def _param(trace, name: str) -> int:
+    return next(o.storage for o in trace.owners if o.kind == "param" and o.name == name)
+
+
+def wrap_plan(trace, name: str = "stem.0.weight") -> Plan:
+    """Parameter `name` on the host between steps: sent away after its last use, fetched before its first."""
+    sid = _param(trace, name)
+    acc = trace.accesses[sid]
+    return Plan(decisions=(Decision(storage=sid, action="swap", out_after=acc[-1], back_before=acc[0]),),
+                planner="test", trace_digest=trace.digest)
+
+
+def _graphed(trace, plan, mode="on", **options):
+    """The tiny workload's step under `plan`, on the CUDA stand-in with `cuda_graph` `mode`."""
+    w, rules = tiny_workload(), CudaRules()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=trace, **options)
+    with rules:
+        on_cuda_runtime(step, rules, mode)
+    return w, step, rules
+
+
+def _run(w, step, rules, k: int = WARMUP_STEPS + 3) -> dict:
+    with rules:
+        for x in batches(w, k):
+            step(*x)
+    return step.stats()["cuda_graph"]
+
+
+@pytest.mark.parametrize("planned", ["none", "wrap-around swap", "activation swaps"])
+def test_a_planned_step_is_captured_under_cudas_rules(tiny, planned):
+    """Finding 1: the capture waited on events recorded outside it (lanes that never joined it, a prefetch
+    after the previous step's swap-out), which a capturing stream may not: every capture failed."""
+    plan = {"none": None, "wrap-around swap": wrap_plan(tiny), "activation swaps": swap_all_plan(tiny)}[planned]
+    w, step, rules = _graphed(tiny, plan, planner="none")
+    graph = _run(w, step, rules)
+    assert graph["captured"] and graph["replays"] == 3 and graph["warmup_steps"] == WARMUP_STEPS
+    assert rules.captures_underway == [] and not rules.capturing
+    step.close()

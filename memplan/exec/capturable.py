@@ -16,7 +16,10 @@ inputs of the captured shapes. So a step is refused, with one line per cause, fo
   (Adam, AdamW, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Adadelta); SGD keeps none; any
   other is not known to be capturable;
 - a plan that compresses a swapped storage (zero-value compression sizes its output by the
-  data: memplan.exec.compress);
+  data: memplan.exec.compress), or that swaps within the step a storage the step begins with (a
+  parameter, optimizer state, an input): its refill lands in the graph's pool, while a replay's
+  ops before the swap read it at its address from before the capture (a gap across the
+  iteration boundary is fine: the storage lives in the pool throughout);
 - inputs on the CPU of a step on the GPU (their copy to the device waits for the host);
 - at a step's call, inputs of another shape or dtype than the captured ones (`input_change`).
 
@@ -49,6 +52,11 @@ REPEATS_CAUSE = ("with a tensor of repeats its output size depends on the data u
 GRAD_SCALER = ("aten._amp_foreach_non_finite_check_and_unscale_", "aten._amp_update_scale_")
 GRAD_SCALER_CAUSE = ("a GradScaler: its step reads on the host whether the gradients overflowed, to skip the "
                      "optimizer step")
+COMPRESSED = "compresses its host copy, whose size depends on the data (zero-value compression)"
+MOVED = ("swaps a {kind} within the step: its refill lands elsewhere, in the graph's pool, while a replay's "
+         "ops before the swap read it where it was before the capture (keep it on the host between steps, or "
+         "run eagerly)")
+KIND_NAMES = {"param": "parameter", "grad": "gradient"}
 STATELESS_OPTIMIZERS = ("SGD",)  # torch optimizers whose step is device kernels only (no step count)
 
 
@@ -104,7 +112,7 @@ def check_step(trace: Trace, program: StepProgram | None = None, *, optimizer=No
     """
     refusals = check_trace(trace) + check_optimizer(optimizer) + check_inputs(signature, device)
     if program is not None:
-        refusals += check_program(program)
+        refusals += check_program(program, trace)
     return CaptureCheck(refusals=tuple(refusals))
 
 
@@ -160,11 +168,25 @@ def check_inputs(signature: tuple, device: str) -> list[Refusal]:
             for i, s in enumerate(signature) if s[2] == "cpu"]
 
 
-def check_program(program: StepProgram) -> list[Refusal]:
-    """Decisions of the plan a graph cannot run: compressed swaps."""
-    return [Refusal(what=f"decision {k} (storage {d.storage})",
-                    cause="compresses its host copy, whose size depends on the data (zero-value compression)")
-            for k, d in enumerate(program.decisions) if d.action == "swap" and d.compress_ratio is not None]
+def check_program(program: StepProgram, trace: Trace | None = None) -> list[Refusal]:
+    """Decisions of the plan a graph cannot run: compressed swaps, and (given the trace) swaps within the
+    step of a storage that exists before it."""
+    out = []
+    for k, d in enumerate(program.decisions):
+        if d.action != "swap":
+            continue
+        if d.compress_ratio is not None:
+            out.append(Refusal(what=f"decision {k} (storage {d.storage})", cause=COMPRESSED))
+        elif trace is not None and not d.wraps and _before_the_step(trace.storages[d.storage]):
+            kind = trace.storages[d.storage].kind
+            out.append(Refusal(what=f"decision {k} (storage {d.storage})", cause=MOVED.format(
+                kind=KIND_NAMES.get(kind, kind.replace("_", " ")))))
+    return out
+
+
+def _before_the_step(storage) -> bool:
+    """Whether a storage exists before the step begins (allocated outside a capture of it)."""
+    return storage.persistent or storage.kind == "input"
 
 
 def input_change(captured: tuple, signature: tuple) -> Refusal | None:

@@ -102,7 +102,7 @@ class CudaGraphs:
             step.keep_budget()
             return out
         if g.graph is None:
-            why = next((r.line() for r in check_program(step.program)), "") or g.capture(inputs)
+            why = next((r.line() for r in check_program(step.program, step.trace)), "") or g.capture(inputs)
             if why:
                 self._give_up(why)
                 return step.run_planned(inputs)

@@ -63,3 +63,22 @@ def test_a_planned_step_is_captured_under_cudas_rules(tiny, planned):
     assert graph["captured"] and graph["replays"] == 3 and graph["warmup_steps"] == WARMUP_STEPS
     assert rules.captures_underway == [] and not rules.capturing
     step.close()
+
+
+def test_a_parameter_swapped_inside_the_step_is_refused(tiny):
+    """Found by the stand-in: a replay reads a parameter the plan swaps between its forward and its
+    backward at its address from before the capture, where the swap freed it (the refill is elsewhere,
+    in the graph's pool): a GPU's replays would train on a stale, freed copy. Such a plan is refused."""
+    sid = _param(tiny, "head.weight")
+    acc = tiny.accesses[sid]
+    out = max(i for i in acc if tiny.ops[i].phase == "forward")
+    back = min(i for i in acc if tiny.ops[i].phase == "backward")
+    plan = Plan(decisions=(Decision(storage=sid, action="swap", out_after=out, back_before=back),), planner="test",
+                trace_digest=tiny.digest)
+    with pytest.raises(MemplanError, match=f"decision 0 \\(storage {sid}\\): swaps a parameter within the step"):
+        _graphed(tiny, plan)
+    w, step, rules = _graphed(tiny, plan, mode="auto")
+    graph = _run(w, step, rules)
+    assert not graph["captured"] and "swaps a parameter within the step" in graph["reason"]
+    assert step.stats()["swapped_out"] > 0
+    step.close()

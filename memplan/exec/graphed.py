@@ -39,6 +39,15 @@ NOTE what the capture relies on (cited as "rule N"):
     failed capture restores the persistent storages the program moves (from copies taken
     before it, or for those kept on the host between steps from their host copies), forgets
     the step's other storages, and the step runs eagerly.
+ 9. A failed capture leaves no capture behind: when the capture broke, CUDAGraph::capture_end
+    raises before it tells the allocator the capture ended, so the allocator would keep
+    routing to the graph's pool (its memory reserved, frees deferred); the capture uses a pool
+    of its own (`graph_pool_handle`), whose routing is ended and which is released, and the
+    generator leaves capture mode.
+ 10. Only a captured step that kept its plan is replayed: one that diverged or left planned
+    actions undone is dropped as a failed capture is (rule 8), since every replay would repeat it.
+ 11. A replay needs the runtime it was captured with: after close() (the slab released, the
+    storages back at other addresses) a call is an error and the graph is released.
 """
 
 from __future__ import annotations
@@ -156,25 +165,44 @@ class GraphedStep:
         self.static = tree_map_only(torch.Tensor, _static_copy, inputs)  # rule 2
         self.constants = constants_of(inputs)
         backup = _backup(self.runtime)
-        graph = self.cuda.CUDAGraph()
+        graph, pool = self.cuda.CUDAGraph(), self.cuda.graph_pool_handle()  # a pool of its own (rule 9)
         self.cuda.synchronize(self.device)
         _reset_peaks(self.cuda, self.device)
         self.runtime.engine.begin_capture()
         try:
-            with self.cuda.graph(graph, stream=self.stream):
+            with self.cuda.graph(graph, pool=pool, stream=self.stream):
                 outputs = self.run_step(self.static)
                 self.runtime.engine.join()  # rule 3
         except Exception as exc:  # noqa: BLE001 - a capture that fails leaves the step eager, said in one line
-            _recover(self.runtime, backup)
-            _release_generator(self.cuda, self.device)
+            self._abandon(backup, pool, broken=True)
             return f"the capture failed: {_first_error(exc)}"
-        self.graph, self.outputs = graph, outputs
         for entry in self.runtime.runner.entries.values():
             entry.d2h = entry.h2d = None  # events recorded in a capture serve no wait outside it (rule 3)
+        left = _left_plan(self.runtime.steps[-1])
+        if left:  # rule 10
+            graph.reset()
+            self._abandon(backup, pool)
+            return f"the captured step left its plan ({left})"
+        self.graph, self.outputs = graph, outputs
         self.memory["capture"] = _peaks(self.cuda, self.device)
         self.cuda.empty_cache()  # blocks the warm-up cached and the capture freed outside its pool
         _reset_peaks(self.cuda, self.device)
         return ""
+
+    def _abandon(self, backup: list, pool, broken: bool = False) -> None:
+        """Nothing of a capture stays: the moved storages as they were (rule 8), no allocator routing to its
+        pool nor the pool itself, and (`broken`: a capture that failed) the generator out of capture (rule 9)."""
+        _recover(self.runtime, backup)
+        if broken:
+            _release_generator(self.cuda, self.device)
+        _leave_pool(self.cuda, self.device, pool)
+        self.cuda.empty_cache()
+
+    def release(self) -> None:
+        """Drop the graph and its pool (rule 11)."""
+        if self.graph is not None:
+            self.graph.reset()
+            self.graph = None
 
     def replay(self, inputs: tuple):
         """Copy `inputs` into the static inputs, replay the step, return copies of its outputs (rule 7)."""
@@ -250,6 +278,28 @@ def _first_error(exc: BaseException) -> str:
         return f"{type(e).__name__}: {text[0] if text else ''}"
 
     return line(first) if first is exc else f"{line(first)} (then {line(exc)})"
+
+
+def _left_plan(record: dict) -> str:
+    """How a step's record says it left its plan ("" if it kept it)."""
+    if record.get("diverged"):
+        return "it diverged"
+    if record.get("unresolved"):
+        return f"{record['unresolved']} planned actions found no storage"
+    return ""
+
+
+def _leave_pool(cuda, device: torch.device, pool) -> None:
+    """After a failed capture: if the allocator still routes to the capture's `pool` (capture_end raised
+    before telling it), end that and release the pool (rule 9); else the dropped graph releases it."""
+    memory = cuda.memory
+    end = getattr(memory, "_cuda_endAllocateToPool", None) or getattr(memory, "_cuda_endAllocateCurrentStreamToPool")
+    index = cuda.current_device() if device.index is None else device.index
+    try:
+        end(index, pool)
+    except RuntimeError:  # "not currently recording to mempool_id": the capture ended
+        return
+    memory._cuda_releasePool(index, pool)
 
 
 def _release_generator(cuda, device: torch.device) -> None:

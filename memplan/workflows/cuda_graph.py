@@ -93,7 +93,13 @@ class CudaGraphs:
             log.warning("%s%s; such calls run eagerly", PREFIX, refusal.line())
 
     def run(self, step, inputs: tuple):
-        """One call of OptimizedStep `step`: a warm-up step, the capture, or a replay."""
+        """One call of OptimizedStep `step`: a warm-up step, the capture, or a replay.
+
+        Raises:
+            RuntimeError: the step was closed (its graph would replay into released memory).
+        """
+        if step.runtime.closed:
+            raise RuntimeError("this PlanRuntime was closed")
         g = self.graphed
         if g is None or g.runtime is not step.runtime:  # a new plan warms up and is captured anew
             g = self.graphed = GraphedStep(step.run_installed, step.runtime, self.device)
@@ -111,6 +117,11 @@ class CudaGraphs:
                                      cause="differs from the captured one (a graph replays the values it captured)"))
             return step.run_planned(inputs)
         return g.replay(inputs)
+
+    def close(self) -> None:
+        """Release the graph (memplan.exec.graphed, rule 11)."""
+        if self.graphed is not None:
+            self.graphed.release()
 
     def _give_up(self, reason: str) -> None:
         if self.mode == "on":

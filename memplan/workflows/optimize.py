@@ -210,7 +210,9 @@ class OptimizedStep:
         self.runtime.restore()
 
     def close(self) -> None:
-        """Bring everything back to the device; release the host slabs and the copy lanes."""
+        """Bring everything back to the device; release the CUDA graph, the host slabs and the copy lanes."""
+        if self.graphs is not None:
+            self.graphs.close()
         self.runtime.close()
 
 

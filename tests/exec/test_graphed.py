@@ -82,3 +82,69 @@ def test_a_parameter_swapped_inside_the_step_is_refused(tiny):
     assert not graph["captured"] and "swaps a parameter within the step" in graph["reason"]
     assert step.stats()["swapped_out"] > 0
     step.close()
+
+
+def _masked_step(w, calls: list, on_call: int):
+    """The tiny workload's step, which at call `on_call` (counted in `calls`) also indexes with a boolean
+    mask: a host read a trace does not show, which makes that call's capture fail."""
+
+    def step(x, y):
+        calls[0] += 1
+        w.optimizer.zero_grad()
+        out = w.model(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        if calls[0] == on_call:
+            loss = loss + out[out > 1e9].sum()
+        loss.backward()
+        w.optimizer.step()
+
+    return step
+
+
+def test_a_failed_capture_leaves_no_allocator_routing_to_its_pool():
+    """Finding 5: CUDAGraph::capture_end raises before the allocator leaves the capture's pool when the
+    capture broke: the pool stayed reserved and the eager steps after it ran with a capture underway."""
+    w, rules, calls = tiny_workload(), CudaRules(), [0]
+    step = optimize(_masked_step(w, calls, on_call=WARMUP_STEPS + 1), *w.inputs, model=w.model,
+                    optimizer=w.optimizer, planner="none")
+    calls[0] = 0  # the calls optimize made to trace it
+    with rules:
+        on_cuda_runtime(step, rules, "auto")
+    graph = _run(w, step, rules)
+    assert not graph["captured"] and "reads a device value on the host" in graph["reason"]
+    assert rules.captures_underway == [] and len(rules.released_pools) == 1
+    step.close()
+
+
+def test_a_step_that_leaves_its_plan_is_not_captured(tiny, caplog):
+    """Finding 7: a captured step that diverged (or left actions undone) would be replayed forever."""
+    w, rules = tiny_workload(), CudaRules()
+    calls = [0]
+
+    def step_fn(x, y):
+        calls[0] += 1
+        if calls[0] == WARMUP_STEPS + 1:  # the captured call runs ops the trace does not have
+            for _ in range(100):
+                x = x + 0
+        w.step(x, y)
+
+    step = optimize(step_fn, *w.inputs, model=w.model, optimizer=w.optimizer, plan=swap_all_plan(tiny), trace=tiny,
+                    executor="interpreted")
+    calls[0] = 0
+    with rules:
+        on_cuda_runtime(step, rules, "auto")
+    with caplog.at_level(logging.WARNING):
+        graph = _run(w, step, rules)
+    assert not graph["captured"] and graph["reason"] == "the captured step left its plan (it diverged)"
+    assert step.stats()["diverged_steps"] == 1
+    step.close()
+
+
+def test_a_call_after_close_is_an_error_not_a_replay(tiny):
+    """Finding 12: a replay after close() would run the graph into the released host slab and the
+    storages close() brought back elsewhere."""
+    w, step, rules = _graphed(tiny, wrap_plan(tiny), planner="none")
+    assert _run(w, step, rules)["captured"]
+    step.close()
+    with rules, pytest.raises(RuntimeError, match="this PlanRuntime was closed"):
+        step(*w.inputs)

@@ -373,6 +373,9 @@ class CpuGraphed:
         self.replays += 1
         return self.run_step(inputs)
 
+    def release(self):
+        self.graph = None
+
     def report(self):
         return {"warmup_steps": self.warmed, "replays": self.replays, "memory": {}}
 

@@ -10,6 +10,8 @@ op in a dispatch mode (memplan.exec.runner) or at autograd's hooks (memplan.exec
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -47,6 +49,7 @@ class Mover:
         self.entries = {d.storage: MovedStorage(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
                                                 dtype=trace.storages[d.storage].dtype) for d in program.decisions}
         self.away: dict[int, MovedStorage] = {}  # storage address -> entry, for every storage not resident
+        self.moving = False  # the mover's own copies run: their ops are not the step's (memplan.exec.runner)
         self.stats = ExecStats()
         self.finder = StorageFinder(trace, self.stats, model, optimizer)
 
@@ -145,14 +148,15 @@ class Mover:
         release follows at once unless `release` is false)."""
         d = self.program.decisions[k]
         region = self.slab.region(k)
-        src = byte_view(storage)
         self._leave(entry, storage, k, Residency.LEAVING)
-        typed = typed_bytes(src, entry.dtype) if d.compress_ratio is not None else None
+        with self._own_work():
+            src = byte_view(storage)
+            typed = typed_bytes(src, entry.dtype) if d.compress_ratio is not None else None
 
-        def job():
-            entry.host_copy = store(src, typed, region)
+            def job():
+                entry.host_copy = store(src, typed, region)
 
-        entry.d2h = self.engine.submit("d2h", job)
+            entry.d2h = self.engine.submit("d2h", job)
         self.stats.swapped_out += 1
         self.stats.swapped_out_bytes += entry.nbytes
         self.stats.link_bytes += entry.nbytes
@@ -161,15 +165,27 @@ class Mover:
 
     def _copy_in(self, entry: MovedStorage) -> None:
         """Allocate the storage again and start copying its bytes back."""
-        entry.storage.resize_(entry.real_nbytes)
-        dst = byte_view(entry.storage)
+        with self._own_work():
+            entry.storage.resize_(entry.real_nbytes)
+            dst = byte_view(entry.storage)
 
-        def job():
-            load(dst, entry.host_copy)
+            def job():
+                load(dst, entry.host_copy)
 
-        entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
+            entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
         entry.state = Residency.COMING
         self.stats.link_bytes += entry.nbytes
+
+    @contextlib.contextmanager
+    def _own_work(self):
+        """The mover's copies: a dispatch mode of the executor lets their ops through unseen (else a copy
+        back of a storage away would meet the mode's guard, which would bring the same storage back from
+        inside its own copy)."""
+        was, self.moving = self.moving, True
+        try:
+            yield
+        finally:
+            self.moving = was
 
     def _leave(self, entry: MovedStorage, storage: torch.UntypedStorage, k: int, state: str) -> None:
         """The storage stops being resident: from now on no op may touch it (see `_guard`)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import warnings
 from typing import Callable
@@ -50,6 +51,7 @@ from ..problem import DEFAULT_PROFILE, Problem
 from ..sim.program import compile_program
 from .cuda_graph import CudaGraphs, changed_inputs, check_mode, graphs_for
 from .keep_budget import BudgetKeeper
+from .memory_cap import RESERVED_TOLERANCE
 from .step_trace import (device_of, find_in_step, input_signature, is_fake, load_trace, model_of,
                          prime_optimizer_state, trace_step)
 
@@ -153,7 +155,7 @@ class OptimizedStep:
         """After a measured step: plan again if it was over the budget (memplan.workflows.keep_budget)."""
         if self.keeper is None or self.keeper.settled:
             return
-        measured = self.runtime.steps[-1].get("measured_peak_bytes")
+        measured = judged_bytes(self.runtime.steps[-1])
         if measured is None:
             return
         plan = self.keeper.after_step(measured, self.program.predicted.peak_load_bytes)
@@ -314,6 +316,16 @@ def _bound(step_fn: Callable, inputs: tuple, trace: Trace, plan: Plan, cost: Cos
         runtime.settle()  # the first step starts as every later one does
     return OptimizedStep(step_fn, trace, plan, runtime, input_signature(inputs), model, keeper=keeper, cost=cost,
                          measure=measure, hooks=hooks, graphs=graphs)
+
+
+def judged_bytes(record: dict) -> int | None:
+    """What a measured step is judged on against the budget: its allocated peak, and on a GPU its reserved
+    peak less the share the allocator may hold beyond the budget (memplan.workflows.memory_cap): what
+    `hold_reserved` then enforces is what a step that kept the budget held. None: not measured."""
+    allocated, reserved = record.get("measured_peak_bytes"), record.get("measured_peak_reserved_bytes")
+    if allocated is None or reserved is None:
+        return allocated
+    return max(allocated, math.ceil(reserved / (1 + RESERVED_TOLERANCE)))
 
 
 def _hooked(executor: str, model) -> bool:

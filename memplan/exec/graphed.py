@@ -26,7 +26,11 @@ NOTE what the capture relies on (cited as "rule N"):
     dropped.
  4. Memory: what the step allocates during the capture comes from the graph's private pool
     (or, under the pool allocator, the plan's arena); a block freed during the capture serves
-    later requests of the same capture, so the pool holds the step's peak. A replay allocates
+    later requests of the same capture, so the pool holds the step's peak. torch.cuda.graph
+    empties the allocator's cache before the capture begins. cuBLAS holds a workspace per
+    (handle, stream): those of the streams used before the first warm-up (op timing, eager
+    steps) are released then, so the step holds its side stream's only, as its trace counts
+    them (memplan.cost.device_memory). A replay allocates
     nothing and uses the same addresses: storages the program frees and allocates again are
     at the addresses of the capture in every replay.
  5. RNG: the default CUDA generator is graph-safe: a replay advances its offset by what the
@@ -151,7 +155,10 @@ class GraphedStep:
         self.memory: dict = {}  # "capture" and "replays": allocator peaks
 
     def warm_up(self, inputs: tuple):
-        """One eager step on the side stream (rule 1)."""
+        """One eager step on the side stream (rule 1); before the first, the cuBLAS workspaces of the
+        streams used so far go (rule 4)."""
+        if self.warmed == 0:
+            _clear_cublas_workspaces(self.cuda)
         current = self.cuda.current_stream(self.device)
         self.stream.wait_stream(current)
         with self.cuda.stream(self.stream):
@@ -278,6 +285,14 @@ def _first_error(exc: BaseException) -> str:
         return f"{type(e).__name__}: {text[0] if text else ''}"
 
     return line(first) if first is exc else f"{line(first)} (then {line(exc)})"
+
+
+def _clear_cublas_workspaces(cuda) -> None:
+    """Release cuBLAS's workspaces (torch._C's call; the CPU stand-in keeps its own; rule 4)."""
+    clear = getattr(cuda, "_cuda_clearCublasWorkspaces", None) or getattr(torch._C, "_cuda_clearCublasWorkspaces",
+                                                                           None)
+    if clear is not None:
+        clear()
 
 
 def _left_plan(record: dict) -> str:

@@ -148,3 +148,16 @@ def test_a_call_after_close_is_an_error_not_a_replay(tiny):
     step.close()
     with rules, pytest.raises(RuntimeError, match="this PlanRuntime was closed"):
         step(*w.inputs)
+
+
+def test_the_captured_step_holds_only_its_own_streams_cublas_workspaces(tiny):
+    """Finding 4: cuBLAS keeps a workspace per (handle, stream); the step's side stream made new ones while
+    those of the streams before it (the op timing's, eager steps') stayed, beyond what the trace counts
+    (memplan.cost.device_memory: one per thread that runs matrix products)."""
+    w, step, rules = _graphed(tiny, None, planner="none")
+    with rules:
+        w.step(*w.inputs)  # an eager step on the default stream: its workspace exists
+    assert {stream for _, stream in rules.workspaces} == {rules.default}
+    assert _run(w, step, rules)["captured"]
+    assert {stream for _, stream in rules.workspaces} == {step.graphs.graphed.stream}
+    step.close()

@@ -21,7 +21,9 @@ inputs of the captured shapes. So a step is refused, with one line per cause, fo
   ops before the swap read it at its address from before the capture (a gap across the
   iteration boundary is fine: the storage lives in the pool throughout);
 - inputs on the CPU of a step on the GPU (their copy to the device waits for the host);
-- at a step's call, inputs of another shape or dtype than the captured ones (`input_change`).
+- at a step's call, inputs of another shape or dtype than the captured ones (`input_change`), or
+  an optimizer whose number hyper-parameters (a float lr a scheduler changed) differ from the
+  captured ones (`hyper_change`): a replay would use the captured values.
 
 What a trace cannot show (a boolean mask index, a copy to the host) makes the capture itself
 fail: memplan.exec.graphed says so in the same one-line form.
@@ -187,6 +189,33 @@ def check_program(program: StepProgram, trace: Trace | None = None) -> list[Refu
 def _before_the_step(storage) -> bool:
     """Whether a storage exists before the step begins (allocated outside a capture of it)."""
     return storage.persistent or storage.kind == "input"
+
+
+def hyper_parameters(optimizer) -> dict:
+    """The optimizer's hyper-parameters a graph holds as captured: each group's numbers and tuples of numbers
+    (a float lr, betas), by (group, name). Tensors are read by the kernels at every replay: not among them."""
+    if optimizer is None:
+        return {}
+    return {(g, name): value for g, group in enumerate(optimizer.param_groups) for name, value in group.items()
+            if name != "params" and _number(value)}
+
+
+def hyper_change(captured: dict, optimizer) -> Refusal | None:
+    """The first hyper-parameter of `optimizer` that differs from the `captured` ones (None: all as captured)."""
+    now = hyper_parameters(optimizer)
+    for (g, name), was in captured.items():
+        if now.get((g, name)) != was:
+            return Refusal(what=f"the optimizer's {name} of group {g}",
+                           cause=f"{now.get((g, name))} where the graph captured {was} (a graph replays the values "
+                                 f"it captured: give the optimizer tensor hyper-parameters, e.g. "
+                                 f"lr=torch.tensor(0.01, device='cuda'))")
+    return None
+
+
+def _number(value) -> bool:
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_number(v) for v in value)
+    return isinstance(value, (bool, int, float))
 
 
 def input_change(captured: tuple, signature: tuple) -> Refusal | None:

@@ -9,7 +9,9 @@ captures. On the CPU "auto" means off.
 Each call of the step runs eagerly under the plan for the warm-up steps (memplan.exec.graphed;
 while the budget keeper may still plan again, warm-up goes on), then one call captures the step
 and replays it, and every later call replays it. A call whose inputs differ from the captured
-ones in shape, dtype or other values runs eagerly, with a warning ("auto"), or fails ("on").
+ones in shape, dtype or other values, or whose optimizer's hyper-parameters that are numbers
+(a float learning rate a scheduler changed) differ from the captured ones, runs eagerly, with a
+warning ("auto"), or fails ("on").
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import logging
 import torch
 
 from ..errors import MemplanError
-from ..exec.capturable import CaptureCheck, Refusal, check_program, check_step, input_change
+from ..exec.capturable import (CaptureCheck, Refusal, check_program, check_step, hyper_change, hyper_parameters,
+                               input_change)
 from ..exec.engine import CudaCopyEngine
 from ..exec.graph_schedule import capture_schedule
 from ..exec.graphed import WARMUP_STEPS, CaptureEngine, GraphedStep, constants_of
@@ -33,6 +36,7 @@ NOT_CUDA = "the step runs on the {device}: a CUDA graph needs a CUDA device"
 OFF = "cuda_graph is off"
 OWN_LOOP = "a training loop of your own runs eagerly: the graph replays calls of the step"
 PREFIX = "cannot capture the step as a CUDA graph: "
+CONSTANT_CHANGED = "differs from the captured one (a graph replays the values it captured)"
 
 
 def check_mode(mode: str, device: torch.device) -> None:
@@ -63,6 +67,7 @@ class CudaGraphs:
         self.cuda = cuda
         self.check = check
         self.graphed: GraphedStep | None = None
+        self.hyper: dict = {}  # the optimizer's hyper-parameters the graph captured as values
         self.refused_calls = 0
         self.reason = (OFF if mode == "off" else NOT_CUDA.format(device=device.type.upper())
                        if device.type != "cuda" else "the step was traced on fake tensors only" if fake
@@ -112,10 +117,13 @@ class CudaGraphs:
             if why:
                 self._give_up(why)
                 return step.run_planned(inputs)
-        elif constants_of(inputs) != g.constants:
-            self.refuse_call(Refusal(what="an input that is not a tensor",
-                                     cause="differs from the captured one (a graph replays the values it captured)"))
-            return step.run_planned(inputs)
+            self.hyper = hyper_parameters(step.runtime.optimizer)
+        else:
+            refusal = (Refusal(what="an input that is not a tensor", cause=CONSTANT_CHANGED)
+                       if constants_of(inputs) != g.constants else hyper_change(self.hyper, step.runtime.optimizer))
+            if refusal is not None:
+                self.refuse_call(refusal)
+                return step.run_planned(inputs)
         return g.replay(inputs)
 
     def close(self) -> None:

@@ -452,3 +452,31 @@ def test_a_failed_capture_names_the_error_that_broke_it():
     assert line == ("RuntimeError: operation not permitted when stream is capturing "
                     "(then RuntimeError: operation failed due to a previous error during capture)")
     assert _first_error(ValueError("alone")) == "ValueError: alone"
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_changed_learning_rate_is_not_replayed(monkeypatch, caplog, mode):
+    """Finding 6: a graph replays the optimizer's hyper-parameters as it captured them (a float lr is a
+    kernel argument): a scheduler's new learning rate would be ignored by every replay."""
+    from memplan.exec.graphed import WARMUP_STEPS
+    from memplan.workflows import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "GraphedStep", CpuGraphed)
+    w, step_fn = _scaled_step()
+    step = optimize(step_fn, *w.inputs, 1.0, model=w.model, optimizer=w.optimizer, planner="sqrt-n", budget="100%")
+    step.graphs = CudaGraphs(mode, torch.device("cuda"), CaptureCheck())
+    scheduler = torch.optim.lr_scheduler.StepLR(w.optimizer, step_size=WARMUP_STEPS + 1, gamma=0.5)
+    for i in range(WARMUP_STEPS + 1):  # warm-up, then the capture (and its replay)
+        step(*w.make_inputs(w.batch, seed=100 + i), 1.0)
+        scheduler.step()
+    assert step.graphs.graphed.replays == 1 and w.optimizer.param_groups[0]["lr"] == 0.05
+    x = w.make_inputs(w.batch, seed=200)
+    if mode == "on":
+        with pytest.raises(MemplanError, match="the optimizer's lr of group 0: 0.05 where the graph captured 0.1"):
+            step(*x, 1.0)
+    else:
+        with caplog.at_level(logging.WARNING, logger="memplan.workflows.cuda_graph"):
+            step(*x, 1.0)
+        assert step.graphs.graphed.replays == 1 and step.graphs.refused_calls == 1
+        assert "give the optimizer tensor hyper-parameters" in caplog.text
+    step.close()

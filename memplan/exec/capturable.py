@@ -21,6 +21,8 @@ inputs of the captured shapes. So a step is refused, with one line per cause, fo
   ops before the swap read it at its address from before the capture (a gap across the
   iteration boundary is fine: the storage lives in the pool throughout);
 - inputs on the CPU of a step on the GPU (their copy to the device waits for the host);
+- before torch 2.10, a plan whose recomputations set the CUDA generator's state back (a hooked
+  region run, a replayed random op), which a capture allows from 2.10 on;
 - at a step's call, inputs of another shape or dtype than the captured ones (`input_change`), or
   an optimizer whose number hyper-parameters (a float lr a scheduler changed) differ from the
   captured ones (`hyper_change`): a replay would use the captured values.
@@ -33,8 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from torch.torch_version import TorchVersion
+
 from ..model import Trace
-from ..model.program import StepProgram
+from ..model.program import HOOKED, StepProgram
 
 # Ops that hand a device value to the host (the host waits for the device).
 HOST_READS = {
@@ -59,6 +64,7 @@ MOVED = ("swaps a {kind} within the step: its refill lands elsewhere, in the gra
          "ops before the swap read it where it was before the capture (keep it on the host between steps, or "
          "run eagerly)")
 KIND_NAMES = {"param": "parameter", "grad": "gradient"}
+RNG_IN_CAPTURE = (2, 10)  # torch.cuda.get/set_rng_state work inside a capture from this torch on
 STATELESS_OPTIMIZERS = ("SGD",)  # torch optimizers whose step is device kernels only (no step count)
 
 
@@ -170,10 +176,15 @@ def check_inputs(signature: tuple, device: str) -> list[Refusal]:
             for i, s in enumerate(signature) if s[2] == "cpu"]
 
 
-def check_program(program: StepProgram, trace: Trace | None = None) -> list[Refusal]:
+def check_program(program: StepProgram, trace: Trace | None = None,
+                  torch_version: str = torch.__version__) -> list[Refusal]:
     """Decisions of the plan a graph cannot run: compressed swaps, and (given the trace) swaps within the
-    step of a storage that exists before it."""
+    step of a storage that exists before it, and before torch 2.10 recomputations that set the generator."""
     out = []
+    if trace is not None and TorchVersion(torch_version) < RNG_IN_CAPTURE and _sets_generator(program, trace):
+        out.append(Refusal(what="the plan's recomputations", cause=f"set the CUDA generator's state back inside "
+                                                                   f"the capture, which torch {torch_version} does "
+                                                                   f"not allow (2.10 and later do)"))
     for k, d in enumerate(program.decisions):
         if d.action != "swap":
             continue
@@ -184,6 +195,21 @@ def check_program(program: StepProgram, trace: Trace | None = None) -> list[Refu
             out.append(Refusal(what=f"decision {k} (storage {d.storage})", cause=MOVED.format(
                 kind=KIND_NAMES.get(kind, kind.replace("_", " ")))))
     return out
+
+
+def _sets_generator(program: StepProgram, trace: Trace) -> bool:
+    """Whether running `program` sets the generator's state: a region run always does (memplan.exec.hooked),
+    an op replay before a random op it records (memplan.exec.op_replay)."""
+    if program.level == HOOKED:
+        return bool(program.regions)
+    return any(_random(trace.ops[i].name) for i in program.captured_ops)
+
+
+def _random(name: str) -> bool:
+    """Whether the aten overload named `name` ("aten.native_dropout.default") draws random numbers."""
+    namespace, packet, overload = (name.split(".") + ["default"])[:3]
+    op = getattr(getattr(getattr(torch.ops, namespace, None), packet, None), overload, None)
+    return op is not None and torch.Tag.nondeterministic_seeded in op.tags
 
 
 def _before_the_step(storage) -> bool:

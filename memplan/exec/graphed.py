@@ -36,7 +36,8 @@ NOTE what the capture relies on (cited as "rule N"):
  5. RNG: the default CUDA generator is graph-safe: a replay advances its offset by what the
     captured step drew, so replay k draws what eager step k would. The hooked executor's
     region runs set the generator's state back inside the capture, which PyTorch allows
-    while the seed is unchanged (torch.cuda.get/set_rng_state under capture, torch >= 2.10).
+    while the seed is unchanged (torch.cuda.get/set_rng_state under capture, torch >= 2.10; on an
+    older torch memplan.exec.capturable refuses a plan whose recomputations set it).
  6. The optimizer's step is captured: its state lives on the device (memplan.exec.capturable).
  7. A replay overwrites the captured outputs: the caller gets copies.
  8. Nothing recorded in a failed capture ran, but storages the program frees were freed: a

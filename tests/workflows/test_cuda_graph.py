@@ -480,3 +480,20 @@ def test_a_changed_learning_rate_is_not_replayed(monkeypatch, caplog, mode):
         assert step.graphs.graphed.replays == 1 and step.graphs.refused_calls == 1
         assert "give the optimizer tensor hyper-parameters" in caplog.text
     step.close()
+
+
+@pytest.mark.parametrize("executor", ["auto", "interpreted"])
+def test_recomputations_that_set_the_generator_are_refused_before_torch_2_10(tiny, executor):
+    """Finding 9: a recomputation sets the CUDA generator's state back (a region run, a replayed random op),
+    which a capture allows from torch 2.10 on, while memplan allows torch 2.4."""
+    from memplan.exec.capturable import check_program
+
+    _, trace = tiny
+    program = compile_program(trace, recompute_plan(trace), Problem.of(trace).cost, hooks=executor == "auto")
+    assert program.level == ("hooked" if executor == "auto" else "interpreted")
+    refused = [r.line() for r in check_program(program, trace, torch_version="2.9.1+cu128")]
+    assert refused == ["the plan's recomputations: set the CUDA generator's state back inside the capture, which "
+                       "torch 2.9.1+cu128 does not allow (2.10 and later do)"]
+    assert check_program(program, trace, torch_version="2.10.0") == []
+    swaps = compile_program(trace, swap_all_plan(trace), Problem.of(trace).cost)
+    assert check_program(swaps, trace, torch_version="2.9.1") == []

@@ -28,6 +28,8 @@ NOTE stream safety -- the whole argument, in one place:
     allocators keep per-stream pools; a pool's slots are used by compute-stream work), all
     of it ordered after the copy. A host wait here (`sync`) would drain the device queue
     at every release: the copy's time would add to the step instead of hiding under it.
+    Only a compressed copy's release waits on the host, for that copy alone: the host reads
+    whether it held every non-zero (memplan.exec.hostcopy), which it has usually long done.
  6. A host region is rewritten by a later swap-out only after the prefetch that read it
     landed: regions are laid out offline over [swap-out, wait] intervals (slab.py), and
     the later swap-out is submitted after the compute side waited (rule 4).

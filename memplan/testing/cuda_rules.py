@@ -319,8 +319,8 @@ class CudaRules(TorchDispatchMode):
     def _freed(self, block: Block) -> None:
         """Rule 6: no access of another stream may outlive the free, unless recorded with record_stream."""
         home = block.stream
-        late = [a for a in block.accesses
-                if a.stream is not home and a.stream not in block.recorded and home.clock.get(a.stream, 0) < a.seq]
+        late = [a for a in block.accesses if a.stream is not home and a.stream not in block.recorded
+                and max(home.clock.get(a.stream, 0), self.host.get(a.stream, 0)) < a.seq]
         block.accesses, block.recorded, block.nbytes = [], set(), 0
         if late:
             raise CudaRuleError(

@@ -45,3 +45,25 @@ def test_every_kind_of_plan_keeps_cudas_rules_and_trains_exactly(tiny, kind, exe
     for p, q in zip(w.model.parameters(), expected):
         assert torch.equal(p, q)
     step.close()
+
+
+@pytest.mark.parametrize("ratio", [0.3, 0.9])
+def test_a_compressed_swap_out_makes_the_host_wait_for_no_kernel(tiny, ratio):
+    """Finding 13: zero-value compression sized its output by the data on the copy lane, which waits for the
+    compute stream: the host waited for all the work queued before every compressed swap-out. Now the host
+    copy has a fixed layout; the host waits only at the release, for that copy, and a storage whose zeros
+    were fewer than planned (dense data at ratio 0.3) is copied whole then."""
+    trace, expected = tiny
+    w, rules = tiny_workload(), CudaRules()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer,
+                    plan=swap_all_plan(trace, compress=ratio), trace=trace, executor="interpreted")
+    torch.manual_seed(5)
+    with rules:
+        on_cuda_runtime(step, rules, mode="off")
+        for x in batches(w):
+            step(*x)
+    assert step.stats()["swapped_out"] > 0
+    assert not [s for s in rules.host_syncs if "reads a device value" in s]
+    for p, q in zip(w.model.parameters(), expected):
+        assert torch.equal(p, q)
+    step.close()

@@ -16,9 +16,9 @@ Capture"; PyTorch's CUDAGraph.cpp and CUDACachingAllocator.cpp). A broken rule r
  5. Ordering: a stream reads or writes bytes another stream wrote (or writes bytes another read)
     only after waiting for that work (an event, `wait_stream`, or a host synchronize): a copy's
     result is used only after its event is waited on.
- 6. Cross-stream reuse: a block freed while another stream's access to it is not ordered before
-    its allocation stream's next work, and without `record_stream`, is one the caching allocator
-    could hand out again under that access.
+ 6. Cross-stream reuse: a freed block goes back to its allocation stream's pool at once; that
+    stream's next allocation (which could be handed the block) comes after every access of other
+    streams to it (an event, a host synchronize) unless they were recorded with `record_stream`.
  7. A failed capture (one whose rules broke) ends in error and leaves the allocator routing to its
     pool (`captures_underway`), as CUDAGraph::capture_end does when cudaStreamEndCapture fails; only
     `_cuda_endAllocateToPool` and `_cuda_releasePool` end that.
@@ -64,6 +64,7 @@ class CudaRules(TorchDispatchMode):
         self.host: dict[Stream, int] = {}  # work the host has waited for
         self.blocks: dict[int, Block] = {}  # storage address -> its block
         self.watched: set[int] = set()  # blocks whose free or refill matters (used across streams, or empty)
+        self.unordered: dict[Stream, list[Access]] = {}  # per stream, accesses to blocks it freed not yet ordered
         self.capturing: Capture | None = None  # the capture underway (one at a time, as in PyTorch)
         self.captures_underway: list[tuple] = []  # pools the allocator routes a capture's requests to
         self.released_pools: list[tuple] = []
@@ -254,7 +255,7 @@ class CudaRules(TorchDispatchMode):
                 self._drop(key)
             if len(self.blocks) >= self._sweep_at:
                 self._sweep()
-            block = self.blocks[key] = Block(storage, stream)
+            block = self.blocks[key] = Block(storage, stream if fresh else self.default)  # older: the default's
             if fresh:
                 self._allocated(block, stream)
         return block
@@ -276,6 +277,7 @@ class CudaRules(TorchDispatchMode):
 
     def _allocated(self, block: Block, stream: Stream) -> None:
         """`block` got device memory on `stream` (new, or refilled after a free)."""
+        self._reuse(stream)
         block.stream, block.pool = stream, None
         if stream.capture is not None:
             block.pool = stream.capture.pool
@@ -317,16 +319,26 @@ class CudaRules(TorchDispatchMode):
                 self._allocated(block, self.current)
 
     def _freed(self, block: Block) -> None:
-        """Rule 6: no access of another stream may outlive the free, unless recorded with record_stream."""
+        """Rule 6: a free returns the block to its allocation stream's pool at once; accesses of other streams
+        not ordered before that stream's work (nor recorded with record_stream) must be before its next
+        allocation, which could be handed this block."""
         home = block.stream
         late = [a for a in block.accesses if a.stream is not home and a.stream not in block.recorded
-                and max(home.clock.get(a.stream, 0), self.host.get(a.stream, 0)) < a.seq]
+                and not self._ordered(home, a)]
+        self.unordered.setdefault(home, []).extend(late)
         block.accesses, block.recorded, block.nbytes = [], set(), 0
+
+    def _ordered(self, stream: Stream, access: Access) -> bool:
+        return max(stream.clock.get(access.stream, 0), self.host.get(access.stream, 0)) >= access.seq
+
+    def _reuse(self, stream: Stream) -> None:
+        """Rule 6: `stream` allocates: no block it freed may still be under another stream's access."""
+        late = [a for a in self.unordered.pop(stream, ()) if not self._ordered(stream, a)]
         if late:
             raise CudaRuleError(
-                f"a block allocated on stream {home.name} is freed while stream {late[0].stream.name} may still "
-                f"{'write' if late[0].write else 'read'} it (no event waited on, no record_stream): the caching "
-                f"allocator can hand it to stream {home.name}'s next allocation")
+                f"stream {stream.name} allocates while a block it freed may still be "
+                f"{'written' if late[0].write else 'read'} by stream {late[0].stream.name} (no event waited on, no "
+                f"record_stream): the caching allocator can hand that block out under the access")
 
     # --- the dispatch mode -----------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ def test_regions_of_one_buffer_are_apart(cuda):
     cuda.current_stream().wait_event(done)
 
 
-def test_a_block_another_stream_reads_is_freed_only_after_an_event_or_record_stream(cuda):
+def test_a_block_another_stream_reads_is_reused_only_after_an_event_or_record_stream(cuda):
     lane, host = cuda.Stream(), torch.empty(1024)
     for how in ("event", "record_stream", None):
         src = torch.ones(1024)
@@ -60,8 +60,9 @@ def test_a_block_another_stream_reads_is_freed_only_after_an_event_or_record_str
             cuda.record_stream(src, lane)
         src.untyped_storage().resize_(0)  # what the executor's release does
         if how is None:
-            with pytest.raises(CudaRuleError, match="freed while stream side1 may still read it"):
-                torch.zeros(1)  # the next op sees the free
+            with pytest.raises(CudaRuleError, match="stream default allocates while a block it freed may still be "
+                                                    "read by stream side1"):
+                torch.zeros(1)  # the stream's next allocation could be handed the block
         else:
             torch.zeros(1)
         cuda.current_stream().wait_event(done)

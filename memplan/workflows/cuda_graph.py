@@ -68,6 +68,7 @@ class CudaGraphs:
         self.check = check
         self.graphed: GraphedStep | None = None
         self.hyper: dict = {}  # the optimizer's hyper-parameters the graph captured as values
+        self.phase = ""  # the call under way: a warm-up, the capture, a replay
         self.refused_calls = 0
         self.reason = (OFF if mode == "off" else NOT_CUDA.format(device=device.type.upper())
                        if device.type != "cuda" else "the step was traced on fake tensors only" if fake
@@ -105,14 +106,24 @@ class CudaGraphs:
         """
         if step.runtime.closed:
             raise RuntimeError("this PlanRuntime was closed")
+        try:
+            return self._run(step, inputs)
+        except BaseException as exc:  # which call of the graph's life it was (a failing GPU row names it)
+            if getattr(exc, "memplan_phase", None) is None:
+                exc.memplan_phase = self.phase
+            raise
+
+    def _run(self, step, inputs: tuple):
         g = self.graphed
         if g is None or g.runtime is not step.runtime:  # a new plan warms up and is captured anew
             g = self.graphed = GraphedStep(step.run_installed, step.runtime, self.device)
         if g.graph is None and (g.warmed < WARMUP_STEPS or not step.settled):
+            self.phase = f"warm-up {g.warmed + 1}"
             out = g.warm_up(inputs)
             step.keep_budget()
             return out
         if g.graph is None:
+            self.phase = "the capture"
             why = next((r.line() for r in check_program(step.program, step.trace)), "") or g.capture(inputs)
             if why:
                 self._give_up(why)
@@ -122,8 +133,10 @@ class CudaGraphs:
             refusal = (Refusal(what="an input that is not a tensor", cause=CONSTANT_CHANGED)
                        if constants_of(inputs) != g.constants else hyper_change(self.hyper, step.runtime.optimizer))
             if refusal is not None:
+                self.phase = "an eager call the graph refused"
                 self.refuse_call(refusal)
                 return step.run_planned(inputs)
+        self.phase = f"replay {g.replays + 1}"
         return g.replay(inputs)
 
     def close(self) -> None:

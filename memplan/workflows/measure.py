@@ -58,7 +58,7 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         meter.reset_peak()
         active = meter if meter.cuda or not compiled else AllocatorMeter(meter.live_bytes())
         started = time.perf_counter()
-        with contextlib.nullcontext() if meter.cuda else active:  # CUDA: the allocator's counters
+        with contextlib.nullcontext() if meter.cuda else active, numbered(i):  # CUDA: the allocator's counters
             step(*x)
         _sync(device)
         wall = time.perf_counter() - started
@@ -88,11 +88,24 @@ def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: ran
         device = _device(model, x)
         _sync(device)
         started = now()
-        step(*x)
+        with numbered(i):
+            step(*x)
         _sync(device)
         times.append(now() - started)
         del x
     return times
+
+
+@contextlib.contextmanager
+def numbered(i: int):
+    """An exception out of step `i` carries its number (`memplan_step`): a failing run says which step
+    it came from (a GPU's errors surface at the step that synchronizes)."""
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, "memplan_step", None) is None:
+            exc.memplan_step = i
+        raise
 
 
 def _device(model, inputs) -> torch.device:

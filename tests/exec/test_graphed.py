@@ -161,3 +161,21 @@ def test_the_captured_step_holds_only_its_own_streams_cublas_workspaces(tiny):
     assert _run(w, step, rules)["captured"]
     assert {stream for _, stream in rules.workspaces} == {step.graphs.graphed.stream}
     step.close()
+
+
+def test_a_failing_call_names_its_step_and_its_part_of_the_graphs_life():
+    """Issue 51: a failed row of the GPU run says the step its error came from (and, captured, whether a
+    warm-up, the capture or a replay), from attributes the measure loop and the graph set on it."""
+    from memplan.workflows.measure import measure_steps
+
+    w, rules, calls = tiny_workload(), CudaRules(), [0]
+    step = optimize(_masked_step(w, calls, on_call=WARMUP_STEPS + 1), *w.inputs, model=w.model,
+                    optimizer=w.optimizer, planner="none")
+    calls[0] = 0
+    inputs = batches(w, WARMUP_STEPS + 1)
+    with rules:
+        on_cuda_runtime(step, rules, "on")
+        with pytest.raises(MemplanError, match="reads a device value on the host") as failed:
+            measure_steps(step, lambda i: inputs[i], len(inputs), w.model, w.optimizer, 0)
+    assert failed.value.memplan_step == WARMUP_STEPS and failed.value.memplan_phase == "the capture"
+    step.close()

@@ -182,3 +182,19 @@ def test_a_pool_group_asks_nothing_of_cuda_before_its_run(tmp_path, monkeypatch)
     args = type("Args", (), {"out": str(tmp_path), "dry_run": True, "deadline_s": 60})()
     gpu_budget.group_main("resnet50-doa-pool", args)
     assert order == ["autoswap:doa+smartpool", "device"]
+
+
+def test_a_failed_row_names_its_step_and_its_first_error():
+    """Issue 51: a GPU error surfaces later "due to a previous error"; a row keeps the first one and the step."""
+    gpu_cases = _load("gpu_cases")
+    try:
+        try:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")
+    except RuntimeError as exc:
+        exc.memplan_step, exc.memplan_phase = 3, "the capture"
+        line = gpu_cases.failure(exc)
+    assert line == ("step 3 (the capture): RuntimeError: CUDA error: an illegal memory access was encountered "
+                    "(then RuntimeError: operation failed due to a previous error during capture)")
+    assert gpu_cases.failure(ValueError("no room")) == "before the first step: ValueError: no room"

@@ -309,7 +309,12 @@ def _leave_pool(cuda, device: torch.device, pool) -> None:
     """After a failed capture: if the allocator still routes to the capture's `pool` (capture_end raised
     before telling it), end that and release the pool (rule 9); else the dropped graph releases it."""
     memory = cuda.memory
-    end = getattr(memory, "_cuda_endAllocateToPool", None) or getattr(memory, "_cuda_endAllocateCurrentStreamToPool")
+    end = getattr(memory, "_cuda_endAllocateToPool", None) or getattr(memory, "_cuda_endAllocateCurrentStreamToPool",
+                                                                      None)  # its name before torch 2.6
+    if end is None:
+        log.warning("after the failed capture the allocator's routing to its pool could not be ended (torch %s)",
+                    torch.__version__)
+        return
     index = cuda.current_device() if device.index is None else device.index
     try:
         end(index, pool)

@@ -37,7 +37,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import GIB, GROUP, device_info, emit, gib, group_notes, main, read, run_case, trace_once  # noqa: E402
+from gpu_cases import (GIB, GROUP, device_info, emit, error_of, gib, group_notes, main, read, run_case,  # noqa: E402
+                       trace_once)
 
 NAME = "gpu_budget"
 STRICT = 1.05  # the strict form's cap: the budget + 5%
@@ -214,7 +215,7 @@ def report(out: str) -> str:
             (r.get("executor") or {}).get("diverged_steps", "-"),
             "-" if r.get("max_param_diff") is None else f"{r['max_param_diff']:.3g}",
             "-" if r.get("measured_step_s") is None else f"{r['measured_step_s']:.4f}",
-            (r.get("error") or r.get("skipped") or "").replace("|", "/")[:160])) + " |")
+            (error_of(r) or r.get("skipped") or "").replace("|", "/")[:160])) + " |")
     return "\n".join(lines + group_notes(read(out, NAME)) + [""] * bool(notes) +
                      [f"ucudnn cases: {n}." for n in notes]) + "\n"
 

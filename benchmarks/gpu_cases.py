@@ -141,7 +141,7 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, r
         rec["executor"] = {k: (res.get("executor") or {}).get(k) for k in EXEC_KEYS}  # none under a baseline
         rec["cuda_graph"] = graph_summary(res.get("cuda_graph"))
     except Exception as exc:  # noqa: BLE001 - a benchmark keeps going and records why
-        rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:600]
+        rec["failed_at"], rec["error"] = failed_at(exc), failure(exc)[:600]
         rec["traceback"] = traceback.format_exc()[-1500:]
     rec["wall_s"] = round(time.time() - started, 2)
     gc.collect()
@@ -158,6 +158,33 @@ def run_case(out: str, bench: str, group: str, case: dict, deadline: float, /, r
         print(f"resume after {_cases_seen}", file=sys.stderr, flush=True)
         sys.exit(RESUME)
     return rec
+
+
+def failure(exc: BaseException) -> str:
+    """A failed case's first error in one line: the root of the exception chain (a later one is often only
+    "due to a previous error"), naming the last when it differs."""
+    first = exc
+    while (first.__cause__ or first.__context__) is not None:
+        first = first.__cause__ or first.__context__
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0] if text else ''}"
+
+    return line(first) + ("" if first is exc else f" (then {line(exc)})")
+
+
+def failed_at(exc: BaseException) -> str:
+    """The step a failed case's error came from: memplan's measure loops number it, a CUDA graph names
+    its call (warm-up k, the capture, replay k); none: before the first step (tracing, planning)."""
+    step, phase = getattr(exc, "memplan_step", None), getattr(exc, "memplan_phase", None)
+    return "before the first step" if step is None else f"step {step}" + (f" ({phase})" if phase else "")
+
+
+def error_of(rec: dict) -> str:
+    """A row's error for a report: where it came from, then what it was ("" for none)."""
+    error = rec.get("error") or ""
+    return f"{rec['failed_at']}: {error}" if error and rec.get("failed_at") else error
 
 
 def graph_summary(graph: dict | None) -> dict | None:

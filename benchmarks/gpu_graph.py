@@ -30,7 +30,8 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import device_info, emit, gib, group_notes, main, read, run_case  # noqa: E402
+from gpu_cases import (device_info, emit, error_of, failed_at, failure, gib, group_notes, main, read,  # noqa: E402
+                       run_case)
 
 NAME = "gpu_graph"
 CAPTURABLE = {"optimizer": "adam-capturable"}
@@ -62,7 +63,11 @@ def timed(train, make_inputs, cuda: bool) -> dict:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        train(*x)
+        try:
+            train(*x)
+        except BaseException as exc:
+            exc.memplan_step = i  # a failing row says which step (gpu_cases.failure)
+            raise
         if cuda:
             torch.cuda.synchronize()
             allocated.append(torch.cuda.max_memory_allocated())
@@ -104,7 +109,7 @@ def compiled_case(out: str, group: str, model: str, batch: int, config: dict, fr
         with functorch_config.patch(activation_memory_budget=fraction):
             rec.update(timed(train, lambda i: w.make_inputs(batch, seed=1 + i), True))
     except Exception as exc:  # noqa: BLE001 - where it does not run, the row says why
-        rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
+        rec["failed_at"], rec["error"] = failed_at(exc), failure(exc)[:400]
         rec["traceback"] = traceback.format_exc()[-3000:]  # inductor's cause is lines below its first
     emit(out, NAME, rec)
     torch.cuda.empty_cache()
@@ -140,7 +145,7 @@ def _row(r: dict, base: float | None) -> str:
     memory = (graph.get("memory") or {}).get("capture") or {}
     step = r.get("measured_step_s")
     run = r.get("planner") if r.get("case") != "memplan" else f"memplan {r.get('planner', '')} {r.get('run')}"
-    note = r.get("error") or r.get("skipped") or ("" if graph.get("captured", True) else graph.get("reason", ""))
+    note = error_of(r) or r.get("skipped") or ("" if graph.get("captured", True) else graph.get("reason", ""))
     return "| " + " | ".join(str(x) for x in (
         r["group"], run, gib(r.get("budget_bytes")), gib(r.get("measured_peak_bytes")),
         gib(r.get("measured_peak_reserved_bytes")), gib(memory.get("allocated_bytes")),

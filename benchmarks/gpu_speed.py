@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import device_info, emit, gib, group_notes, main, read, run_case, trace_once  # noqa: E402
+from gpu_cases import device_info, emit, error_of, gib, group_notes, main, read, run_case, trace_once  # noqa: E402
 
 NAME = "gpu_speed"
 GROUPS = {"transformer": ("transformer-encoder", 32, {}, "50%"),  # the quickest first: a deadline cuts the last
@@ -127,7 +127,7 @@ def report(out: str) -> str:
             "-" if sim is None else f"{sim:.4f}", "-" if not (sim and step) else f"{sim / step - 1:+.0%}",
             first.get("ops_in_mode", "-"), first.get("regions_recomputed", "-"), r.get("replanned", "-"),
             executor.get("diverged_steps", "-"),
-            (r.get("error") or r.get("skipped") or "").replace("|", "/")[:120])) + " |")
+            (error_of(r) or r.get("skipped") or "").replace("|", "/")[:120])) + " |")
     return "\n".join(lines + group_notes(rows)) + "\n"
 
 

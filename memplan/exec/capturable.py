@@ -16,9 +16,16 @@ inputs of the captured shapes. So a step is refused, with one line per cause, fo
   (Adam, AdamW, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Adadelta); SGD keeps none; any
   other is not known to be capturable;
 - a plan that compresses a swapped storage (zero-value compression sizes its output by the
-  data: memplan.exec.compress);
+  data: memplan.exec.compress), or that swaps within the step a storage the step begins with (a
+  parameter, optimizer state, an input): its refill lands in the graph's pool, while a replay's
+  ops before the swap read it at its address from before the capture (a gap across the
+  iteration boundary is fine: the storage lives in the pool throughout);
 - inputs on the CPU of a step on the GPU (their copy to the device waits for the host);
-- at a step's call, inputs of another shape or dtype than the captured ones (`input_change`).
+- before torch 2.10, a plan whose recomputations set the CUDA generator's state back (a hooked
+  region run, a replayed random op), which a capture allows from 2.10 on;
+- at a step's call, inputs of another shape or dtype than the captured ones (`input_change`), or
+  an optimizer whose number hyper-parameters (a float lr a scheduler changed) differ from the
+  captured ones (`hyper_change`): a replay would use the captured values.
 
 What a trace cannot show (a boolean mask index, a copy to the host) makes the capture itself
 fail: memplan.exec.graphed says so in the same one-line form.
@@ -28,8 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from torch.torch_version import TorchVersion
+
 from ..model import Trace
-from ..model.program import StepProgram
+from ..model.program import HOOKED, StepProgram
 
 # Ops that hand a device value to the host (the host waits for the device).
 HOST_READS = {
@@ -49,6 +59,12 @@ REPEATS_CAUSE = ("with a tensor of repeats its output size depends on the data u
 GRAD_SCALER = ("aten._amp_foreach_non_finite_check_and_unscale_", "aten._amp_update_scale_")
 GRAD_SCALER_CAUSE = ("a GradScaler: its step reads on the host whether the gradients overflowed, to skip the "
                      "optimizer step")
+COMPRESSED = "compresses its host copy, whose size depends on the data (zero-value compression)"
+MOVED = ("swaps a {kind} within the step: its refill lands elsewhere, in the graph's pool, while a replay's "
+         "ops before the swap read it where it was before the capture (keep it on the host between steps, or "
+         "run eagerly)")
+KIND_NAMES = {"param": "parameter", "grad": "gradient"}
+RNG_IN_CAPTURE = (2, 10)  # torch.cuda.get/set_rng_state work inside a capture from this torch on
 STATELESS_OPTIMIZERS = ("SGD",)  # torch optimizers whose step is device kernels only (no step count)
 
 
@@ -104,7 +120,7 @@ def check_step(trace: Trace, program: StepProgram | None = None, *, optimizer=No
     """
     refusals = check_trace(trace) + check_optimizer(optimizer) + check_inputs(signature, device)
     if program is not None:
-        refusals += check_program(program)
+        refusals += check_program(program, trace)
     return CaptureCheck(refusals=tuple(refusals))
 
 
@@ -160,11 +176,72 @@ def check_inputs(signature: tuple, device: str) -> list[Refusal]:
             for i, s in enumerate(signature) if s[2] == "cpu"]
 
 
-def check_program(program: StepProgram) -> list[Refusal]:
-    """Decisions of the plan a graph cannot run: compressed swaps."""
-    return [Refusal(what=f"decision {k} (storage {d.storage})",
-                    cause="compresses its host copy, whose size depends on the data (zero-value compression)")
-            for k, d in enumerate(program.decisions) if d.action == "swap" and d.compress_ratio is not None]
+def check_program(program: StepProgram, trace: Trace | None = None,
+                  torch_version: str = torch.__version__) -> list[Refusal]:
+    """Decisions of the plan a graph cannot run: compressed swaps, and (given the trace) swaps within the
+    step of a storage that exists before it, and before torch 2.10 recomputations that set the generator."""
+    out = []
+    if trace is not None and TorchVersion(torch_version) < RNG_IN_CAPTURE and _sets_generator(program, trace):
+        out.append(Refusal(what="the plan's recomputations", cause=f"set the CUDA generator's state back inside "
+                                                                   f"the capture, which torch {torch_version} does "
+                                                                   f"not allow (2.10 and later do)"))
+    for k, d in enumerate(program.decisions):
+        if d.action != "swap":
+            continue
+        if d.compress_ratio is not None:
+            out.append(Refusal(what=f"decision {k} (storage {d.storage})", cause=COMPRESSED))
+        elif trace is not None and not d.wraps and _before_the_step(trace.storages[d.storage]):
+            kind = trace.storages[d.storage].kind
+            out.append(Refusal(what=f"decision {k} (storage {d.storage})", cause=MOVED.format(
+                kind=KIND_NAMES.get(kind, kind.replace("_", " ")))))
+    return out
+
+
+def _sets_generator(program: StepProgram, trace: Trace) -> bool:
+    """Whether running `program` sets the generator's state: a region run always does (memplan.exec.hooked),
+    an op replay before a random op it records (memplan.exec.op_replay)."""
+    if program.level == HOOKED:
+        return bool(program.regions)
+    return any(_random(trace.ops[i].name) for i in program.captured_ops)
+
+
+def _random(name: str) -> bool:
+    """Whether the aten overload named `name` ("aten.native_dropout.default") draws random numbers."""
+    namespace, packet, overload = (name.split(".") + ["default"])[:3]
+    op = getattr(getattr(getattr(torch.ops, namespace, None), packet, None), overload, None)
+    return op is not None and torch.Tag.nondeterministic_seeded in op.tags
+
+
+def _before_the_step(storage) -> bool:
+    """Whether a storage exists before the step begins (allocated outside a capture of it)."""
+    return storage.persistent or storage.kind == "input"
+
+
+def hyper_parameters(optimizer) -> dict:
+    """The optimizer's hyper-parameters a graph holds as captured: each group's numbers and tuples of numbers
+    (a float lr, betas), by (group, name). Tensors are read by the kernels at every replay: not among them."""
+    if optimizer is None:
+        return {}
+    return {(g, name): value for g, group in enumerate(optimizer.param_groups) for name, value in group.items()
+            if name != "params" and _number(value)}
+
+
+def hyper_change(captured: dict, optimizer) -> Refusal | None:
+    """The first hyper-parameter of `optimizer` that differs from the `captured` ones (None: all as captured)."""
+    now = hyper_parameters(optimizer)
+    for (g, name), was in captured.items():
+        if now.get((g, name)) != was:
+            return Refusal(what=f"the optimizer's {name} of group {g}",
+                           cause=f"{now.get((g, name))} where the graph captured {was} (a graph replays the values "
+                                 f"it captured: give the optimizer tensor hyper-parameters, e.g. "
+                                 f"lr=torch.tensor(0.01, device='cuda'))")
+    return None
+
+
+def _number(value) -> bool:
+    if isinstance(value, (tuple, list)):
+        return bool(value) and all(_number(v) for v in value)
+    return isinstance(value, (bool, int, float))
 
 
 def input_change(captured: tuple, signature: tuple) -> Refusal | None:

@@ -3,7 +3,8 @@
 Runs on the tensor's own device (the GPU, before the copy), so the host link carries and
 the slab holds `ceil(n / 8) + nnz * itemsize` bytes instead of `n * itemsize`. Zero is
 tested on the raw bits (an integer view), so -0.0 and NaN payloads survive exactly.
-Decompression needs no host synchronisation (positions come from a prefix sum).
+`compress_into` fills a fixed number of values and counts the non-zeros on the device, so
+neither it nor decompression needs a host synchronisation (positions come from prefix sums).
 """
 
 from __future__ import annotations
@@ -49,6 +50,20 @@ def compress(t: torch.Tensor) -> Compressed:
     ints = raw_bits(t.contiguous())
     mask = ints != 0
     return Compressed(bits=pack_bits(mask), values=ints[mask], numel=ints.numel())
+
+
+def compress_into(t: torch.Tensor, capacity: int) -> tuple[Compressed, torch.Tensor]:
+    """Compress `t` into `capacity` values with no host synchronisation (every shape is fixed): the
+    first `capacity` non-zeros, zeros after them. Also returns the count of non-zeros (a 1-element
+    int64 tensor on `t`'s device): more than `capacity` means some were left out."""
+    ints = raw_bits(t.contiguous())
+    mask = ints != 0
+    ranks = torch.cumsum(mask, 0, dtype=torch.int64)  # non-zeros up to and including each position
+    wanted = torch.arange(1, capacity + 1, dtype=torch.int64, device=ints.device)
+    at = torch.searchsorted(ranks, wanted)  # the position of the j-th non-zero (past the end: none)
+    values = torch.cat([ints, ints.new_zeros(1)])[at]
+    count = ranks[-1:] if ints.numel() else ranks.new_zeros(1)
+    return Compressed(bits=pack_bits(mask), values=values, numel=ints.numel()), count
 
 
 def decompress(c: Compressed, out: torch.Tensor) -> torch.Tensor:

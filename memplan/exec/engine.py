@@ -21,11 +21,15 @@ NOTE stream safety -- the whole argument, in one place:
     (CUDA: the compute stream waits on the event, on the device; CPU: blocks on the Future).
  5. Device memory a swap-out reads is freed only after the copy finished: the program's
     release calls `wait(ticket)` before freeing (CUDA: the compute stream waits for the
-    copy's event, on the device, and the host runs on; CPU: blocks on the Future). A block
+    copy's event, on the device, and the host runs on; CPU: blocks on the Future), and so
+    does a prefetch that finds the copy not yet released (the storage stays, and the
+    framework may free it any time after). A block
     freed on the compute stream goes only to later work of that stream (PyTorch's
     allocators keep per-stream pools; a pool's slots are used by compute-stream work), all
     of it ordered after the copy. A host wait here (`sync`) would drain the device queue
     at every release: the copy's time would add to the step instead of hiding under it.
+    Only a compressed copy's release waits on the host, for that copy alone: the host reads
+    whether it held every non-zero (memplan.exec.hostcopy), which it has usually long done.
  6. A host region is rewritten by a later swap-out only after the prefetch that read it
     landed: regions are laid out offline over [swap-out, wait] intervals (slab.py), and
     the later swap-out is submitted after the compute side waited (rule 4).
@@ -188,26 +192,33 @@ class InlineCopyEngine(CopyEngine):
 
 
 class CudaCopyEngine(CopyEngine):
-    """GPU engine: one CUDA stream per lane, CUDA events as tickets."""
+    """GPU engine: one CUDA stream per lane, CUDA events as tickets.
 
-    def __init__(self, device: torch.device | str | int | None = None):
-        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        self._streams = {lane: torch.cuda.Stream(self.device) for lane in LANES}
+    Args:
+        device: the CUDA device (None: the current one).
+        cuda: the CUDA runtime (torch.cuda; on the CPU, memplan.testing.cuda_rules' stand-in, which
+            checks CUDA's rules).
+    """
+
+    def __init__(self, device: torch.device | str | int | None = None, cuda=torch.cuda):
+        self.cuda = cuda
+        self.device = torch.device("cuda", cuda.current_device()) if device is None else torch.device(device)
+        self._streams = {lane: cuda.Stream(self.device) for lane in LANES}
 
     def submit(self, lane, fn, *, after=None):
         stream = self._streams[lane]
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # rules 1 and 2
+        stream.wait_stream(self.cuda.current_stream(self.device))  # rules 1 and 2
         if after is not None:
             stream.wait_event(after)  # rule 3
-        with torch.cuda.stream(stream), torch.no_grad():
+        with self.cuda.stream(stream), torch.no_grad():
             fn()
-        event = torch.cuda.Event()
+        event = self.cuda.Event()
         event.record(stream)
         return event
 
     def wait(self, ticket):
         if ticket is not None:
-            torch.cuda.current_stream(self.device).wait_event(ticket)  # rule 4
+            self.cuda.current_stream(self.device).wait_event(ticket)  # rule 4
 
     def sync(self, ticket):
         if ticket is not None:

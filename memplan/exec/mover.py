@@ -10,13 +10,15 @@ op in a dispatch mode (memplan.exec.runner) or at autograd's hooks (memplan.exec
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..model import Trace
 from ..model.program import Action, ActionKind, StepProgram
 from .engine import CopyEngine, blocked_s
-from .hostcopy import load, store, typed_bytes
+from .hostcopy import fits, load, store, store_whole, typed_bytes
 from .locate import StorageFinder
 from .op_replay import byte_view
 from .residency import ExecStats, MovedStorage, Residency
@@ -47,6 +49,7 @@ class Mover:
         self.entries = {d.storage: MovedStorage(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
                                                 dtype=trace.storages[d.storage].dtype) for d in program.decisions}
         self.away: dict[int, MovedStorage] = {}  # storage address -> entry, for every storage not resident
+        self.moving = False  # the mover's own copies run: their ops are not the step's (memplan.exec.runner)
         self.stats = ExecStats()
         self.finder = StorageFinder(trace, self.stats, model, optimizer)
 
@@ -92,8 +95,14 @@ class Mover:
     def _release(self, entry: MovedStorage, k: int, found=None) -> None:
         if entry.state != Residency.LEAVING:
             return
-        # the compute side waits for the copy, on the device on a GPU (memplan.exec.engine, rule 5)
-        self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.wait)
+        if self.program.decisions[entry.decision].compress_ratio is None:
+            # the compute side waits for the copy, on the device on a GPU (memplan.exec.engine, rule 5)
+            self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.wait)
+        else:  # the host reads whether the compressed copy held every non-zero (memplan.exec.hostcopy)
+            self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.sync)
+            if not fits(entry.host_copy):  # it did not: the whole bytes go too, and are waited for likewise
+                self._submit_out(entry, entry.storage, store_whole)
+                self.stats.release_wait_s += blocked_s(self.engine, entry.d2h, self.engine.wait)
         entry.storage.resize_(0)
         entry.state = Residency.AWAY
         self.stats.released += 1
@@ -101,6 +110,7 @@ class Mover:
     def _prefetch(self, entry: MovedStorage, k: int, found=None) -> None:
         if entry.state == Residency.LEAVING:  # fetched before its swap-out was released: it never left
             self.engine.cancel(entry.d2h)
+            self.engine.wait(entry.d2h)  # a copy still reading it ends before its memory can be freed (rule 5)
             self._resident(entry)
             self.stats.kept += 1
         if entry.state != Residency.AWAY:
@@ -143,32 +153,50 @@ class Mover:
         """Start the swap-out of `storage` into decision k's host region (a `sync` decision's
         release follows at once unless `release` is false)."""
         d = self.program.decisions[k]
-        region = self.slab.region(k)
-        src = byte_view(storage)
         self._leave(entry, storage, k, Residency.LEAVING)
-        typed = typed_bytes(src, entry.dtype) if d.compress_ratio is not None else None
-
-        def job():
-            entry.host_copy = store(src, typed, region)
-
-        entry.d2h = self.engine.submit("d2h", job)
+        compressed = d.compress_ratio is not None
+        self._submit_out(entry, storage, lambda src, region: store(src, typed_bytes(src, entry.dtype) if compressed
+                                                                   else None, region))
         self.stats.swapped_out += 1
         self.stats.swapped_out_bytes += entry.nbytes
         self.stats.link_bytes += entry.nbytes
         if d.sync and release:
             self._release(entry, k)
 
+    def _submit_out(self, entry: MovedStorage, storage: torch.UntypedStorage, how) -> None:
+        """Queue on the d2h lane the copy of `storage` into its region, made by `how(src, region)`."""
+        region = self.slab.region(entry.decision)
+        with self._own_work():
+            src = byte_view(storage)
+
+            def job():
+                entry.host_copy = how(src, region)
+
+            entry.d2h = self.engine.submit("d2h", job)
+
     def _copy_in(self, entry: MovedStorage) -> None:
         """Allocate the storage again and start copying its bytes back."""
-        entry.storage.resize_(entry.real_nbytes)
-        dst = byte_view(entry.storage)
+        with self._own_work():
+            entry.storage.resize_(entry.real_nbytes)
+            dst = byte_view(entry.storage)
 
-        def job():
-            load(dst, entry.host_copy)
+            def job():
+                load(dst, entry.host_copy)
 
-        entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
+            entry.h2d = self.engine.submit("h2d", job, after=entry.d2h)
         entry.state = Residency.COMING
         self.stats.link_bytes += entry.nbytes
+
+    @contextlib.contextmanager
+    def _own_work(self):
+        """The mover's copies: a dispatch mode of the executor lets their ops through unseen (else a copy
+        back of a storage away would meet the mode's guard, which would bring the same storage back from
+        inside its own copy)."""
+        was, self.moving = self.moving, True
+        try:
+            yield
+        finally:
+            self.moving = was
 
     def _leave(self, entry: MovedStorage, storage: torch.UntypedStorage, k: int, state: str) -> None:
         """The storage stops being resident: from now on no op may touch it (see `_guard`)."""

@@ -16,7 +16,9 @@ views with version counters of their own, so autograd's saved-tensor checks neve
 An op touching a storage while it is away would read an empty buffer: before every op, a
 tensor argument whose storage is not resident brings everything back and the rest of the
 step runs unplanned (`diverged`); between steps, it brings back that storage (a wrap-around
-gap). A convolution op the plan splits runs in micro-batches, as one op (memplan.exec.microconv).
+gap). The executor's own copies pass the mode unseen (memplan.exec.mover, `moving`): a storage
+coming back is not an op touching it while away, even where the mode is still entered (a
+step's end or abort). A convolution op the plan splits runs in micro-batches, as one op (memplan.exec.microconv).
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ class StepRunner(Mover, TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.moving:  # the mover's own copy (memplan.exec.mover): not an op of the step
+            return func(*args, **kwargs)
         self.stats.ops_in_mode += 1
         if self.active and not self.off:
             i = self.pos

@@ -82,6 +82,11 @@ class PlanRuntime:
         self._before = self._counters()  # the runner's counts when the current step began
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """True once `close()` ran: no step runs under this runtime any more."""
+        return self._closed
+
     def _counters(self) -> dict:
         """The runner's counts that each step reports (what this step added to them)."""
         stats = self.runner.stats

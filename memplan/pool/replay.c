@@ -22,6 +22,8 @@
  *     synchronize the device, as cudaFree would. The host backend uses malloc/free.
  *  4. Requests made while disarmed (before the plan exists, between steps) go to the heap and
  *     are counted apart ("outside"): they are not the plan's business.
+ *  5. A request of the CUDA backend is served or the process ends (`out_of_memory`): PyTorch
+ *     never sees a NULL for bytes it asked for.
  *
  * Backends: built with -DMEMPLAN_HOST_BACKEND it uses malloc/free (tests on CPU); otherwise
  * the CUDA runtime's functions are resolved at run time from the libcudart already loaded in
@@ -251,12 +253,26 @@ static int64_t match(int64_t size, int *blocked) {
   return -1;
 }
 
+/* The heap has no room: PyTorch's pluggable allocator uses what it gets unchecked (no null test in
+ * CUDAPluggableAllocator.cpp), and a C function cannot raise its OutOfMemoryError, so a NULL would be
+ * an illegal address far from here, poisoning the context. The CUDA backend ends the process with
+ * one line instead (rule 5); the host backend, called by tests, returns NULL to its caller. */
+static void *out_of_memory(size_t size) {
+#ifdef MEMPLAN_HOST_BACKEND
+  fprintf(stderr, "memplan pool: the host heap could not allocate %zu bytes\n", size);
+  return NULL;
+#else
+  fprintf(stderr, "memplan pool: out of device memory: %zu bytes requested, %lld held (the plan's pool: %lld); "
+          "PyTorch takes no null pointer from a pluggable allocator, so the process ends here\n",
+          size, (long long)stats.live_bytes, (long long)pool_bytes);
+  fflush(stderr);
+  abort();
+#endif
+}
+
 static void *serve_from_heap(size_t size, void *stream) {
   void *out = NULL;
-  if (heap_alloc(&out, size ? size : 1, stream) != 0 || !out) {
-    fprintf(stderr, "memplan pool: the device heap could not allocate %zu bytes\n", size);
-    return NULL;
-  }
+  if (heap_alloc(&out, size ? size : 1, stream) != 0 || !out) return out_of_memory(size);
   note_live((int64_t)size, 1);
   return out;
 }

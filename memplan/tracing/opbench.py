@@ -29,6 +29,13 @@ with these differences:
   `philox_offset`, flash attention's `rng_state`) is not run at all, and is priced too: outside a
   capture its kernels read that state on the host from where the forward left it, so made-up
   tensors of the traced device can crash the process (an H200 run crashed so, most likely there).
+  So is an op that reads a state its forward left or a structure its data has (a cuDNN RNN's
+  `dropout_state` and `reserve`, an embedding bag's `offsets` and bags): made-up ones can make
+  its kernel write out of bounds, which poisons the device's context for every later op.
+- Made-up indices also stay below an int argument that bounds them (`num_weights`, the rows
+  embedding backward scatters into).
+- The memory an op takes inside itself is measured with the allocator's peak counters; an
+  allocator without them (the pool, a pluggable allocator) leaves it unmeasured, the times kept.
 """
 
 from __future__ import annotations
@@ -55,6 +62,11 @@ ROUND_S = {"cuda": 1e-3, "cpu": 5e-3}  # a round lasts about this long (short op
 MIN_CALL_S = 1e-7  # floor of the first measurement, against a zero elapsed time
 SEED = 0  # of the private generators that fill the inputs
 GENERATOR_STATE_ARGS = frozenset({"philox_seed", "philox_offset", "rng_state"})  # never made up (module doc)
+# What else a kernel reads as its forward or its data made it, never made up (module doc): a cuDNN RNN's
+# dropout state and reserve space, an embedding bag's offsets and its bags.
+STATE_ARGS = GENERATOR_STATE_ARGS | {"dropout_state", "reserve", "offsets", "offset2bag", "bag_size",
+                                     "maximum_indices"}
+INDEX_BOUND_ARGS = frozenset({"num_weights"})  # int arguments that bound the call's indices (module doc)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +115,8 @@ class OpBench:
         self._inner_cache: dict[tuple, int] = {}  # CUDA: bytes a call allocates inside itself
         self._inner: dict[int, int] = {}
         self._failed: Counter = Counter()
-        self._not_run: Counter = Counter()  # ops with a generator's state among their arguments
+        self._not_run: Counter = Counter()  # ops with a forward's state among their arguments (STATE_ARGS)
+        self._stats: bool | None = None  # whether the CUDA allocator keeps peak counters (asked at the first op)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._seconds = 0.0
 
@@ -111,7 +124,7 @@ class OpBench:
         """The call about to run, or None for an op that is not timed (a collective)."""
         if str(func).startswith(ENGINE_OP_PREFIXES):
             return None
-        if _takes_generator_state(func, args, kwargs):
+        if _reads_state(func, args, kwargs):
             self._not_run[str(func)] += 1
             return None
         leaves, spec = tree_flatten((args, kwargs))
@@ -150,9 +163,12 @@ class OpBench:
 
     def summary(self) -> dict:
         """What the timing did, JSON-ready (for the trace's meta)."""
-        return {"source": "op-benchmark", "device": str(self.device), "distinct_calls": len(self._cache),
-                "timed_ops": sum(t is not None for t in self._times.values()), "seconds": round(self._seconds, 3),
-                "failed": dict(sorted(self._failed.items())), "not_run": dict(sorted(self._not_run.items()))}
+        out = {"source": "op-benchmark", "device": str(self.device), "distinct_calls": len(self._cache),
+               "timed_ops": sum(t is not None for t in self._times.values()), "seconds": round(self._seconds, 3),
+               "failed": dict(sorted(self._failed.items())), "not_run": dict(sorted(self._not_run.items()))}
+        if self._stats is False:
+            out["inner_memory"] = "the allocator keeps no statistics"
+        return out
 
     def _measure(self, call: Call) -> float | None:
         name = str(call.func)
@@ -161,7 +177,7 @@ class OpBench:
             with no_dispatch(), torch.random.fork_rng(devices=devices):
                 args, kwargs = self._materialize(call)
                 seconds = least_mean_s(self._timer(lambda: call.func(*args, **kwargs)), ROUND_S[self.device.type])
-                if self._cuda:  # after the timing's warm-up: lazily made handles and workspaces exist
+                if self._cuda and self._statistics():  # after the timing's warm-up: handles and workspaces exist
                     self._inner_cache[call.key] = inner_memory(lambda: call.func(*args, **kwargs))
                 return seconds
         except Exception as exc:  # noqa: BLE001 - any kernel may reject made-up data; the op is priced instead
@@ -173,11 +189,22 @@ class OpBench:
     def _cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    def _statistics(self) -> bool:
+        """Whether the CUDA allocator keeps peak counters (a pluggable one, the pool, keeps none): asked once."""
+        if self._stats is None:
+            try:
+                torch.cuda.memory_stats()
+                self._stats = True
+            except RuntimeError:
+                self._stats = False
+        return self._stats
+
     def _timer(self, fn: Callable[[], object]) -> Callable[[int], float]:
         return cuda_timer(fn) if self._cuda else wall_timer(fn)
 
     def _materialize(self, call: Call) -> tuple[tuple, dict]:
-        bound = index_bound(call.leaves)
+        args, kwargs = tree_unflatten(list(call.leaves), call.spec)
+        bound = min([index_bound(call.leaves), *int_bounds(call.func, args, kwargs)])
         made: dict[int, torch.Tensor] = {}
         leaves = []
         for i, meta in enumerate(call.leaves):
@@ -196,14 +223,22 @@ class OpBench:
         return self._generators[meta.device]
 
 
-def _takes_generator_state(func, args: tuple, kwargs: dict) -> bool:
-    """Whether a tensor argument of `func` is a random generator's state (GENERATOR_STATE_ARGS)."""
+def _named(func, args: tuple, kwargs: dict) -> list[tuple[str, object]]:
+    """The call's arguments by their schema's names (none for a function without one)."""
     schema = getattr(func, "_schema", None)
     if schema is None:
-        return False
-    named = zip((a.name for a in schema.arguments), args)
-    return any(name in GENERATOR_STATE_ARGS and isinstance(value, torch.Tensor)
-               for name, value in (*named, *kwargs.items()))
+        return []
+    return [*zip((a.name for a in schema.arguments), args), *kwargs.items()]
+
+
+def _reads_state(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a tensor argument of `func` is a state its forward left or its data's structure (STATE_ARGS)."""
+    return any(name in STATE_ARGS and isinstance(value, torch.Tensor) for name, value in _named(func, args, kwargs))
+
+
+def int_bounds(func, args: tuple, kwargs: dict) -> list[int]:
+    """The int arguments of a call that bound its indices (INDEX_BOUND_ARGS)."""
+    return [v for name, v in _named(func, args, kwargs) if name in INDEX_BOUND_ARGS and isinstance(v, int) and v > 0]
 
 
 def index_bound(leaves: tuple) -> int:

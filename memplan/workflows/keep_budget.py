@@ -3,7 +3,8 @@
 A trace sees what the dispatcher sees. On a GPU the allocator's counters see more (what
 memplan.cost.device_memory cannot model: an op's inner memory its isolated measurement
 missed, a library's buffer, the allocator's slack). The first planned steps are metered;
-when one measures more than the budget, the excess over its simulated peak becomes a margin:
+when one measures more than the budget (on a GPU: allocated bytes, or reserved bytes beyond the
+budget + 5%, memplan.workflows.optimize.judged_bytes), the excess over its simulated peak becomes a margin:
 the planner plans again at the budget less the margin, before the next step. At most
 MAX_REPLANS times; a margin the planner cannot meet leaves the last plan in place, with a
 warning and the planner's error in `error`.

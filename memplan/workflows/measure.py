@@ -52,11 +52,12 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
         x = make_inputs(i)
         if meter is None:
             meter = StepMeter(_device(model, x), host=host, compiled=compiled)
-        if getattr(step, "meters_itself", False):
-            step(*x)
-            record = dict(step.steps[-1])
-        else:
-            record = meter.measure(step, x, model, optimizer)[1]
+        with numbered(i):
+            if getattr(step, "meters_itself", False):
+                step(*x)
+                record = dict(step.steps[-1])
+            else:
+                record = meter.measure(step, x, model, optimizer)[1]
         records.append({"step": i, **record})
         del x
         over_cap(records[-1]["measured_peak_bytes"], memory_cap, meter.device)
@@ -123,11 +124,24 @@ def time_steps(step: Callable, make_inputs: Callable[[int], tuple], indices: ran
         device = _device(model, x)
         _sync(device)
         started = now()
-        step(*x)
+        with numbered(i):
+            step(*x)
         _sync(device)
         times.append(now() - started)
         del x
     return times
+
+
+@contextlib.contextmanager
+def numbered(i: int):
+    """An exception out of step `i` carries its number (`memplan_step`): a failing run says which step
+    it came from (a GPU's errors surface at the step that synchronizes)."""
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, "memplan_step", None) is None:
+            exc.memplan_step = i
+        raise
 
 
 def _device(model, inputs) -> torch.device:

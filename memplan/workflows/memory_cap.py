@@ -8,9 +8,10 @@ so that what a plan keeps in allocated bytes it also keeps in reserved ones.
   shrink in pages and leave little unused in reserved memory, where fixed segments
   fragment: reserved was 1.3-2.5x the budget on an H200 without them).
 - `release_cache`: cached blocks from building the model are given back before training.
-- `hold_reserved`: once a plan keeps its budget (memplan.workflows.keep_budget), the allocator
-  may hold no more than the budget + RESERVED_TOLERANCE (or the cap, if smaller): past that it
-  frees its cache before it grows. On an H200 a capuchin plan at 3 GiB held 3.15 GiB reserved
+- `hold_reserved`: once a plan keeps its budget (memplan.workflows.keep_budget, which judges a
+  step's reserved bytes against the budget + RESERVED_TOLERANCE too), the allocator may hold no
+  more than the budget + RESERVED_TOLERANCE (or the cap, if smaller; never less than the step
+  that kept the budget reserved): past that it frees its cache before it grows. On an H200 a capuchin plan at 3 GiB held 3.15 GiB reserved
   this way, where under a 4 GiB cap the cache grew to 3.17-3.62 GiB (benchmarks/gpu_budget.py).
 - `refuse_what_cannot_fit`: a run whose plan simulates above the cap stops before training,
   naming planners and a budget that would fit.
@@ -67,13 +68,15 @@ def _index(device: torch.device) -> int:
     return torch.cuda.current_device() if device.index is None else device.index
 
 
-def hold_reserved(device, budget_bytes: int, memory_cap: int | None = None) -> None:
-    """Limit the allocator to the budget + RESERVED_TOLERANCE (or `memory_cap`, if smaller) from
-    now on, its cache emptied first (between steps; nothing to do on the CPU)."""
+def hold_reserved(device, budget_bytes: int, memory_cap: int | None = None, reserved_bytes: int = 0) -> None:
+    """Limit the allocator to the budget + RESERVED_TOLERANCE, or to `reserved_bytes` (what the step
+    that kept the budget reserved) if more, or to `memory_cap` if smaller, from now on, its cache
+    emptied first (between steps; nothing to do on the CPU). Never below what that step needed: a
+    limit under it would turn a plan that fits into an out-of-memory error."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return
-    limit = int(budget_bytes * (1 + RESERVED_TOLERANCE))
+    limit = max(int(budget_bytes * (1 + RESERVED_TOLERANCE)), reserved_bytes)
     limit = limit if memory_cap is None else min(limit, memory_cap)
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()

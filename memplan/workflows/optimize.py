@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import warnings
 from typing import Callable
@@ -51,6 +52,7 @@ from ..sim.program import compile_program
 from .compiled import CompiledStep, compiled_step
 from .cuda_graph import CudaGraphs, changed_inputs, check_mode, graphs_for
 from .keep_budget import BudgetKeeper
+from .memory_cap import RESERVED_TOLERANCE
 from .step_trace import (device_of, find_in_step, input_signature, is_fake, load_trace, model_of,
                          prime_optimizer_state, trace_step)
 
@@ -163,7 +165,7 @@ class OptimizedStep:
         """After a measured step: plan again if it was over the budget (memplan.workflows.keep_budget)."""
         if self.keeper is None or self.keeper.settled:
             return
-        measured = self.runtime.steps[-1].get("measured_peak_bytes")
+        measured = judged_bytes(self.runtime.steps[-1])
         if measured is None:
             return
         plan = self.keeper.after_step(measured, self.program.predicted.peak_load_bytes)
@@ -220,7 +222,9 @@ class OptimizedStep:
         self.runtime.restore()
 
     def close(self) -> None:
-        """Bring everything back to the device; release the host slabs and the copy lanes."""
+        """Bring everything back to the device; release the CUDA graph, the host slabs and the copy lanes."""
+        if self.graphs is not None:
+            self.graphs.close()
         self.runtime.close()
 
 
@@ -353,6 +357,16 @@ def _saved_plan(plan, trace: Trace) -> Plan | None:
     plan = read_plan(plan, trace) if not isinstance(plan, Plan) else plan
     check_plan(trace, plan)
     return plan
+
+
+def judged_bytes(record: dict) -> int | None:
+    """What a measured step is judged on against the budget: its allocated peak, and on a GPU its reserved
+    peak less the share the allocator may hold beyond the budget (memplan.workflows.memory_cap): what
+    `hold_reserved` then enforces is what a step that kept the budget held. None: not measured."""
+    allocated, reserved = record.get("measured_peak_bytes"), record.get("measured_peak_reserved_bytes")
+    if allocated is None or reserved is None:
+        return allocated
+    return max(allocated, math.ceil(reserved / (1 + RESERVED_TOLERANCE)))
 
 
 def _hooked(executor: str, model) -> bool:

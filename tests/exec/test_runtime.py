@@ -12,6 +12,7 @@ import weakref
 import pytest
 import torch
 
+from memplan.exec.engine import InlineCopyEngine
 from memplan.workflows.optimize import optimize, trace_step
 
 from tests.exec.helpers import batches, recompute_plan, state_diffs, swap_all_plan, tiny_workload
@@ -89,3 +90,42 @@ def test_a_step_cut_short_frees_its_memory_and_training_goes_on_as_plain(tiny, k
     assert [s["aborted"] for s in stats["steps_measured"]] == [i == FAILING for i in range(STEPS)]
     assert stats["diverged_steps"] == 0  # cut short is not off the plan
     assert not any(s["diverged"] for s in stats["steps_measured"])
+
+
+class OneCopyAtATime(InlineCopyEngine):
+    """Inline copy lanes that fail a copy submitted from inside a copy: an executor whose own copy
+    re-enters its dispatch mode, which brings the same storage back again (on a GPU: an allocation on
+    the copy stream, a lane waiting on itself, the bytes copied twice)."""
+
+    def __init__(self):
+        self.copying = False
+
+    def submit(self, lane, fn, *, after=None):
+        assert not self.copying, f"a {lane} copy submitted from inside a copy"
+        self.copying = True
+        try:
+            return super().submit(lane, fn, after=after)
+        finally:
+            self.copying = False
+
+
+@pytest.mark.parametrize("how", ["cut short", "ended early"])
+def test_storages_come_back_once_when_a_step_leaves_its_plan_midway(tiny, how):
+    """Finding 2 (the H200's `_cdata` crash): a swap-in that runs while the interpreted runner's mode is
+    entered (an aborted step's restore, the divergence at a step's end) went through the mode's guard,
+    which brought the same entry back from inside its own copy, before it was marked coming."""
+    w = _armed_workload("backward")
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=swap_all_plan(tiny), trace=tiny,
+                    executor="interpreted")
+    step.runtime.engine = step.runtime.runner.engine = OneCopyAtATime()
+    x = batches(w, 1)[0]
+    if how == "cut short":
+        w.armed = True
+        with pytest.raises(Boom):
+            step(*x)
+    else:  # forward only: the step ends with its activations away and most of the trace not run
+        step.step_fn = lambda x, y: w.model(x).sum()
+        step(*x)
+        assert step.stats()["diverged_steps"] == 1
+    assert step.stats()["restored"] > 0 and not step.runtime.runner.away
+    step.close()

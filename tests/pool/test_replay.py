@@ -4,6 +4,10 @@ overlapping live blocks (an independent oracle checks every address it returns).
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -237,3 +241,17 @@ def test_drifting_steps_never_get_overlapping_live_blocks(alloc, case):
     if not (any(case["grow"]) or skip or any(case["side"]) or any(case["drift"]) or any(case["extra"].values())
             or any(case["shift"])):
         assert s["served"] == 2 * n and s["fallbacks"] == 0
+
+
+def test_an_exhausted_device_ends_the_process_in_one_line_not_with_a_null_pointer():
+    """Finding 8: PyTorch's pluggable allocator takes what the allocator returns without a check
+    (CUDAPluggableAllocator.cpp): a NULL for a tensor's bytes is an illegal address later, far from its
+    cause. The CUDA backend, built here without a CUDA runtime to allocate from, is exhausted at once."""
+    code = ("from memplan.pool.replay_allocator import ReplayAllocator\n"
+            "a = ReplayAllocator('cuda')\n"
+            "print('served', a.lib.memplan_malloc(4096, 0, None), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "served" not in done.stdout and done.returncode == -signal.SIGABRT
+    assert done.stderr.strip().splitlines()[-1] == (
+        "memplan pool: out of device memory: 4096 bytes requested, 0 held (the plan's pool: 0); PyTorch takes no "
+        "null pointer from a pluggable allocator, so the process ends here")

@@ -1,5 +1,6 @@
 """Issue 36 without a GPU: `gpu_run.sh --dry-run` runs every row of the GPU run on the CPU, and
-every paper's planner (the seed papers the registry cites) has a row."""
+every paper's planner (the seed papers the registry cites) has a row; issue 51's sanitized case runs
+on the CPU's CUDA stand-in and keeps CUDA's rules."""
 
 from __future__ import annotations
 
@@ -113,9 +114,13 @@ def test_bad_arguments_fail_in_one_line(args, tmp_path):
 @pytest.mark.slow
 def test_the_dry_run_runs_every_row_within_budget_bit_identical(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
-    done = subprocess.run(["bash", "benchmarks/gpu_run.sh", "--dry-run", str(tmp_path)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["bash", "benchmarks/gpu_run.sh", "--dry-run", str(tmp_path), "gpu_sanitizer", "gpu_pytest",
+                           "gpu_budget"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+    sanitized = {r["case"]: r for r in map(json.loads, (tmp_path / "gpu_sanitizer.jsonl").read_text().splitlines())}
+    assert sanitized["eager"].get("error") is None and sanitized["eager"]["max_param_diff"] == 0.0  # CUDA's rules kept
+    assert sanitized["captured"].get("error") is None and sanitized["captured"]["captured"]  # on the CPU stand-in
+    assert sanitized["eager"]["moved"] > 0 and sanitized["captured"]["moved"] > 0
     records = [json.loads(line) for line in (tmp_path / "gpu_budget.jsonl").read_text().splitlines()]
     # a row's key: the dry run gives the searches shorter limits and the model conv source for cudnn
     rows = {(r["group"], r["case"], r["planner"], (r.get("params") or {}).get("policy")): r
@@ -182,3 +187,21 @@ def test_a_pool_group_asks_nothing_of_cuda_before_its_run(tmp_path, monkeypatch)
     args = type("Args", (), {"out": str(tmp_path), "dry_run": True, "deadline_s": 60})()
     gpu_budget.group_main("resnet50-doa-pool", args)
     assert order == ["autoswap:doa+smartpool", "device"]
+
+
+def test_a_failed_row_names_its_step_and_its_first_error():
+    """Issue 51: a GPU error surfaces later "due to a previous error"; a row keeps the first one and the step."""
+    gpu_cases = _load("gpu_cases")
+    try:
+        try:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        except RuntimeError:
+            raise RuntimeError("operation failed due to a previous error during capture")
+    except RuntimeError as exc:
+        exc.memplan_step, exc.memplan_phase = 3, "the capture"
+        rec = {"failed_at": gpu_cases.failed_at(exc), "error": gpu_cases.failure(exc)}
+    assert gpu_cases.error_of(rec) == (
+        "step 3 (the capture): RuntimeError: CUDA error: an illegal memory access was encountered "
+        "(then RuntimeError: operation failed due to a previous error during capture)")
+    assert gpu_cases.failed_at(ValueError("no room")) == "before the first step"
+    assert gpu_cases.failure(ValueError("no room")) == "ValueError: no room"  # a row's error as it was

@@ -237,3 +237,54 @@ def test_fake_cuda_trace_ops_are_timed_on_the_gpu():
     tr = trace_workload("transformer-encoder", 2, fake=True, device="cuda", time_ops=True)
     assert tr.meta["op_times"]["device"].startswith("cuda") and tr.meta["op_times"]["failed"] == {}
     assert all(o.duration_s > 0 for o in tr.ops)
+
+
+def test_ops_whose_arguments_are_a_forwards_state_or_structure_are_not_run():
+    """Finding 10: beyond philox seeds, made-up cuDNN RNN dropout states and reserve spaces, and embedding
+    bags' offsets, are read by their kernels as what the forward (or the data) made them: made-up ones can
+    write out of bounds on a device, which poisons its context. They are priced instead."""
+    bench = opbench.OpBench("cpu")
+    x, state = torch.zeros(4, 2, 8), torch.zeros(64, dtype=torch.uint8)
+    rnn = torch.ops.aten._cudnn_rnn.default
+    args = (x, [x], 1, None, x, None, 2, 8, 0, 1, False, 0.5, True, False, [], state)
+    assert bench.call(rnn, args, {}) is None
+    bag = torch.ops.aten._embedding_bag.default
+    assert bench.call(bag, (torch.zeros(10, 4), torch.zeros(6, dtype=torch.long), torch.zeros(2, dtype=torch.long)),
+                      {}) is None
+    assert bench.summary()["not_run"] == {str(rnn): 1, str(bag): 1}
+
+
+def test_made_up_indices_stay_below_an_int_bound_of_the_call():
+    """Finding 10: embedding backward scatters into `num_weights` rows, an int argument: indices bounded
+    only by the tensors' dimensions could write past them."""
+    bench = opbench.OpBench("cpu")
+    with new_fake_mode() as mode:
+        grad = mode.from_tensor(torch.zeros(8, 16, 32))
+        indices = mode.from_tensor(torch.zeros(8, 16, dtype=torch.long))
+    call = bench.call(torch.ops.aten.embedding_dense_backward.default, (grad, indices, 3, -1, False), {})
+    args, _ = bench._materialize(call)
+    assert int(args[1].max()) < 3
+    bench.time(0, call)
+    assert bench.durations(1)[0] > 0
+
+
+def test_op_times_are_kept_under_an_allocator_without_statistics(monkeypatch):
+    """Finding 11: under the pool allocator (a pluggable one) the inner-memory measurement's
+    reset_peak_memory_stats raises, and the failure discarded every op's time."""
+    import contextlib
+
+    class OnTheGpu(opbench.OpBench):
+        _cuda = True
+
+    def no_statistics(*args, **kwargs):
+        raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats.")
+
+    monkeypatch.setattr(torch.cuda, "memory_stats", no_statistics)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.random, "fork_rng", lambda devices=(): contextlib.nullcontext())
+    monkeypatch.setattr(opbench, "cuda_timer", opbench.wall_timer)
+    monkeypatch.setattr(opbench, "inner_memory", lambda fn: no_statistics())
+    bench = OnTheGpu("cpu")
+    bench.time(0, bench.call(torch.ops.aten.mul.Tensor, (torch.ones(4), torch.ones(4)), {}))
+    assert bench.durations(1)[0] > 0 and bench.summary()["failed"] == {}
+    assert bench.inner_bytes() == {} and bench.summary()["inner_memory"] == "the allocator keeps no statistics"

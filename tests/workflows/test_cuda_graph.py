@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -373,6 +374,9 @@ class CpuGraphed:
         self.replays += 1
         return self.run_step(inputs)
 
+    def release(self):
+        self.graph = None
+
     def report(self):
         return {"warmup_steps": self.warmed, "replays": self.replays, "memory": {}}
 
@@ -406,15 +410,21 @@ def test_the_option_warms_up_captures_then_replays(monkeypatch, caplog, mode):
     graph = step.stats()["cuda_graph"]
     assert graph["captured"] and graph["warmup_steps"] == WARMUP_STEPS and graph["replays"] == 3
     x = w.make_inputs(w.batch, seed=200)
-    if mode == "on":
-        with pytest.raises(MemplanError, match="an input that is not a tensor: differs from the captured one"):
-            step(*x, 2.0)
-    else:
-        with caplog.at_level(logging.WARNING, logger="memplan.workflows.cuda_graph"):
-            step(*x, 2.0)  # eagerly: a graph replays the number it captured
-        assert step.graphs.refused_calls == 1 and step.graphs.graphed.replays == 3
-        assert "an input that is not a tensor" in caplog.text
+    _refused(step, mode, lambda: step(*x, 2.0), "an input that is not a tensor: differs from the captured one", caplog)
     step.close()
+
+
+def _refused(step, mode: str, call, match: str, caplog) -> None:
+    """`call()` cannot be replayed: with "on" an error, with "auto" an eager step and one warning."""
+    replays = step.graphs.graphed.replays
+    if mode == "on":
+        with pytest.raises(MemplanError, match=match):
+            call()
+        return
+    with caplog.at_level(logging.WARNING, logger="memplan.workflows.cuda_graph"):
+        call()  # eagerly: a graph replays the values it captured
+    assert step.graphs.refused_calls == 1 and step.graphs.graphed.replays == replays
+    assert re.search(match, caplog.text)
 
 
 def test_a_failed_capture_is_a_warning_with_auto_then_eager_steps(monkeypatch, caplog):
@@ -449,3 +459,42 @@ def test_a_failed_capture_names_the_error_that_broke_it():
     assert line == ("RuntimeError: operation not permitted when stream is capturing "
                     "(then RuntimeError: operation failed due to a previous error during capture)")
     assert _first_error(ValueError("alone")) == "ValueError: alone"
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_changed_learning_rate_is_not_replayed(monkeypatch, caplog, mode):
+    """Finding 6: a graph replays the optimizer's hyper-parameters as it captured them (a float lr is a
+    kernel argument): a scheduler's new learning rate would be ignored by every replay."""
+    from memplan.exec.graphed import WARMUP_STEPS
+    from memplan.workflows import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "GraphedStep", CpuGraphed)
+    w, step_fn = _scaled_step()
+    step = optimize(step_fn, *w.inputs, 1.0, model=w.model, optimizer=w.optimizer, planner="sqrt-n", budget="100%")
+    step.graphs = CudaGraphs(mode, torch.device("cuda"), CaptureCheck())
+    scheduler = torch.optim.lr_scheduler.StepLR(w.optimizer, step_size=WARMUP_STEPS + 1, gamma=0.5)
+    for i in range(WARMUP_STEPS + 1):  # warm-up, then the capture (and its replay)
+        step(*w.make_inputs(w.batch, seed=100 + i), 1.0)
+        scheduler.step()
+    assert step.graphs.graphed.replays == 1 and w.optimizer.param_groups[0]["lr"] == 0.05
+    x = w.make_inputs(w.batch, seed=200)
+    _refused(step, mode, lambda: step(*x, 1.0), "the optimizer's lr of group 0: 0.05 where the graph captured 0.1 "
+                                                "\\(a graph replays the values it captured: give the optimizer tensor", caplog)
+    step.close()
+
+
+@pytest.mark.parametrize("executor", ["auto", "interpreted"])
+def test_recomputations_that_set_the_generator_are_refused_before_torch_2_10(tiny, executor):
+    """Finding 9: a recomputation sets the CUDA generator's state back (a region run, a replayed random op),
+    which a capture allows from torch 2.10 on, while memplan allows torch 2.4."""
+    from memplan.exec.capturable import check_program
+
+    _, trace = tiny
+    program = compile_program(trace, recompute_plan(trace), Problem.of(trace).cost, hooks=executor == "auto")
+    assert program.level == ("hooked" if executor == "auto" else "interpreted")
+    refused = [r.line() for r in check_program(program, trace, torch_version="2.9.1+cu128")]
+    assert refused == ["the plan's recomputations: set the CUDA generator's state back inside the capture, which "
+                       "torch 2.9.1+cu128 does not allow (2.10 and later do)"]
+    assert check_program(program, trace, torch_version="2.10.0") == []
+    swaps = compile_program(trace, swap_all_plan(trace), Problem.of(trace).cost)
+    assert check_program(swaps, trace, torch_version="2.9.1") == []

@@ -11,10 +11,10 @@ from torch import nn
 
 from memplan.errors import MemplanError
 from memplan.exec.graphed import WARMUP_STEPS
-from memplan.workflows.optimize import optimize
+from memplan.workflows.optimize import optimize, prime_optimizer_state, trace_step
 from memplan.workflows.run import BUDGET_TOLERANCE
 
-from tests.exec.helpers import train_step_of
+from tests.exec.helpers import swap_all_plan, train_step_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")]
 
@@ -54,16 +54,24 @@ def _train(step) -> list[float]:
     return [float(step(*_batch(i))) for i in range(STEPS)]
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.parametrize("planner,budget", [("none", None), ("sqrt-n", "70%"), ("autoswap:doa", "70%")])
-def test_a_captured_step_trains_as_eager_training_does(planner, budget, optimizer):
+def _eager(optimizer: str) -> tuple[list, list]:
+    """Plain eager training's losses and parameters after STEPS steps."""
     model, opt, step_fn = _workload(optimizer)
     losses = _train(step_fn)
-    eager = [p.detach().clone() for p in model.parameters()]
-    del model, opt, step_fn
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("planner,budget", [("none", None), ("sqrt-n", "70%"), ("activation swaps", None)])
+def test_a_captured_step_trains_as_eager_training_does(planner, budget, optimizer):
+    losses, eager = _eager(optimizer)
     model, opt, step_fn = _workload(optimizer)
-    step = optimize(step_fn, *_batch(0), model=model, optimizer=opt, planner=planner, budget=budget,
-                    cuda_graph="on", measure=True)
+    how = {"planner": planner, "budget": budget}
+    if planner == "activation swaps":  # every saved activation swapped: copy lanes and events in the capture
+        prime_optimizer_state(opt)  # the trace is a steady-state step, as optimize's own
+        trace = trace_step(step_fn, _batch(0), model, opt, fake=True)
+        how = {"plan": swap_all_plan(trace), "trace": trace}
+    step = optimize(step_fn, *_batch(0), model=model, optimizer=opt, cuda_graph="on", measure=True, **how)
     assert _train(step) == losses  # each read back after its replay
     for p, q in zip(model.parameters(), eager):
         assert torch.equal(p, q)
@@ -74,6 +82,22 @@ def test_a_captured_step_trains_as_eager_training_does(planner, budget, optimize
     if budget is not None:  # the caller's batch lives beside the static copy the graph reads
         held = graph["memory"]["capture"]["allocated_bytes"] - graph["schedule"]["static_input_bytes"]
         assert held <= stats["budget_bytes"] * (1 + BUDGET_TOLERANCE)
+    step.close()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_plan_that_swaps_parameters_within_the_step_runs_eagerly(optimizer):
+    """Issue 51: autoswap:doa swaps weights of this net from their forward to their backward (and the batch):
+    a replay would read them where they were before the capture. Refused, the step trains eagerly."""
+    losses, eager = _eager(optimizer)
+    model, opt, step_fn = _workload(optimizer)
+    step = optimize(step_fn, *_batch(0), model=model, optimizer=opt, planner="autoswap:doa", budget="70%",
+                    cuda_graph="auto", measure=True)
+    assert _train(step) == losses
+    for p, q in zip(model.parameters(), eager):
+        assert torch.equal(p, q)
+    graph = step.stats()["cuda_graph"]
+    assert not graph["captured"] and "within the step" in graph["reason"]
     step.close()
 
 

@@ -178,8 +178,9 @@ class PlanPartitioner(CustomPartitionerFn):
 
 def compile_options(partitioner: PlanPartitioner, options: dict | None) -> dict:
     """`torch.compile`'s keyword arguments (`options` as a user gives them) with the plan's
-    partitioner: among Inductor's options, or, for the `aot_eager` backend (AOTAutograd without
-    code generation: a debugging backend), as its partition function.
+    partitioner: among Inductor's options (a mode given as the options it stands for: torch.compile
+    takes one or the other), or, for the `aot_eager` backend (AOTAutograd without code generation:
+    a debugging backend), as its partition function.
 
     Raises:
         MemplanError: another backend (its partitioner is not one memplan can give a plan to).
@@ -191,7 +192,11 @@ def compile_options(partitioner: PlanPartitioner, options: dict | None) -> dict:
     if backend != INDUCTOR:
         raise MemplanError(f"a plan is lowered onto the partitioner of {INDUCTOR!r} (or {AOT_EAGER!r}, without mode "
                            f"and options): backend {backend!r} cannot run it")
-    kwargs["options"] = {**(kwargs.get("options") or {}), "custom_partitioner_fn": partitioner}
+    from torch._inductor import list_mode_options
+
+    mode = kwargs.pop("mode", None) or "default"  # torch.compile takes a mode or options, not both: the mode as options
+    modal = list_mode_options(mode, kwargs.get("dynamic")) if mode != "default" else {}
+    kwargs["options"] = {**modal, **(kwargs.get("options") or {}), "custom_partitioner_fn": partitioner}
     return kwargs
 
 

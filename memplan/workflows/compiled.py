@@ -124,6 +124,10 @@ class CompiledStep:
         """The plan's simulated step on the compiled cost model."""
         return self._predicted
 
+    def last_step(self) -> dict:
+        """The record of the last metered step ({} before any)."""
+        return self.steps[-1] if self.steps else {}
+
     def __call__(self, *inputs):
         if input_signature(inputs) != self.signature and not self._warned:
             warnings.warn("memplan: inputs differ from the traced ones (shape or dtype): the compiled step "

@@ -131,8 +131,12 @@ class OptimizedStep:
 
     @property
     def predicted(self):
-        """The step program's simulated result (memplan.sim.result.SimResult)."""
+        """The step program's simulated result (memplan.model.program.Prediction)."""
         return self.program.predicted
+
+    def last_step(self) -> dict:
+        """The record of the last step run ({} before any)."""
+        return self.runtime.steps[-1] if self.runtime.steps else {}
 
     def host_buffers(self) -> tuple:
         """The host memory beside the device role (the runtime's slab): no meter counts it."""

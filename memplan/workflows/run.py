@@ -213,7 +213,7 @@ def _serve_allocator(run: _Run, step, mode: AllocatorMode):
         step.keeper = None  # a pooled run's layout is fixed: its requests are the plan's (memplan.exec.pooled)
     elif step.keeper is not None:
         step.on_settled = lambda: hold_reserved(run.device, step.keeper.budget_bytes, run.memory_cap,
-                                                step.runtime.steps[-1].get("measured_peak_reserved_bytes") or 0)
+                                                step.last_step().get("measured_peak_reserved_bytes") or 0)
     if run.memory_cap is not None and not run.baseline:
         refuse_what_cannot_fit(step, run.memory_cap, f"{run.name} at batch {run.batch}")
     return pool

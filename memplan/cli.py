@@ -21,11 +21,24 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader went away (`memplan info t.jsonl | head`)
 
 
+# Options renamed: an old spelling given to a command that no longer has it is told the new one.
+RENAMED = {"--device": ("--profile", "the cost model's device profile; --device, where torch runs, is an option "
+                                     "of the commands that trace or train")}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad option in one line and exits 2."""
 
     def error(self, message):
-        raise MemplanError(f"{self.prog}: {message}")
+        raise MemplanError(f"{self.prog}: {message}{_renamed(message)}")
+
+
+def _renamed(message: str) -> str:
+    """What a renamed option is called now, for the old spellings among unrecognized arguments."""
+    if not message.startswith("unrecognized arguments:"):
+        return ""
+    given = {word.split("=")[0] for word in message.split(":", 1)[1].split()}
+    return "".join(f"; {old} is {new} now ({why})" for old, (new, why) in RENAMED.items() if old in given)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ import os
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
-from ..errors import MemplanError, unknown_name
+from ..errors import MemplanError, UnknownNameError
 
 TFLOPS = 1e12
 GBPS = 1e9
@@ -153,7 +153,8 @@ def get_profile(name_or_path: str | DeviceProfile) -> DeviceProfile:
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         return read_profile(path)
-    raise unknown_name("device", name_or_path, BUILTIN)
+    raise UnknownNameError(f"unknown profile {name_or_path!r}; known: {', '.join(sorted(BUILTIN))}, or a profile "
+                           f"file that `memplan calibrate` wrote")
 
 
 def read_profile(path: str | os.PathLike) -> DeviceProfile:

@@ -196,7 +196,7 @@ def test_a_trace_cut_at_a_line_boundary(capsys, tmp_path, trace_file):
 
 
 def test_a_profile_is_called_a_profile(capsys, tmp_path, trace_file):
-    line = one_line_error(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--profile", "nosuch",
+    line = one_line_error(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--budget", "90%", "--profile", "nosuch",
                                    "-o", tmp_path / "p.json"])
     assert "unknown profile 'nosuch'" in line and "h100" in line and "memplan calibrate" in line
     with pytest.raises(MemplanError, match="unknown profile 'nosuch'"):
@@ -204,7 +204,7 @@ def test_a_profile_is_called_a_profile(capsys, tmp_path, trace_file):
 
 
 def test_an_option_that_was_renamed_says_what_it_is_called_now(capsys, tmp_path, trace_file):
-    line = one_line_error(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--device", "h100",
+    line = one_line_error(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--budget", "90%", "--device", "h100",
                                    "-o", tmp_path / "p.json"])
     assert "unrecognized arguments: --device h100" in line and "--device is --profile now" in line
     assert not (tmp_path / "p.json").exists()

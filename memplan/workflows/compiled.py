@@ -30,7 +30,7 @@ import torch
 
 from ..budget import budget_in_force, bytes_to_json
 from ..cost.compiled import compiled_cost
-from ..errors import MemplanError
+from ..errors import InfeasibleBudgetError, MemplanError
 from ..exec.partition import CompiledPlan, PlanPartitioner, compile_options, offload_available
 from ..model import Plan, Trace
 from ..model.program import COMPILED, Prediction
@@ -240,6 +240,19 @@ class CompiledStep:
         self.close()
 
 
+def _first_plan(problem: Problem, planner: str, offload: bool, params: dict, *, measured: bool) -> Plan:
+    """The plan compiled first: `planner`'s under the budget; where the trace's view of memory cannot
+    meet it but a measured step may (a compiled step holds less than the trace: it fuses and recomputes
+    on its own), the plan of the least load the planner reaches, which the keeper then measures."""
+    try:
+        return plan_compiled(problem, planner, offload, params)
+    except InfeasibleBudgetError as exc:
+        if not measured:
+            raise
+        log.info("compiled: %s; planned at that load, the compiled step's peak is measured against the budget", exc)
+        return plan_compiled(problem.at(exc.min_feasible_bytes), planner, offload, params)
+
+
 def _prediction(problem: Problem, plan: Plan) -> Prediction:
     """The simulation of `plan` on the compiled problem, as a step program's prediction."""
     budget, source = budget_in_force(None, plan.budget_bytes, problem.trace.peak_load_bytes)
@@ -265,9 +278,9 @@ def compiled_step(step_fn: Callable, inputs: tuple, trace: Trace, *, model, opti
     problem = compiled_problem(trace, budget, profile, seed)
     keeper = None
     if plan is None:
-        plan = plan_compiled(problem, planner, offload, params)
+        plan = _first_plan(problem, planner, offload, params, measured=measure is not False)
         if problem.limited and measure is not False:
-            keeper = FitOnce(budget_bytes=plan.budget_bytes,
+            keeper = FitOnce(budget_bytes=problem.budget_bytes,
                              make_plan=lambda nbytes: plan_compiled(problem.at(nbytes), planner, offload, params))
     return CompiledStep(step_fn, model, optimizer, problem, plan, trace=trace, keeper=keeper, options=options,
                         signature=input_signature(inputs), device=device, measure=measure)

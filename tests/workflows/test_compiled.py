@@ -175,3 +175,24 @@ def test_memplan_run_compile_keeps_the_budget_and_matches_plain_compiled_trainin
 def test_compile_options_that_do_not_go_together_are_one_clear_error(capsys, argv, message):
     assert main(["run", "vgg11-cifar", "--batch", "2", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_budget_below_the_traces_reach_is_planned_at_the_least_load_and_left_to_the_measured_step(monkeypatch):
+    # a compiled step holds less than the trace says (it fuses, and recomputes on its own): the plan of
+    # the least load the planner reaches may still keep a budget below it, which the keeper measures
+    import memplan.workflows.compiled as compiled
+
+    asked = []
+
+    def planner(problem, name, offload, params):
+        asked.append(problem.budget_bytes)
+        if problem.budget_bytes < 1000:
+            raise InfeasibleBudgetError("below", budget_bytes=problem.budget_bytes, min_feasible_bytes=1000)
+        return Plan(budget_bytes=problem.budget_bytes)
+
+    monkeypatch.setattr(compiled, "plan_compiled", planner)
+    problem = Problem(trace=None, cost=None, budget_bytes=900)
+    assert compiled._first_plan(problem, "auto", False, {}, measured=True).budget_bytes == 1000
+    assert asked == [900, 1000]
+    with pytest.raises(InfeasibleBudgetError):  # nothing measures it: the planner's refusal stands
+        compiled._first_plan(problem, "auto", False, {}, measured=False)

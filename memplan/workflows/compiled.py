@@ -48,6 +48,7 @@ _LIVE = ("plan", "predicted", "partitioner", "compiled")  # what a compilation's
 MIN_GAIN = 0.01  # a plan made to use memory the first left is compiled if it simulates this much faster
 METHOD = "method"  # the key of compile's options that names the model's method compiled (default "forward")
 SWAPLESS = "auto"  # the planner whose `swaps` parameter turns swaps off
+LEAST_TRIES = 3  # loads an infeasible budget names that are tried in turn for a plan the measured step may keep
 
 
 def compiled_problem(trace: Trace, budget, profile, seed: int = 0) -> Problem:
@@ -243,14 +244,19 @@ class CompiledStep:
 def _first_plan(problem: Problem, planner: str, offload: bool, params: dict, *, measured: bool) -> Plan:
     """The plan compiled first: `planner`'s under the budget; where the trace's view of memory cannot
     meet it but a measured step may (a compiled step holds less than the trace: it fuses and recomputes
-    on its own), the plan of the least load the planner reaches, which the keeper then measures."""
-    try:
-        return plan_compiled(problem, planner, offload, params)
-    except InfeasibleBudgetError as exc:
-        if not measured:
-            raise
-        log.info("compiled: %s; planned at that load, the compiled step's peak is measured against the budget", exc)
-        return plan_compiled(problem.at(exc.min_feasible_bytes), planner, offload, params)
+    on its own), the plan of the least load the planner reaches, which the keeper then measures (the
+    load an infeasible budget names is tried again: a search may name one it then misses)."""
+    load = problem.budget_bytes
+    for _ in range(LEAST_TRIES):
+        try:
+            return plan_compiled(problem.at(load), planner, offload, params)
+        except InfeasibleBudgetError as exc:
+            if not measured or exc.min_feasible_bytes <= load:
+                raise
+            log.info("compiled: %s; planned at that load, the compiled step's peak is measured against the budget",
+                     exc)
+            load = exc.min_feasible_bytes
+    return plan_compiled(problem.at(load), planner, offload, params)
 
 
 def _prediction(problem: Problem, plan: Plan) -> Prediction:

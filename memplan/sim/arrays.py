@@ -38,6 +38,13 @@ def host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
     return {PLAIN: plain, HOOKED: hooked, INTERPRETED: hooked + cost.executor_s("mode_op")}
 
 
+def producer_ids(trace: Trace) -> np.ndarray:
+    """Per storage, the op that made it (-1: none): recomputations at one op run in this order, so a
+    chain finds the inputs earlier ones rebuilt."""
+    return np.array([-1 if trace.producer(s) is None else trace.producer(s) for s in range(len(trace.storages))],
+                    dtype=np.int64)
+
+
 def csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Group `values` by integer `keys` in [0, n) as (ptr, ids)."""
     order = np.argsort(keys, kind="stable")

@@ -33,8 +33,9 @@ import numpy as np
 from ..model import Decision, Trace
 from ..model.hookpoints import first_packs, hook_points
 from ..model.program import HOOKED, INTERPRETED, PLAIN, RegionRun
+from .chains import Chain
 from .decisions import DecisionArrays
-from . import _codes as K
+from .arrays import producer_ids
 from .regions import Regions
 
 
@@ -47,6 +48,10 @@ class Lowered:
     source: tuple[Decision, ...]  # the plan's decisions
     kept: np.ndarray | None = None  # hooked: the positions in `source` of the decisions run (None: all, unmoved)
     regions: dict[int, RegionRun] = field(default_factory=dict)  # hooked: recompute decision -> its run
+    carriers: tuple[tuple[int, Chain], ...] = ()  # hooked: (decision, chain) of the decision that carries
+    # each run's time and memory (memplan.sim.regions)
+    read_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # hooked: sorted
+    # op * storages + storage of what the runs due at op read
     holds: dict[int, int] = field(default_factory=dict)  # hooked: storage -> the later free_op its run's hold gives it
     dropped: int = 0  # hooked: decisions left out (kept resident): no hook point or region runs them
     reason: str = ""  # why the first dropped decision was, or why the plan is interpreted
@@ -63,6 +68,15 @@ class Lowered:
                      for j, d in enumerate(self.source[k] for k in self.kept.tolist()))
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Placed:
+    """A plan's decisions moved onto hook points, before module calls are chosen to recompute."""
+
+    arrays: DecisionArrays  # the decisions that can run at hook points and keep a gap there, moved onto them
+    index: np.ndarray  # their positions in the plan
+    reason: str  # why the first decision that cannot run at hook points cannot ("" when all can)
+
+
 def as_given(level: str, decisions: tuple[Decision, ...], arrays: DecisionArrays, reason: str = "") -> Lowered:
     """`decisions` run as planned at `level` (interpreted, or plain without decisions)."""
     return Lowered(level=level, arrays=arrays, source=decisions, reason=reason)
@@ -71,8 +85,9 @@ def as_given(level: str, decisions: tuple[Decision, ...], arrays: DecisionArrays
 class Lowering:
     """Lowers plans of one trace (per-trace facts are computed once; search planners lower many)."""
 
-    def __init__(self, trace: Trace, durations: np.ndarray):
+    def __init__(self, trace: Trace, durations: np.ndarray, place_decisions):
         self.trace = trace
+        self._place = place_decisions  # memplan.sim._events.place_decisions, compiled or interpreted
         self.points = hook_points(trace.saved, len(trace.ops))
         self._points = np.array(self.points, dtype=np.int64)
         self.first_pack = first_packs(trace.saved)  # storage -> index of its first pack
@@ -81,7 +96,7 @@ class Lowering:
         for sid, k in self.first_pack.items():
             self._first_packed_at[sid] = trace.saved[k].packed_at
         self._backward = np.array([op.phase == "backward" for op in trace.ops], dtype=np.bool_)
-        self.regions = Regions(trace, durations, self.first_pack)
+        self.regions = Regions(trace, durations, self.first_pack, producer_ids(trace))
 
     # --- points ------------------------------------------------------------------------------
 
@@ -100,6 +115,11 @@ class Lowering:
         cannot be hooked at all)."""
         decisions = tuple(decisions)
         arrays = DecisionArrays.of(decisions) if arrays is None else arrays
+        return self.given(decisions, arrays) or self.with_regions(decisions, self.place(decisions, arrays))
+
+    def given(self, decisions: tuple[Decision, ...], arrays: DecisionArrays) -> Lowered | None:
+        """`decisions` as they run where they have no hooked form (plain without decisions, else
+        interpreted), None where they have one."""
         if not decisions:
             return as_given(PLAIN, decisions, arrays)
         if not self.trace.saved:
@@ -108,39 +128,46 @@ class Lowering:
         if self.trace.engine_owned and arrays.recompute.any():  # DDP and FSDP2 hook their modules' calls
             return as_given(INTERPRETED, decisions, arrays,
                             "a data-parallel engine's module calls do not run again alone: replayed op by op")
+        return None
+
+    def place(self, decisions: tuple[Decision, ...], arrays: DecisionArrays) -> Placed:
+        """The decisions of a plan with a hooked form (`given` is None) moved onto hook points."""
         moved, unhookable, left = self._moved(arrays)
-        placed = np.flatnonzero(~unhookable & ~left)
-        candidates = moved.take(placed)
-        regions, unmade = self.regions.assign(candidates)
-        why = (self._unhookable(decisions[int(np.argmax(unhookable))]) if unhookable.any() else
-               f"no module call can recompute storage {candidates.storage[unmade[0]]}" if unmade else "")
+        index = np.flatnonzero(~unhookable & ~left)
+        return Placed(arrays=moved.take(index), index=index,
+                      reason=self._unhookable(decisions[int(np.argmax(unhookable))]) if unhookable.any() else "")
+
+    def with_regions(self, decisions: tuple[Decision, ...], placed: Placed) -> Lowered:
+        """The hooked form of `decisions` from their placed form: each recompute decision given its region
+        run (memplan.sim.regions), those none can run dropped."""
+        candidates, index = placed.arrays, placed.index
+        runs = self.regions.assign(candidates)
+        regions, unmade, carriers = runs.regions, runs.unmade, runs.carriers
+        why = placed.reason or (f"no module call can recompute storage {candidates.storage[unmade[0]]}"
+                                if unmade else "")
         if unmade:
-            runs = np.ones(len(placed), dtype=np.bool_)
-            runs[unmade] = False
-            position = np.cumsum(runs) - 1
-            regions = {int(position[k]): run for k, run in regions.items()}
-            placed, candidates = placed[runs], candidates.take(runs)
-        if not len(placed):  # nothing left to act on
-            return Lowered(level=PLAIN, arrays=candidates, source=decisions, kept=placed,
+            made = np.ones(len(index), dtype=np.bool_)
+            made[unmade] = False
+            position = (np.cumsum(made) - 1).tolist()
+            regions = {position[k]: run for k, run in regions.items()}
+            carriers = [(position[k], chain) for k, chain in carriers]
+            index, candidates = index[made], candidates.take(made)
+        if not len(index):  # nothing left to act on
+            return Lowered(level=PLAIN, arrays=candidates, source=decisions, kept=index,
                            dropped=len(decisions), reason=why)
-        return Lowered(level=HOOKED, arrays=candidates, source=decisions, kept=placed, regions=regions,
-                       holds=self.regions.holds(candidates, regions), dropped=len(decisions) - len(placed),
+        return Lowered(level=HOOKED, arrays=candidates, source=decisions, kept=index, regions=regions,
+                       carriers=tuple(carriers), read_codes=runs.read_codes,
+                       holds=self.regions.holds(candidates, regions), dropped=len(decisions) - len(index),
                        reason=why)
 
     def _moved(self, a: DecisionArrays) -> tuple[DecisionArrays, np.ndarray, np.ndarray]:
         """Every decision moved onto hook points, which of them cannot run at hook points at all
         (`_unhookable`), and which have an empty gap there (left out, the storage stays)."""
-        points = self._points
-        after_out = points[np.searchsorted(points, a.out_after + 1, side="left")]
-        first = self._first_packed_at[a.storage]
-        unhookable = (first < 0) | a.wraps | ~self._backward[a.back_before] | (first > after_out)
-        out = after_out - 1
-        back = np.where(a.recompute, points[np.searchsorted(points, a.back_before, side="right") - 1], a.back_before)
-        trigger = np.maximum(points[np.searchsorted(points, a.prefetch_at, side="right") - 1], out + 1)
-        left = np.where(a.recompute, back <= out + 1, out + 1 >= a.back_before)
+        out, back, prefetch, sync, unhookable, left = self._place(
+            self._points, self._first_packed_at, self._backward, a.storage, a.recompute, a.out_after, a.back_before,
+            a.prefetch_at, a.sync)
         moved = DecisionArrays(storage=a.storage, recompute=a.recompute, out_after=out, back_before=back,
-                               prefetch_at=np.where(a.recompute, back, trigger),
-                               sync=np.where(a.recompute, a.sync, a.sync & ~K.OVERLAP), ratio=a.ratio)
+                               prefetch_at=prefetch, sync=sync, ratio=a.ratio)
         return moved, unhookable, left
 
     def _unhookable(self, d: Decision) -> str:

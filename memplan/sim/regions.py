@@ -17,7 +17,9 @@ thousands of plans that differ in a few decisions).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
+from operator import itemgetter
 
 import numpy as np
 
@@ -37,63 +39,70 @@ class _Run:
     chain: Chain  # its time and memory, as the first capture's chain (the others adopted)
 
 
-class _Away:
-    """Where a plan keeps its storages away: open intervals (out_after, back_before) per storage."""
+@dataclass(frozen=True, kw_only=True)
+class _Group:
+    """The region runs of the recompute decisions due at one op (its members, in plan order)."""
 
-    def __init__(self, arrays: DecisionArrays):
-        self.arrays = arrays
-        self.decided = set(arrays.storage.tolist())
-        self._gaps: dict[int, list[tuple[int, int]]] | None = None
+    made: tuple[tuple[int, RegionRun], ...]  # (member, its run)
+    unmade: tuple[int, ...]  # members no call can run
+    carriers: tuple[tuple[int, Chain], ...]  # (member, chain of its run): the first member of each run in
+    # the order they run (producer order), which carries the run's time and memory; the others are adopted
+    read_codes: np.ndarray  # int64, sorted: op * storages + storage of each storage those runs read
 
-    def any_at(self, storages: frozenset, at: int) -> bool:
-        """True when one of `storages` is away at op `at`."""
-        if storages.isdisjoint(self.decided):
-            return False
-        if self._gaps is None:
-            self._gaps = {}
-            a = self.arrays
-            for s, lo, hi in zip(a.storage.tolist(), a.out_after.tolist(), a.back_before.tolist()):
-                self._gaps.setdefault(s, []).append((lo, hi))
-        return any(lo < at < hi for r in storages & self.decided for lo, hi in self._gaps[r])
+
+@dataclass(frozen=True, kw_only=True)
+class Assigned:
+    """The region runs of a plan's recompute decisions (positions in its columns)."""
+
+    regions: dict[int, RegionRun]  # recompute decision -> its run
+    unmade: list[int]  # recompute decisions no call can run, ascending
+    carriers: list[tuple[int, Chain]]  # (decision, chain) of the decision that carries each run at its op
+    read_codes: np.ndarray  # int64, sorted: op * storages + storage of each storage a run due at op reads
+
+
+NOTHING = Assigned(regions={}, unmade=[], carriers=[], read_codes=np.zeros(0, dtype=np.int64))
 
 
 class Regions:
     """Region runs of one trace's module calls (per-trace facts computed once)."""
 
-    def __init__(self, trace: Trace, durations: np.ndarray, first_pack: dict[int, int]):
+    def __init__(self, trace: Trace, durations: np.ndarray, first_pack: dict[int, int], producers: np.ndarray):
         self.trace = trace
         self.durations = durations
+        self.producers = producers  # storage -> the op that made it (-1: none); runs at one op go in that order
         self.first_pack = first_pack  # storage -> index of its first pack
         self.calls = trace.calls
         self._buffers = frozenset(o.storage for o in trace.owners if o.kind == "buffer")
         self._runs: dict = {}  # (call, captures) -> _Run
         self._able: dict = {}  # (storage, op) -> ((call, inputs), ...) that can run it where no input is away
         self._inputs_memo: dict = {}
-        self._groups: dict = {}  # (op, storages, valid calls) -> the run of each storage (None: no call)
+        self._groups: dict = {}  # (op, storages, those of their calls' inputs away) -> _Group
+        self._reads_memo: dict = {}  # (op, storages) -> what the calls that can run them read
 
-    def assign(self, arrays: DecisionArrays) -> tuple[dict[int, RegionRun], list[int]]:
-        """The region run of every recompute decision of `arrays` (by position), and the positions of
-        those no call can run (ascending)."""
+    def assign(self, arrays: DecisionArrays) -> Assigned:
+        """The region run of every recompute decision of `arrays` (by position)."""
         rec = np.flatnonzero(arrays.recompute)
         if not len(rec):
-            return {}, []
-        groups: dict[int, list[int]] = {}
-        for k, at in zip(rec.tolist(), arrays.back_before[rec].tolist()):
-            groups.setdefault(at, []).append(k)
+            return NOTHING
+        backs = arrays.back_before[rec]
+        order = np.argsort(backs, kind="stable")
         sids = arrays.storage.tolist()
-        away = _Away(arrays)
-        out: dict[int, RegionRun] = {}
-        unmade: list[int] = []
-        for at, members in groups.items():
+        gaps: dict[int, list[tuple[int, int]]] = {}  # storage -> the open intervals it is away in
+        for sid, lo, hi in zip(sids, arrays.out_after.tolist(), arrays.back_before.tolist()):
+            gaps.setdefault(sid, []).append((lo, hi))
+        regions, unmade, carriers, codes = {}, [], [], []
+        for at, rows in itertools.groupby(zip(backs[order].tolist(), rec[order].tolist()), key=itemgetter(0)):
+            members = [k for _, k in rows]
             storages = tuple(sids[k] for k in members)
-            valid = tuple(tuple(c for c, inputs in self._able_calls(s, at) if not away.any_at(inputs, at))
-                          for s in storages)
-            for k, run in zip(members, self._group(at, storages, valid)):
-                if run is None:
-                    unmade.append(k)
-                else:
-                    out[k] = run
-        return out, sorted(unmade)
+            gone = frozenset(r for r in self._reads(at, storages).intersection(gaps)
+                             if any(lo < at < hi for lo, hi in gaps[r]))
+            group = self._group(at, storages, gone)
+            regions.update((members[j], run) for j, run in group.made)
+            unmade.extend(members[j] for j in group.unmade)
+            carriers.extend((members[j], chain) for j, chain in group.carriers)
+            codes.append(group.read_codes)
+        # the codes are sorted: the ops ascend, each in its own range
+        return Assigned(regions=regions, unmade=sorted(unmade), carriers=carriers, read_codes=np.concatenate(codes))
 
     def holds(self, arrays: DecisionArrays, regions: dict[int, RegionRun]) -> dict[int, int]:
         """Arguments of calls run again that the trace frees before their last run: held until it."""
@@ -109,26 +118,14 @@ class Regions:
                     out[a] = max(out.get(a, 0), at + 1)
         return out
 
-    def ordered(self, arrays: DecisionArrays, regions: dict[int, RegionRun],
-                producers: np.ndarray) -> list[tuple[int, Chain | None]]:
-        """The recompute decisions of a hooked plan in the order they run (producer order at each op),
-        each with its run's chain, or None when an earlier one at that op runs the same call (it is
-        adopted from that run)."""
-        back, sid = arrays.back_before, arrays.storage
-        out: list[tuple[int, Chain | None]] = []
-        seen: set = set()
-        for k in sorted(regions, key=lambda k: (back[k], producers[sid[k]], k)):
-            run = regions[k]
-            key = (run, int(back[k]))
-            out.append((k, None if key in seen else self._run(run.call, run.captures).chain))
-            seen.add(key)
-        return out
-
-    def chains(self, arrays: DecisionArrays, regions: dict[int, RegionRun], producers: np.ndarray) -> dict[int, Chain]:
+    def chains(self, arrays: DecisionArrays, regions: dict[int, RegionRun],
+               carriers: list[tuple[int, Chain]]) -> dict[int, Chain]:
         """The chain of every recompute decision of a hooked plan: the first of a run (in producer
-        order) carries the run's time and memory, the others are adopted by it."""
+        order; `carriers`) carries the run's time and memory, the others are adopted by it."""
+        carried = dict(carriers)
         out: dict[int, Chain] = {}
-        for k, chain in self.ordered(arrays, regions, producers):
+        for k in regions:
+            chain = carried.get(k)
             if chain is None:
                 out[k] = Chain(steps=(), adopted=(), seconds=0.0, alloc_bytes=0, transient_bytes=0)
                 continue
@@ -143,25 +140,42 @@ class Regions:
 
     # --- one op's group -----------------------------------------------------------------------
 
-    def _group(self, at: int, storages: tuple[int, ...], valid: tuple[tuple[int, ...], ...]) -> tuple:
-        """The run of each of `storages` (recomputed at op `at`; `valid`: the calls that can run each,
-        smallest first), None where no call can."""
-        key = (at, storages, valid)
-        runs = self._groups.get(key)
-        if runs is None:
+    def _group(self, at: int, storages: tuple[int, ...], gone: frozenset) -> _Group:
+        """The runs of `storages`, recomputed at op `at` where the storages `gone` (of those their
+        calls read) are away."""
+        key = (at, storages, gone)
+        group = self._groups.get(key)
+        if group is None:
+            valid = [tuple(c for c, inputs in self._able_calls(s, at) if inputs.isdisjoint(gone)) for s in storages]
             made = {j: calls for j, calls in enumerate(valid) if calls}
             by_call: dict[int, list[int]] = {}
             for j, call in _fewest_ops(self, made, storages).items():
                 by_call.setdefault(call, []).append(j)
-            found: list = [None] * len(storages)
+            runs: dict[int, RegionRun] = {}
             for call, js in by_call.items():
                 run = self._run(call, tuple(sorted((self.first_pack[storages[j]], storages[j]) for j in js))).run
-                for j in js:
-                    found[j] = run
+                runs.update((j, run) for j in js)
+            carriers, seen = [], set()
+            for j in sorted(made, key=lambda j: (self.producers[storages[j]], j)):
+                if runs[j] not in seen:
+                    seen.add(runs[j])
+                    carriers.append((j, self._run(runs[j].call, runs[j].captures).chain))
+            read = sorted({r for _, chain in carriers for r in chain.inputs})
             if len(self._groups) >= GROUPS_KEPT:
                 self._groups.clear()
-            runs = self._groups[key] = tuple(found)
-        return runs
+            group = self._groups[key] = _Group(
+                made=tuple(sorted(runs.items())), unmade=tuple(j for j in range(len(storages)) if j not in runs),
+                carriers=tuple(carriers), read_codes=at * len(self.trace.storages) + np.array(read, dtype=np.int64))
+        return group
+
+    def _reads(self, at: int, storages: tuple[int, ...]) -> frozenset:
+        """What the calls that can run `storages` at op `at` read that existed before them."""
+        key = (at, storages)
+        read = self._reads_memo.get(key)
+        if read is None:
+            read = self._reads_memo[key] = frozenset().union(*(inputs for s in storages
+                                                               for _, inputs in self._able_calls(s, at)))
+        return read
 
     def _able_calls(self, sid: int, at: int) -> tuple[tuple[int, frozenset], ...]:
         """(call, inputs) of the calls that can rebuild `sid` before op `at`, smallest first, where none

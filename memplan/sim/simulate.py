@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from functools import cached_property
-from types import ModuleType
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -69,7 +69,7 @@ from .kernel_loader import compiled
 from .arrays import host_peak
 from .convview import conv_view
 from .decisions import DecisionArrays
-from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering, as_given
+from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering, Placed, as_given
 from .prepare import KernelInputs, Preparer
 from .result import SimResult
 
@@ -142,7 +142,7 @@ class Simulator:
     over caps) only runs the kernel.
     """
 
-    def __init__(self, trace: Trace, cost: Cost, kernel: ModuleType | None = None, hooks: bool = True):
+    def __init__(self, trace: Trace, cost: Cost, kernel: SimpleNamespace | None = None, hooks: bool = True):
         self.trace = trace
         self.cost = cost
         self._kernel = kernel or compiled()  # memplan.sim.kernel_loader: compiled, or interpreted for one run
@@ -150,11 +150,11 @@ class Simulator:
         n = trace.num_steps
         self._durations = np.zeros(n) if not trace.ops else np.ascontiguousarray(cost.durations, dtype=np.float64)
         self._prefix = np.concatenate([[0.0], np.cumsum(self._durations)])
-        self.lowering = Lowering(trace, self._durations) if hooks and trace.ops else None
-        self._prepare = Preparer(trace, cost, self._durations, self.lowering)
+        self.lowering = Lowering(trace, self._durations, self._kernel.place_decisions) if hooks and trace.ops else None
+        self._prepare = Preparer(trace, cost, self._durations, self.lowering, self._kernel)
         self._plans: OrderedDict[int, _Prepared] = OrderedDict()  # by id of the decisions tuple
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
-        self.baseline_time_s = float(self._run_prepared(self._prepared(())[1], NO_LIMIT, False, False)[1][K.R_TIME])
+        self.baseline_time_s = float(self._run_prepared(self._prepared(()).first, NO_LIMIT, False, False)[1][K.R_TIME])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
 
     @property
@@ -184,27 +184,34 @@ class Simulator:
                 replace(plan, microbatches=()), budget_bytes, timeline, emit)
             lowered = replace(lowered, level=INTERPRETED, reason=MICRO_BATCHES)
             return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, lowered
-        budget = int(budget_bytes)
-        entry, first = self._prepared(plan.decisions if plan else ())
-        out = self._run_prepared(first, budget, timeline, emit)
-        if first.lowered.level == HOOKED or first.lowered.dropped:
-            # interpreted where its hooked form does not fit (or, with no cap, peaks higher)
-            if not out[2][K.I_FEASIBLE]:
-                first, out = entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
-            elif not limited(budget):
-                other = self._run_prepared(entry.interpreted, budget, timeline, emit)
-                if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
-                    out, first = other, _Level(lowered=replace(entry.interpreted.lowered,
-                                                               reason="its hooked form peaks higher"),
-                                               inputs=entry.interpreted.inputs)
+        level, out = self._at_its_level(self._prepared(plan.decisions if plan else ()), int(budget_bytes),
+                                        timeline, emit)
         inputs, floats, ints, recorded, rows = out
-        return self._result(inputs, floats, ints, recorded, timeline, first.lowered), rows, first.lowered
+        return self._result(inputs, floats, ints, recorded, timeline, level.lowered), rows, level.lowered
+
+    def _at_its_level(self, entry: _Prepared, budget: int, timeline: bool, emit: bool):
+        """The level `entry` runs at under `budget`, and the kernel's run of it: hooked where its hooked
+        form fits, else interpreted (with no cap, whichever peaks lower)."""
+        if entry.hooked_cannot_fit(budget):  # the level is known: only the interpreted form runs
+            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
+        level = entry.first
+        out = self._run_prepared(level, budget, timeline, emit)
+        if level.lowered.level != HOOKED and not level.lowered.dropped:
+            return level, out
+        if not out[2][K.I_FEASIBLE]:
+            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
+        if not limited(budget):
+            other = self._run_prepared(entry.interpreted, budget, timeline, emit)
+            if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
+                lowered = replace(entry.interpreted.lowered, reason="its hooked form peaks higher")
+                return _Level(lowered=lowered, inputs=entry.interpreted.inputs), other
+        return level, out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
         """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
         if plan.microbatches or not plan.decisions:
             return None
-        first = self._prepared(plan.decisions)[1]
+        first = self._prepared(plan.decisions).first
         if first.lowered.level == INTERPRETED:
             return None
         inputs, floats, ints, recorded, _ = self._run_prepared(first, int(budget_bytes), False, False)
@@ -212,10 +219,10 @@ class Simulator:
 
     def lower(self, decisions) -> Lowered:
         """`decisions` at the level they would run (memplan.sim.lowering; before the budget's say)."""
-        return self._prepared(tuple(decisions))[0].lowered
+        return self._prepared(tuple(decisions)).lowered
 
-    def _prepared(self, decisions: tuple) -> tuple[_Prepared, _Level]:
-        """`decisions` prepared (kept by identity among the last RECENT_PLANS), and the form they are tried at first."""
+    def _prepared(self, decisions: tuple) -> _Prepared:
+        """`decisions` prepared (kept by identity among the last RECENT_PLANS)."""
         entry = self._plans.get(id(decisions))
         if entry is not None and entry.decisions is decisions:
             self._plans.move_to_end(id(decisions))
@@ -224,7 +231,7 @@ class Simulator:
             self._plans[id(decisions)] = entry
             if len(self._plans) > RECENT_PLANS:
                 self._plans.popitem(last=False)
-        return entry, entry.first
+        return entry
 
     def _run_prepared(self, level: _Level, budget: int, timeline: bool, emit: bool):
         floats, ints, *recorded, rows = self._kernel.run_kernel(*level.inputs.args, budget, timeline, emit)
@@ -302,24 +309,49 @@ class _Prepared:
         self.decisions = decisions  # the plan's decisions (the key is their identity: kept alive here)
         self._sim = sim
         self.arrays = DecisionArrays.of(decisions)
+        self.priced = sim._prepare.priced(self.arrays)  # what each decision moves, at each level
 
     @cached_property
-    def lowered(self) -> Lowered:
-        """The plan at the level it would run (memplan.sim.lowering; before the budget's say)."""
+    def given(self) -> Lowered | None:
+        """The plan as it runs where it has no hooked form (memplan.sim.lowering), else None."""
         sim = self._sim
         if sim.lowering is None:
             return as_given(PLAIN if not self.decisions else INTERPRETED, self.decisions, self.arrays,
                             "" if not self.decisions else "the trace has no ops to hook")
-        return sim.lowering.lower(self.decisions, self.arrays)
+        return sim.lowering.given(self.decisions, self.arrays)
+
+    @cached_property
+    def placed(self) -> Placed:
+        """Its decisions moved onto hook points (where it has a hooked form)."""
+        return self._sim.lowering.place(self.decisions, self.arrays)
+
+    @cached_property
+    def lowered(self) -> Lowered:
+        """The plan at the level it would run (memplan.sim.lowering; before the budget's say)."""
+        return self.given or self._sim.lowering.with_regions(self.decisions, self.placed)
 
     @cached_property
     def first(self) -> _Level:
         """The form simulated first: hooked where the plan has one, else as it runs."""
-        return _Level(lowered=self.lowered, inputs=self._sim._prepare.inputs(self.lowered))
+        lowered = self.lowered
+        priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
+        return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property
     def interpreted(self) -> _Level:
         """The plan as the interpreted runner runs it, when its hooked form does not fit."""
+        why = (self.placed.reason if self.given is None else "") or self.lowered.reason
         lowered = as_given(INTERPRETED, self.decisions, self.arrays,
-                           f"its hooked form does not fit ({self.first.lowered.reason or 'later hook points'})")
-        return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered))
+                           f"its hooked form does not fit ({why or 'later hook points'})")
+        return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
+
+    def hooked_cannot_fit(self, budget: int) -> bool:
+        """True when the plan has a hooked form that surely cannot run under `budget`: then it runs
+        interpreted, and only that is simulated."""
+        return self.given is None and limited(budget) and self.floor_bytes > budget
+
+    @cached_property
+    def floor_bytes(self) -> int:
+        """A lower bound of its hooked form's peak (memplan.sim._events.floor_load: the storages its
+        placed decisions leave in place), which no timing lowers."""
+        return self._sim._prepare.floor_bytes(self.placed.arrays)

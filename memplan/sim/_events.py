@@ -81,12 +81,13 @@ def _host_work(host_base, d_kind, d_out, d_back, d_trigger, d_d2h, d_h2d, action
 
 @njit(cache=True)
 def plan_events(n_ops, n_storages, d_recompute, d_sid, d_out, d_back, d_trigger, d_d2h, d_h2d, producers,
-                c_index, c_seconds, c_alloc, c_free, c_host, read_codes, host_base, action_s, host_async):
+                c_index, c_seconds, c_alloc, c_free, c_host, read_codes, read_any, host_base, action_s, host_async):
     """The kernel's per-plan arrays (see memplan.sim._kernel.run_kernel for their meaning).
 
     Args:
         c_*: the chains' columns and the decision each is for (`c_index`).
         read_codes: sorted back_before * n_storages + storage of the storages a chain due at that op reads.
+        read_any: per storage, True when some chain reads it (None of the others is searched for).
         host_base: the host's work per op at the plan's level, before its actions.
     Returns:
         (kind, wrap, absent, chain_s, chain_alloc, chain_free, chain_host, issue_ptr, issue_ids,
@@ -113,7 +114,7 @@ def plan_events(n_ops, n_storages, d_recompute, d_sid, d_out, d_back, d_trigger,
             wrap[d] = TAIL_WRAP if d_trigger[d] > d_out[d] else HEAD_WRAP
             if wrap[d] == HEAD_WRAP:
                 absent[d_sid[d]] = True
-        if read_codes.shape[0]:
+        if read_codes.shape[0] and read_any[d_sid[d]]:
             code = d_back[d] * n_storages + d_sid[d]
             at = np.searchsorted(read_codes, code)
             wait_first[d] = at < read_codes.shape[0] and read_codes[at] == code
@@ -136,13 +137,13 @@ def plan_events(n_ops, n_storages, d_recompute, d_sid, d_out, d_back, d_trigger,
 
 
 @njit(cache=True)
-def place_decisions(points, first_packed_at, backward, d_sid, d_recompute, d_out, d_back, d_prefetch, d_sync):
+def place_decisions(after, before, first_packed_at, backward, d_sid, d_recompute, d_out, d_back, d_prefetch, d_sync):
     """Decisions moved onto hook points (memplan.sim.lowering): a swap-out or drop after op i at the first
     point at or after i + 1, a prefetch at the last point at or before its trigger (not before the
     swap-out), a recomputation at the last point at or before its op.
 
     Args:
-        points: the hook points, ascending (the step's start and end among them).
+        after, before: per point p (0..ops), the first hook point at or after p and the last at or before it.
         first_packed_at: per storage, the point of its first pack (-1: autograd never saves it).
         backward: per op, True in the backward phase.
     Returns:
@@ -155,18 +156,17 @@ def place_decisions(points, first_packed_at, backward, d_sid, d_recompute, d_out
     out, back, prefetch, sync = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     unhookable, left = np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
     for d in range(n):
-        after_out = points[np.searchsorted(points, d_out[d] + 1)]
         first = first_packed_at[d_sid[d]]
-        unhookable[d] = first < 0 or d_back[d] <= d_out[d] or not backward[d_back[d]] or first > after_out
-        out[d] = after_out - 1
+        out[d] = after[d_out[d] + 1] - 1
+        unhookable[d] = first < 0 or d_back[d] <= d_out[d] or not backward[d_back[d]] or first > out[d] + 1
         if d_recompute[d]:
-            back[d] = points[np.searchsorted(points, d_back[d], side="right") - 1]
+            back[d] = before[d_back[d]]
             prefetch[d] = back[d]
             left[d] = back[d] <= out[d] + 1
             sync[d] = d_sync[d]
         else:
             back[d] = d_back[d]
-            prefetch[d] = max(points[np.searchsorted(points, d_prefetch[d], side="right") - 1], out[d] + 1)
+            prefetch[d] = max(before[d_prefetch[d]], out[d] + 1)
             left[d] = out[d] + 1 >= d_back[d]
             sync[d] = d_sync[d] & ~OVERLAP
     return out, back, prefetch, sync, unhookable, left

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -55,6 +56,12 @@ class Chain:
     frees: tuple[int, ...] = ()  # temporary inputs (its own or earlier chains') last read by it
     free_bytes: int = 0  # freed when it is done: transient_bytes plus the bytes of `frees`
     inputs: frozenset = frozenset()  # resident storages it reads (everything read that it does not rebuild)
+
+    @cached_property
+    def kernel_row(self) -> tuple[float, int, int, int, bool]:
+        """What the simulator's kernel reads of it: (seconds, alloc_bytes, free_bytes, ops replayed,
+        whether it runs at all)."""
+        return self.seconds, self.alloc_bytes, self.free_bytes, sum(len(s.ops) for s in self.steps), bool(self.steps)
 
 
 def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.ndarray,

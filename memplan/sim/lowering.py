@@ -89,7 +89,9 @@ class Lowering:
         self.trace = trace
         self._place = place_decisions  # memplan.sim._events.place_decisions, compiled or interpreted
         self.points = hook_points(trace.saved, len(trace.ops))
-        self._points = np.array(self.points, dtype=np.int64)
+        every = np.arange(len(trace.ops) + 1)  # per point p: the first hook point at or after it, the last before
+        self._after = np.array(self.points)[np.searchsorted(self.points, every)]
+        self._before = np.array(self.points)[np.searchsorted(self.points, every, side="right") - 1]
         self.first_pack = first_packs(trace.saved)  # storage -> index of its first pack
         n = len(trace.storages)
         self._first_packed_at = np.full(n, -1, dtype=np.int64)  # the point of its first pack (-1: never packed)
@@ -164,8 +166,8 @@ class Lowering:
         """Every decision moved onto hook points, which of them cannot run at hook points at all
         (`_unhookable`), and which have an empty gap there (left out, the storage stays)."""
         out, back, prefetch, sync, unhookable, left = self._place(
-            self._points, self._first_packed_at, self._backward, a.storage, a.recompute, a.out_after, a.back_before,
-            a.prefetch_at, a.sync)
+            self._after, self._before, self._first_packed_at, self._backward, a.storage, a.recompute, a.out_after,
+            a.back_before, a.prefetch_at, a.sync)
         moved = DecisionArrays(storage=a.storage, recompute=a.recompute, out_after=out, back_before=back,
                                prefetch_at=prefetch, sync=sync, ratio=a.ratio)
         return moved, unhookable, left

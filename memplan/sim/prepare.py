@@ -34,16 +34,18 @@ class ChainArrays:
     ops: np.ndarray  # int64: ops it replays (the host issues each)
     runs: np.ndarray  # float64: 1.0 where it runs at all (a region run costs the host once), else 0.0
     read_codes: np.ndarray  # int64, sorted: op * storages + storage of each resident storage a chain due at op reads
+    read_any: np.ndarray  # bool per storage: read by some chain (most swaps are not: no search for them)
 
     @classmethod
-    def of(cls, chains, read_codes: np.ndarray) -> ChainArrays:
+    def of(cls, chains, read_codes: np.ndarray, n_storages: int) -> ChainArrays:
         """The arrays of `chains` ((decision, chain) pairs) and what they read (`read_codes`)."""
+        read_any = np.zeros(n_storages, dtype=np.bool_)
+        read_any[read_codes % n_storages] = True
         index = np.fromiter((k for k, _ in chains), dtype=np.int64, count=len(chains))
-        values = np.array([(c.seconds, c.alloc_bytes, c.free_bytes, sum(len(s.ops) for s in c.steps), bool(c.steps))
-                           for _, c in chains], dtype=np.float64).reshape(-1, 5)
+        values = np.array([c.kernel_row for _, c in chains], dtype=np.float64).reshape(-1, 5)
         return cls(index=index, seconds=values[:, 0].copy(), alloc=values[:, 1].astype(np.int64),
                    free=values[:, 2].astype(np.int64), ops=values[:, 3].astype(np.int64), runs=values[:, 4].copy(),
-                   read_codes=read_codes)
+                   read_codes=read_codes, read_any=read_any)
 
 
 def read_codes(chains: dict[int, Chain], back: np.ndarray, n_storages: int) -> np.ndarray:
@@ -55,7 +57,7 @@ def read_codes(chains: dict[int, Chain], back: np.ndarray, n_storages: int) -> n
 
 NO_CHAINS = ChainArrays(index=np.zeros(0, dtype=np.int64), seconds=np.zeros(0), alloc=np.zeros(0, dtype=np.int64),
                         free=np.zeros(0, dtype=np.int64), ops=np.zeros(0, dtype=np.int64), runs=np.zeros(0),
-                        read_codes=np.zeros(0, dtype=np.int64))
+                        read_codes=np.zeros(0, dtype=np.int64), read_any=np.zeros(0, dtype=np.bool_))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +136,7 @@ class Preparer:
          wait_first, host, d2h, h2d) = self._plan_events(
             trace.num_steps, len(trace.storages), a.recompute, a.storage, a.out_after, a.back_before, a.prefetch_at,
             priced.d2h, priced.h2d, self.producers, chains.index, chains.seconds, chains.alloc, chains.free,
-            per_op * chains.ops + per_run * chains.runs, chains.read_codes, self._host[lowered.level],
+            per_op * chains.ops + per_run * chains.runs, chains.read_codes, chains.read_any, self._host[lowered.level],
             cost.executor_s("action"), cost.host_async)
         args = (self.durations, trace.nbytes, *self._births, *self._deaths_for(lowered.holds),
                 kind, a.storage, a.sync, wrap, priced.link_bytes, d2h, h2d, priced.comp, *chain_columns,
@@ -152,7 +154,7 @@ class Preparer:
         if lowered.level == HOOKED:
             if not lowered.regions:
                 return NO_CHAINS
-            return ChainArrays.of(lowered.carriers, lowered.read_codes)
+            return ChainArrays.of(lowered.carriers, lowered.read_codes, len(self.trace.storages))
         return self._replays(a)[1]
 
     def chains(self, lowered: Lowered) -> dict[int, Chain]:
@@ -169,7 +171,8 @@ class Preparer:
         found = self._recent_chains.get(key)
         if found is None:
             chains = chains_of(self.trace, a, self.durations, self.producers, self._chain_memo)
-            found = (chains, ChainArrays.of(chains.items(), read_codes(chains, a.back_before, len(self.trace.storages))))
+            n_storages = len(self.trace.storages)
+            found = (chains, ChainArrays.of(chains.items(), read_codes(chains, a.back_before, n_storages), n_storages))
             if len(self._recent_chains) >= RECENT:
                 self._recent_chains.clear()
             self._recent_chains[key] = found

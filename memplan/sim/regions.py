@@ -17,9 +17,7 @@ thousands of plans that differ in a few decisions).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
-from operator import itemgetter
 
 import numpy as np
 
@@ -43,10 +41,12 @@ class _Run:
 class _Group:
     """The region runs of the recompute decisions due at one op (its members, in plan order)."""
 
-    made: tuple[tuple[int, RegionRun], ...]  # (member, its run)
-    unmade: tuple[int, ...]  # members no call can run
-    carriers: tuple[tuple[int, Chain], ...]  # (member, chain of its run): the first member of each run in
-    # the order they run (producer order), which carries the run's time and memory; the others are adopted
+    made: tuple[int, ...]  # the members some call can run
+    runs: tuple[RegionRun, ...]  # their runs
+    unmade: tuple[int, ...]  # the members no call can run
+    carriers: tuple[int, ...]  # the first member of each run in the order they run (producer order): it
+    # carries the run's time and memory, the others are adopted
+    chains: tuple[Chain, ...]  # the carriers' runs' chains
     read_codes: np.ndarray  # int64, sorted: op * storages + storage of each storage those runs read
 
 
@@ -61,6 +61,29 @@ class Assigned:
 
 
 NOTHING = Assigned(regions={}, unmade=[], carriers=[], read_codes=np.zeros(0, dtype=np.int64))
+
+
+class _Away:
+    """Where a plan keeps storages away: the open intervals (out_after, back_before) of its decisions."""
+
+    def __init__(self, storages: list[int], outs: list[int], backs: list[int]):
+        self.decided = frozenset(storages)
+        self.single = len(self.decided) == len(storages)  # one decision a storage: its gap by storage
+        if self.single:
+            self.lo, self.hi = dict(zip(storages, outs)), dict(zip(storages, backs))
+        else:
+            self.gaps: dict[int, list[tuple[int, int]]] = {}
+            for sid, lo, hi in zip(storages, outs, backs):
+                self.gaps.setdefault(sid, []).append((lo, hi))
+
+    def at(self, storages: frozenset, op: int) -> frozenset:
+        """Those of `storages` away at `op`."""
+        found = storages & self.decided
+        if not found:
+            return found
+        if self.single:
+            return frozenset(r for r in found if self.lo[r] < op < self.hi[r])
+        return frozenset(r for r in found if any(lo < op < hi for lo, hi in self.gaps[r]))
 
 
 class Regions:
@@ -86,30 +109,28 @@ class Regions:
             return NOTHING
         backs = arrays.back_before[rec]
         order = np.argsort(backs, kind="stable")
+        ks, ats = rec[order].tolist(), backs[order].tolist()
+        starts = [0, *(np.flatnonzero(np.diff(backs[order])) + 1).tolist(), len(ks)]
         sids = arrays.storage.tolist()
-        gaps: dict[int, list[tuple[int, int]]] = {}  # storage -> the open intervals it is away in
-        for sid, lo, hi in zip(sids, arrays.out_after.tolist(), arrays.back_before.tolist()):
-            gaps.setdefault(sid, []).append((lo, hi))
+        away = _Away(sids, arrays.out_after.tolist(), arrays.back_before.tolist())
         regions, unmade, carriers, codes = {}, [], [], []
-        for at, rows in itertools.groupby(zip(backs[order].tolist(), rec[order].tolist()), key=itemgetter(0)):
-            members = [k for _, k in rows]
-            storages = tuple(sids[k] for k in members)
-            gone = frozenset(r for r in self._reads(at, storages).intersection(gaps)
-                             if any(lo < at < hi for lo, hi in gaps[r]))
-            group = self._group(at, storages, gone)
-            regions.update((members[j], run) for j, run in group.made)
-            unmade.extend(members[j] for j in group.unmade)
-            carriers.extend((members[j], chain) for j, chain in group.carriers)
+        for lo, hi in zip(starts, starts[1:]):
+            at, members = ats[lo], ks[lo:hi]
+            storages = tuple(map(sids.__getitem__, members))
+            group = self._group(at, storages, away.at(self._reads(at, storages), at))
+            regions.update(zip(map(members.__getitem__, group.made), group.runs))
+            unmade.extend(map(members.__getitem__, group.unmade))
+            carriers.extend(zip(map(members.__getitem__, group.carriers), group.chains))
             codes.append(group.read_codes)
         # the codes are sorted: the ops ascend, each in its own range
         return Assigned(regions=regions, unmade=sorted(unmade), carriers=carriers, read_codes=np.concatenate(codes))
 
     def holds(self, arrays: DecisionArrays, regions: dict[int, RegionRun]) -> dict[int, int]:
         """Arguments of calls run again that the trace frees before their last run: held until it."""
-        back = arrays.back_before
+        back = arrays.back_before.tolist()
         last: dict[int, int] = {}
         for k, run in regions.items():
-            last[run.call] = max(last.get(run.call, 0), int(back[k]))
+            last[run.call] = max(last.get(run.call, 0), back[k])
         storages = self.trace.storages
         out: dict[int, int] = {}
         for c, at in last.items():
@@ -163,9 +184,12 @@ class Regions:
             read = sorted({r for _, chain in carriers for r in chain.inputs})
             if len(self._groups) >= GROUPS_KEPT:
                 self._groups.clear()
+            made_js = sorted(runs)
             group = self._groups[key] = _Group(
-                made=tuple(sorted(runs.items())), unmade=tuple(j for j in range(len(storages)) if j not in runs),
-                carriers=tuple(carriers), read_codes=at * len(self.trace.storages) + np.array(read, dtype=np.int64))
+                made=tuple(made_js), runs=tuple(runs[j] for j in made_js),
+                unmade=tuple(j for j in range(len(storages)) if j not in runs),
+                carriers=tuple(j for j, _ in carriers), chains=tuple(chain for _, chain in carriers),
+                read_codes=at * len(self.trace.storages) + np.array(read, dtype=np.int64))
         return group
 
     def _reads(self, at: int, storages: tuple[int, ...]) -> frozenset:

@@ -20,8 +20,12 @@ except ImportError:  # numba is a dependency, but keep the simulator usable with
 
 from ._codes import HEAD_WRAP, NO_WRAP, OVERLAP, RECOMPUTE, SWAP, TAIL_WRAP
 
+# Helpers are inlined into their caller by numba itself: left to LLVM they stayed calls, which took a
+# third of the kernel's time.
+inlined = njit(cache=True, inline="always")
 
-@njit(cache=True)
+
+@inlined
 def _by_op(ops, take, n_ops):
     """The decisions d with take[d], grouped by ops[d] in [0, n_ops), in decision order: (ptr, ids)."""
     ptr = np.zeros(n_ops + 1, dtype=np.int64)
@@ -39,7 +43,7 @@ def _by_op(ops, take, n_ops):
     return ptr, ids
 
 
-@njit(cache=True)
+@inlined
 def _rank_within(ptr, ids, rank):
     """Each op's list ordered by (rank, decision), in place (insertion sort: the lists are short)."""
     for i in range(ptr.shape[0] - 1):
@@ -52,7 +56,7 @@ def _rank_within(ptr, ids, rank):
             ids[k] = d
 
 
-@njit(cache=True)
+@inlined
 def _host_work(host_base, d_kind, d_out, d_back, d_trigger, d_d2h, d_h2d, action_s, host_async):
     """The host's work per op: its base, plus `action_s` per action (two a decision: out and back,
     four a swap: out, release, prefetch, wait), plus, on a synchronous host (the CPU), the copies."""
@@ -173,7 +177,7 @@ def place_decisions(after, before, first_packed_at, backward, d_sid, d_recompute
 
 
 @njit(cache=True)
-def floor_load(alive, alloc_ops, free_ops, nbytes, d_sid, d_out, d_back, d_prefetch):
+def floor_load(alive, born, alloc_ops, free_ops, nbytes, d_sid, d_out, d_back, d_prefetch, c_index, c_transient, rank):
     """A lower bound of the largest load the kernel reaches under these decisions, whatever their timing.
 
     At the allocation of op i's outputs, every storage alive then (alloc_op <= i < free_op) and
@@ -181,13 +185,18 @@ def floor_load(alive, alloc_ops, free_ops, nbytes, d_sid, d_out, d_back, d_prefe
     its trigger and a recomputation runs at its op, both before op i's outputs), and the load holds
     at least the resident storages' bytes (copies in flight, chains and holds come on top). A gap
     is (out_after, prefetch_at); a storage whose gap wraps around the iteration, or whose prefetch
-    comes before its swap-out, is not counted at all. An allocation fails where this exceeds the
-    budget (or before).
+    comes before its swap-out, is not counted at all. And where recompute chains run at op i, the
+    last of them (in need order) allocates its target and its transient memory when all the others
+    have run: the load then holds the storages resident at op i but its outputs, plus that
+    transient. An allocation fails where either exceeds the budget (or before).
 
     Args:
-        alive: per op, the bytes of the storages alive at it (its outputs included).
+        alive: per op, the bytes of the storages alive at it (its outputs included); `born`: of its outputs.
+        c_index, c_transient: the decisions whose chain allocates (region runs' carriers, or none) and
+            the bytes their chains free when done; `rank`: each decision's need order at its op.
     """
-    away = np.zeros(alive.shape[0] + 1, dtype=np.int64)
+    n = alive.shape[0]
+    away = np.zeros(n + 1, dtype=np.int64)
     for d in range(d_sid.shape[0]):
         s = d_sid[d]
         whole = d_back[d] <= d_out[d] or d_prefetch[d] <= d_out[d]
@@ -196,8 +205,15 @@ def floor_load(alive, alloc_ops, free_ops, nbytes, d_sid, d_out, d_back, d_prefe
         if lo < hi:
             away[lo] += nbytes[s]
             away[hi] -= nbytes[s]
+    last = np.full(n, -1, dtype=np.int64)  # per op, the last chain (in need order) that allocates
+    for j in range(c_index.shape[0]):
+        k, i = c_index[j], d_back[c_index[j]]
+        if last[i] < 0 or (rank[k], k) > (rank[c_index[last[i]]], c_index[last[i]]):
+            last[i] = j
     peak, gone = 0, 0
-    for i in range(alive.shape[0]):
+    for i in range(n):
         gone += away[i]
         peak = max(peak, alive[i] - gone)
+        if last[i] >= 0:
+            peak = max(peak, alive[i] - gone - born[i] + c_transient[last[i]])
     return peak

@@ -17,7 +17,7 @@ from ..model.program import HOOKED, INTERPRETED
 from .arrays import csr, host_per_op, producer_ids
 from .chains import Chain, chains_of
 from .decisions import DecisionArrays
-from .lowering import Lowered, Lowering
+from .lowering import Lowered, Lowering, Placed
 from .memo import ProbeMemo
 
 RECENT = 4096  # chains and frees kept by the decisions they depend on (bounds their memory)
@@ -104,13 +104,21 @@ class Preparer:
         np.add.at(alive, trace.alloc_ops[lives], trace.nbytes[lives])
         np.add.at(alive, trace.free_ops[lives], -trace.nbytes[lives])
         self._alive = np.cumsum(alive[:-1])
+        self._born = np.zeros(n, dtype=np.int64)  # bytes of each op's outputs
+        np.add.at(self._born, trace.alloc_ops[lives], trace.nbytes[lives])
         # Cost's copy times are affine in bytes, so they take arrays: each storage's, uncompressed.
         self._d2h, self._h2d = cost.d2h_s(trace.nbytes), cost.h2d_s(trace.nbytes)
 
-    def floor_bytes(self, a: DecisionArrays) -> int:
-        """A lower bound of the peak load of the decisions `a`, whatever their timing (memplan.sim._events.floor_load)."""
-        return int(self._floor_load(self._alive, self.trace.alloc_ops, self.trace.free_ops, self.trace.nbytes,
-                                    a.storage, a.out_after, a.back_before, a.prefetch_at))
+    def floor_bytes(self, lowered: Lowered | Placed) -> int:
+        """A lower bound of the peak load of a plan's hooked form, whatever its timing, before its region
+        runs are chosen (`Placed`) or after (`Lowered`; memplan.sim._events.floor_load)."""
+        a, carriers = lowered.arrays, getattr(lowered, "carriers", ())
+        index = np.fromiter((k for k, _ in carriers), dtype=np.int64, count=len(carriers))
+        transient = np.fromiter((c.free_bytes for _, c in carriers), dtype=np.int64, count=len(carriers))
+        trace = self.trace
+        return int(self._floor_load(self._alive, self._born, trace.alloc_ops, trace.free_ops, trace.nbytes,
+                                    a.storage, a.out_after, a.back_before, a.prefetch_at, index, transient,
+                                    self.producers[a.storage]))
 
     def priced(self, a: DecisionArrays) -> Priced:
         """What each decision of `a` moves over the link and how long that takes (nothing for a recompute)."""

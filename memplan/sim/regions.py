@@ -26,7 +26,7 @@ from ..model.program import RegionRun
 from .chains import Chain, ChainStep
 from .decisions import DecisionArrays
 
-GROUPS_KEPT = 100_000  # group choices remembered before the memo starts over (bounds its memory)
+GROUPS_KEPT = 100_000  # groups of storages remembered before the memo starts over (bounds its memory)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +48,14 @@ class _Group:
     # carries the run's time and memory, the others are adopted
     chains: tuple[Chain, ...]  # the carriers' runs' chains
     read_codes: np.ndarray  # int64, sorted: op * storages + storage of each storage those runs read
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Choices:
+    """The groups of some storages recomputed at one op, by what their calls find away."""
+
+    reads: frozenset  # what the calls that can run them read that existed before them
+    by_gone: dict  # those of `reads` away -> _Group
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,8 +107,7 @@ class Regions:
         self._runs: dict = {}  # (call, captures) -> _Run
         self._able: dict = {}  # (storage, op) -> ((call, inputs), ...) that can run it where no input is away
         self._inputs_memo: dict = {}
-        self._groups: dict = {}  # (op, storages, those of their calls' inputs away) -> _Group
-        self._reads_memo: dict = {}  # (op, storages) -> what the calls that can run them read
+        self._groups: dict = {}  # (op, storages) -> _Choices
 
     def assign(self, arrays: DecisionArrays) -> Assigned:
         """The region run of every recompute decision of `arrays` (by position)."""
@@ -117,7 +124,9 @@ class Regions:
         for lo, hi in zip(starts, starts[1:]):
             at, members = ats[lo], ks[lo:hi]
             storages = tuple(map(sids.__getitem__, members))
-            group = self._group(at, storages, away.at(self._reads(at, storages), at))
+            choices = self._groups.get((at, storages)) or self._choices(at, storages)
+            gone = away.at(choices.reads, at)
+            group = choices.by_gone.get(gone) or self._group(at, storages, gone, choices)
             regions.update(zip(map(members.__getitem__, group.made), group.runs))
             unmade.extend(map(members.__getitem__, group.unmade))
             carriers.extend(zip(map(members.__getitem__, group.carriers), group.chains))
@@ -161,45 +170,39 @@ class Regions:
 
     # --- one op's group -----------------------------------------------------------------------
 
-    def _group(self, at: int, storages: tuple[int, ...], gone: frozenset) -> _Group:
+    def _choices(self, at: int, storages: tuple[int, ...]) -> _Choices:
+        """The memo of the groups of `storages` recomputed at op `at` (made empty)."""
+        if len(self._groups) >= GROUPS_KEPT:
+            self._groups.clear()
+        reads = frozenset().union(*(inputs for s in storages for _, inputs in self._able_calls(s, at)))
+        choices = self._groups[(at, storages)] = _Choices(reads=reads, by_gone={})
+        return choices
+
+    def _group(self, at: int, storages: tuple[int, ...], gone: frozenset, choices: _Choices) -> _Group:
         """The runs of `storages`, recomputed at op `at` where the storages `gone` (of those their
         calls read) are away."""
-        key = (at, storages, gone)
-        group = self._groups.get(key)
-        if group is None:
-            valid = [tuple(c for c, inputs in self._able_calls(s, at) if inputs.isdisjoint(gone)) for s in storages]
-            made = {j: calls for j, calls in enumerate(valid) if calls}
-            by_call: dict[int, list[int]] = {}
-            for j, call in _fewest_ops(self, made, storages).items():
-                by_call.setdefault(call, []).append(j)
-            runs: dict[int, RegionRun] = {}
-            for call, js in by_call.items():
-                run = self._run(call, tuple(sorted((self.first_pack[storages[j]], storages[j]) for j in js))).run
-                runs.update((j, run) for j in js)
-            carriers, seen = [], set()
-            for j in sorted(made, key=lambda j: (self.producers[storages[j]], j)):
-                if runs[j] not in seen:
-                    seen.add(runs[j])
-                    carriers.append((j, self._run(runs[j].call, runs[j].captures).chain))
-            read = sorted({r for _, chain in carriers for r in chain.inputs})
-            if len(self._groups) >= GROUPS_KEPT:
-                self._groups.clear()
-            made_js = sorted(runs)
-            group = self._groups[key] = _Group(
-                made=tuple(made_js), runs=tuple(runs[j] for j in made_js),
-                unmade=tuple(j for j in range(len(storages)) if j not in runs),
-                carriers=tuple(j for j, _ in carriers), chains=tuple(chain for _, chain in carriers),
-                read_codes=at * len(self.trace.storages) + np.array(read, dtype=np.int64))
+        valid = [tuple(c for c, inputs in self._able_calls(s, at) if inputs.isdisjoint(gone)) for s in storages]
+        made = {j: calls for j, calls in enumerate(valid) if calls}
+        by_call: dict[int, list[int]] = {}
+        for j, call in _fewest_ops(self, made, storages).items():
+            by_call.setdefault(call, []).append(j)
+        runs: dict[int, RegionRun] = {}
+        for call, js in by_call.items():
+            run = self._run(call, tuple(sorted((self.first_pack[storages[j]], storages[j]) for j in js))).run
+            runs.update((j, run) for j in js)
+        carriers, seen = [], set()
+        for j in sorted(made, key=lambda j: (self.producers[storages[j]], j)):
+            if runs[j] not in seen:
+                seen.add(runs[j])
+                carriers.append((j, self._run(runs[j].call, runs[j].captures).chain))
+        read = sorted({r for _, chain in carriers for r in chain.inputs})
+        made_js = sorted(runs)
+        group = choices.by_gone[gone] = _Group(
+            made=tuple(made_js), runs=tuple(runs[j] for j in made_js),
+            unmade=tuple(j for j in range(len(storages)) if j not in runs),
+            carriers=tuple(j for j, _ in carriers), chains=tuple(chain for _, chain in carriers),
+            read_codes=at * len(self.trace.storages) + np.array(read, dtype=np.int64))
         return group
-
-    def _reads(self, at: int, storages: tuple[int, ...]) -> frozenset:
-        """What the calls that can run `storages` at op `at` read that existed before them."""
-        key = (at, storages)
-        read = self._reads_memo.get(key)
-        if read is None:
-            read = self._reads_memo[key] = frozenset().union(*(inputs for s in storages
-                                                               for _, inputs in self._able_calls(s, at)))
-        return read
 
     def _able_calls(self, sid: int, at: int) -> tuple[tuple[int, frozenset], ...]:
         """(call, inputs) of the calls that can rebuild `sid` before op `at`, smallest first, where none

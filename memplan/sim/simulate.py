@@ -346,12 +346,19 @@ class _Prepared:
         return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
 
     def hooked_cannot_fit(self, budget: int) -> bool:
-        """True when the plan has a hooked form that surely cannot run under `budget`: then it runs
-        interpreted, and only that is simulated."""
-        return self.given is None and limited(budget) and self.floor_bytes > budget
+        """True when the plan has a hooked form that surely cannot run under `budget` (a lower bound of its
+        peak, which no timing lowers, exceeds it: first before its region runs are chosen, then after):
+        then it runs interpreted, and only that is simulated."""
+        if self.given is not None or not limited(budget):
+            return False
+        return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
 
     @cached_property
-    def floor_bytes(self) -> int:
-        """A lower bound of its hooked form's peak (memplan.sim._events.floor_load: the storages its
-        placed decisions leave in place), which no timing lowers."""
-        return self._sim._prepare.floor_bytes(self.placed.arrays)
+    def placed_floor(self) -> int:
+        """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load)."""
+        return self._sim._prepare.floor_bytes(self.placed)
+
+    @cached_property
+    def lowered_floor(self) -> int:
+        """The same with its region runs' memory."""
+        return self._sim._prepare.floor_bytes(self.lowered)

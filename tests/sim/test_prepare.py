@@ -149,7 +149,8 @@ def test_the_hooked_forms_peak_is_never_below_its_floor(traced, model, seed):
     hooked = sim.hooked(plan, NO_LIMIT)
     if hooked is not None:
         entry = sim._prepared(plan.decisions)
-        assert entry.floor_bytes <= hooked.peak_load_bytes
+        assert entry.placed_floor <= hooked.peak_load_bytes
+        assert entry.lowered_floor <= hooked.peak_load_bytes
         assert not entry.hooked_cannot_fit(hooked.peak_load_bytes)
 
 

@@ -17,7 +17,7 @@ from ..model.program import HOOKED, INTERPRETED
 from .arrays import csr, host_per_op, producer_ids
 from .chains import Chain, chains_of
 from .decisions import DecisionArrays
-from .lowering import Lowered, Lowering, Placed
+from .lowering import Lowered, Lowering
 from .memo import ProbeMemo
 
 RECENT = 4096  # chains and frees kept by the decisions they depend on (bounds their memory)
@@ -109,10 +109,10 @@ class Preparer:
         # Cost's copy times are affine in bytes, so they take arrays: each storage's, uncompressed.
         self._d2h, self._h2d = cost.d2h_s(trace.nbytes), cost.h2d_s(trace.nbytes)
 
-    def floor_bytes(self, lowered: Lowered | Placed) -> int:
-        """A lower bound of the peak load of a plan's hooked form, whatever its timing, before its region
-        runs are chosen (`Placed`) or after (`Lowered`; memplan.sim._events.floor_load)."""
-        a, carriers = lowered.arrays, getattr(lowered, "carriers", ())
+    def floor_bytes(self, a: DecisionArrays, carriers=()) -> int:
+        """A lower bound of the peak load of the decisions `a`, whatever their timing; with `carriers`
+        ((decision, chain) of a hooked form's region runs), counting their memory too
+        (memplan.sim._events.floor_load)."""
         index = np.fromiter((k for k, _ in carriers), dtype=np.int64, count=len(carriers))
         transient = np.fromiter((c.free_bytes for _, c in carriers), dtype=np.int64, count=len(carriers))
         trace = self.trace

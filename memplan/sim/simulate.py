@@ -153,6 +153,7 @@ class Simulator:
         self.lowering = Lowering(trace, self._durations, self._kernel.place_decisions) if hooks and trace.ops else None
         self._prepare = Preparer(trace, cost, self._durations, self.lowering, self._kernel)
         self._plans: OrderedDict[int, _Prepared] = OrderedDict()  # by id of the decisions tuple
+        self.evaluations = 0  # plans evaluated (simulated, or found not to fit without simulating)
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
         self.baseline_time_s = float(self._run_prepared(self._prepared(()).first, NO_LIMIT, False, False)[1][K.R_TIME])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
@@ -166,6 +167,23 @@ class Simulator:
         """Simulate under `plan` with a cap of `budget_bytes` (NO_LIMIT: no cap), at the level it runs."""
         return self._simulate(plan, budget_bytes, timeline, emit=False)[0]
 
+    def time_if_fits(self, plan: Plan, budget_bytes: int) -> float | None:
+        """The simulated step time of `plan` under `budget_bytes` at the level it runs (`run`), or None
+        where it does not fit: what a search compares. Where lower bounds of its peak at every level
+        it could run at exceed the budget, nothing is simulated."""
+        if not plan.microbatches and self._prepared(plan.decisions).cannot_fit(int(budget_bytes)):
+            self.evaluations += 1
+            return None
+        result = self.run(plan, budget_bytes)
+        return result.time_s if result.feasible else None
+
+    def overhead_if_fits(self, plan: Plan, budget_bytes: int) -> float | None:
+        """`time_if_fits` as an overhead against the unconstrained run (SimResult.overhead)."""
+        time_s = self.time_if_fits(plan, budget_bytes)
+        if time_s is None:
+            return None
+        return time_s / self.baseline_time_s - 1.0 if self.baseline_time_s > 0 else 0.0
+
     def program_rows(self, plan: Plan | None, budget_bytes: int) -> tuple[SimResult, np.ndarray, dict, Lowered]:
         """Simulate and return the step program the simulation ran.
 
@@ -178,6 +196,7 @@ class Simulator:
         return result, rows, self._prepare.chains(lowered), lowered
 
     def _simulate(self, plan, budget_bytes, timeline: bool, emit: bool):
+        self.evaluations += 1
         microbatches = plan.microbatches if plan else ()
         if microbatches:  # run op by op: the interpreted runner splits them (memplan.exec.microconv)
             result, rows, lowered = self._view_of(microbatches)._simulate(
@@ -353,12 +372,23 @@ class _Prepared:
             return False
         return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
 
+    def cannot_fit(self, budget: int) -> bool:
+        """True when no level the plan could run at fits `budget`: neither its hooked form (above) nor
+        its interpreted one (a lower bound of its peak, without the chains' memory, exceeds it)."""
+        return limited(budget) and (self.given is not None or self.hooked_cannot_fit(budget)) and \
+            self.interpreted_floor > budget
+
     @cached_property
     def placed_floor(self) -> int:
         """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load)."""
-        return self._sim._prepare.floor_bytes(self.placed)
+        return self._sim._prepare.floor_bytes(self.placed.arrays)
 
     @cached_property
     def lowered_floor(self) -> int:
         """The same with its region runs' memory."""
-        return self._sim._prepare.floor_bytes(self.lowered)
+        return self._sim._prepare.floor_bytes(self.lowered.arrays, self.lowered.carriers)
+
+    @cached_property
+    def interpreted_floor(self) -> int:
+        """A lower bound of its peak as planned (interpreted)."""
+        return self._sim._prepare.floor_bytes(self.arrays)

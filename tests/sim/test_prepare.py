@@ -3,8 +3,9 @@ the compiled per-plan pass) gives exactly what the Decision-by-Decision restatem
 tests/sim/reference_preparation.py gives: the same level, dropped decisions and reason, and the
 same kernel results (time, every part of the breakdown, peak, link and host bytes, the infeasible
 op and its shortfall), at every level, on traced models with hook records (hooked plans) and on
-drawn traces without (interpreted ones), for drawn plans, budgets and host costs. And the lower
-bound of a hooked form's peak that lets the simulator skip it is never above the peak it reaches."""
+drawn traces without (interpreted ones), for drawn plans, budgets and host costs; and a search's
+question (`time_if_fits`: the time, or None) gets the same answer. And the lower bound of a hooked
+form's peak that lets the simulator skip it is never above the peak it reaches."""
 
 from __future__ import annotations
 
@@ -108,7 +109,9 @@ def _same_everywhere(trace, plan, profile):
     sim = Simulator(trace, _cost(trace, profile))
     for share in SHARES:
         budget = NO_LIMIT if share is None else int(trace.peak_load_bytes * share)
-        assert _fast(sim, plan, budget) == _reference(sim, plan, budget), (share, profile)
+        expected = _reference(sim, plan, budget)
+        assert _fast(sim, plan, budget) == expected, (share, profile)
+        assert Simulator(trace, sim.cost).time_if_fits(plan, budget) == expected[3][0]  # a search's question alone
         assert _fast(sim, plan, budget, hooked_only=True) == _reference(sim, plan, budget, hooked_only=True)
 
 

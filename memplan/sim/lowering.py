@@ -162,6 +162,10 @@ class Lowering:
                        holds=self.regions.holds(candidates, regions), dropped=len(decisions) - len(index),
                        reason=why)
 
+    def unhookable(self, a: DecisionArrays) -> np.ndarray:
+        """Per decision of `a`: it cannot run at hook points at all (`_unhookable` says why)."""
+        return self._moved(a)[1]
+
     def _moved(self, a: DecisionArrays) -> tuple[DecisionArrays, np.ndarray, np.ndarray]:
         """Every decision moved onto hook points, which of them cannot run at hook points at all
         (`_unhookable`), and which have an empty gap there (left out, the storage stays)."""

@@ -34,7 +34,8 @@ class ReferenceLowering:
     """The hooked form of plans of one trace, Decision by Decision."""
 
     def __init__(self, sim):
-        self.trace, self.regions = sim.trace, sim.lowering.regions if sim.lowering else None
+        self.trace, self.lowering = sim.trace, sim.lowering
+        self.regions = sim.lowering.regions if sim.lowering else None
         self.points = hook_points(self.trace.saved, len(self.trace.ops))
         self.first_pack = first_packs(self.trace.saved)
 
@@ -57,27 +58,25 @@ class ReferenceLowering:
         if trace.engine_owned and any(d.action == "recompute" for d in decisions):
             return INTERPRETED, decisions, {}, {}, 0, \
                 "a data-parallel engine's module calls do not run again alone: replayed op by op"
-        reasons = [self.unhookable(d) for d in decisions]
-        moved = [m for m, why in zip(map(self.moved, decisions), reasons) if m is not None and not why]
+        unhookable = [self.unhookable(d) for d in decisions]
+        moved = [m for m, out in zip(map(self.moved, decisions), unhookable) if m is not None and not out]
         runs = self.runs(moved)
         kept = [d for k, d in enumerate(moved) if k in runs or d.action == "swap"]
         regions = {kept.index(moved[k]): run for k, run in runs.items()}
         unmade = [k for k, d in enumerate(moved) if d.action == "recompute" and k not in runs]
-        why = next((r for r in reasons if r), "") or (
+        first = next((d for d, out in zip(decisions, unhookable) if out), None)  # its reason in the library's words
+        why = (self.lowering._unhookable(first) if first is not None else "") or (
             f"no module call can recompute storage {moved[unmade[0]].storage}" if unmade else "")
         if not kept:
             return PLAIN, (), {}, {}, len(decisions), why
         return HOOKED, tuple(kept), regions, self.holds(kept, regions), len(decisions) - len(kept), why
 
     def unhookable(self, d):
+        """True when `d` cannot run at hook points: its storage is no tensor autograd saves, it is away
+        until an op outside backward (or across the boundary), or it leaves before its first pack."""
         first = self.first_pack.get(d.storage)
-        if first is None:
-            return f"storage {d.storage} is not a tensor autograd saves"
-        if d.wraps or self.trace.ops[d.back_before].phase != "backward":
-            return f"storage {d.storage} is away until op {d.back_before}, not until backward unpacks it"
-        if self.trace.saved[first].packed_at > self.after(d.out_after + 1):
-            return f"storage {d.storage} leaves before autograd saves it"
-        return ""
+        return first is None or d.wraps or self.trace.ops[d.back_before].phase != "backward" or \
+            self.trace.saved[first].packed_at > self.after(d.out_after + 1)
 
     def moved(self, d):
         out = self.after(d.out_after + 1) - 1

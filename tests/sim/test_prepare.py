@@ -142,13 +142,22 @@ def test_planners_plans_simulate_as_the_reference_prepares_them(traced, model, p
         _same_everywhere(trace, Plan(decisions=plan.decisions), "gpu-host")
 
 
-@pytest.mark.parametrize("model", ["gpt2", "resnet"])
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=SEEDS)
-def test_the_hooked_forms_peak_is_never_below_its_floor(traced, model, seed):
+def on_traced_plans(test):
+    """`test(traced, model, seed)` for both traced models and drawn seeds."""
+    test = given(seed=SEEDS)(test)
+    test = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])(test)
+    return pytest.mark.parametrize("model", ["gpt2", "resnet"])(test)
+
+
+def _drawn(traced, model: str, seed: int):
+    """(trace, its simulator on h100, a random plan of the seed)."""
     trace = traced[model]
-    sim = Simulator(trace, _cost(trace, "h100"))
-    plan = random_plan(trace, random.Random(seed))
+    return trace, Simulator(trace, _cost(trace, "h100")), random_plan(trace, random.Random(seed))
+
+
+@on_traced_plans
+def test_the_hooked_forms_peak_is_never_below_its_floor(traced, model, seed):
+    trace, sim, plan = _drawn(traced, model, seed)
     hooked = sim.hooked(plan, NO_LIMIT)
     if hooked is not None:
         entry = sim._prepared(plan.decisions)
@@ -157,14 +166,10 @@ def test_the_hooked_forms_peak_is_never_below_its_floor(traced, model, seed):
         assert not entry.hooked_cannot_fit(hooked.peak_load_bytes)
 
 
-@pytest.mark.parametrize("model", ["gpt2", "resnet"])
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=SEEDS)
+@on_traced_plans
 def test_plans_are_lowered_as_the_reference_lowers_them(traced, model, seed):
     """The hooked form itself: its decisions, region runs, holds and which decision carries each run."""
-    trace = traced[model]
-    sim = Simulator(trace, _cost(trace, "h100"))
-    plan = random_plan(trace, random.Random(seed))
+    trace, sim, plan = _drawn(traced, model, seed)
     reference = ReferenceLowering(sim)
     level, decisions, regions, holds, dropped, reason = reference.lower(plan.decisions)
     lowered = sim.lower(plan.decisions)

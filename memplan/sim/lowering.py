@@ -52,9 +52,15 @@ class Lowered:
     # each run's time and memory (memplan.sim.regions)
     read_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # hooked: sorted
     # op * storages + storage of what the runs due at op read
-    holds: dict[int, int] = field(default_factory=dict)  # hooked: storage -> the later free_op its run's hold gives it
+    runs_of: Regions | None = None  # hooked: the regions it was lowered with (its `holds` come from them)
     dropped: int = 0  # hooked: decisions left out (kept resident): no hook point or region runs them
     reason: str = ""  # why the first dropped decision was, or why the plan is interpreted
+
+    @cached_property
+    def holds(self) -> dict[int, int]:
+        """Hooked: storage -> the later free_op its region run's hold gives it (memplan.sim.regions;
+        made when first asked for: a plan whose hooked form cannot fit never needs them)."""
+        return {} if self.runs_of is None else self.runs_of.holds(self.arrays, self.regions)
 
     @cached_property
     def decisions(self) -> tuple[Decision, ...]:
@@ -159,7 +165,7 @@ class Lowering:
                            dropped=len(decisions), reason=why)
         return Lowered(level=HOOKED, arrays=candidates, source=decisions, kept=index, regions=regions,
                        carriers=tuple(carriers), read_codes=runs.read_codes,
-                       holds=self.regions.holds(candidates, regions), dropped=len(decisions) - len(index),
+                       runs_of=self.regions, dropped=len(decisions) - len(index),
                        reason=why)
 
     def unhookable(self, a: DecisionArrays) -> np.ndarray:

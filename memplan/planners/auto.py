@@ -80,6 +80,7 @@ MILP_MAX_S = 60.0  # ... nor given more: its decomposition improves too slowly t
 DONE_GAP = 1e-3  # a candidate this close to the bound (in overhead) ends the search: nothing left to find
 REFINED = 3  # candidates the local search starts from (and the plan of the bound's LP: BOUND_START)
 BOUND_START = "bound"  # the start named for the lower bound's LP solution (memplan.planners.kit.refine.policy_of_bound)
+BOUND_SHARES = (0.5, 0.25, 0.1)  # ... a feature map is moved where the LP keeps at least this share of it away
 BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.kit.bound)
 FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
 # solves and the scoring of its plans end up to a few seconds past its own limit on large traces
@@ -232,8 +233,10 @@ class _Search:
         evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
         search = PlanSearch(fm, self.simulator, self.budget)
         starts = [(c.name, c.plan) for c in self.ranked()[:REFINED]]
-        guided = policy_of_bound(fm, self.bound.away if self.bound is not None else {})
-        if guided.any():  # the LP's plan, whether or not it fits: the search moves it to where it does
+        away = self.bound.away if self.bound is not None else {}
+        # the LP's plan at the share away that scores best (one that fits, else the least over the budget)
+        guided = min((policy_of_bound(fm, away, share) for share in BOUND_SHARES), key=evaluator)
+        if guided.any():  # whether or not it fits: the search moves it to where it does
             starts.append((BOUND_START, evaluator.plan(guided)))
         for i, (name, plan) in enumerate(starts):
             share = self.left() / (len(starts) - i)

@@ -37,6 +37,7 @@ each step gets depends on the machine's speed.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -55,7 +56,8 @@ from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from .kit.fitting import smallest_fitting_budget
 from .kit.plan_search import PlanSearch
 from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
-from .kit.refine import Refiner, policy_of
+from .kit.refine import Refiner, policy_of, policy_of_bound
+from .kit.searched import search_report
 from .milp import MAX_DIRECT_GROUPS, solve_milp
 from .milp.layers import MOVES, layer_problem
 
@@ -73,7 +75,12 @@ BO_MIN_S = 1.0  # autoswap:bo is not started with less time than this
 MILP_SHARE = 0.5  # of the time left after autoswap:bo
 MILP_MAX_GROUPS = MAX_DIRECT_GROUPS  # larger models (decomposed, slow to improve) are left to the other steps
 MILP_MIN_S = 2.0  # milp is not started with less time than this
-REFINED = 3  # candidates the local search starts from
+MILP_MAX_S = 60.0  # ... nor given more: its decomposition improves too slowly to be worth more (on
+# resnet18-cifar@8 at 70%, one sweep over the whole model took 4 minutes and improved nothing)
+DONE_GAP = 1e-3  # a candidate this close to the bound (in overhead) ends the search: nothing left to find
+REFINED = 3  # candidates the local search starts from (and the plan of the bound's LP: BOUND_START)
+BOUND_START = "bound"  # the start named for the lower bound's LP solution (memplan.planners.kit.refine.policy_of_bound)
+BOUND_SHARES = (0.5, 0.25, 0.1)  # ... a feature map is moved where the LP keeps at least this share of it away
 BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.kit.bound)
 FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
 # solves and the scoring of its plans end up to a few seconds past its own limit on large traces
@@ -93,7 +100,7 @@ class Candidate:
 
 
 @register("auto", "the best simulated plan of the fast planners, milp and a local search, within a time limit",
-          decides=("swap", "recompute"))
+          decides=("swap", "recompute"), simulated=True)
 def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, min_bytes: int = DEFAULT_MIN_BYTES,
               milp: bool = True, swaps: bool = True) -> Plan:
     """The best plan `auto` finds within `time_limit_s` (see the module docstring).
@@ -119,14 +126,12 @@ def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
                             "gap": 0.0, "note": "the budget holds the unconstrained peak: nothing moves"})
     search = _Search(problem, time_limit_s, min_bytes, swaps)
     search.bound = lower_bound(trace, budget_bytes, cost, time_limit_s=BOUND_SHARE * time_limit_s)
-    search.fast()
-    search.bayesian()
-    if milp:
-        search.milp()
-    search.refine()
-    search.swarm()
-    if milp:
-        search.decompose()
+    steps = [search.fast, search.bayesian] + ([search.milp] if milp else []) + [search.refine, search.swarm] + (
+        [search.decompose] if milp else [])
+    for step in steps:
+        step()
+        if search.at_the_bound():
+            break
     return search.result()
 
 
@@ -137,8 +142,10 @@ class _Search:
         self.problem = problem
         self.swaps = swaps  # False: a plan that swaps is no candidate
         self.trace, self.budget, self.cost, self.seed = problem.parts()
-        self.limit_s, self.deadline, self.min_bytes = limit_s, time.monotonic() + limit_s, min_bytes
+        self.started = time.monotonic()
+        self.limit_s, self.deadline, self.min_bytes = limit_s, self.started + limit_s, min_bytes
         self.simulator = Simulator(self.trace, self.cost)
+        self.evaluated_by_planners = 0  # plans the searching planners it ran evaluated (their reports)
         self.candidates: list[Candidate] = []
         self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
         self.milp_report: dict | None = None
@@ -146,6 +153,11 @@ class _Search:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def at_the_bound(self) -> bool:
+        """A candidate within DONE_GAP of the proven bound: no step can find much better."""
+        bound = self.bound.overhead if self.bound is not None else None
+        return bound is not None and math.isfinite(bound) and any(c.overhead <= bound + DONE_GAP for c in self.candidates)
 
     def add(self, name: str, plan: Plan) -> None:
         """Score `plan` and keep it when the simulator runs it within the budget (and swaps only where
@@ -168,7 +180,9 @@ class _Search:
         candidate, or the load its infeasible-budget error names."""
         spec = get_planner(name)
         try:
-            self.add(name, spec.fn(self.problem, **spec.defaults, **params))
+            plan = spec.fn(self.problem, **spec.defaults, **params)
+            self.evaluated_by_planners += plan.report.get("evaluations", 0)
+            self.add(name, plan)
         except InfeasibleBudgetError as exc:
             self.named[name] = exc.min_feasible_bytes
 
@@ -195,7 +209,7 @@ class _Search:
 
     def milp(self) -> None:
         """Step 3: milp on a model small enough to solve whole."""
-        share = MILP_SHARE * self.left()
+        share = min(MILP_SHARE * self.left(), MILP_MAX_S)
         if share < MILP_MIN_S:
             return
         moves = next((m for m in MOVES if len(layer_problem(self.trace, self.cost, self.min_bytes, self.budget,
@@ -225,17 +239,23 @@ class _Search:
             return
         evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
         search = PlanSearch(fm, self.simulator, self.budget)
-        for i, base in enumerate(self.ranked()[:REFINED]):
-            share = self.left() / (REFINED - i)
+        starts = [(c.name, c.plan) for c in self.ranked()[:REFINED]]
+        away = self.bound.away if self.bound is not None else {}
+        # the LP's plan at the share away that scores best (one that fits, else the least over the budget)
+        guided = min((policy_of_bound(fm, away, share) for share in BOUND_SHARES), key=evaluator)
+        if guided.any():  # whether or not it fits: the search moves it to where it does
+            starts.append((BOUND_START, evaluator.plan(guided)))
+        for i, (name, plan) in enumerate(starts):
+            share = self.left() / (len(starts) - i)
             if share <= 0:
                 break
-            policy, extras = policy_of(fm, base.plan.decisions)
+            policy, extras = policy_of(fm, plan.decisions)
             refiner = Refiner(evaluator, extras)
             best, _ = refiner.polish(policy, time.monotonic() + share / 2)
-            start = min((base.plan, refiner.plan(best)), key=lambda p: search.time_s(p.decisions))
-            polished = search.polish(start, time.monotonic() + self.left() / (REFINED - i))
-            if polished is not base.plan:
-                self.add(f"refined:{base.name}", polished)
+            start = min((plan, refiner.plan(best)), key=lambda p: search.time_s(p.decisions))
+            polished = search.polish(start, time.monotonic() + self.left() / (len(starts) - i))
+            if polished is not plan or name == BOUND_START:
+                self.add(f"refined:{name}", polished)
 
     def swarm(self) -> None:
         """Step 5: with time left after the local searches, `home:seeded` with the rest of it."""
@@ -247,7 +267,7 @@ class _Search:
     def decompose(self) -> None:
         """Step 6: with time left, milp over every storage warm-started from the best plan so far
         (decomposed on a large model; never worse than its start in the simulator)."""
-        left, ranked = self.left() - max(FINISH_S, FINISH_SHARE * self.limit_s), self.ranked()
+        left, ranked = min(self.left() - max(FINISH_S, FINISH_SHARE * self.limit_s), MILP_MAX_S), self.ranked()
         if left < MILP_MIN_S or not ranked or (self.milp_report or {}).get("moves") == MOVES[0]:
             return
         try:
@@ -273,7 +293,9 @@ class _Search:
         milp = self.milp_report or {}
         bound = self.bound.report() if self.bound is not None else {"bound": None}
         finite = bound["bound"] is not None and np.isfinite(bound["bound"])
-        return {"chosen": chosen.name, "overhead": chosen.overhead,
+        searched = search_report(self.simulator.evaluations + self.evaluated_by_planners,
+                                 time.monotonic() - self.started)
+        return {"chosen": chosen.name, "overhead": chosen.overhead, **searched,
                 "refined_from": chosen.name.split(":", 1)[1] if chosen.name.startswith("refined:") else None,
                 "candidates": {c.name: round(c.overhead, 6) for c in self.ranked()},
                 "infeasible": dict(sorted(self.named.items())), **bound,

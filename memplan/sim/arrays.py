@@ -10,9 +10,9 @@ from ..model.program import HOOKED, INTERPRETED, PLAIN
 from . import _codes as K
 
 
-def host_peak(arrays, recorded, ints) -> int:
-    """Largest pinned host memory held at once (needs the recorded host events)."""
-    wrap, link_bytes = arrays[3], arrays[4]
+def host_peak(wrap: np.ndarray, link_bytes: np.ndarray, recorded, ints) -> int:
+    """Largest pinned host memory held at once (needs the recorded host events; `wrap` and `link_bytes`:
+    the kernel's per-decision arrays)."""
     host_t, host_v = recorded[2], recorded[3]
     n_host = int(ints[K.I_N_HOST_EVENTS])
     start = int(link_bytes[wrap == K.HEAD_WRAP].sum())
@@ -38,17 +38,27 @@ def host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
     return {PLAIN: plain, HOOKED: hooked, INTERPRETED: hooked + cost.executor_s("mode_op")}
 
 
+def producer_ids(trace: Trace) -> np.ndarray:
+    """Per storage, the op that made it (-1: none): recomputations at one op run in this order, so a
+    chain finds the inputs earlier ones rebuilt."""
+    return np.array([-1 if trace.producer(s) is None else trace.producer(s) for s in range(len(trace.storages))],
+                    dtype=np.int64)
+
+
 def csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Group `values` by integer `keys` in [0, n) as (ptr, ids)."""
     order = np.argsort(keys, kind="stable")
-    ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(ptr, keys + 1, 1)
-    return np.cumsum(ptr), np.ascontiguousarray(values[order], dtype=np.int64)
+    return _pointers(keys, n), np.ascontiguousarray(values[order], dtype=np.int64)
 
 
 def event_csr(ops: np.ndarray, rank: np.ndarray, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Decision `ids` grouped by op as a CSR, ordered by (op, rank, id) within the list."""
     order = np.lexsort((ids, rank, ops))
+    return _pointers(ops, n), np.ascontiguousarray(ids[order], dtype=np.int64)
+
+
+def _pointers(keys: np.ndarray, n: int) -> np.ndarray:
+    """CSR row pointers of integer `keys` in [0, n): where each key's entries start, and the end."""
     ptr = np.zeros(n + 1, dtype=np.int64)
-    np.add.at(ptr, ops + 1, 1)
-    return np.cumsum(ptr), np.ascontiguousarray(ids[order], dtype=np.int64)
+    ptr[1:] = np.cumsum(np.bincount(keys, minlength=n))
+    return ptr

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
 from ..model import Trace
+from .decisions import DecisionArrays
 from .memo import ProbeMemo
 
 MAX_CHAIN_DEPTH = 64  # rebuilds nested deeper than this are not followed (a broken plan, not a real chain)
@@ -55,6 +57,12 @@ class Chain:
     free_bytes: int = 0  # freed when it is done: transient_bytes plus the bytes of `frees`
     inputs: frozenset = frozenset()  # resident storages it reads (everything read that it does not rebuild)
 
+    @cached_property
+    def kernel_row(self) -> tuple[float, int, int, int, bool]:
+        """What the simulator's kernel reads of it: (seconds, alloc_bytes, free_bytes, ops replayed,
+        whether it runs at all)."""
+        return self.seconds, self.alloc_bytes, self.free_bytes, sum(len(s.ops) for s in self.steps), bool(self.steps)
+
 
 def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.ndarray,
                 memo: ProbeMemo | None = None) -> dict[int, Chain]:
@@ -64,20 +72,27 @@ def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.nd
     are resident there; with `memo` (one per trace and durations), they are reused while
     those answers are the same.
     """
-    recomputes = [k for k, d in enumerate(decisions) if d.action == "recompute"]
-    away = _recompute_gaps([decisions[k] for k in recomputes])
-    order = sorted(recomputes, key=lambda k: (decisions[k].back_before, producers[decisions[k].storage], k))
+    return chains_of(trace, DecisionArrays.of(decisions), durations, producers, memo)
+
+
+def chains_of(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, producers: np.ndarray,
+              memo: ProbeMemo | None = None) -> dict[int, Chain]:
+    """`plan_chains` of decisions given as columns (memplan.sim.decisions)."""
+    recomputes = np.flatnonzero(arrays.recompute)
+    sid, back = arrays.storage[recomputes], arrays.back_before[recomputes]
+    away = _recompute_gaps(sid.tolist(), arrays.out_after[recomputes].tolist(), back.tolist())
+    order = np.lexsort((recomputes, producers[sid], back))
+    rows = zip(recomputes[order].tolist(), sid[order].tolist(), back[order].tolist())
     chains: dict[int, Chain] = {}
-    for op, group in itertools.groupby(order, key=lambda k: decisions[k].back_before):
-        group = list(group)
-        targets = tuple(decisions[k].storage for k in group)
+    for op, group in itertools.groupby(rows, key=lambda row: row[2]):
+        ks, targets, _ = zip(*group)
         probe = _resident_probe(trace, op, away, memo.facts if memo is not None else {})
         if memo is None:
             made = _op_chains(trace, op, targets, probe, durations)
         else:
             made = memo.compute((op, targets), probe,
                                 lambda asked, op=op, targets=targets: _op_chains(trace, op, targets, asked, durations))
-        chains.update(zip(group, made))
+        chains.update(zip(ks, made))
     return chains
 
 
@@ -184,9 +199,9 @@ def _resident_probe(trace: Trace, op: int, away, alive: dict):
     return probe
 
 
-def _recompute_gaps(decisions) -> dict[int, list[tuple[int, int]]]:
+def _recompute_gaps(storages, outs, backs) -> dict[int, list[tuple[int, int]]]:
     """Per storage, the (out_after, back_before) gaps during which it is recomputed away."""
     away: dict[int, list[tuple[int, int]]] = {}
-    for d in decisions:
-        away.setdefault(d.storage, []).append((d.out_after, d.back_before))
+    for s, lo, hi in zip(storages, outs, backs):
+        away.setdefault(s, []).append((lo, hi))
     return away

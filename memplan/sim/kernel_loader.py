@@ -1,4 +1,5 @@
-"""Which copy of the simulator's kernel (_kernel.py) runs: compiled by numba, or the same code interpreted.
+"""Which copy of the simulator's kernel (_kernel.py, with its per-plan pass _events.py) runs: compiled
+by numba, or the same code interpreted.
 
 Loading the compiled kernel costs most of a second per process (importing numba, then its
 cached machine code), while the interpreter runs one simulation of a few thousand ops in a
@@ -15,35 +16,47 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 
+_MODULES = ("_kernel", "_events")  # each imports nothing of the other (the interpreted copies stay apart)
 _COMPILED = f"{__package__}._kernel"
-_SOURCE = Path(__file__).with_name("_kernel.py")
 
 
-def compiled() -> ModuleType:
-    """The kernel compiled by numba (imported on first use)."""
-    return importlib.import_module(_COMPILED)
+def compiled() -> SimpleNamespace:
+    """The kernel compiled by numba (imported on first use): `run_kernel`, and `plan_events`,
+    `place_decisions` and `floor_load` of the per-plan pass."""
+    return _namespace(importlib.import_module(f"{__package__}.{name}") for name in _MODULES)
 
 
 @functools.cache
-def interpreted() -> ModuleType:
-    """A second copy of the kernel module whose functions stay plain Python: it is loaded while
-    numba is hidden, so its `njit` is the fallback that returns each function as it is."""
-    spec = importlib.util.spec_from_file_location(f"{__package__}._kernel_interpreted", _SOURCE)
-    module = importlib.util.module_from_spec(spec)
+def interpreted() -> SimpleNamespace:
+    """Second copies of the kernel's modules whose functions stay plain Python: they are loaded while
+    numba is hidden, so their `njit` is the fallback that returns each function as it is."""
     hidden = sys.modules.get("numba")
     sys.modules["numba"] = None  # makes `from numba import njit` raise ImportError
     try:
-        spec.loader.exec_module(module)
+        return _namespace(_load_plain(name) for name in _MODULES)
     finally:
         if hidden is None:
             del sys.modules["numba"]
         else:
             sys.modules["numba"] = hidden
+
+
+def for_one_run() -> SimpleNamespace:
+    """The compiled kernel where this process has loaded it already, else the interpreted one."""
+    return compiled() if _COMPILED in sys.modules else interpreted()
+
+
+def _load_plain(name: str):
+    spec = importlib.util.spec_from_file_location(f"{__package__}.{name}_interpreted",
+                                                  Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 
-def for_one_run() -> ModuleType:
-    """The compiled kernel where this process has loaded it already, else the interpreted one."""
-    return compiled() if _COMPILED in sys.modules else interpreted()
+def _namespace(modules) -> SimpleNamespace:
+    modules = list(modules)
+    return SimpleNamespace(run_kernel=modules[0].run_kernel, plan_events=modules[1].plan_events,
+                           place_decisions=modules[1].place_decisions, floor_load=modules[1].floor_load)

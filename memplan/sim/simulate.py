@@ -52,9 +52,10 @@ Semantics (the contract; docs/simulator.md, "Simulation", says it for users):
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import replace
-from types import ModuleType
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from functools import cached_property
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -65,15 +66,14 @@ from ..model import Plan, Trace, check_plan, expect_trace
 from ..problem import DEFAULT_PROFILE, Problem
 from . import _codes as K
 from .kernel_loader import compiled
-from .arrays import csr, event_csr, host_peak, host_per_op
-from .chains import plan_chains
+from .arrays import host_peak
 from .convview import conv_view
-from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering
-from .memo import ProbeMemo
+from .decisions import DecisionArrays
+from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering, Placed, as_given
+from .prepare import KernelInputs, Preparer
 from .result import SimResult
 
-NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
-RECENT_CHAINS = 4096  # plans' recompute chains kept by their recompute decisions
+RECENT_PLANS = 8  # prepared plans kept (a bisection over caps simulates one plan many times)
 MICRO_BATCHES = "micro-batched convolutions run op by op"  # why such a plan is interpreted
 
 
@@ -136,31 +136,26 @@ def simulation_profile(plan: Plan | None, profile: str | DeviceProfile | None) -
 class Simulator:
     """A simulator bound to one trace and cost model: per-trace arrays are built once.
 
-    Search planners create one and call `run` thousands of times.
+    Search planners create one and call `run` thousands of times. A plan is prepared once (its
+    columns, its lowering, the kernel's arrays at each level it runs at) and kept while it is one
+    of the last RECENT_PLANS simulated, so simulating it again (at another budget: a bisection
+    over caps) only runs the kernel.
     """
 
-    def __init__(self, trace: Trace, cost: Cost, kernel: ModuleType | None = None, hooks: bool = True):
+    def __init__(self, trace: Trace, cost: Cost, kernel: SimpleNamespace | None = None, hooks: bool = True):
         self.trace = trace
         self.cost = cost
         self._kernel = kernel or compiled()  # memplan.sim.kernel_loader: compiled, or interpreted for one run
-        n = trace.num_steps
-        self._births = csr(trace.alloc_ops[trace.free_ops > trace.alloc_ops],
-                            np.arange(len(trace.storages))[trace.free_ops > trace.alloc_ops], n)
-        self._deaths = {(): self._deaths_with({})}  # by the holds of a hooked plan (memplan.sim.lowering)
         # A pool-only trace (no ops) runs its time axis as steps that take no time.
+        n = trace.num_steps
         self._durations = np.zeros(n) if not trace.ops else np.ascontiguousarray(cost.durations, dtype=np.float64)
         self._prefix = np.concatenate([[0.0], np.cumsum(self._durations)])
-        # Recomputes at one op run in producer order, so a chain finds its inputs rebuilt.
-        self._producers = np.array([-1 if trace.producer(s) is None else trace.producer(s)
-                                    for s in range(len(trace.storages))], dtype=np.int64)
-        # Chains of plans that differ in a few decisions are mostly the same (memplan.sim.memo).
-        self._chain_memo = ProbeMemo()
-        self._recent_chains: dict[tuple, dict] = {}
-        self.lowering = Lowering(trace, self._durations) if hooks and trace.ops else None
-        self._host = host_per_op(trace, cost)
+        self.lowering = Lowering(trace, self._durations, self._kernel.place_decisions) if hooks and trace.ops else None
+        self._prepare = Preparer(trace, cost, self._durations, self.lowering, self._kernel)
+        self._plans: OrderedDict[int, _Prepared] = OrderedDict()  # by id of the decisions tuple
+        self.evaluations = 0  # plans evaluated (simulated, or found not to fit without simulating)
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
-        self.baseline_time_s = float(self._run_lowered(Lowered(level=PLAIN, decisions=()), NO_LIMIT,
-                                                       False, False)[1][K.R_TIME])
+        self.baseline_time_s = float(self._run_prepared(self._prepared(()).first, NO_LIMIT, False, False)[1][K.R_TIME])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
 
     @property
@@ -172,6 +167,23 @@ class Simulator:
         """Simulate under `plan` with a cap of `budget_bytes` (NO_LIMIT: no cap), at the level it runs."""
         return self._simulate(plan, budget_bytes, timeline, emit=False)[0]
 
+    def time_if_fits(self, plan: Plan, budget_bytes: int) -> float | None:
+        """The simulated step time of `plan` under `budget_bytes` at the level it runs (`run`), or None
+        where it does not fit: what a search compares. Where lower bounds of its peak at every level
+        it could run at exceed the budget, nothing is simulated."""
+        if not plan.microbatches and self._prepared(plan.decisions).cannot_fit(int(budget_bytes)):
+            self.evaluations += 1
+            return None
+        result = self.run(plan, budget_bytes)
+        return result.time_s if result.feasible else None
+
+    def overhead_if_fits(self, plan: Plan, budget_bytes: int) -> float | None:
+        """`time_if_fits` as an overhead against the unconstrained run (SimResult.overhead)."""
+        time_s = self.time_if_fits(plan, budget_bytes)
+        if time_s is None:
+            return None
+        return time_s / self.baseline_time_s - 1.0 if self.baseline_time_s > 0 else 0.0
+
     def program_rows(self, plan: Plan | None, budget_bytes: int) -> tuple[SimResult, np.ndarray, dict, Lowered]:
         """Simulate and return the step program the simulation ran.
 
@@ -180,69 +192,69 @@ class Simulator:
             `memplan.sim._kernel` emits them, the recompute chain of every recompute decision, and the
             plan at the level it runs (rows and chains index its decisions).
         """
-        return self._simulate(plan, budget_bytes, False, emit=True)
+        result, rows, lowered = self._simulate(plan, budget_bytes, False, emit=True)
+        return result, rows, self._prepare.chains(lowered), lowered
 
     def _simulate(self, plan, budget_bytes, timeline: bool, emit: bool):
+        self.evaluations += 1
         microbatches = plan.microbatches if plan else ()
         if microbatches:  # run op by op: the interpreted runner splits them (memplan.exec.microconv)
-            result, rows, chains, lowered = self._view_of(microbatches)._simulate(
+            result, rows, lowered = self._view_of(microbatches)._simulate(
                 replace(plan, microbatches=()), budget_bytes, timeline, emit)
             lowered = replace(lowered, level=INTERPRETED, reason=MICRO_BATCHES)
-            return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, chains, lowered
-        budget = int(budget_bytes)
-        lowered = self.lower(plan.decisions if plan else ())
-        out = self._run_lowered(lowered, budget, timeline, emit)
-        if lowered.level == HOOKED or lowered.dropped:  # interpreted where its hooked form does not fit (or, with no cap, peaks higher)
-            interpreted = Lowered(level=INTERPRETED, decisions=tuple(plan.decisions),
-                                  reason=f"its hooked form does not fit ({lowered.reason or 'later hook points'})")
-            if not out[2][K.I_FEASIBLE]:
-                out, lowered = self._run_lowered(interpreted, budget, timeline, emit), interpreted
-            elif not limited(budget):
-                other = self._run_lowered(interpreted, budget, timeline, emit)
-                if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
-                    out, lowered = other, replace(interpreted, reason="its hooked form peaks higher")
-        arrays, floats, ints, recorded, rows, chains = out
-        return self._result(arrays, floats, ints, recorded, timeline, lowered), rows, chains, lowered
+            return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, lowered
+        level, out = self._at_its_level(self._prepared(plan.decisions if plan else ()), int(budget_bytes),
+                                        timeline, emit)
+        inputs, floats, ints, recorded, rows = out
+        return self._result(inputs, floats, ints, recorded, timeline, level.lowered), rows, level.lowered
+
+    def _at_its_level(self, entry: _Prepared, budget: int, timeline: bool, emit: bool):
+        """The level `entry` runs at under `budget`, and the kernel's run of it: hooked where its hooked
+        form fits, else interpreted (with no cap, whichever peaks lower)."""
+        if entry.hooked_cannot_fit(budget):  # the level is known: only the interpreted form runs
+            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
+        level = entry.first
+        out = self._run_prepared(level, budget, timeline, emit)
+        if level.lowered.level != HOOKED and not level.lowered.dropped:
+            return level, out
+        if not out[2][K.I_FEASIBLE]:
+            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
+        if not limited(budget):
+            other = self._run_prepared(entry.interpreted, budget, timeline, emit)
+            if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
+                lowered = replace(entry.interpreted.lowered, reason="its hooked form peaks higher")
+                return _Level(lowered=lowered, inputs=entry.interpreted.inputs), other
+        return level, out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
         """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
-        lowered = self.lower(plan.decisions)
-        if lowered.level == INTERPRETED or plan.microbatches or not plan.decisions:
+        if plan.microbatches or not plan.decisions:
             return None
-        budget = int(budget_bytes)
-        arrays, floats, ints, recorded, _, _ = self._run_lowered(lowered, budget, False, False)
-        return self._result(arrays, floats, ints, recorded, False, lowered)
+        first = self._prepared(plan.decisions).first
+        if first.lowered.level == INTERPRETED:
+            return None
+        inputs, floats, ints, recorded, _ = self._run_prepared(first, int(budget_bytes), False, False)
+        return self._result(inputs, floats, ints, recorded, False, first.lowered)
 
     def lower(self, decisions) -> Lowered:
         """`decisions` at the level they would run (memplan.sim.lowering; before the budget's say)."""
-        if self.lowering is None:
-            return Lowered(level=PLAIN if not decisions else INTERPRETED, decisions=tuple(decisions),
-                           reason="" if not decisions else "the trace has no ops to hook")
-        return self.lowering.lower(decisions)
+        return self._prepared(tuple(decisions)).lowered
 
-    def _run_lowered(self, lowered: Lowered, budget: int, timeline: bool, emit: bool):
-        arrays, chains = self._plan_arrays(lowered)
-        floats, ints, *recorded, rows = self._kernel.run_kernel(
-            self._durations, self.trace.nbytes, *self._births, *self._deaths_for(lowered.holds), *arrays,
-            budget, timeline, emit)
-        return arrays, floats, ints, recorded, rows, chains
+    def _prepared(self, decisions: tuple) -> _Prepared:
+        """`decisions` prepared (kept by identity among the last RECENT_PLANS)."""
+        entry = self._plans.get(id(decisions))
+        if entry is not None and entry.decisions is decisions:
+            self._plans.move_to_end(id(decisions))
+        else:
+            entry = _Prepared(decisions, self)
+            self._plans[id(decisions)] = entry
+            if len(self._plans) > RECENT_PLANS:
+                self._plans.popitem(last=False)
+        return entry
 
-    def _deaths_for(self, holds: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        key = tuple(sorted(holds.items()))
-        if key not in self._deaths:
-            if len(self._deaths) >= RECENT_CHAINS:
-                self._deaths = {(): self._deaths[()]}
-            self._deaths[key] = self._deaths_with(holds)
-        return self._deaths[key]
-
-    def _deaths_with(self, holds: dict[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """Storages grouped by the op after which they are freed, some held longer (`holds`)."""
-        trace = self.trace
-        free = trace.free_ops.copy()
-        for sid, until in holds.items():
-            free[sid] = max(free[sid], min(until, trace.num_steps))
-        alive = free > trace.alloc_ops
-        return csr(free[alive] - 1, np.arange(len(trace.storages))[alive], trace.num_steps)
+    def _run_prepared(self, level: _Level, budget: int, timeline: bool, emit: bool):
+        floats, ints, *recorded, rows = self._kernel.run_kernel(*level.inputs.args, budget, timeline, emit)
+        return level.inputs, floats, ints, recorded, rows
 
     def _view_of(self, microbatches) -> Simulator:
         """A simulator of the trace as the conv decisions make it; the last one is kept (search
@@ -255,98 +267,9 @@ class Simulator:
             self._views = (microbatches, sim)
         return sim
 
-    # --- per-plan preparation ----------------------------------------------------------------
-
-    def _plan_arrays(self, lowered: Lowered) -> tuple[tuple, dict]:
-        """Flat per-decision arrays and per-op event lists for the kernel (vectorised), and the
-        recompute chains by decision."""
-        trace, cost, n = self.trace, self.cost, self.trace.num_steps
-        decisions = lowered.decisions
-        # One flat iterator: numpy converts it much faster than a list of tuples (search planners
-        # prepare thousands of plans).
-        fields = np.fromiter(itertools.chain.from_iterable(
-            (d.storage, d.action == "recompute", d.out_after, d.back_before,
-             NO_TRIGGER if d.trigger is None else d.trigger, d.sync + K.OVERLAP * d.overlap, d.compress_ratio or 0.0)
-            for d in decisions), dtype=np.float64, count=7 * len(decisions)).reshape(-1, 7)
-        sid, is_rec, out_after, back, trigger = (fields[:, j].astype(np.int64) for j in range(5))
-        sync, ratio = fields[:, 5].astype(np.int64), fields[:, 6]  # sync: K.SYNC and K.OVERLAP bits
-        trigger = np.where((trigger == NO_TRIGGER) | (is_rec == 1), back, trigger)  # = Decision.prefetch_at
-        kind = np.where(is_rec == 1, K.RECOMPUTE, K.SWAP).astype(np.int64)
-        swap = kind == K.SWAP
-        nbytes = trace.nbytes[sid]
-        link_bytes = np.where(swap, np.where(ratio > 0, np.round(nbytes * ratio), nbytes), 0).astype(np.int64)
-        # Cost's copy and kernel times are affine in bytes, so they take arrays.
-        d2h = np.where(swap, cost.d2h_s(link_bytes), 0.0)
-        h2d = np.where(swap, cost.h2d_s(link_bytes), 0.0)
-        comp = np.where(swap & (ratio > 0), cost.memory_pass_s(nbytes), 0.0)
-        wraps = swap & (back <= out_after)
-        wrap = np.where(wraps, np.where(trigger > out_after, K.TAIL_WRAP, K.HEAD_WRAP), K.NO_WRAP).astype(np.int64)
-        absent = np.zeros(len(trace.storages), dtype=np.bool_)
-        absent[sid[wrap == K.HEAD_WRAP]] = True
-        chains = self._chains_for(lowered)
-        chain, chain_alloc, chain_free, chain_host = self._chain_arrays(chains, len(kind), lowered.level)
-        wait_first = self._wait_first(decisions, chains)
-        ids = np.arange(len(sid))
-        rank = np.where(swap, -1, self._producers[sid])
-        host = self._host[lowered.level]
-        if len(sid) and (cost.executor_s("action") or not cost.host_async):
-            host = host.copy()  # actions: swap: out, release, prefetch, wait; recompute: drop, run
-            acts = np.concatenate([out_after, back, out_after[swap], trigger[swap]])  # two per decision, four a swap
-            np.add.at(host, acts, cost.executor_s("action"))
-            if not cost.host_async:  # the CPU copies on its one thread (memplan.exec.engine), nothing beside
-                np.add.at(host, out_after[swap], d2h[swap])
-                np.add.at(host, trigger[swap], h2d[swap])
-                d2h, h2d = np.zeros_like(d2h), np.zeros_like(h2d)
-        return (kind, sid, sync, wrap, link_bytes, d2h, h2d, comp, chain, chain_alloc, chain_free, chain_host,
-                *event_csr(trigger[swap], np.zeros(swap.sum(), dtype=np.int64), ids[swap], n),
-                *event_csr(back, rank, ids, n),
-                *event_csr(out_after, np.zeros(len(sid), dtype=np.int64), ids, n), absent, back,
-                wait_first, host, cost.host_async), chains
-
-    def _chains_for(self, lowered: Lowered) -> dict:
-        """The recompute chains by decision: region runs of a hooked plan (memplan.sim.lowering), else
-        op replays (memplan.sim.chains), reused for a plan with the same recompute decisions as a
-        recent one (search planners vary the others too)."""
-        decisions = lowered.decisions
-        if lowered.level == HOOKED:
-            return self.lowering.chains(lowered, self._producers) if lowered.regions else {}
-        key = tuple((k, d.storage, d.out_after, d.back_before) for k, d in enumerate(decisions)
-                    if d.action == "recompute")
-        chains = self._recent_chains.get(key)
-        if chains is None:
-            chains = plan_chains(self.trace, decisions, self._durations, self._producers, self._chain_memo) \
-                if key else {}
-            if len(self._recent_chains) >= RECENT_CHAINS:
-                self._recent_chains.clear()
-            self._recent_chains[key] = chains
-        return chains
-
-    def _chain_arrays(self, chains: dict, n: int, level: str) -> tuple[np.ndarray, ...]:
-        """Per decision: chain seconds, bytes allocated when it starts and freed when it is done, and
-        the host's work to issue its ops (replayed through Python when interpreted)."""
-        per_op = self.cost.host_op_s + (self.cost.executor_s("replay_op") if level == INTERPRETED else 0.0)
-        per_run = self.cost.executor_s("region") if level == HOOKED else 0.0
-        seconds, alloc, freed = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-        host = np.zeros(n)
-        for k, chain in chains.items():
-            seconds[k], alloc[k], freed[k] = chain.seconds, chain.alloc_bytes, chain.free_bytes
-            host[k] = per_op * sum(len(step.ops) for step in chain.steps) + (per_run if chain.steps else 0.0)
-        return seconds, alloc, freed, host
-
-    @staticmethod
-    def _wait_first(decisions, chains: dict) -> np.ndarray:
-        """Swaps whose storage lands at an op where a recomputation reads it: they land first."""
-        if not chains:
-            return np.zeros(len(decisions), dtype=np.bool_)
-        read_at: dict[int, set[int]] = {}
-        for k, chain in chains.items():
-            read_at.setdefault(decisions[k].back_before, set()).update(chain.inputs)
-        return np.fromiter((d.action == "swap" and d.storage in read_at.get(d.back_before, ()) for d in decisions),
-                           dtype=np.bool_, count=len(decisions))
-
     # --- results ---------------------------------------------------------------------------------
 
-    def _result(self, arrays, floats, ints, recorded, timeline: bool, lowered: Lowered) -> SimResult:
+    def _result(self, inputs: KernelInputs, floats, ints, recorded, timeline: bool, lowered: Lowered) -> SimResult:
         feasible = bool(ints[K.I_FEASIBLE])
         stalls = floats[K.R_MEM_STALL] + floats[K.R_PREFETCH_STALL] + floats[K.R_SYNC_STALL]
         breakdown = {
@@ -371,7 +294,7 @@ class Simulator:
             baseline_time_s=self.baseline_time_s,
             peak_load_bytes=int(ints[K.I_PEAK]),
             breakdown=breakdown,
-            host_peak_bytes=host_peak(arrays, recorded, ints) if feasible else 0,
+            host_peak_bytes=host_peak(inputs.wrap, inputs.link_bytes, recorded, ints) if feasible else 0,
             link_bytes=int(ints[K.I_LINK]),
             infeasible_op=None if feasible else int(ints[K.I_BAD_OP]),
             shortfall_bytes=0 if feasible else int(ints[K.I_SHORTFALL]),
@@ -387,3 +310,85 @@ class Simulator:
         for name, kind in (("d2h", K.D2H_COPY), ("h2d", K.H2D_COPY)):
             lanes[name] = [(float(s), float(e)) for s, e, k in copies if k == kind]
         return lanes
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Level:
+    """A plan at one level and the kernel's arrays for it."""
+
+    lowered: Lowered  # the plan at that level (memplan.sim.lowering)
+    inputs: KernelInputs  # the kernel's arrays (memplan.sim.prepare)
+
+
+class _Prepared:
+    """One plan prepared for the kernel: its columns, its hooked (or plain) form, and its interpreted
+    form, each made the first time it is needed."""
+
+    def __init__(self, decisions: tuple, sim: Simulator):
+        self.decisions = decisions  # the plan's decisions (the key is their identity: kept alive here)
+        self._sim = sim
+        self.arrays = DecisionArrays.of(decisions)
+        self.priced = sim._prepare.priced(self.arrays)  # what each decision moves, at each level
+
+    @cached_property
+    def given(self) -> Lowered | None:
+        """The plan as it runs where it has no hooked form (memplan.sim.lowering), else None."""
+        sim = self._sim
+        if sim.lowering is None:
+            return as_given(PLAIN if not self.decisions else INTERPRETED, self.decisions, self.arrays,
+                            "" if not self.decisions else "the trace has no ops to hook")
+        return sim.lowering.given(self.decisions, self.arrays)
+
+    @cached_property
+    def placed(self) -> Placed:
+        """Its decisions moved onto hook points (where it has a hooked form)."""
+        return self._sim.lowering.place(self.decisions, self.arrays)
+
+    @cached_property
+    def lowered(self) -> Lowered:
+        """The plan at the level it would run (memplan.sim.lowering; before the budget's say)."""
+        return self.given or self._sim.lowering.with_regions(self.decisions, self.placed)
+
+    @cached_property
+    def first(self) -> _Level:
+        """The form simulated first: hooked where the plan has one, else as it runs."""
+        lowered = self.lowered
+        priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
+        return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
+
+    @cached_property
+    def interpreted(self) -> _Level:
+        """The plan as the interpreted runner runs it, when its hooked form does not fit."""
+        why = (self.placed.reason if self.given is None else "") or self.lowered.reason
+        lowered = as_given(INTERPRETED, self.decisions, self.arrays,
+                           f"its hooked form does not fit ({why or 'later hook points'})")
+        return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
+
+    def hooked_cannot_fit(self, budget: int) -> bool:
+        """True when the plan has a hooked form that surely cannot run under `budget` (a lower bound of its
+        peak, which no timing lowers, exceeds it: first before its region runs are chosen, then after):
+        then it runs interpreted, and only that is simulated."""
+        if self.given is not None or not limited(budget):
+            return False
+        return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
+
+    def cannot_fit(self, budget: int) -> bool:
+        """True when no level the plan could run at fits `budget`: neither its hooked form (above) nor
+        its interpreted one (a lower bound of its peak, without the chains' memory, exceeds it)."""
+        return limited(budget) and (self.given is not None or self.hooked_cannot_fit(budget)) and \
+            self.interpreted_floor > budget
+
+    @cached_property
+    def placed_floor(self) -> int:
+        """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load)."""
+        return self._sim._prepare.floor_bytes(self.placed.arrays)
+
+    @cached_property
+    def lowered_floor(self) -> int:
+        """The same with its region runs' memory."""
+        return self._sim._prepare.floor_bytes(self.lowered.arrays, self.lowered.carriers)
+
+    @cached_property
+    def interpreted_floor(self) -> int:
+        """A lower bound of its peak as planned (interpreted)."""
+        return self._sim._prepare.floor_bytes(self.arrays)

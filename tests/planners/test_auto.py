@@ -140,3 +140,14 @@ def test_when_no_fast_planner_fits_milp_over_every_storage_runs(monkeypatch):
     assert got.report["milp_status"] == "optimal" and got.report["chosen"] in ("milp", "refined:milp")
     state = next(s.id for s in trace.storages if s.kind == "optimizer_state")
     assert any(d.storage == state and d.wraps for d in got.decisions)
+
+
+def test_without_a_time_limit_auto_returns_by_itself():
+    """Every step ends on its own (a local optimum, a swarm's iterations, milp's sweeps and its time
+    cap), and a time limit no run reaches changes nothing."""
+    trace = chain_trace(9, sizes=[(16 + 24 * (i % 4)) * MIB for i in range(9)])
+    unbounded = make_plan(trace, 0.5, planner="auto", time_limit_s=1e9)
+    bounded = make_plan(trace, 0.5, planner="auto", time_limit_s=120.0)
+    assert unbounded.decisions == bounded.decisions
+    assert unbounded.report["evaluations"] > 0 and unbounded.report["evaluations_per_s"] > 0
+

@@ -98,3 +98,9 @@ def test_a_time_limit_stops_the_search_after_the_pure_scores(stand_in, monkeypat
 def test_a_time_limit_must_be_positive(limit):
     with pytest.raises(MemplanError, match="time_limit_s must"):
         plan(_trace(), "60%", planner="autoswap:bo", profile=PROFILE, time_limit_s=limit)
+
+
+def test_bo_reports_the_plans_it_scored():
+    got = plan(_trace(), "60%", planner="autoswap:bo", profile=PROFILE, n_trials=FEW_TRIALS, simulate_result=False)
+    assert 1 <= got.report["evaluations"] <= FEW_TRIALS  # distinct plans: trials may repeat one
+    assert got.report["evaluations_per_s"] > 0

@@ -45,3 +45,20 @@ def test_a_search_that_ran_to_its_time_limit_is_not_planned_again():
     assert not searched_to_its_limit(auto, {"time_limit_s": 2.0}, 0.5)
     assert searched_to_its_limit(auto, {}, 60.0)  # its default limit
     assert not searched_to_its_limit(sqrt_n, {}, 1e6)  # no time limit: never a search cut short
+
+
+def test_a_planner_that_chooses_by_the_simulator_is_not_planned_again(monkeypatch):
+    """auto keeps the plan the simulator runs fastest at the level it runs (PlannerSpec.simulated):
+    planning it again under smaller loads would only repeat its search. tflms's plan, made at op
+    granularity, is fitted to its hooked form as above."""
+    from memplan.planners import base
+
+    fitted = []  # the plans fit_hooked was given
+    monkeypatch.setattr(base, "fit_hooked", lambda plan_at, problem, first, first_s: fitted.append(first) or first)
+    trace = memplan.trace_workload("resnet18-cifar", 8, fake=True)
+    problem = Problem.of(trace, 0.9)
+    tflms = base.planned_at(get_planner("tflms"), problem, {})
+    assert any(p is tflms for p in fitted)
+    auto = base.planned_at(get_planner("auto"), problem, {"time_limit_s": 10.0, "milp": False})
+    assert not any(p is auto for p in fitted)  # (the planners auto runs inside are fitted, as everywhere)
+    assert get_planner("auto").simulated and not get_planner("tflms").simulated

@@ -213,3 +213,29 @@ def test_plot_of_a_planner_without_a_search_is_refused(capsys, trace_file, tmp_p
     line = one_line_error(capsys, ["plan", trace_file, "--planner", "sqrt-n", "--budget", "100%", "-o",
                                    tmp_path / "p.json", "--plot", tmp_path / "c.png"])
     assert "no search history" in line and not (tmp_path / "p.json").exists()
+
+
+def test_home_reports_every_plan_it_evaluated(monkeypatch):
+    """`evaluations` counts what reached the simulator: each run, and each plan found not to fit
+    without a run (counted here by wrapping the simulator's two doors)."""
+    from memplan.sim.simulate import Simulator
+
+    seen = []
+    run, fits = Simulator.run, Simulator.time_if_fits
+
+    def counted_run(self, *args, **kwargs):
+        seen.append("run")
+        return run(self, *args, **kwargs)
+
+    def counted_fits(self, plan, budget):
+        before = len(seen)
+        out = fits(self, plan, budget)
+        if len(seen) == before:
+            seen.append("not simulated")
+        return out
+
+    monkeypatch.setattr(Simulator, "run", counted_run)
+    monkeypatch.setattr(Simulator, "time_if_fits", counted_fits)
+    plan = make_plan(chain_trace(9), "60%", planner="home", workers=1, simulate_result=False, **SMALL)
+    assert plan.report["evaluations"] == len(seen) > SMALL["particles"]
+    assert plan.report["evaluations_per_s"] > 0

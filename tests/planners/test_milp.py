@@ -285,9 +285,15 @@ def test_a_milp_plan_mixing_swaps_and_recomputes_trains_exactly_within_its_budge
     measured peak within the budget (test_exec's oracle: plain training from the same seed)."""
     from tests.exec.test_runner import _kept_budget, _plain, _planned, _same_state, tiny_workload, trace_step  # noqa: I001
 
+    import dataclasses
+
+    from memplan.cost.model import Cost
+
     w = tiny_workload()
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
-    plan = make_plan(trace, 0.6, planner="milp", min_bytes=1024, window=2, time_limit_s=600.0)
+    # the device's time alone: with the host's work priced, this tiny step swaps only (a run costs the host more)
+    cost = dataclasses.replace(Cost.for_trace(trace, "h100"), priced_host=False)
+    plan = make_plan(trace, 0.6, planner="milp", cost=cost, min_bytes=1024, window=2, time_limit_s=600.0)
     assert plan.report["status"] == "optimal"
     assert {d.action for d in plan.decisions} == {"swap", "recompute"}
     got, stats = _planned(tiny_workload, plan=plan, trace=trace)
@@ -337,3 +343,37 @@ def test_below_its_models_floor_milp_returns_a_fast_planners_plan_that_fits():
     assert validate(trace, plan, budget) == [] and Simulator(trace, cost).run(plan, budget).peak_load_bytes <= budget
     with pytest.raises(InfeasibleBudgetError):  # where nothing fits, the model's floor is the answer
         make_plan(trace, 1, planner="milp", cost=cost, **tiny_units)
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_the_model_prices_the_hosts_work_as_the_simulator_does(asynchronous):
+    """On a host-bound step (the host issues each op in 1.5 mean op times): keeping everything costs
+    the host's work over the device's; one swap costs four more actions and, as its storage is no
+    tensor autograd saves here (no hook records), the interpreted executor's mode at every op; on the
+    CPU (its own device) the host's work adds to the device's instead. Hand-written sums, and the
+    simulator's own time for the plain step."""
+    from memplan.planners.milp.host import host_price
+    from memplan.planners.milp.layers import layer_problem
+    from memplan.planners.milp.model import build
+
+    trace = chain_trace(6)
+    cost = host_bound(Cost.for_trace(trace, "h100"), action_s=2e-4)
+    cost = replace(cost, profile=replace(cost.profile, mode_op_s=5e-6, kind="gpu" if asynchronous else "cpu"))
+    problem = layer_problem(trace, cost, MIB)  # every unit, none needed under no cap
+    host = host_price(problem, Simulator(trace, cost), cost)
+    assert host is not None and host.interpreted.all()
+    model = build(problem, trace.peak_load_bytes, 0, host=host)
+    kept = {group: None for group in model.members}
+    group = next(iter(model.members))
+    swapped = {**kept, group: (group, "swap")}
+    plain_ms, mode_ms = 1e3 * Simulator(trace, cost).run(None).time_s, 1e3 * 5e-6 * len(trace.ops)
+    base_ms = 1e3 * problem.baseline_s
+    objective = {name: float(model.solve(60.0, 0.0, fixed=fixed).fun) for name, fixed in (("kept", kept),
+                                                                                          ("swapped", swapped))}
+    if asynchronous:
+        assert objective["kept"] == pytest.approx(plain_ms - base_ms, abs=1e-6)
+        assert objective["swapped"] >= objective["kept"] + mode_ms + 4 * 1e3 * 2e-4 - 1e-6
+    else:
+        host_ms = plain_ms - base_ms  # the CPU: the plain step is the device's and the host's work together
+        assert objective["kept"] == pytest.approx(host_ms, abs=1e-6)
+        assert objective["swapped"] >= objective["kept"] + mode_ms + 4 * 1e3 * 2e-4 - 1e-6

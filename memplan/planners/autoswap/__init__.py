@@ -9,6 +9,7 @@ swap or recompute planner has (`memplan.planners.base.compositions.compose_pool`
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ from ...problem import Problem
 from ...units import format_bytes
 from ..base import register
 from ..kit.candidates import DEFAULT_MIN_BYTES, Candidates, find_candidates
+from ..kit.searched import search_report
 from . import schedule as sched
 from .bo import tune_weights
 from .scores import all_scores, standardize
@@ -148,12 +150,15 @@ def _plan_variant(problem: SwapProblem, score: str, *, seed: int, n_trials: int,
                   time_limit_s: float | None = None) -> Plan:
     if score in SCORES:
         return plan_for_priority(problem, problem.scores[score])
+    report = {}
     if weights is None:
-        weights = tune_weights(problem, plan_for_priority, combined_priority, seed=seed, n_trials=n_trials,
-                               objective=objective, time_limit_s=time_limit_s)
+        started = time.monotonic()
+        weights, scored = tune_weights(problem, plan_for_priority, combined_priority, seed=seed, n_trials=n_trials,
+                                       objective=objective, time_limit_s=time_limit_s)
+        report = search_report(scored, time.monotonic() - started)
     log.info("autoswap:bo weights a,b,c,d = %s", ", ".join(f"{w:+.3f}" for w in weights))
     result = plan_for_priority(problem, combined_priority(problem, weights))
-    return result.with_meta(params={"weights": [float(w) for w in weights]})
+    return result.with_meta(params={"weights": [float(w) for w in weights]}, report=report)
 
 
 def _check_args(score: str, objective, weights, time_limit_s: float | None) -> None:

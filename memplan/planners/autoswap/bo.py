@@ -38,7 +38,8 @@ class Evaluation:
 
 
 def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int, n_trials: int,
-                 objective: str | Callable = "simulated", time_limit_s: float | None = None) -> tuple[float, ...]:
+                 objective: str | Callable = "simulated",
+                 time_limit_s: float | None = None) -> tuple[tuple[float, ...], int]:
     """Search the weights with Optuna's GPSampler and return the best ones.
 
     Args:
@@ -52,8 +53,8 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
         time_limit_s: start no trial after this many seconds (None: run all `n_trials`); the
             four pure scores are always tried, so the result is never worse than theirs.
     Returns:
-        The weights of the lowest overhead; ties go to the plan that swaps fewer bytes,
-        then to the earlier evaluation.
+        (weights, plans scored): the weights of the lowest overhead (ties go to the plan that swaps
+        fewer bytes, then to the earlier evaluation), and how many distinct plans were scored.
     """
     import optuna  # local: a second to import, needed by a BO search only (the registry imports every planner)
 
@@ -86,7 +87,7 @@ def tune_weights(problem, plan_fn: Callable, combine_fn: Callable, *, seed: int,
     best = min(evaluations, key=lambda e: (e.overhead, e.swapped_bytes, e.trial))
     log.info("autoswap:bo: %d evaluations, %d distinct plans, best overhead %.4f", len(evaluations), len(cache),
              best.overhead)
-    return best.weights
+    return best.weights, len(cache)
 
 
 def _best_so_far(evaluations: list[Evaluation]) -> str:
@@ -109,8 +110,8 @@ def _objective_fn(problem, objective: str | Callable) -> Callable:
     simulator = Simulator(problem.trace, problem.cost)
 
     def simulated(plan) -> float:
-        result = simulator.run(plan, problem.budget_bytes)
-        return float(result.overhead) if result.feasible else INFEASIBLE_OVERHEAD
+        overhead = simulator.overhead_if_fits(plan, problem.budget_bytes)
+        return INFEASIBLE_OVERHEAD if overhead is None else float(overhead)
 
     return simulated
 

@@ -42,13 +42,15 @@ _COMMON = ("problem",)  # the argument every planner takes
 PLANNERS: Registry[PlannerSpec] = Registry("planner", "memplan.planners")
 
 
-def register(name: str, summary: str = "", *, decides=(), **defaults) -> Callable[[PlannerFn], PlannerFn]:
+def register(name: str, summary: str = "", *, decides=(), simulated: bool = False,
+             **defaults) -> Callable[[PlannerFn], PlannerFn]:
     """Decorator: register `fn` under `name`, passing `defaults` as keyword arguments.
 
     Args:
         name: "family" or "family:variant".
         summary: one line (default: the docstring's first line).
         decides: what the planner decides, a subset of DECIDES.
+        simulated: it keeps the plan the simulator runs fastest, at its level (PlannerSpec.simulated).
         **defaults: fixed keyword arguments for this name.
     """
     unknown = set(decides) - set(DECIDES)
@@ -57,8 +59,8 @@ def register(name: str, summary: str = "", *, decides=(), **defaults) -> Callabl
 
     def wrap(fn: PlannerFn) -> PlannerFn:
         doc = summary or (inspect.getdoc(fn) or "").split("\n")[0]
-        PLANNERS.add(name, PlannerSpec(name=name, fn=fn, defaults=defaults, summary=doc,
-                                       decides=frozenset(decides), params=_params_of(fn, defaults)))
+        PLANNERS.add(name, PlannerSpec(name=name, fn=fn, defaults=defaults, summary=doc, decides=frozenset(decides),
+                                       params=_params_of(fn, defaults), simulated=simulated))
         return fn
 
     return wrap
@@ -175,10 +177,11 @@ def searched_to_its_limit(spec: PlannerSpec, params: dict, seconds: float) -> bo
 
 def planned_at(spec: PlannerSpec, problem: Problem, params: dict) -> Plan:
     """`spec`'s plan of `problem`, planned again under a smaller load where its hooked form misses
-    the cap (memplan.planners.base.hooks_fit), unless the planner searched to its time limit."""
+    the cap (memplan.planners.base.hooks_fit), unless the planner searched to its time limit or chose
+    its plan by the simulator at the level it runs (`PlannerSpec.simulated`)."""
     started = time.perf_counter()
     result = _run_planner(spec, problem.at(planning_bytes(spec, problem)), params, limited=problem.limited)
-    if problem.limited and spec.decides & {"swap", "recompute"} and \
+    if problem.limited and spec.decides & {"swap", "recompute"} and not spec.simulated and \
             not searched_to_its_limit(spec, params, time.perf_counter() - started):
         result = fit_hooked(lambda load: _run_planner(spec, problem.at(load), params, limited=True),
                             problem, result, time.perf_counter() - started)

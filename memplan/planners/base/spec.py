@@ -31,6 +31,9 @@ class PlannerSpec:
     summary: str  # one line for `memplan planners`
     decides: frozenset  # a subset of DECIDES
     params: tuple[Param, ...]  # what a user may set
+    # it keeps, of the plans it tries, the one the simulator runs fastest at the level each runs at
+    # (auto): planning it again under a smaller load for its hooked form would only repeat its search
+    simulated: bool = False
 
     @property
     def needs_ops(self) -> bool:

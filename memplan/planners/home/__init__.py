@@ -45,6 +45,7 @@ from ..kit.fitting import fitting_plans
 from ..kit.policy import INFEASIBLE, PolicyEvaluator
 from ..kit.prefetch import DEFAULT_LEAD
 from ..kit.refine import Refiner, policy_of
+from ..kit.searched import search_report
 from .pso import History, random_policies, swarm
 from .workers import available_cores, make_chunks
 
@@ -102,7 +103,9 @@ def _home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int, iters: int,
         seeds = fitting_plans(Problem(trace, cost, budget_bytes), SEED_PLANNERS, Simulator(trace, cost))
         starts = np.array([policy_of(fm, p.decisions)[0] for p in seeds], dtype=np.int8).reshape(-1, len(fm))
         policies[:len(starts)] = starts[:particles]
+    started = time.monotonic()
     evaluator(policies[0])  # compiles the simulator before any worker is forked
+    at_fork = evaluator.evaluations
     if workers == 0:
         workers = available_cores() if particles * len(fm) >= PARALLEL_MIN_WORK else 1
     deadline = math.inf if time_limit_s is None else time.monotonic() + time_limit_s
@@ -113,7 +116,10 @@ def _home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int, iters: int,
         best, score = _uniform_fallback(evaluator, best, name)
     found = [evaluator.plan(best)] if score < INFEASIBLE else []
     plan = min(found + seeds, key=lambda p: evaluator.simulator.run(p, budget_bytes).time_s)
-    return plan.with_meta(history=_history_record(history, len(fm), workers))
+    # worker processes count in their own copies of the evaluator, from what it had done when forked
+    evaluations = evaluator.evaluations + (history.evaluations - workers * at_fork if workers > 1 else 0)
+    return plan.with_meta(history=_history_record(history, len(fm), workers),
+                          report=search_report(evaluations, time.monotonic() - started))
 
 
 def _search(evaluator: PolicyEvaluator, policies: np.ndarray, iters: int, workers: int, deadline: float,

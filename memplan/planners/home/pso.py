@@ -110,7 +110,8 @@ class Chunk:
     def report(self, changed: bool) -> dict:
         """What the swarm needs from this chunk after a pass."""
         i = int(np.argmin(self.scores))
-        return {"changed": changed, "scores": self.scores.copy(), "best": self.policies[i].copy()}
+        return {"changed": changed, "scores": self.scores.copy(), "best": self.policies[i].copy(),
+                "evaluations": getattr(self.score, "evaluations", 0)}
 
 
 @dataclass
@@ -121,6 +122,7 @@ class History:
     mean: list = field(default_factory=list)
     worst: list = field(default_factory=list)
     converged_at: int | None = None  # the iteration from which nothing changed
+    evaluations: int = 0  # plans the chunks' evaluators had simulated after the last iteration, together
 
     def add(self, best: float, scores: np.ndarray, feasible_below: float) -> None:
         """Record one iteration; infeasible scores (>= feasible_below) are left out of mean and worst."""
@@ -150,6 +152,7 @@ def swarm(chunks, iters: int, feasible_below: float, deadline: float = float("in
     reports = _each(chunks, "start")
     for it in range(iters):
         scores = np.concatenate([r["scores"] for r in reports])
+        history.evaluations = sum(r["evaluations"] for r in reports)
         lowest = min(range(len(reports)), key=lambda c: (reports[c]["scores"].min(), c))
         p1 = reports[lowest]["best"]
         if scores.min() < best_score:

@@ -47,6 +47,7 @@ class Absence:
     recompute_share: float  # share of `nbytes` that can be recomputed (0: none)
     recompute_ms: float  # recomputing all `nbytes` at their cheapest rate (scaled by the share taken)
     fewest: float  # storages away per whole share away, at least (its bytes over its largest storage's)
+    storages: tuple[int, ...] = ()  # the storages merged into it
 
 
 def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW) -> list[Absence]:
@@ -76,7 +77,8 @@ def _unit(trace: Trace, cost: Cost, rate: np.ndarray, members, ops, release, due
                    d2h_ms=MS * (cost.d2h_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    h2d_ms=MS * (cost.h2d_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    recompute_share=rec_bytes / total,
-                   recompute_ms=MS * total * min((r for _, r in rec), default=0.0), fewest=copies)
+                   recompute_ms=MS * total * min((r for _, r in rec), default=0.0), fewest=copies,
+                   storages=tuple(s for s, _ in members))
 
 
 def _gaps(trace: Trace):

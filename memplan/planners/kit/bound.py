@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, linprog, milp
@@ -84,6 +84,9 @@ class Bound:
     units: int  # LP units (storages that may be away, merged by gap)
     variables: int  # LP columns
     constraints: int  # LP rows
+    # (storage, out_after, back_before) of a single storage's gap -> its largest shares away swapped and
+    # recomputed in the LP's solution: where the LP keeps what away (a guide for a search to start from)
+    away: dict = field(default_factory=dict)
 
     def report(self) -> dict:
         """The bound as a plan report's entries (`bound`, `bound_status`, ...)."""
@@ -211,7 +214,14 @@ def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_
     else:
         overhead, status = None, result.message.strip()
     return Bound(overhead=overhead, status=status, seconds=time.perf_counter() - started, check_ops=len(check),
-                 units=len(units), variables=len(lp.c.lb), constraints=len(lp.c.rows))
+                 units=len(units), variables=len(lp.c.lb), constraints=len(lp.c.rows),
+                 away=_away(lp, result.x) if result.status == OPTIMAL else {})
+
+
+def _away(lp: BoundLP, x: np.ndarray) -> dict:
+    """Bound.away of the LP's solution `x`."""
+    return {(u.storages[0], u.release, u.due): (float(x[xs].max()), float(x[ys].max()) if ys is not None else 0.0)
+            for u, xs, ys in zip(lp.units, lp.x, lp.y) if u.members == 1 and u.release is not None and u.due is not None}
 
 
 def check_ops(load: np.ndarray, budget_bytes: int, max_checks: int) -> np.ndarray:

@@ -41,8 +41,8 @@ class PlanSearch:
 
     def time_s(self, decisions) -> float:
         """Simulated iteration time within the budget (inf when the plan does not run there)."""
-        result = self.simulator.run(Plan(decisions=tuple(decisions)), self.budget)
-        return result.time_s if result.feasible and result.peak_load_bytes <= self.budget else float("inf")
+        time_s = self.simulator.time_if_fits(Plan(decisions=tuple(decisions)), self.budget)
+        return float("inf") if time_s is None else time_s
 
     def polish(self, plan: Plan, deadline: float) -> Plan:
         """The best plan found from `plan` by `deadline` (time.monotonic()); `plan` itself when

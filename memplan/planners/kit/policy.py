@@ -48,14 +48,19 @@ class PolicyEvaluator:
             score = self.memo[key] = self._score(self.plan(policy))
         return score
 
+    @property
+    def evaluations(self) -> int:
+        """Plans its simulator has evaluated so far."""
+        return self.simulator.evaluations
+
     def smallest_cap(self, policy: np.ndarray) -> int:
         """About the smallest budget (from this one up) under which `policy` fits, to CAP_RESOLUTION."""
         return smallest_fitting_budget(self.simulator, self.plan(policy), self.budget_bytes,
                                        resolution_share=CAP_RESOLUTION)
 
     def _score(self, plan: Plan) -> float:
-        result = self.simulator.run(plan, self.budget_bytes)
-        if result.feasible:
-            return float(result.overhead)
+        overhead = self.simulator.overhead_if_fits(plan, self.budget_bytes)
+        if overhead is not None:
+            return float(overhead)
         return INFEASIBLE + int(static_load(self.fm.trace, plan.decisions).max()) / self.budget_bytes
 

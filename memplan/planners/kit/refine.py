@@ -41,6 +41,23 @@ def policy_of(fm: FeatureMaps, decisions) -> tuple[np.ndarray, tuple[Decision, .
     return policy, tuple(extras)
 
 
+def policy_of_bound(fm: FeatureMaps, away: dict, share: float = 0.5) -> np.ndarray:
+    """The policy the lower bound's LP solution suggests (`memplan.planners.kit.bound.Bound.away`):
+    each feature map whose storage the LP keeps away by at least `share` somewhere in its gap,
+    recomputed where the LP recomputes more of it than it swaps (and recomputing is allowed),
+    else swapped; the others kept."""
+    shares: dict[int, list[tuple[int, int, float, float]]] = {}
+    for (sid, out_after, back_before), (swapped, recomputed) in away.items():
+        shares.setdefault(sid, []).append((out_after, back_before, swapped, recomputed))
+    policy = np.full(len(fm), KEEP, dtype=np.int8)
+    for k, sid in enumerate(fm.storage.tolist()):
+        inside = [(x, y) for lo, hi, x, y in shares.get(sid, ()) if fm.out_after[k] <= lo and hi <= fm.back_before[k]]
+        swapped, recomputed = max((x for x, _ in inside), default=0.0), max((y for _, y in inside), default=0.0)
+        if max(swapped, recomputed) >= share:
+            policy[k] = RECOMPUTE if recomputed > swapped and fm.recomputable[k] else SWAP
+    return policy
+
+
 class Refiner:
     """Scores policies (with fixed extra decisions) and improves them by local search."""
 
@@ -60,8 +77,8 @@ class Refiner:
             return self.evaluator(policy)
         key = policy.tobytes()
         if key not in self.memo:
-            result = self.evaluator.simulator.run(self.plan(policy), self.evaluator.budget_bytes)
-            self.memo[key] = float(result.overhead) if result.feasible else INFEASIBLE
+            overhead = self.evaluator.simulator.overhead_if_fits(self.plan(policy), self.evaluator.budget_bytes)
+            self.memo[key] = INFEASIBLE if overhead is None else float(overhead)
         return self.memo[key]
 
     def valid(self, policy: np.ndarray) -> bool:

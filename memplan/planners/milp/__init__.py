@@ -75,6 +75,7 @@ from ..kit.prefetch import in_issue_order
 from .decompose import decompose
 from .finish import START_PLANNERS, below_the_floor, fast_start, never_worse, with_bound
 from .layers import ACTIVATIONS, MOVES, LayerProblem, layer_problem, movable_gaps
+from .host import host_price
 from .model import build
 
 log = logging.getLogger(__name__)
@@ -219,6 +220,7 @@ class _Search:
         self.window, self.gap = window, gap
         self.deadline = time.perf_counter() + time_limit_s
         self.simulator = Simulator(trace, cost)
+        self.host = host_price(problem, self.simulator, cost)
         self.unit_of = {(u.storage, u.out_after, u.back_before): k for k, u in enumerate(problem.units)}
         self.forbidden: set = set()
         self.solve_s = 0.0
@@ -228,7 +230,7 @@ class _Search:
         when HiGHS finds none in time (or the rounds run out)."""
         model_budget = self.budget
         for rounds in range(1, MAX_ROUNDS + 1):
-            model = build(self.problem, model_budget, self.window, self.forbidden)
+            model = build(self.problem, model_budget, self.window, self.forbidden, self.host)
             result = self._solve(model)
             if result.x is None:
                 log.warning("milp: %s; every feature map is swapped instead", result.message.strip())
@@ -251,7 +253,7 @@ class _Search:
         """The decomposition's plan (`memplan.planners.milp.decompose`) from `start`, with the LP
         relaxation's bound; the best simulated of it, `start` and `fallback` that validates and fits
         (`chosen` in the report says which)."""
-        model = build(self.problem, self.budget, self.window, self.forbidden)
+        model = build(self.problem, self.budget, self.window, self.forbidden, self.host)
         started = time.perf_counter()
         relaxed = model.solve(BOUND_SHARE * (self.deadline - started), 0.0, relax=True)
         bound = float(relaxed.fun) if relaxed.status == OPTIMAL else None

@@ -29,12 +29,13 @@ import numpy as np
 from ..kit.columns import MIB, MS, Columns
 from ..kit.prefetch import issue_key
 from .columns import Model
+from .host import HostPrice, add_host_rows
 from .layers import LayerProblem
 
 MAX_POSITIONS = 0  # window value meaning "the whole gap"
 
 
-def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=()) -> Model:
+def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=(), host: HostPrice | None = None) -> Model:
     """The MILP of `problem` under `budget_bytes`.
 
     Args:
@@ -43,17 +44,18 @@ def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=()) -
         window: positions a swap may be released and prefetched at (the first and the last
             of its gap); 0 for the whole gap.
         forbidden: (feature map, action) pairs the model may not choose.
+        host: the host's prices, where the cost model has them (memplan.planners.milp.host).
     """
     m = Model(problem=problem, cols=Columns())
-    _Builder(m, budget_bytes, window, set(forbidden)).build()
+    _Builder(m, budget_bytes, window, set(forbidden), host).build()
     return m
 
 
 class _Builder:
     """Adds the variables and constraints of one Model (see the module docstring)."""
 
-    def __init__(self, model: Model, budget_bytes: int, window: int, forbidden: set):
-        self.m, self.p, self.c = model, model.problem, model.cols
+    def __init__(self, model: Model, budget_bytes: int, window: int, forbidden: set, host: HostPrice | None):
+        self.m, self.p, self.c, self.host = model, model.problem, model.cols, host
         self.budget, self.window, self.forbidden = budget_bytes, window, forbidden
         p = self.p
         self.need = sorted(range(len(p.units)), key=lambda k: issue_key(p.units[k]))
@@ -86,6 +88,8 @@ class _Builder:
         self._lanes()
         self._memory()
         self._lane_cuts()
+        if self.host is not None:
+            add_host_rows(self, self.host)
         m.objective = np.zeros(len(c.lb))
         m.objective[self.overhead] = 1.0
 

@@ -1,0 +1,315 @@
+"""Which module call a hooked plan runs again for each recompute decision (memplan.sim.lowering).
+
+Recompute decisions due at one hook point are grouped by the smallest module call that makes
+and saves their storages, writes nothing it did not make but module buffers (the executor
+restores those), and reads only storages resident then or among its arguments (the executor
+holds those from the call on, as torch.utils.checkpoint does: an argument the trace frees
+earlier stays until the call's last run, `Regions.holds`). A larger call replaces smaller ones
+where its one run takes fewer ops than theirs together. The call runs again from its first op
+until it saved the last storage wanted (a RegionRun); its other new storages live only while it
+runs. A decision no call can run is left out (memplan.sim.lowering drops it).
+
+Which calls can run a decision depends on the rest of the plan only through which of their
+inputs the plan keeps away at that point; everything else is a fact of the trace, computed
+once, and a group's choice is reused while those answers are the same (search planners lower
+thousands of plans that differ in a few decisions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..model import Trace
+from ..model.program import RegionRun
+from .chains import Chain, ChainStep
+from .decisions import DecisionArrays
+
+GROUPS_KEPT = 100_000  # groups of storages remembered before the memo starts over (bounds its memory)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """One region run and what it costs."""
+
+    run: RegionRun  # the call, where it stops, what it captures
+    chain: Chain  # its time and memory, as the first capture's chain (the others adopted)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Group:
+    """The region runs of the recompute decisions due at one op (its members, in plan order)."""
+
+    made: tuple[int, ...]  # the members some call can run
+    runs: tuple[RegionRun, ...]  # their runs
+    unmade: tuple[int, ...]  # the members no call can run
+    carriers: tuple[int, ...]  # the first member of each run in the order they run (producer order): it
+    # carries the run's time and memory, the others are adopted
+    chains: tuple[Chain, ...]  # the carriers' runs' chains
+    read_codes: np.ndarray  # int64, sorted: op * storages + storage of each storage those runs read
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Choices:
+    """The groups of some storages recomputed at one op, by what their calls find away."""
+
+    reads: frozenset  # what the calls that can run them read that existed before them
+    by_gone: dict  # those of `reads` away -> _Group
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assigned:
+    """The region runs of a plan's recompute decisions (positions in its columns)."""
+
+    regions: dict[int, RegionRun]  # recompute decision -> its run
+    unmade: list[int]  # recompute decisions no call can run, ascending
+    carriers: list[tuple[int, Chain]]  # (decision, chain) of the decision that carries each run at its op
+    read_codes: np.ndarray  # int64, sorted: op * storages + storage of each storage a run due at op reads
+
+
+NOTHING = Assigned(regions={}, unmade=[], carriers=[], read_codes=np.zeros(0, dtype=np.int64))
+
+
+class _Away:
+    """Where a plan keeps storages away: the open intervals (out_after, back_before) of its decisions."""
+
+    def __init__(self, storages: list[int], outs: list[int], backs: list[int]):
+        self.decided = frozenset(storages)
+        self.single = len(self.decided) == len(storages)  # one decision a storage: its gap by storage
+        if self.single:
+            self.lo, self.hi = dict(zip(storages, outs)), dict(zip(storages, backs))
+        else:
+            self.gaps: dict[int, list[tuple[int, int]]] = {}
+            for sid, lo, hi in zip(storages, outs, backs):
+                self.gaps.setdefault(sid, []).append((lo, hi))
+
+    def at(self, storages: frozenset, op: int) -> frozenset:
+        """Those of `storages` away at `op`."""
+        found = storages & self.decided
+        if not found:
+            return found
+        if self.single:
+            return frozenset(r for r in found if self.lo[r] < op < self.hi[r])
+        return frozenset(r for r in found if any(lo < op < hi for lo, hi in self.gaps[r]))
+
+
+class Regions:
+    """Region runs of one trace's module calls (per-trace facts computed once)."""
+
+    def __init__(self, trace: Trace, durations: np.ndarray, first_pack: dict[int, int], producers: np.ndarray):
+        self.trace = trace
+        self.durations = durations
+        self.producers = producers  # storage -> the op that made it (-1: none); runs at one op go in that order
+        self.first_pack = first_pack  # storage -> index of its first pack
+        self.calls = trace.calls
+        self._buffers = frozenset(o.storage for o in trace.owners if o.kind == "buffer")
+        self._runs: dict = {}  # (call, captures) -> _Run
+        self._able: dict = {}  # (storage, op) -> ((call, inputs), ...) that can run it where no input is away
+        self._inputs_memo: dict = {}
+        self._groups: dict = {}  # (op, storages) -> _Choices
+
+    def assign(self, arrays: DecisionArrays) -> Assigned:
+        """The region run of every recompute decision of `arrays` (by position)."""
+        rec = np.flatnonzero(arrays.recompute)
+        if not len(rec):
+            return NOTHING
+        backs = arrays.back_before[rec]
+        order = np.argsort(backs, kind="stable")
+        ks, ats = rec[order].tolist(), backs[order].tolist()
+        starts = [0, *(np.flatnonzero(np.diff(backs[order])) + 1).tolist(), len(ks)]
+        sids = arrays.storage.tolist()
+        away = _Away(sids, arrays.out_after.tolist(), arrays.back_before.tolist())
+        regions, unmade, carriers, codes = {}, [], [], []
+        for lo, hi in zip(starts, starts[1:]):
+            at, members = ats[lo], ks[lo:hi]
+            storages = tuple(map(sids.__getitem__, members))
+            choices = self._groups.get((at, storages)) or self._choices(at, storages)
+            gone = away.at(choices.reads, at)
+            group = choices.by_gone.get(gone) or self._group(at, storages, gone, choices)
+            regions.update(zip(map(members.__getitem__, group.made), group.runs))
+            unmade.extend(map(members.__getitem__, group.unmade))
+            carriers.extend(zip(map(members.__getitem__, group.carriers), group.chains))
+            codes.append(group.read_codes)
+        # the codes are sorted: the ops ascend, each in its own range
+        return Assigned(regions=regions, unmade=sorted(unmade), carriers=carriers, read_codes=np.concatenate(codes))
+
+    def holds(self, arrays: DecisionArrays, regions: dict[int, RegionRun]) -> dict[int, int]:
+        """Arguments of calls run again that the trace frees before their last run: held until it."""
+        back = arrays.back_before.tolist()
+        last: dict[int, int] = {}
+        for k, run in regions.items():
+            last[run.call] = max(last.get(run.call, 0), back[k])
+        storages = self.trace.storages
+        out: dict[int, int] = {}
+        for c, at in last.items():
+            for a in self.calls[c].args:
+                if not storages[a].persistent and storages[a].free_op <= at:
+                    out[a] = max(out.get(a, 0), at + 1)
+        return out
+
+    def chains(self, arrays: DecisionArrays, regions: dict[int, RegionRun],
+               carriers: list[tuple[int, Chain]]) -> dict[int, Chain]:
+        """The chain of every recompute decision of a hooked plan: the first of a run (in producer
+        order; `carriers`) carries the run's time and memory, the others are adopted by it."""
+        carried = dict(carriers)
+        out: dict[int, Chain] = {}
+        for k in regions:
+            chain = carried.get(k)
+            if chain is None:
+                out[k] = Chain(steps=(), adopted=(), seconds=0.0, alloc_bytes=0, transient_bytes=0)
+                continue
+            mine = int(arrays.storage[k])
+            others = tuple(sid for _, sid in regions[k].captures if sid != mine)
+            out[k] = replace(chain, steps=(replace(chain.steps[0], storage=mine),), adopted=others)
+        return out
+
+    def run_ops(self, c: int, sids) -> int:
+        """Ops a run of call `c` takes to save every storage of `sids`."""
+        return max(self.trace.saved[self.first_pack[s]].packed_at for s in sids) - self.calls[c].first_op
+
+    # --- one op's group -----------------------------------------------------------------------
+
+    def _choices(self, at: int, storages: tuple[int, ...]) -> _Choices:
+        """The memo of the groups of `storages` recomputed at op `at` (made empty)."""
+        if len(self._groups) >= GROUPS_KEPT:
+            self._groups.clear()
+        reads = frozenset().union(*(inputs for s in storages for _, inputs in self._able_calls(s, at)))
+        choices = self._groups[(at, storages)] = _Choices(reads=reads, by_gone={})
+        return choices
+
+    def _group(self, at: int, storages: tuple[int, ...], gone: frozenset, choices: _Choices) -> _Group:
+        """The runs of `storages`, recomputed at op `at` where the storages `gone` (of those their
+        calls read) are away."""
+        valid = [tuple(c for c, inputs in self._able_calls(s, at) if inputs.isdisjoint(gone)) for s in storages]
+        made = {j: calls for j, calls in enumerate(valid) if calls}
+        by_call: dict[int, list[int]] = {}
+        for j, call in _fewest_ops(self, made, storages).items():
+            by_call.setdefault(call, []).append(j)
+        runs: dict[int, RegionRun] = {}
+        for call, js in by_call.items():
+            run = self._run(call, tuple(sorted((self.first_pack[storages[j]], storages[j]) for j in js))).run
+            runs.update((j, run) for j in js)
+        carriers, seen = [], set()
+        for j in sorted(made, key=lambda j: (self.producers[storages[j]], j)):
+            if runs[j] not in seen:
+                seen.add(runs[j])
+                carriers.append((j, self._run(runs[j].call, runs[j].captures).chain))
+        read = sorted({r for _, chain in carriers for r in chain.inputs})
+        made_js = sorted(runs)
+        group = choices.by_gone[gone] = _Group(
+            made=tuple(made_js), runs=tuple(runs[j] for j in made_js),
+            unmade=tuple(j for j in range(len(storages)) if j not in runs),
+            carriers=tuple(j for j, _ in carriers), chains=tuple(chain for _, chain in carriers),
+            read_codes=at * len(self.trace.storages) + np.array(read, dtype=np.int64))
+        return group
+
+    def _able_calls(self, sid: int, at: int) -> tuple[tuple[int, frozenset], ...]:
+        """(call, inputs) of the calls that can rebuild `sid` before op `at`, smallest first, where none
+        of `inputs` (what the run reads that existed before the call) is away: each input is resident
+        then or an argument of the call."""
+        key = (sid, at)
+        if key not in self._able:
+            storages = self.trace.storages
+            found = []
+            for c, stop in self._candidates(sid, at):
+                inputs = self._inputs(c, stop)
+                if all(storages[r].alloc_op <= at < storages[r].free_op or r in self.calls[c].args for r in inputs):
+                    found.append((c, inputs))
+            self._able[key] = tuple(found)
+        return self._able[key]
+
+    def _candidates(self, sid: int, at: int) -> list[tuple[int, int]]:
+        """(call, stop) of every call that makes `sid` and saves it before op `at` and writes nothing that
+        existed before it but module buffers (restored after a run), smallest first; the model's own
+        call is none (it would run the whole forward again from the step's inputs)."""
+        writers = [i for i in self.trace.writers[sid] if i < at]
+        pack = self.first_pack[sid]
+        stop = self.trace.saved[pack].packed_at
+        found = [(call.end_op - call.first_op, c) for c, call in enumerate(self.calls)
+                 if call.module and call.first_op <= writers[0] and writers[-1] < call.end_op
+                 and call.first_saved <= pack < call.end_saved and self._rerunnable(c, stop)]
+        return [(c, stop) for _, c in sorted(found)]
+
+    def _rerunnable(self, c: int, stop: int) -> bool:
+        first = self.calls[c].first_op
+        storages = self.trace.storages
+        return all(storages[w].alloc_op >= first or w in self._buffers
+                   for i in range(first, stop) for w in self.trace.ops[i].writes)
+
+    def _inputs(self, c: int, stop: int) -> frozenset:
+        """Storages ops first..stop-1 of call `c` read that existed before it."""
+        key = (c, stop)
+        if key not in self._inputs_memo:
+            first = self.calls[c].first_op
+            storages = self.trace.storages
+            self._inputs_memo[key] = frozenset(r for i in range(first, stop) for r in self.trace.ops[i].reads
+                                               if storages[r].alloc_op < first)
+        return self._inputs_memo[key]
+
+    # --- one run ------------------------------------------------------------------------------
+
+    def _run(self, c: int, captures: tuple[tuple[int, int], ...]) -> _Run:
+        """The run of call `c` that captures `captures`, and its chain (time and memory)."""
+        key = (c, captures)
+        if key not in self._runs:
+            stop = max(self.trace.saved[k].packed_at for k, _ in captures)
+            call = self.calls[c]
+            wanted = tuple(sid for _, sid in captures)
+            transient = self._transient_bytes(c, stop, set(wanted))
+            kept = sum(int(self.trace.nbytes[s]) for s in wanted)
+            ops = tuple(range(call.first_op, stop))
+            chain = Chain(steps=(ChainStep(storage=wanted[0], ops=ops, temporary=False),), adopted=wanted[1:],
+                          seconds=float(self.durations[call.first_op:stop].sum()), alloc_bytes=kept + transient,
+                          transient_bytes=transient, free_bytes=transient, inputs=self._inputs(c, stop))
+            self._runs[key] = _Run(run=RegionRun(call=c, stop=stop, captures=captures), chain=chain)
+        return self._runs[key]
+
+    def _transient_bytes(self, c: int, stop: int, wanted: set) -> int:
+        """The largest memory a run of call `c` holds at once beside what it captures. What it makes
+        lives as long as in the step (Python frees it at the same point of the same code), but a
+        tensor autograd saves, which the run's graph holds until the run stops. When the call updates
+        module buffers, the executor copies all of its module's first (to restore them after)."""
+        trace, first = self.trace, self.calls[c].first_op
+        delta = np.zeros(stop - first + 1, dtype=np.int64)
+        for i in range(first, stop):
+            for w in trace.ops[i].writes:
+                s = trace.storages[w]
+                if s.alloc_op == i and w not in wanted:
+                    end = stop if w in self.first_pack else min(s.free_op, stop)
+                    delta[i - first] += s.nbytes
+                    delta[end - first] -= s.nbytes
+        return int(np.cumsum(delta).max(initial=0)) + self._buffer_copies(c)
+
+    def _buffer_copies(self, c: int) -> int:
+        """Bytes of the module buffers a run of call `c` copies: all of its module's, if it updates any
+        (memplan.exec.hooked does the same)."""
+        call = self.calls[c]
+        if not any(w in self._buffers for i in range(call.first_op, call.end_op) for w in self.trace.ops[i].writes):
+            return 0
+        prefix = call.module + "."
+        return sum(self.trace.storages[o.storage].nbytes for o in self.trace.owners
+                   if o.kind == "buffer" and o.name.startswith(prefix))
+
+
+def _fewest_ops(regions: Regions, valid: dict[int, tuple[int, ...]], storage: tuple[int, ...]) -> dict[int, int]:
+    """A call for each member (keys of `valid`, whose values are the calls that can rebuild its storage,
+    smallest first) such that the runs take few ops: one run of a call makes all it is given, so a
+    larger call replaces smaller ones where its one run is shorter than theirs together (`storage`:
+    each member's storage)."""
+    chosen = {k: calls[0] for k, calls in valid.items()}
+
+    def cost(assigned: dict[int, int]) -> int:
+        runs: dict[int, list[int]] = {}
+        for k, c in assigned.items():
+            runs.setdefault(c, []).append(storage[k])
+        return sum(regions.run_ops(c, sids) for c, sids in runs.items())
+
+    best = cost(chosen)
+    for c in sorted({c for calls in valid.values() for c in calls},
+                    key=lambda c: regions.calls[c].end_op - regions.calls[c].first_op):
+        trial = {k: (c if c in valid[k] else chosen[k]) for k in valid}
+        trial_cost = cost(trial)
+        if trial_cost < best:
+            chosen, best = trial, trial_cost
+    return chosen

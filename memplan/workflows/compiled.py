@@ -58,6 +58,19 @@ def compiled_problem(trace: Trace, budget, profile, seed: int = 0) -> Problem:
     return Problem(replace(trace, saved=(), calls=()), compiled_cost(trace, eager.cost), eager.budget_bytes, eager.seed)
 
 
+def compile_settings(compile, executor: str, cuda_graph: str) -> dict | None:
+    """torch.compile's keyword arguments for `optimize(compile=...)`, None without compile."""
+    if compile is False or compile is None:
+        return None
+    if not isinstance(compile, (bool, dict)):
+        raise MemplanError(f"compile must be True, False or a dict of torch.compile's keyword arguments, "
+                           f"got {compile!r}")
+    if cuda_graph != "off" or executor != "auto":
+        raise MemplanError("compile runs the step through torch.compile, not memplan's executor: leave executor and "
+                           "cuda_graph out (for CUDA graphs, compile={'mode': 'reduce-overhead'})")
+    return {} if compile is True else dict(compile)
+
+
 def plan_compiled(problem: Problem, planner: str, offload: bool, params: dict) -> Plan:
     """`planner`'s plan of a compiled step; without `offload`, a plan without swaps.
 

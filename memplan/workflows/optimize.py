@@ -49,7 +49,7 @@ from ..model.program import StepProgram
 from ..planners.base import plan_problem
 from ..problem import DEFAULT_PROFILE, Problem
 from ..sim.program import compile_program
-from .compiled import CompiledStep, compiled_step
+from .compiled import CompiledStep, compile_settings, compiled_step
 from .cuda_graph import CudaGraphs, changed_inputs, check_mode, graphs_for
 from .keep_budget import BudgetKeeper
 from .memory_cap import RESERVED_TOLERANCE
@@ -279,7 +279,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
     """
     model = model_of(step_fn, model)
     optimizer = optimizer if optimizer is not None else find_in_step(step_fn, torch.optim.Optimizer, "optimizer")
-    hooks, options = _hooked(executor, model), _compile_options(compile, executor, cuda_graph)
+    hooks, options = _hooked(executor, model), compile_settings(compile, executor, cuda_graph)
     run_on = device_of(example_inputs, model)
     check_mode(cuda_graph, run_on)
     trace = _traced(step_fn, example_inputs, trace, model=model, optimizer=optimizer, time_repeats=time_repeats,
@@ -339,19 +339,6 @@ def _traced(step_fn: Callable, inputs: tuple, trace, *, model, optimizer, time_r
     if trace is not None:
         return load_trace(trace)
     return trace_step(step_fn, inputs, model, optimizer, time_repeats, time_clock, fake=fake)
-
-
-def _compile_options(compile, executor: str, cuda_graph: str) -> dict | None:
-    """torch.compile's keyword arguments for `optimize(compile=...)`, None without compile."""
-    if compile is False or compile is None:
-        return None
-    if not isinstance(compile, (bool, dict)):
-        raise MemplanError(f"compile must be True, False or a dict of torch.compile's keyword arguments, "
-                           f"got {compile!r}")
-    if cuda_graph != "off" or executor != "auto":
-        raise MemplanError("compile runs the step through torch.compile, not memplan's executor: leave executor and "
-                           "cuda_graph out (for CUDA graphs, compile={'mode': 'reduce-overhead'})")
-    return {} if compile is True else dict(compile)
 
 
 def _saved_plan(plan, trace: Trace) -> Plan | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from memplan.cost.model import Cost
-from memplan.planners.kit.bound import lower_bound
+from memplan.planners.bound import lower_bound
 from memplan.planners.kit.featuremaps import Decoder, feature_maps
 from memplan.planners.kit.refine import policy_of_bound
 from memplan.sim.validate import validate

@@ -41,7 +41,7 @@ def policy_of(fm: FeatureMaps, decisions) -> tuple[np.ndarray, tuple[Decision, .
 
 
 def policy_of_bound(fm: FeatureMaps, away: dict, share: float = 0.5) -> np.ndarray:
-    """The policy the lower bound's LP solution suggests (`memplan.planners.kit.bound.Bound.away`):
+    """The policy the lower bound's LP solution suggests (`memplan.planners.bound.Bound.away`):
     each feature map whose storage the LP keeps away by at least `share` somewhere in its gap,
     recomputed where the LP recomputes more of it than it swaps (and recomputing is allowed),
     else swapped; the others kept."""

@@ -32,6 +32,7 @@ from memplan import (
     BUDGET_TOLERANCE,
     DEFAULT_PROFILE,
     InfeasibleBudgetError,
+    Metering,
     Problem,
     get_workload,
     known_planners,
@@ -99,7 +100,7 @@ def _run(name, batch, config, trace, made, reference, steps) -> dict:
     w = get_workload(name, batch, seed=SEED, **config)
     step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, trace=trace, plan=made, measure=False)
     records = measure_steps(step, lambda i: w.make_inputs(batch, seed=SEED + 1 + i), steps, w.model, w.optimizer,
-                            SEED, host=step.runtime.host_buffers())
+                            SEED, Metering(host=step.runtime.host_buffers()))
     stats = step.stats()
     step.close()
     measured = [r["measured_peak_bytes"] for r in records]

@@ -38,7 +38,7 @@ def test_the_interpreted_kernel_gives_the_compiled_kernels_residencies():
     trace = chain_trace(12)
     made = make_plan(trace, "60%", planner="autoswap:doa", simulate_result=False)
     cost = Problem.of(trace).cost
-    programs = [compile_program(trace, made, cost, simulator=Simulator(trace, cost, k))
+    programs = [compile_program(Problem(trace, cost), made, simulator=Simulator(trace, cost, k))
                 for k in (kernel_loader.compiled(), kernel_loader.interpreted())]
     assert kernel_loader.interpreted().run_kernel is not kernel_loader.compiled().run_kernel
     assert programs[0].actions == programs[1].actions and programs[0].predicted == programs[1].predicted

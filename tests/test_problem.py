@@ -75,3 +75,26 @@ def test_a_plan_file_written_before_profile_was_named_so_still_loads(tmp_path):
     path.write_text(json.dumps(data))
     assert memplan.read_plan(path, trace).profile["name"] == "v100"
     assert memplan.simulate(trace, memplan.read_plan(path, trace)).time_s == made.predicted["time_s"]
+
+
+def test_simulate_and_compile_take_the_problem_whole_and_share_its_simulator():
+    from memplan.sim.simulate import simulator_of
+
+    trace = chain_trace(8)
+    problem = Problem.of(trace, "80%", "a100")
+    assert simulator_of(problem) is simulator_of(problem.at(1)) is simulator_of(problem.with_seed(4))
+    assert simulator_of(problem.on(trace, problem.cost)) is not simulator_of(problem)  # another trace or cost: its own
+    plan = memplan.plan_problem(problem, "sqrt-n")
+    assert memplan.simulate(problem, plan).summary() == memplan.simulate(trace, plan, profile="a100").summary()
+    assert memplan.compile(problem, plan).predicted == memplan.compile(trace, plan, "a100").predicted
+    assert memplan.simulate(problem).budget_bytes == problem.budget_bytes  # no plan: the problem's cap
+    with pytest.raises(MemplanError, match="own costs"):
+        memplan.simulate(problem, plan, profile="v100")
+
+
+def test_cost_of_is_the_one_way_to_price_a_trace():
+    trace = chain_trace(6)
+    assert memplan.cost_of(trace, "v100").profile.name == "v100"
+    assert memplan.cost_of(trace).durations.tolist() == Problem.of(trace).cost.durations.tolist()
+    given = Problem.of(trace).cost
+    assert memplan.cost_of(trace, "v100", given) is given

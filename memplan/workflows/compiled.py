@@ -37,7 +37,7 @@ from ..model.program import COMPILED, Prediction
 from ..planners.base import get_planner, plan_problem
 from ..problem import Problem
 from ..run_options import RunOptions
-from ..sim.simulate import simulate
+from ..sim.stage import simulate
 from .keep_budget import FitOnce
 from .measure import StepMeter
 from .step_trace import TrainingStep, input_signature

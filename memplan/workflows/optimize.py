@@ -41,7 +41,6 @@ import torch
 
 from ..budget import UNLIMITED, Budget
 from ..cost.device_memory import cublas_handles, cublas_workspace_bytes, device_view
-from ..errors import MemplanError
 from ..exec.runtime import PlanRuntime
 from ..model import Plan, Trace, check_plan, read_plan
 from ..model.program import StepProgram
@@ -179,7 +178,7 @@ class OptimizedStep:
 
     def _run_plan(self, plan: Plan) -> None:
         """From the next step on, run `plan` (the current runtime brings everything back first)."""
-        program = compile_program(self.trace, plan, self.problem.cost, hooks=self._hooks)
+        program = compile_program(self.problem, plan, hooks=self._hooks)
         runtime = PlanRuntime(self.trace, program, self.model, device=self.runtime.device,
                               optimizer=self.runtime.optimizer, measure=True if self._measure is True else "first",
                               engine=self.graphs.engine() if self.graphs is not None else None)
@@ -310,7 +309,7 @@ def _plan_of(target: TrainingStep, trace: Trace, plan, budget, options: RunOptio
 def _bound(target: TrainingStep, inputs: tuple, problem: Problem, plan: Plan, keeper: BudgetKeeper | None,
            options: RunOptions) -> OptimizedStep:
     """The step bound to `plan`: its step program, the CUDA graph side and the runtime (settled)."""
-    program = compile_program(problem.trace, plan, problem.cost, hooks=hooked(target, options))
+    program = compile_program(problem, plan, hooks=hooked(target, options))
     fake = is_fake(inputs, target.model)
     graphs = graphs_for(options.cuda_graph, target.device, problem.trace, program, optimizer=target.optimizer,
                         inputs=inputs, fake=fake)

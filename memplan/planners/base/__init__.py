@@ -28,7 +28,7 @@ from ...errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknow
 from ...model import Plan, Trace, expect_trace
 from ...problem import DEFAULT_PROFILE, Problem
 from ...registry import Registry
-from ...sim.simulate import simulate
+from ...sim.stage import simulate
 from ...units import ByteSize, format_bytes, parse_bytes
 from .compositions import compose, compose_pool
 from .hooks_fit import fit_hooked
@@ -151,19 +151,19 @@ def plan_problem(problem: Problem, planner: str = "none", simulate_result: bool 
         NeedsOpsError: the planner decides about ops and the trace has none.
     """
     spec = get_planner(planner)
-    trace, cap = problem.trace, problem.budget_bytes
+    trace, budget_bytes = problem.trace, problem.budget_bytes
     if spec.needs_ops and not trace.ops:
         raise refuse_without_ops(spec)
     params = check_params(spec, params)
     started = time.perf_counter()
     result = planned_at(spec, problem, params)
     elapsed = time.perf_counter() - started
-    if result.pool_bytes is not None and result.pool_bytes > cap:
-        raise pool_over_budget(cap, result.pool_bytes, planner)
-    result = result.with_meta(planner=planner, params=dict(params), seed=problem.seed, budget_bytes=cap,
+    if result.pool_bytes is not None and result.pool_bytes > budget_bytes:
+        raise pool_over_budget(budget_bytes, result.pool_bytes, planner)
+    result = result.with_meta(planner=planner, params=dict(params), seed=problem.seed, budget_bytes=budget_bytes,
                               profile=profile_to_json(problem.profile), trace_digest=trace.digest, planning_s=elapsed)
     if simulate_result:
-        result = result.with_meta(predicted=simulate(trace, result, cost=problem.cost).summary())
+        result = result.with_meta(predicted=simulate(problem, result).summary())
     return result
 
 

@@ -77,7 +77,8 @@ def capuchin(problem: Problem, *, min_bytes: int = DEFAULT_MIN_BYTES,
 class _State:
     """Capuchin's policy under construction: actions, prefetch triggers and the evaluator."""
 
-    def __init__(self, fm: FeatureMaps, cost: Cost, budget_bytes: int, rounds: int, simulator: Simulator):
+    def __init__(self, fm: FeatureMaps, cost: Cost, budget_bytes: int, rounds: int,
+                 simulator: Simulator | None = None):
         self.fm, self.cost, self.budget, self.rounds = fm, cost, budget_bytes, rounds
         self.evaluator = PolicyEvaluator(fm, cost, budget_bytes, simulator=simulator)
         self.policy = np.full(len(fm), Action.KEEP, dtype=np.int8)

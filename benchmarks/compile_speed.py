@@ -85,7 +85,8 @@ def run_one(case: str, config: str, budget, profile: str, timed: int) -> dict:
 
 def _least(case: str, profile: str) -> dict:
     """The least measured peak recompute reaches compiled: auto's plan at its smallest load, lowered once."""
-    from memplan import InfeasibleBudgetError, Metering, get_workload, measure_steps, optimize
+    from memplan import InfeasibleBudgetError, get_workload, optimize
+    from memplan.services import Metering, measure_steps
 
     model, batch, model_config = CASES[case]
     w = get_workload(model, batch, device="cpu", seed=0, **model_config)

@@ -28,18 +28,8 @@ from pathlib import Path
 import torch
 
 import memplan
-from memplan import (
-    BUDGET_TOLERANCE,
-    DEFAULT_PROFILE,
-    InfeasibleBudgetError,
-    Metering,
-    Problem,
-    get_workload,
-    known_planners,
-    measure_steps,
-    optimize,
-    plan_problem,
-)
+from memplan import DEFAULT_PROFILE, InfeasibleBudgetError, Problem, get_workload, known_planners, optimize
+from memplan.services import BUDGET_TOLERANCE, Metering, measure_steps, plan_problem
 from memplan.fileio import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results"

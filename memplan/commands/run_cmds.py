@@ -121,7 +121,8 @@ def add_run(sub):
 def run(args) -> int:
     """Run the measurement and print it; with --check, exit 1 when the run exceeded its budget."""
     # torch takes a second to import: only the commands that train pay for it
-    from .. import BUDGET_TOLERANCE, RESERVED_TOLERANCE, check_baseline, parse_model_config, run_workload
+    from .. import run_workload
+    from ..services import BUDGET_TOLERANCE, RESERVED_TOLERANCE, check_baseline, parse_model_config
 
     if args.baseline:
         check_baseline(args.baseline)
@@ -159,7 +160,8 @@ def _run_options(args) -> RunOptions:
 
 def _check_run_options(args) -> None:
     """The names, checked before the model is built and traced (the budget, when it was parsed)."""
-    from .. import check_model_name, get_planner, get_profile  # check_model_name: torch (see run)
+    from .. import get_profile
+    from ..services import check_model_name, get_planner  # check_model_name: torch (see run)
 
     check_model_name(args.model)
     if args.cuda_graph == "on" and not args.device.startswith("cuda"):

@@ -54,9 +54,10 @@ class MemplanCallback(Callback):
             peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
-        **options: passed to `memplan.optimize`: `profile` (the cost model's device profile), `seed`,
-            `measure` ("first", True or False), `fake`, `compile` (True, or torch.compile's settings:
-            the plans run compiled), and the planner's parameters.
+        **options: passed to `memplan.optimize`: run options (`options=memplan.RunOptions(...)`, or its
+            fields by name: `profile`, the cost model's device profile, `seed`, `measure` ("first", True or
+            False), `fake`, `compile`: True, or torch.compile's settings: the plans run compiled), and the
+            planner's parameters.
     """
 
     def __init__(self, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS, **options):

@@ -29,7 +29,8 @@ import torch
 from ..budget import parse_budget
 from ..errors import InfeasibleBudgetError
 from ..run_options import RunOptions, split_options
-from .. import OptimizedStep, check_planner_params, get_planner, input_signature, optimize
+from .. import OptimizedStep, optimize
+from ..services import check_planner_params, get_planner, input_signature
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +67,14 @@ class PlannedSteps:
         max_plans: kinds planned at most.
         report: called with each plan's report (after its first step, which is measured) and with
             the reason a kind runs unplanned; keys start with "memplan/".
-        **options: passed to `memplan.optimize`: run options (memplan.RunOptions: profile, seed, measure,
-            fake, compile...) and the planner's parameters.
+        options: how every plan runs (memplan.RunOptions: profile, seed, measure, fake, compile...).
+        **keywords: passed to `memplan.optimize`: run options by name, and the planner's parameters.
     """
 
     def __init__(self, budget, planner: str = "auto", *, max_plans: int = DEFAULT_MAX_PLANS,
-                 report: Callable[[dict], None] | None = None, **options):
-        given, params = split_options(options)
-        self.options = RunOptions.of(**given)  # how every plan runs
+                 report: Callable[[dict], None] | None = None, options: RunOptions | None = None, **keywords):
+        given, params = split_options(keywords)
+        self.options = RunOptions.of(options, **given)  # how every plan runs
         self.params = params  # the planner's parameters
         _check_settings(budget, planner, params)
         self.budget = budget

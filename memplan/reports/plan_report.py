@@ -24,8 +24,9 @@ from importlib import resources
 
 import numpy as np
 
-from .. import (ActionKind, Cost, Plan, Problem, Rebuild, ReplayStep, Trace, check_plan, compile_program, plan_cost,
-               program_residencies, simulator_of)
+from .. import Cost, Plan, Problem, Trace
+from ..services import (ActionKind, Rebuild, ReplayStep, check_plan, compile_program, plan_cost, program_residencies,
+                        simulator_of)
 from ..budget import bytes_label, bytes_to_json
 from ..fileio import atomic_write_text, check_output_path
 

@@ -9,7 +9,8 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 
-from .. import Cost, Plan, Trace, get_planner, load_min_bytes, plan_problem, simulate, validate
+from .. import Cost, Plan, Trace, simulate, validate
+from ..services import get_planner, load_min_bytes, plan_problem
 from ..budget import Budget, limited, parse_budget
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..plots import save_figure, subplots

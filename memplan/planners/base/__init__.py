@@ -108,16 +108,17 @@ def get_planner(name: str) -> PlannerSpec:
     raise unknown_name("planner", name, planners)
 
 
-def plan(trace: Trace, budget: Budget | str | int | float | None = UNLIMITED, planner: str = "none",
+def plan(trace: Trace | Problem, budget: Budget | str | int | float | None = UNLIMITED, planner: str = "none",
          profile: str | DeviceProfile = DEFAULT_PROFILE, seed: int = 0, cost: Cost | None = None,
          simulate_result: bool = True, **params) -> Plan:
-    """Plan where every storage of `trace` lives under a memory `budget`.
+    """Plan where every storage of `trace` lives under a memory `budget` (or plan a Problem already made).
 
     The budget bounds device memory: the memory load under the plan and, when the plan
     lays out a pool, the pool's size (a plan whose pool exceeds the budget is infeasible).
 
     Args:
-        trace: the traced iteration.
+        trace: the traced iteration; or a `memplan.Problem`, which brings its own budget, costs and
+            seed (then leave those arguments out).
         budget: bytes, a size string ("8GiB"), a share of the unconstrained peak ("60%",
             or a float in (0, 1]), a `memplan.budget.Budget`; "none" (UNLIMITED) means no limit
             (the plan records none).
@@ -136,6 +137,11 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = UNLIMITED, pl
         NeedsOpsError: the planner decides swaps, recomputes or micro-batches and the trace
             has no ops (a pool problem: plan it with a planner that decides only the pool).
     """
+    if isinstance(trace, Problem):
+        if budget not in (UNLIMITED, None) or profile != DEFAULT_PROFILE or seed != 0 or cost is not None:
+            raise MemplanError("a Problem brings its own budget, costs and seed: give budget, profile, seed or "
+                               "cost with a trace only")
+        return plan_problem(trace, planner, simulate_result, **params)
     expect_trace(trace, "plan")
     return plan_problem(Problem.of(trace, budget, profile, seed=seed, cost=cost), planner, simulate_result,
                         **params)

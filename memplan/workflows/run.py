@@ -148,8 +148,8 @@ def _run_budget(budget, planner: str, options: RunOptions) -> Budget:
 def _measured_against(budget: Budget, trace) -> int:
     """The bytes a run is checked against: its budget, or without one the unplanned peak
     (what plain training holds)."""
-    cap = budget.bytes_for(trace.peak_load_bytes)
-    return cap if limited(cap) else trace.peak_load_bytes
+    budget_bytes = budget.bytes_for(trace.peak_load_bytes)
+    return budget_bytes if limited(budget_bytes) else trace.peak_load_bytes
 
 
 def _prepare(run: _Run) -> tuple[_Run, AllocatorMode]:

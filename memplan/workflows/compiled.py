@@ -35,7 +35,7 @@ from ..exec.partition import CompiledPlan, PlanPartitioner, compile_options, off
 from ..model import Plan, Trace
 from ..model.program import COMPILED, Prediction
 from ..planners.base import get_planner, plan_problem
-from ..problem import Problem
+from ..problem import Problem, cost_of
 from ..run_options import RunOptions
 from ..sim.stage import simulate
 from .keep_budget import FitOnce
@@ -55,8 +55,8 @@ LEAST_TRIES = 3  # loads an infeasible budget names that are tried in turn for a
 def compiled_problem(trace: Trace, budget, profile, seed: int = 0) -> Problem:
     """The planning problem of a compiled step: `trace` without its hook records (the compiler
     takes each decision at its op), priced as compiled (memplan.cost.compiled)."""
-    eager = Problem.of(trace, budget, profile, seed=seed)
-    return Problem(replace(trace, saved=(), calls=()), compiled_cost(trace, eager.cost), eager.budget_bytes, eager.seed)
+    return Problem.of(replace(trace, saved=(), calls=()), budget, seed=seed,
+                      cost=compiled_cost(trace, cost_of(trace, profile)))
 
 
 def plan_compiled(problem: Problem, planner: str, offload: bool, params: dict) -> Plan:

@@ -125,6 +125,11 @@ class OptimizedStep:
         return self.keeper is None or self.keeper.settled
 
     @property
+    def cost(self):
+        """The cost model the plan was compiled with (the problem's)."""
+        return self.problem.cost
+
+    @property
     def predicted(self):
         """The step program's simulated result (memplan.model.program.Prediction)."""
         return self.program.predicted

@@ -4,8 +4,9 @@ Beside the `Problem` (what is planned: the trace, its costs, the cap, the seed),
 options: where it trains, how many steps are measured and on which clock, which executor level,
 CUDA allocator and graph capture it uses, the memory cap it emulates, whether it is compiled or
 checked against plain training. The edge (`memplan run`, `memplan.optimize`, `run_workload`, the
-integrations) makes one `RunOptions` with `RunOptions.of`, which checks every value and their
-combinations once; everything under it reads the fields and checks nothing again.
+integrations) makes one `RunOptions` (`RunOptions.of` adds fields by name to one made already); it
+checks every value and their combinations when it is made, and everything under it reads the
+fields and checks nothing again.
 
 `optimize` and `run_workload` keep taking the options as loose keywords (`compile=True`,
 `steps=3`): `split_options` separates them from a planner's hyper-parameters.
@@ -74,10 +75,15 @@ class RunOptions:
     baseline: str | None = None  # a PyTorch tool `run_workload` runs instead of a plan
     check: bool = False  # `run_workload` also trains plainly and reports the largest differences
 
+    def __post_init__(self):
+        # `compile` may be given as True or False too; every value and combination is checked here, once
+        object.__setattr__(self, "compile", _compile_settings(self.compile))
+        self.check_values()
+
     @classmethod
     def of(cls, options: RunOptions | None = None, **given) -> RunOptions:
-        """`options` (default: the defaults) with the fields `given` by name, checked; `compile`
-        may be True or False as well as torch.compile's keyword arguments.
+        """`options` (default: the defaults) with the fields `given` by name; `compile` may be True
+        or False as well as torch.compile's keyword arguments.
 
         Raises:
             MemplanError: an unknown name, or a value or a combination that cannot run.
@@ -85,11 +91,7 @@ class RunOptions:
         unknown = sorted(set(given) - OPTION_NAMES)
         if unknown:
             raise MemplanError(f"unknown run options {', '.join(unknown)}; known: {', '.join(sorted(OPTION_NAMES))}")
-        if "compile" in given:
-            given["compile"] = _compile_settings(given["compile"])
-        chosen = replace(options if options is not None else cls(), **given)
-        chosen.check_values()
-        return chosen
+        return replace(options if options is not None else cls(), **given)
 
     @property
     def compiled(self) -> bool:

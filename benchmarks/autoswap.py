@@ -23,18 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan import (
-    InfeasibleBudgetError,
-    Problem,
-    plan,
-    load_min_bytes,
-    plot_pareto,
-    read_trace,
-    simulate,
-    sweep,
-    trace_workload,
-    write_trace,
-)
+from memplan import InfeasibleBudgetError, Problem, plan, read_trace, simulate, sweep, trace_workload, write_trace
+from memplan.services import load_min_bytes, plot_pareto
 from memplan.reports.sweep import SweepResult
 from memplan.fileio import atomic_write_text
 

@@ -85,12 +85,13 @@ def run_one(case: str, config: str, budget, profile: str, timed: int) -> dict:
 
 def _least(case: str, profile: str) -> dict:
     """The least measured peak recompute reaches compiled: auto's plan at its smallest load, lowered once."""
-    from memplan import InfeasibleBudgetError, get_workload, measure_steps, optimize
+    from memplan import InfeasibleBudgetError, get_workload, optimize
+    from memplan.services import Metering, measure_steps
 
     model, batch, model_config = CASES[case]
     w = get_workload(model, batch, device="cpu", seed=0, **model_config)
     options = dict(model=w.model, optimizer=w.optimizer, planner="auto", profile=profile, compile=True, measure=False,
-                   time_repeats=3, time_clock="cpu", **PLANNER_PARAMS)
+                   time_repeats=3, clock="cpu", **PLANNER_PARAMS)
     budget = 1
     for _ in range(LEAST_TRIES):  # a search may name a load it then misses: the next one it names
         try:
@@ -100,7 +101,7 @@ def _least(case: str, profile: str) -> dict:
             budget = exc.min_feasible_bytes
     else:
         step = optimize(w.step, *w.inputs, budget=budget, **options)
-    records = measure_steps(step, lambda i: w.make_inputs(batch, seed=1 + i), 2, w.model, w.optimizer, 0, compiled=True)
+    records = measure_steps(step, lambda i: w.make_inputs(batch, seed=1 + i), 2, w.model, w.optimizer, 0, Metering(compiled=True))
     return {"case": case, "config": "least", "budget_bytes": step.plan.budget_bytes,
             "peak_bytes": records[-1]["measured_peak_bytes"], "decisions": len(step.plan.decisions)}
 

@@ -41,7 +41,7 @@ BUSBW_BYTES = 8 * 2**30  # nccl-tests' largest size in that sweep (-e 8G)
 def trace7b() -> dict:
     """Trace the 7B model in a fresh process; its wall time and peak RSS."""
     code = ("import json, resource, time; t=time.perf_counter();"
-            "from memplan import trace_rank;"
+            "from memplan.services import trace_rank;"
             "tr = trace_rank('hf:llama-7b', 1, 'fsdp', 64);"
             "print(json.dumps({'seconds': time.perf_counter()-t, 'ops': len(tr.ops),"
             "'peak_load_bytes': int(tr.peak_load_bytes), 'collectives': len(tr.meta['collectives']),"
@@ -100,7 +100,8 @@ def measured_peak(engine: str) -> int:
 
 
 def peak() -> list[dict]:
-    from memplan import DEFAULT_PROFILE, simulate, trace_rank
+    from memplan import DEFAULT_PROFILE, simulate
+    from memplan.services import trace_rank
 
     rows = []
     for engine in ("fsdp", "ddp"):

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan import DQN_MIN_BYTES, NO_LIMIT, DQNTrainConfig, InfeasibleBudgetError, Problem, plan_problem, simulate
+from memplan import InfeasibleBudgetError, Problem, simulate
+from memplan.services import DQNTrainConfig, DQN_MIN_BYTES, NO_LIMIT, plan_problem
 from memplan.budget import bytes_to_json
 from memplan.fileio import atomic_write_text
 from memplan.planners.dqn import (

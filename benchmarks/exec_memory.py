@@ -28,17 +28,8 @@ from pathlib import Path
 import torch
 
 import memplan
-from memplan import (
-    BUDGET_TOLERANCE,
-    DEFAULT_PROFILE,
-    InfeasibleBudgetError,
-    Problem,
-    get_workload,
-    known_planners,
-    measure_steps,
-    optimize,
-    plan_problem,
-)
+from memplan import DEFAULT_PROFILE, InfeasibleBudgetError, Problem, get_workload, known_planners, optimize
+from memplan.services import BUDGET_TOLERANCE, Metering, measure_steps, plan_problem
 from memplan.fileio import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results"
@@ -99,7 +90,7 @@ def _run(name, batch, config, trace, made, reference, steps) -> dict:
     w = get_workload(name, batch, seed=SEED, **config)
     step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, trace=trace, plan=made, measure=False)
     records = measure_steps(step, lambda i: w.make_inputs(batch, seed=SEED + 1 + i), steps, w.model, w.optimizer,
-                            SEED, host=step.runtime.host_buffers())
+                            SEED, Metering(host=step.runtime.host_buffers()))
     stats = step.stats()
     step.close()
     measured = [r["measured_peak_bytes"] for r in records]

@@ -76,7 +76,7 @@ def measure(device: str = "cpu") -> dict:
     import torch
 
     from memplan import optimize
-    from memplan import trace_step
+    from memplan.services import trace_step
 
     torch.set_num_threads(1)
     model, opt, step, inputs = build(device)

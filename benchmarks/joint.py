@@ -40,7 +40,8 @@ import numpy as np
 from torch import nn
 
 import memplan.planners.home as home_module
-from memplan import DEFAULT_PROFILE, UNLIMITED, Cost, InfeasibleBudgetError, Problem, Simulator, plan, trace_workload
+from memplan import Cost, DEFAULT_PROFILE, InfeasibleBudgetError, Problem, UNLIMITED, plan, trace_workload
+from memplan.services import Simulator
 from memplan.fileio import atomic_write_text
 from memplan.planners.home.pso import Chunk, random_policies
 from memplan.planners.kit.featuremaps import feature_maps

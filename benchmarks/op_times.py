@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from memplan import Problem, get_profile, get_workload, time_steps, trace_workload
+from memplan import Problem, get_profile, get_workload, trace_workload
+from memplan.services import time_steps
 from memplan.cost.calibrate import slug
 from memplan.cost.calibrate_cpu import cpu_model
 from memplan.cost.profiles import DeviceProfile
@@ -124,7 +125,7 @@ def device_profile(device: str, given: str | None) -> DeviceProfile:
     if given:
         return get_profile(given)
     if device == "cpu":
-        from memplan import calibrate_cpu
+        from memplan.services import calibrate_cpu
 
         return calibrate_cpu()
     from memplan import calibrate

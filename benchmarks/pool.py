@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan import read_minimalloc_csv, solve_pool, storage_pool_problem
+from memplan.services import read_minimalloc_csv, solve_pool, storage_pool_problem
 from memplan.pool.native import library
 from memplan.fileio import atomic_write_text
 

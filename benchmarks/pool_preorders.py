@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from memplan import read_minimalloc_csv
+from memplan.services import read_minimalloc_csv
 from memplan.pool.greedy import conflict_graph
 from memplan.pool.search import FOUND, PREORDERS, _Searcher, compile_kernel
 from memplan.fileio import atomic_write_text

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from memplan import (InfeasibleBudgetError, MemplanError, calibrate_cpu, get_workload, profile_to_json, run_workload,
-                     trace_step)
+from memplan import InfeasibleBudgetError, MemplanError, get_workload, run_workload
+from memplan.services import calibrate_cpu, profile_to_json, trace_step
 from memplan.fileio import atomic_write_text
 
 RESULTS = Path(__file__).parent / "results"

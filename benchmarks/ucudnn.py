@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from memplan import conv_policy_sizes, get_profile, read_conv_csv
+from memplan import get_profile
+from memplan.services import conv_policy_sizes, read_conv_csv
 from memplan.conv import fit as F
 from memplan.conv.kernels import Kernel
 from memplan.conv.options import POLICIES, Option, accumulator_bytes
@@ -255,7 +256,8 @@ def fig13_markdown(result: dict) -> str:
 
 def run_speed() -> dict:
     """WR's DP on AlexNet conv2 at batch 256 with `all`; WD's fronts and ILP for ResNet-50 at batch 64."""
-    from memplan import trace_conv_kernels, trace_workload
+    from memplan import trace_workload
+    from memplan.services import trace_conv_kernels
     from memplan.conv import wd
 
     source = ModelSource(get_profile(FIG9_PROFILE))
@@ -301,7 +303,8 @@ CONFIRM_OVER = 1.10  # a split that looks this much faster is measured again, he
 def run_cpu() -> dict:
     """Per distinct kernel (in op order, until the per-model budget is spent): PyTorch's CPU time
     at each micro-batch size, and the best split against the undivided kernel."""
-    from memplan import trace_conv_kernels, trace_workload
+    from memplan import trace_workload
+    from memplan.services import trace_conv_kernels
     from memplan.conv.sources import CpuSource, time_kernel
 
     source = CpuSource(repeats=2)

@@ -33,16 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from memplan import (
-    UNLIMITED,
-    InfeasibleBudgetError,
-    Problem,
-    Simulator,
-    get_workload,
-    plan,
-    residency_pool_problem,
-    trace_workload,
-)
+from memplan import InfeasibleBudgetError, Problem, UNLIMITED, get_workload, plan, trace_workload
+from memplan.services import Simulator, residency_pool_problem
 from memplan.exec import hostzvc
 from memplan.fileio import atomic_write_text
 from memplan.planners.vdnn import mode_plan

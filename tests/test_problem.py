@@ -7,6 +7,7 @@ import json
 import pytest
 
 import memplan
+import memplan.services
 from memplan.budget import NO_LIMIT, UNLIMITED, Budget, bytes_from_json, bytes_label, bytes_to_json, limited
 from memplan.errors import MemplanError, UnknownNameError
 from memplan.problem import DEFAULT_PROFILE, Problem
@@ -50,11 +51,14 @@ def test_no_limit_is_written_null_and_read_back():
     assert Budget.of_bytes(5).bytes_for(10) == 5 and UNLIMITED.bytes_for(10) == NO_LIMIT
 
 
-def test_plan_and_plan_problem_make_the_same_plan(tmp_path):
+def test_a_trace_and_its_problem_plan_alike(tmp_path):
     trace = chain_trace(8)
     problem = Problem.of(trace, "60%", "a100", seed=3)
     made = memplan.plan(trace, "60%", planner="autoswap:doa", profile="a100", seed=3)
-    again = memplan.plan_problem(problem, "autoswap:doa")
+    again = memplan.plan(problem, planner="autoswap:doa")
+    assert memplan.services.plan_problem(problem, "autoswap:doa").decisions == again.decisions
+    with pytest.raises(MemplanError, match="its own budget"):
+        memplan.plan(problem, "50%", planner="autoswap:doa")
     assert made.decisions == again.decisions and made.decisions
     assert made.budget_bytes == again.budget_bytes == problem.budget_bytes
     assert made.profile["name"] == "a100" and made.seed == 3
@@ -75,3 +79,26 @@ def test_a_plan_file_written_before_profile_was_named_so_still_loads(tmp_path):
     path.write_text(json.dumps(data))
     assert memplan.read_plan(path, trace).profile["name"] == "v100"
     assert memplan.simulate(trace, memplan.read_plan(path, trace)).time_s == made.predicted["time_s"]
+
+
+def test_simulate_and_compile_take_the_problem_whole_and_share_its_simulator():
+    from memplan.sim.simulate import simulator_of
+
+    trace = chain_trace(8)
+    problem = Problem.of(trace, "80%", "a100")
+    assert simulator_of(problem) is simulator_of(problem.at(1)) is simulator_of(problem.with_seed(4))
+    assert simulator_of(problem.on(trace, problem.cost)) is not simulator_of(problem)  # another trace or cost: its own
+    plan = memplan.plan(problem, planner="sqrt-n")
+    assert memplan.simulate(problem, plan).summary() == memplan.simulate(trace, plan, profile="a100").summary()
+    assert memplan.compile(problem, plan).predicted == memplan.compile(trace, plan, "a100").predicted
+    assert memplan.simulate(problem).budget_bytes == problem.budget_bytes  # no plan: the problem's cap
+    with pytest.raises(MemplanError, match="own costs"):
+        memplan.simulate(problem, plan, profile="v100")
+
+
+def test_cost_of_is_the_one_way_to_price_a_trace():
+    trace = chain_trace(6)
+    assert memplan.cost_of(trace, "v100").profile.name == "v100"
+    assert memplan.cost_of(trace).durations.tolist() == Problem.of(trace).cost.durations.tolist()
+    given = Problem.of(trace).cost
+    assert memplan.cost_of(trace, "v100", given) is given

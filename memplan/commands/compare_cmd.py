@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from .. import CALIBRATED_CPU_PROFILE, CALIBRATED_GPU_PROFILE, CompareSettings
+from ..services import CALIBRATED_CPU_PROFILE, CALIBRATED_GPU_PROFILE, CompareSettings
 from ..problem import DEFAULT_PROFILE
 from ..units import format_bytes, parse_bytes
 from .base import command
@@ -53,7 +53,8 @@ def add_compare(sub):
 
 def run(args) -> int:
     """Compute the missing points, write the report, print where it is."""
-    from .. import compare, write_compare_report  # torch takes a second to import: only this command pays for it
+    from .. import compare  # torch takes a second to import: only this command pays for it
+    from ..services import write_compare_report
 
     args.run_profile = args.run_profile or _default_run_profile(args.device)
     settings = CompareSettings(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .. import conv_policy_sizes
+from ..services import conv_policy_sizes
 from ..errors import MemplanError
 from ..units import format_bytes
 from .base import command
@@ -54,7 +54,8 @@ def add_conv_db(sub) -> None:
 
 
 def _kernels(args) -> list:
-    from .. import load_any, parse_conv_kernel, trace_conv_kernels
+    from .. import load_any
+    from ..services import parse_conv_kernel, trace_conv_kernels
 
     kernels = [parse_conv_kernel(spec) for spec in args.kernel]
     if args.trace:
@@ -69,7 +70,8 @@ def _kernels(args) -> list:
 
 def run_fill(args) -> int:
     """Benchmark what is missing, print what was added."""
-    from .. import ConvDB, get_conv_source, get_profile  # get_conv_source: torch (a second), only `fill` pays
+    from .. import get_profile
+    from ..services import ConvDB, get_conv_source  # get_conv_source: torch (a second), only `fill` pays
 
     kernels = _kernels(args)
     wanted = list(dict.fromkeys(k.with_batch(b) for k in kernels for b in conv_policy_sizes(args.policy, k.n)))
@@ -93,7 +95,7 @@ def run_fill(args) -> int:
 
 def run_show(args) -> int:
     """Per-source summary, or one kernel's rows."""
-    from .. import ConvDB, parse_conv_kernel
+    from ..services import ConvDB, parse_conv_kernel
 
     with ConvDB(args.db, create=False) as db:
         if args.kernel is None:
@@ -133,7 +135,7 @@ def _matches(source: str, wanted: str | None) -> bool:
 
 def run_import(args) -> int:
     """Merge another database or DeepBench's CSV into DB."""
-    from .. import ConvDB, ConvDBRow, read_conv_csv
+    from ..services import ConvDB, ConvDBRow, read_conv_csv
 
     is_sqlite = _head(args.file).startswith(b"SQLite format 3\0")
     with ConvDB(args.db) as db:

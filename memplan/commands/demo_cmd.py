@@ -80,7 +80,8 @@ def _parse_models(text: str) -> list[tuple[str, int]]:
 
 def _check_options(models: list[tuple[str, int]], args) -> None:
     """Every option checked before the first model is traced (the budget, when it was parsed)."""
-    from .. import check_model_name, get_profile  # torch takes a second to import: only commands with models pay
+    from .. import get_profile  # torch takes a second to import: only commands with models pay
+    from ..services import check_model_name
 
     get_profile(args.profile)
     for model, _ in models:

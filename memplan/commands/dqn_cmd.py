@@ -38,7 +38,7 @@ def add_dqn(sub) -> None:
 def run_train(args) -> int:
     """Train, write the weights and print what each (trace, budget) reached."""
     # torch takes a second to import: only this command pays for it
-    from .. import DQN_MIN_BYTES, DQNTrainConfig, save_dqn_weights, train_dqn_weights
+    from ..services import DQNTrainConfig, DQN_MIN_BYTES, save_dqn_weights, train_dqn_weights
 
     min_bytes = DQN_MIN_BYTES if args.min_bytes is None else args.min_bytes
     problems, names = _problems(args, min_bytes)
@@ -63,7 +63,7 @@ def _problems(args, min_bytes: int) -> tuple[list, list]:
     from .. import get_profile, load_any
     from ..problem import Problem
     # torch (see run_train)
-    from .. import dqn_default_budgets, load_dqn_weights
+    from ..services import dqn_default_budgets, load_dqn_weights
 
     get_profile(args.profile)
     if args.init is not None:

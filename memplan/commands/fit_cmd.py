@@ -32,7 +32,7 @@ def add_fit(sub) -> None:
 def run_fit(args) -> int:
     """Search each planner's batch and print the table."""
     # torch takes a second to import: only the commands that build a model pay for it
-    from .. import FIT_PLANNERS, fit_distributed, parse_model_config
+    from ..services import FIT_PLANNERS, fit_distributed, parse_model_config
 
     use_working_dir()
     given = args.planners

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from .. import parse_config_value
+from ..services import parse_config_value
 from ..errors import MemplanError
 from ..fileio import atomic_write_text, written_together
 from ..problem import DEFAULT_PROFILE
@@ -103,7 +103,7 @@ def run_plan(args) -> int:
             raise MemplanError("--time-limit and --param time_limit_s disagree: give one")
         params["time_limit_s"] = args.time_limit
     if params.get("objective") == "measured":
-        from .. import measured_objective  # torch (a second): only a measured objective pays for it
+        from ..services import measured_objective  # torch (a second): only a measured objective pays for it
 
         params["objective"] = measured_objective(trace)
     try:
@@ -137,7 +137,8 @@ def run_plan(args) -> int:
 
 def _check_plan_options(args) -> None:
     """Planner and profile, checked before the trace is loaded (the budget, when it was parsed)."""
-    from .. import get_planner, get_profile
+    from .. import get_profile
+    from ..services import get_planner
 
     get_planner(args.planner)
     get_profile(args.profile)
@@ -245,7 +246,8 @@ def run_planners(args) -> int:
 def run_calibrate(args) -> int:
     """Measure the GPU (or the CPU), print the profile and write it (with -o)."""
     # torch takes a second to import: only the commands that run it pay for it
-    from .. import calibrate, calibrate_cpu, profile_to_json, with_executor_costs
+    from .. import calibrate
+    from ..services import calibrate_cpu, profile_to_json, with_executor_costs
 
     profile = calibrate_cpu(name=args.name) if args.device == "cpu" else calibrate(args.gpu, name=args.name)
     profile = with_executor_costs(profile, "cpu" if args.device == "cpu" else f"cuda:{args.gpu}")

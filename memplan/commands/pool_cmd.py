@@ -42,8 +42,9 @@ def add_pool(sub):
 
 def load_problem(path: str, plan_path: str | None, profile: str | None):
     """The PoolProblem for INPUT (and --plan)."""
-    from .. import (is_minimalloc_csv, load_any, plan_cost, read_minimalloc_csv, read_plan, residency_pool_problem,
-                    storage_pool_problem)
+    from .. import load_any, read_plan
+    from ..services import (is_minimalloc_csv, plan_cost, read_minimalloc_csv, residency_pool_problem,
+                            storage_pool_problem)
 
     if is_minimalloc_csv(path):
         if plan_path:
@@ -58,7 +59,7 @@ def load_problem(path: str, plan_path: str | None, profile: str | None):
 
 def run(args) -> int:
     """Solve, validate (inside `solve`), write outputs, print."""
-    from .. import plot_pool_layout, pool_command_limit_s, solve_pool
+    from ..services import plot_pool_layout, pool_command_limit_s, solve_pool
 
     options = _check_options(args)
     problem = load_problem(args.input, args.plan, args.profile)
@@ -77,7 +78,8 @@ def run(args) -> int:
 
 def _check_options(args) -> dict:
     """Allocator options, every option checked before the input is loaded."""
-    from .. import POOL_ALLOCATORS, get_profile
+    from .. import get_profile
+    from ..services import POOL_ALLOCATORS
 
     POOL_ALLOCATORS.get(args.allocator)  # an unknown name is refused, listing the known ones
     if args.order and args.allocator != "vdnnpp-highend":

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from .. import AllocatorMode
 from ..errors import MemplanError
 from ..problem import DEFAULT_PROFILE
+from ..run_options import AllocatorMode, Clock, Executor, GraphMode, RunOptions
 from ..units import format_bytes, parse_bytes
 from .base import command
 from .models import fits_or_says_so, use_working_dir
@@ -81,17 +81,17 @@ def add_run(sub):
                    help="cost-model profile the planner plans for and the simulator times with: a built-in name or "
                         "a profile JSON (e.g. from `calibrate --device cpu`; with such a CPU profile and --device cpu "
                         "every op is timed for real first, and simulated_step_s answers to measured_step_s)")
-    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+    p.add_argument("--clock", choices=Clock.names(), default=Clock.WALL.value,
                    help="what step (and CPU op) times measure: wall time, or the main thread's CPU time, which a "
                         "shared host's other work does not inflate (but which leaves out waiting for copies)")
     p.add_argument("--check", action="store_true",
                    help="also train without a plan and report max_param_diff; exit 1 when a step's measured "
                         "peak exceeds the budget by more than 2%%")
     p.add_argument("--baseline", default=None, help="torch-checkpoint | sac-compute | save-on-cpu | compile-budget | compile-budget:F (F in (0, 1])")
-    p.add_argument("--executor", choices=("auto", "interpreted"), default="auto",
+    p.add_argument("--executor", choices=Executor.names(), default=Executor.AUTO.value,
                    help="auto: at autograd's hooks where the plan can run there, else interpreted (a dispatch "
                         "mode at every op); interpreted: always the dispatch mode")
-    p.add_argument("--cuda-graph", choices=("auto", "on", "off"), default="off",
+    p.add_argument("--cuda-graph", choices=GraphMode.names(), default=GraphMode.OFF.value,
                    help="capture the planned step as one CUDA graph after warm-up steps and replay it: auto "
                         "where the step can be captured and runs on cuda, else eager with a warning saying "
                         "why; on: that is an error; off (default, until a GPU run shows captures work): never")
@@ -121,7 +121,8 @@ def add_run(sub):
 def run(args) -> int:
     """Run the measurement and print it; with --check, exit 1 when the run exceeded its budget."""
     # torch takes a second to import: only the commands that train pay for it
-    from .. import BUDGET_TOLERANCE, RESERVED_TOLERANCE, check_baseline, parse_model_config, run_workload
+    from .. import run_workload
+    from ..services import BUDGET_TOLERANCE, RESERVED_TOLERANCE, check_baseline, parse_model_config
 
     if args.baseline:
         check_baseline(args.baseline)
@@ -131,12 +132,10 @@ def run(args) -> int:
     config = parse_model_config(args.config)
     use_working_dir()
     _check_run_options(args)
+    options = _run_options(args)
     with fits_or_says_so(f"{args.model} at batch {args.batch}", args.device):
         out = run_workload(args.model, args.batch, planner=args.planner or "none", budget=args.budget,
-                           steps=args.steps, device=args.device, profile=args.profile, check=args.check,
-                           seed=args.seed, baseline=args.baseline, timed_steps=args.timed_steps, clock=args.clock,
-                           config=config, memory_cap=args.memory_cap, fake=args.fake, allocator=args.allocator,
-                           executor=args.executor, cuda_graph=args.cuda_graph, compile=_compile_of(args))
+                           options=options, config=config)
     if args.json:
         emit_json(out)
     else:
@@ -150,16 +149,19 @@ def run(args) -> int:
     return 0
 
 
-def _compile_of(args):
-    """`run_workload`'s compile: False, True, or torch.compile's mode."""
-    if args.compile_mode is not None:
-        return {"mode": args.compile_mode}
-    return args.compile
+def _run_options(args) -> RunOptions:
+    """The run's options, as the command line gives them (`--compile-mode`: torch.compile's mode)."""
+    compile = {"mode": args.compile_mode} if args.compile_mode is not None else args.compile
+    return RunOptions.of(profile=args.profile, seed=args.seed, device=args.device, steps=args.steps,
+                         timed_steps=args.timed_steps, clock=args.clock, fake=args.fake, executor=args.executor,
+                         allocator=args.allocator, memory_cap=args.memory_cap, cuda_graph=args.cuda_graph,
+                         compile=compile, baseline=args.baseline, check=args.check)
 
 
 def _check_run_options(args) -> None:
     """The names, checked before the model is built and traced (the budget, when it was parsed)."""
-    from .. import check_model_name, get_planner, get_profile  # check_model_name: torch (see run)
+    from .. import get_profile
+    from ..services import check_model_name, get_planner  # check_model_name: torch (see run)
 
     check_model_name(args.model)
     if args.cuda_graph == "on" and not args.device.startswith("cuda"):

@@ -37,7 +37,7 @@ def add_simulate(sub) -> None:
 
 def run(args) -> int:
     """Simulate and print the result."""
-    from .. import Simulator, simulate_comm, simulation_profile
+    from ..services import Simulator, simulate_comm, simulation_profile
     from ..problem import Problem
     from .inputs import trace_and_plan
 

@@ -41,7 +41,8 @@ def add_sweep(sub):
 
 def run(args) -> int:
     """Run the sweep and print it."""
-    from .. import load_any, plot_pareto, sweep
+    from .. import load_any, sweep
+    from ..services import plot_pareto
 
     _check_sweep_options(args)
     trace = load_any(args.trace)
@@ -63,7 +64,8 @@ def run(args) -> int:
 
 def _check_sweep_options(args) -> None:
     """Planners and profile, checked before the trace is loaded (the budgets, when they were parsed)."""
-    from .. import get_planner, get_profile
+    from .. import get_profile
+    from ..services import get_planner
 
     for name in args.planner:
         get_planner(name)

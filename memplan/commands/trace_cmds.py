@@ -78,7 +78,8 @@ def run_trace(args) -> int:
     """Trace the model and write the trace file."""
     from .. import write_trace
     # torch takes a second to import: only the commands that build a model pay for it
-    from .. import parse_model_config, trace_rank, trace_workload
+    from .. import trace_workload
+    from ..services import parse_model_config, trace_rank
 
     config = parse_model_config(args.config)
     use_working_dir()
@@ -109,7 +110,7 @@ def run_trace(args) -> int:
 
 
 def _check_engine_options(args) -> None:
-    from .. import check_world_size  # torch (see run_trace)
+    from ..services import check_world_size  # torch (see run_trace)
 
     if args.engine is None:
         if args.world_size is not None:
@@ -221,7 +222,7 @@ def _print_table(summary: dict, trace) -> None:
 
 def _meta_text(key: str, value, trace) -> str:
     """A meta entry in one readable line: collectives counted per kind, anything long cut short."""
-    from .. import collective_totals
+    from ..services import collective_totals
 
     if key == "collectives":
         return ", ".join(f"{kind} x{t['count']} ({format_bytes(t['bytes'])})"

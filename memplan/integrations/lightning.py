@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 from numbers import Number
 
 from lightning.pytorch import Callback
@@ -53,9 +54,10 @@ class MemplanCallback(Callback):
             peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
-        **options: passed to `memplan.optimize`: `profile` (the cost model's device profile), `seed`,
-            `measure` ("first", True or False), `fake`, `compile` (True, or torch.compile's settings:
-            the plans run compiled), and the planner's parameters.
+        **options: passed to `memplan.optimize`: run options (`options=memplan.RunOptions(...)`, or its
+            fields by name: `profile`, the cost model's device profile, `seed`, `measure` ("first", True or
+            False), `fake`, `compile`: True, or torch.compile's settings: the plans run compiled), and the
+            planner's parameters.
     """
 
     def __init__(self, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS, **options):
@@ -70,14 +72,14 @@ class MemplanCallback(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         """A compiled module: memplan compiles its training_step under each plan instead."""
-        compile = self.steps.options.get("compile")
+        compile = self.steps.options.compile  # None: eager
         if getattr(pl_module, "_compiler_ctx", None) is not None:
             to_uncompiled(pl_module)
-            compile = compile or True
+            compile = compile or {}
             rank_zero_info("memplan: the LightningModule is compiled under each plan (its training_step, as "
                            "Lightning compiles it)")
-        if compile:
-            self.steps.options["compile"] = {**({} if compile is True else compile), "method": "training_step"}
+        if compile is not None:
+            self.steps.options = replace(self.steps.options, compile={**compile, "method": "training_step"})
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         """Begin the batch's step under the plan of its kind (planned now if the kind is new)."""

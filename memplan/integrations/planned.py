@@ -20,7 +20,6 @@ once untraced first, which makes them).
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -29,7 +28,9 @@ import torch
 
 from ..budget import parse_budget
 from ..errors import InfeasibleBudgetError
-from .. import OptimizedStep, check_planner_params, get_planner, input_signature, optimize
+from ..run_options import RunOptions, split_options
+from .. import OptimizedStep, optimize
+from ..services import check_planner_params, get_planner, input_signature
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +67,19 @@ class PlannedSteps:
         max_plans: kinds planned at most.
         report: called with each plan's report (after its first step, which is measured) and with
             the reason a kind runs unplanned; keys start with "memplan/".
-        **options: passed to `memplan.optimize` (profile, seed, measure, fake, planner parameters).
+        options: how every plan runs (memplan.RunOptions: profile, seed, measure, fake, compile...).
+        **keywords: passed to `memplan.optimize`: run options by name, and the planner's parameters.
     """
 
     def __init__(self, budget, planner: str = "auto", *, max_plans: int = DEFAULT_MAX_PLANS,
-                 report: Callable[[dict], None] | None = None, **options):
-        _check_settings(budget, planner, options)
+                 report: Callable[[dict], None] | None = None, options: RunOptions | None = None, **keywords):
+        given, params = split_options(keywords)
+        self.options = RunOptions.of(options, **given)  # how every plan runs
+        self.params = params  # the planner's parameters
+        _check_settings(budget, planner, params)
         self.budget = budget
         self.planner = planner
         self.max_plans = max_plans
-        self.options = options
         self.report = report or (lambda entry: None)
         self.steps: dict[StepKind, OptimizedStep | None] = {}  # None: the kind runs unplanned
         self.reports: list[dict] = []  # every report made, in order
@@ -101,7 +105,7 @@ class PlannedSteps:
                                          "few lengths or raise max_plans")
         try:
             step = optimize(self._traced(kind, model), *inputs, budget=self.budget, planner=self.planner,
-                            model=model, optimizer=optimizer, **self.options)
+                            model=model, optimizer=optimizer, options=self.options, **self.params)
         except InfeasibleBudgetError as exc:
             return self._unplanned(kind, " ".join(str(exc).split()))
         step.restore()  # the framework's own code runs between steps: everything resident
@@ -202,15 +206,14 @@ class PlannedSteps:
         self.steps.clear()
 
 
-def _check_settings(budget, planner: str, options: dict) -> None:
+def _check_settings(budget, planner: str, params: dict) -> None:
     """Refuse a bad budget, planner or planner parameter at once, not at the first batch.
 
     Raises:
         MemplanError: one line naming what is wrong.
     """
     parse_budget(budget)
-    own = set(inspect.signature(optimize).parameters)  # memplan.optimize's own keywords; the rest are the planner's
-    check_planner_params(get_planner(planner), {k: v for k, v in options.items() if k not in own})
+    check_planner_params(get_planner(planner), params)
 
 
 def plan_report(kind: StepKind, step: OptimizedStep) -> dict:

@@ -43,8 +43,9 @@ class MemplanTrainer(Trainer):
             peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
-        memplan_options: passed to `memplan.optimize`: `profile` (the cost model's device profile), `seed`,
-            `measure` ("first", True or False), `fake`, and the planner's parameters.
+        memplan_options: passed to `memplan.optimize`: run options (`"options": memplan.RunOptions(...)`, or
+            its fields by name: `profile`, the cost model's device profile, `seed`, `measure`, `fake`), and
+            the planner's parameters.
         **kwargs: the Trainer's own keyword arguments.
     """
 

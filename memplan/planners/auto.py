@@ -118,7 +118,7 @@ def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
         InfeasibleBudgetError: no candidate fits; names the smallest load one of them reaches.
         MemplanError: a time limit that is not positive.
     """
-    trace, budget_bytes, cost, _ = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     if not time_limit_s > 0:
         raise MemplanError(f"planner 'auto': parameter time_limit_s must be positive, got {time_limit_s!r}")
     if budget_bytes >= trace.peak_load_bytes:
@@ -141,7 +141,7 @@ class _Search:
     def __init__(self, problem: Problem, limit_s: float, min_bytes: int, swaps: bool = True):
         self.problem = problem
         self.swaps = swaps  # False: a plan that swaps is no candidate
-        self.trace, self.budget, self.cost, self.seed = problem.parts()
+        self.trace, self.budget, self.cost, self.seed = problem.trace, problem.budget_bytes, problem.cost, problem.seed
         self.started = time.monotonic()
         self.limit_s, self.deadline, self.min_bytes = limit_s, self.started + limit_s, min_bytes
         self.simulator = Simulator(self.trace, self.cost)

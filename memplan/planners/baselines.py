@@ -26,11 +26,10 @@ from __future__ import annotations
 import bisect
 import math
 
-from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError
 from ..model import Decision, Plan, Trace
 from ..problem import Problem
-from ..sim.simulate import Simulator
+from ..sim.simulate import simulator_of
 from .base import infeasible, register
 from .kit.blocks import block_calls
 from .kit.replayable import replayable
@@ -40,8 +39,7 @@ from .kit.saved import SavedGap, last_access_before, saved_activations
 @register("none", "keep everything resident (plain PyTorch training)", decides=())
 def plan_none(problem: Problem) -> Plan:
     """Keep every storage; infeasible when the trace's own peak exceeds the budget."""
-    trace, budget_bytes, cost, _ = problem.parts()
-    return _finish(trace, budget_bytes, (), "none", cost)
+    return _finish(problem, (), "none")
 
 
 @register("save-on-cpu", "torch.autograd.graph.save_on_cpu: every saved activation to host, fetched on demand",
@@ -53,10 +51,9 @@ def plan_save_on_cpu(problem: Problem) -> Plan:
     save_on_cpu's unpack hook does. The activations moved are those made in forward that
     backward reads (what autograd saved).
     """
-    trace, budget_bytes, cost, _ = problem.parts()
     decisions = [Decision(storage=g.storage, action="swap", out_after=g.last_forward, back_before=g.back_before,
-                          trigger=g.back_before, sync=True) for g in saved_activations(trace)]
-    return _finish(trace, budget_bytes, decisions, "save-on-cpu", cost)
+                          trigger=g.back_before, sync=True) for g in saved_activations(problem.trace)]
+    return _finish(problem, decisions, "save-on-cpu")
 
 
 @register("checkpoint-all", "torch.utils.checkpoint around every top-level block: recompute all but block outputs",
@@ -67,9 +64,9 @@ def plan_checkpoint_all(problem: Problem) -> Plan:
     Forward ops outside any module (functional code in the model's own forward, the
     loss) are not checkpointed: what they produce is kept.
     """
-    trace, budget_bytes, cost, _ = problem.parts()
+    trace = problem.trace
     blocks = {op.index: op.module.split(".")[0] for op in trace.ops if op.phase == "forward" and op.module}
-    return _finish(trace, budget_bytes, checkpoint_decisions(trace, blocks), "checkpoint-all", cost)
+    return _finish(problem, checkpoint_decisions(trace, blocks), "checkpoint-all")
 
 
 @register("sqrt-n", "Chen et al. 2016: ~sqrt(n) segments of forward layers, recompute inside segments",
@@ -83,15 +80,14 @@ def plan_sqrt_n(problem: Problem, *, segments: int | None = None, by_blocks: boo
             recomputed natively, as torch.utils.checkpoint does; Chen's layer segments when they do
             not fit the budget); False: Chen's layer segments, recomputed op by op.
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace = problem.trace
     if by_blocks and block_calls(trace):
         try:
-            return _finish(trace, budget_bytes, checkpoint_decisions(trace, sqrt_n_segments(trace, segments)),
-                           "sqrt-n", cost)
+            return _finish(problem, checkpoint_decisions(trace, sqrt_n_segments(trace, segments)), "sqrt-n")
         except InfeasibleBudgetError:
             pass  # recomputing a whole block holds all it saves: layer segments may fit
     layers = sqrt_n_segments(trace, segments, by_blocks=False)
-    return _finish(trace, budget_bytes, checkpoint_decisions(trace, layers), "sqrt-n", cost)
+    return _finish(problem, checkpoint_decisions(trace, layers), "sqrt-n")
 
 
 # --- shared mechanics ---------------------------------------------------------------------------
@@ -158,9 +154,10 @@ def _read_outside(trace: Trace, sid: int, block: object, block_of: dict[int, obj
     return any(trace.ops[i].phase == "forward" and block_of.get(i) != block for i in trace.accesses[sid])
 
 
-def _finish(trace: Trace, budget_bytes: int, decisions, name: str, cost: Cost) -> Plan:
+def _finish(problem: Problem, decisions, name: str) -> Plan:
+    """The plan of `decisions`, refused (naming its peak) where it does not fit the problem's cap."""
     plan = Plan(decisions=tuple(decisions))
-    peak = Simulator(trace, cost).run(plan).peak_load_bytes
-    if peak > budget_bytes:
-        raise infeasible(budget_bytes, peak, name)
+    peak = simulator_of(problem).run(plan).peak_load_bytes
+    if peak > problem.budget_bytes:
+        raise infeasible(problem.budget_bytes, peak, name)
     return plan

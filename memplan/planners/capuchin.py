@@ -28,6 +28,7 @@ import numpy as np
 from ..cost.model import Cost
 from ..model import Action, Plan
 from ..problem import Problem
+from ..sim.simulate import Simulator, simulator_of
 from ..sim.validate import static_load
 from .base import infeasible, register
 from .kit.featuremaps import DEFAULT_MIN_BYTES, FeatureMaps, feature_maps
@@ -55,11 +56,11 @@ def capuchin(problem: Problem, *, min_bytes: int = DEFAULT_MIN_BYTES,
         InfeasibleBudgetError: even with every feature map away the plan does not fit (names
             the peak load of that plan without a cap).
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
     fm = feature_maps(trace, min_bytes)
-    state = _State(fm, cost, budget_bytes, feedback_rounds)
+    state = _State(fm, cost, budget_bytes, feedback_rounds, simulator_of(problem))
     state.swap_with_free_time()
     state.tune()
     if not state.fits():
@@ -76,9 +77,10 @@ def capuchin(problem: Problem, *, min_bytes: int = DEFAULT_MIN_BYTES,
 class _State:
     """Capuchin's policy under construction: actions, prefetch triggers and the evaluator."""
 
-    def __init__(self, fm: FeatureMaps, cost: Cost, budget_bytes: int, rounds: int):
+    def __init__(self, fm: FeatureMaps, cost: Cost, budget_bytes: int, rounds: int,
+                 simulator: Simulator | None = None):
         self.fm, self.cost, self.budget, self.rounds = fm, cost, budget_bytes, rounds
-        self.evaluator = PolicyEvaluator(fm, cost, budget_bytes)
+        self.evaluator = PolicyEvaluator(fm, cost, budget_bytes, simulator=simulator)
         self.policy = np.full(len(fm), Action.KEEP, dtype=np.int8)
         starts = op_starts(cost)
         self.start = starts[:-1]

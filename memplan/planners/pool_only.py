@@ -13,13 +13,14 @@ from ..pool.api import DEFAULT_TIME_LIMIT_S, layout
 from ..problem import Problem
 
 
-def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAULT_TIME_LIMIT_S) -> Plan:
+def _pool_plan(problem: Problem, *, allocator, time_limit_s=DEFAULT_TIME_LIMIT_S) -> Plan:
     # The layout does not depend on the budget, so its footprint (at least the peak load,
     # more where the allocator fragments) is the smallest load this planner fits: a budget
     # under the peak is refused with that footprint, not the peak, so that the load the
     # error names does plan. A footprint over a budget above the peak is refused by
     # `memplan.planners.base.plan`, which knows whether a budget was asked for at all.
-    result = layout(trace, None, allocator=allocator, time_limit_s=time_limit_s, seed=seed, cost=cost)
+    trace, budget_bytes = problem.trace, problem.budget_bytes
+    result = layout(trace, None, allocator=allocator, time_limit_s=time_limit_s, seed=problem.seed, cost=problem.cost)
     if budget_bytes < trace.peak_load_bytes:
         raise infeasible(budget_bytes, max(result.footprint_bytes, trace.peak_load_bytes), allocator)
     return Plan(pool=result.slots, pool_bytes=result.footprint_bytes)
@@ -30,8 +31,7 @@ def _pool_plan(trace, budget_bytes, cost, *, seed, allocator, time_limit_s=DEFAU
 def smartpool_planner(problem: Problem, *, allocator="smartpool",
                       time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> Plan:
     """Keep everything resident; lay buffers out with `smartpool` under `time_limit_s`."""
-    trace, budget_bytes, cost, seed = problem.parts()
-    return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator, time_limit_s=time_limit_s)
+    return _pool_plan(problem, allocator=allocator, time_limit_s=time_limit_s)
 
 
 @register("smartpool-bestfit", "offline pool, paper 000: size-descending best-fit", decides=("pool",),
@@ -40,5 +40,4 @@ def smartpool_planner(problem: Problem, *, allocator="smartpool",
           allocator="smartpool-firstfit")
 def paper_pool_planner(problem: Problem, *, allocator="smartpool-bestfit") -> Plan:
     """Keep everything resident; lay buffers out with the paper's greedy."""
-    trace, budget_bytes, cost, seed = problem.parts()
-    return _pool_plan(trace, budget_bytes, cost, seed=seed, allocator=allocator)
+    return _pool_plan(problem, allocator=allocator)

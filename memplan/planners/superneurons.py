@@ -34,7 +34,7 @@ import numpy as np
 
 from ..model import Action, Plan, Trace
 from ..problem import Problem
-from ..sim.simulate import Simulator
+from ..sim.simulate import simulator_of
 from .base import infeasible, register
 from .kit.featuremaps import DEFAULT_MIN_BYTES, FeatureMaps, feature_maps
 from .kit.fitting import smallest_fitting_budget
@@ -83,11 +83,11 @@ def superneurons(problem: Problem, *, min_bytes: int = DEFAULT_MIN_BYTES, lead: 
     Raises:
         InfeasibleBudgetError: the plan does not fit the budget (names its peak load).
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
     fm = feature_maps(trace, min_bytes)
-    evaluator = PolicyEvaluator(fm, cost, budget_bytes, lead)
+    evaluator = PolicyEvaluator(fm, cost, budget_bytes, lead, simulator_of(problem))
     policy = layer_policy(fm)
     if evaluator(policy) >= INFEASIBLE:
         raise infeasible(budget_bytes, evaluator.smallest_cap(policy), "superneurons")
@@ -108,7 +108,7 @@ def plan_superneurons_modes(problem: Problem, *, mode: str = "both",
         mode: "recompute", "swap" or "both".
         min_bytes: smallest activation considered.
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     gaps = saved_gaps(trace, min_bytes)
     ledger = Ledger(trace, gaps, trace.peak_load_bytes)
     expensive = [_expensive(trace, g.storage) for g in gaps]
@@ -122,7 +122,7 @@ def plan_superneurons_modes(problem: Problem, *, mode: str = "both",
             ledger.offload(k, gaps[k].last_forward)
     plan = Plan(decisions=gap_decisions(trace, ledger.triples(Action.SWAP), ledger.triples(Action.RECOMPUTE),
                                         load=ledger.planned))
-    needed = smallest_fitting_budget(Simulator(trace, cost), plan, int(ledger.planned.max()))
+    needed = smallest_fitting_budget(simulator_of(problem), plan, int(ledger.planned.max()))
     if needed > budget_bytes:
         raise infeasible(budget_bytes, needed, f"superneurons-modes:{mode}")
     return plan

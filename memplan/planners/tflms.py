@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..model import Plan, Trace
 from ..problem import Problem
-from ..sim.simulate import Simulator
+from ..sim.simulate import simulator_of
 from .base import infeasible, register
 from .kit.fitting import smallest_fitting_budget
 from .kit.gaps import load_without
@@ -32,14 +32,14 @@ def plan_tflms(problem: Problem, *, count: int | None = None,
         InfeasibleBudgetError: the plan (with every candidate, when `count` is not given)
             needs more than the budget; names what it needs.
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     gaps = sorted(saved_gaps(trace, min_bytes), key=lambda g: (-g.nbytes, g.storage))
     triples = [(g.storage, g.last_forward, g.back_before) for g in gaps]
     if count is None:
         count = _fewest(trace, triples, budget_bytes)
     chosen = triples[:count]
     plan = Plan(decisions=gap_decisions(trace, chosen, []))
-    needed = smallest_fitting_budget(Simulator(trace, cost), plan, int(load_without(trace, chosen).max()))
+    needed = smallest_fitting_budget(simulator_of(problem), plan, int(load_without(trace, chosen).max()))
     if needed > budget_bytes:
         raise infeasible(budget_bytes, needed, "tflms")
     return plan

@@ -41,7 +41,7 @@ def ucudnn_planner(problem: Problem, *, mode="wr", composed=False,
         source: benchmark source: "model" (for the cost's device), "cpu" or "cudnn".
         db: benchmark database file to reuse and extend ("" keeps benchmarks in memory).
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     if budget_bytes < trace.peak_load_bytes and not composed:
         raise infeasible(budget_bytes, trace.peak_load_bytes, f"ucudnn:{mode}")
     microbatches = decide(trace, cost.profile, mode=mode, workspace=int(workspace), policy=policy, source=source,

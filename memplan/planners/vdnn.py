@@ -37,7 +37,7 @@ from ..errors import InfeasibleBudgetError, MemplanError
 from ..model import Decision, Plan, Trace
 from ..pool.api import with_pool
 from ..problem import Problem
-from ..sim.simulate import Simulator
+from ..sim.simulate import Simulator, simulator_of
 from .base import infeasible, register
 from .kit.fitting import smallest_fitting_budget
 from .kit.ops import is_convolution
@@ -128,8 +128,9 @@ def _check(name: str, algo: str, compress: float) -> None:
                            f"p (performance-optimal)")
 
 
-def _vdnn(trace, budget_bytes, cost, *, mode: str, sync: bool, name: str, algo: str, compress: float) -> Plan:
+def _vdnn(problem: Problem, *, mode: str, sync: bool, name: str, algo: str, compress: float) -> Plan:
     _check(name, algo, compress)
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     if mode == "dyn":
         return dyn_plan(trace, budget_bytes, cost, sync=sync, compress=compress, name=name, algos=algo or ALGOS)
     algo = algo or "m"
@@ -155,9 +156,7 @@ def _register_family(family: str, sync: bool, what: str):
             InfeasibleBudgetError: the mode does not fit the budget (names the smallest that fits).
             MemplanError: an unknown `algo`, or `compress` outside [0, 1].
         """
-        trace, budget_bytes, cost, seed = problem.parts()
-        return _vdnn(trace, budget_bytes, cost, mode=mode, sync=sync, name=f"{family}:{mode}", algo=algo,
-                     compress=compress)
+        return _vdnn(problem, mode=mode, sync=sync, name=f"{family}:{mode}", algo=algo, compress=compress)
 
     for mode in OFFLOAD_MODES + ("dyn",):
         planner = register(f"{family}:{mode}", f"{what} {_WHAT[mode]} (paper 001)",
@@ -181,12 +180,12 @@ def _highend(problem: Problem, *, mode="all", algo: str = "m", compress: float =
         InfeasibleBudgetError: the offload plan or its pool does not fit; names a budget at
             which both do.
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     name = f"vdnn++:{mode}+highend"
     _check(name, algo, compress)
     swaps = mode_plan(trace, cost, mode, algo or "m", sync=False, compress=compress)
     pooled = _pool(trace, swaps, cost, order)
-    simulator = Simulator(trace, cost)
+    simulator = simulator_of(problem)
     fits = simulator.run(pooled, budget_bytes).feasible and pooled.pool_bytes <= budget_bytes
     if not fits:
         raise infeasible(budget_bytes, smallest_fitting_budget(simulator, pooled, max(pooled.pool_bytes,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..cost.model import Cost
 from ..model import Plan, Trace
-from ..problem import Problem
+from ..problem import Problem, cost_of
 from ..sim.kernel_loader import for_one_run
 from ..sim.program import compile_program, residencies
 from ..sim.simulate import Simulator
@@ -37,11 +37,11 @@ def residency_problem(trace: Trace, plan: Plan | None = None, cost: Cost | None 
         rows = [(s.id, s.alloc_op, s.free_op, "plain") for s in trace.storages
                 if s.nbytes > 0 and s.free_op > s.alloc_op]
     else:
-        cost = Problem.of(trace, cost=cost).cost
+        cost = cost_of(trace, cost=cost)
         # One simulation: interpreted, unless this process has loaded the compiled kernel
         # (memplan.sim.kernel_loader).
         simulator = Simulator(trace, cost, for_one_run())
-        rows = residencies(trace, compile_program(trace, plan, cost, simulator=simulator))
+        rows = residencies(trace, compile_program(Problem(trace, cost), plan, simulator=simulator))
     sids = [r[0] for r in rows]
     return make_problem([r[1] for r in rows], [r[2] for r in rows], [int(trace.nbytes[s]) for s in sids],
                         storages=sids, names=[str(s) for s in sids], roles=[_ROLES[r[3]] for r in rows],

@@ -34,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-from .. import (calibrate, calibrate_cpu, check_baseline, check_model_name, get_planner, get_profile, max_batch, plan,
-               profile_to_json, run_workload, trace_workload, with_executor_costs)
+from .. import calibrate, get_profile, max_batch, plan, run_workload, trace_workload
+from ..services import (calibrate_cpu, check_baseline, check_model_name, get_planner, profile_to_json,
+                        with_executor_costs)
 from ..budget import UNLIMITED, parse_budget
 from ..errors import MemplanError
 from ..fileio import atomic_write_text, make_output_folder, read_text

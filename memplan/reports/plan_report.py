@@ -24,8 +24,9 @@ from importlib import resources
 
 import numpy as np
 
-from .. import (ActionKind, Cost, Plan, Rebuild, ReplayStep, Simulator, Trace, check_plan, compile_program, plan_cost,
-               program_residencies)
+from .. import Cost, Plan, Problem, Trace
+from ..services import (ActionKind, Rebuild, ReplayStep, check_plan, compile_program, plan_cost, program_residencies,
+                        simulator_of)
 from ..budget import bytes_label, bytes_to_json
 from ..fileio import atomic_write_text, check_output_path
 
@@ -68,9 +69,9 @@ def render(data: dict) -> str:
 def report_data(trace: Trace, plan: Plan, profile: str | None = None) -> dict:
     """Everything the page draws, as JSON-ready data (times in seconds, sizes in bytes)."""
     check_plan(trace, plan)
-    cost = plan_cost(trace, plan, profile)
-    sim = Simulator(trace, cost)
-    program = compile_program(trace, plan, cost, simulator=sim)
+    problem = Problem(trace, plan_cost(trace, plan, profile))
+    cost, sim = problem.cost, simulator_of(problem)
+    program = compile_program(problem, plan)
     planned = sim.run(plan, program.budget_bytes, timeline=True)
     plain = sim.run(None, timeline=True)
     starts = planned.op_start_s

@@ -9,7 +9,8 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 
-from .. import Cost, Plan, Trace, get_planner, load_min_bytes, plan_problem, simulate, validate
+from .. import Cost, Plan, Trace, simulate, validate
+from ..services import get_planner, load_min_bytes, plan_problem
 from ..budget import Budget, limited, parse_budget
 from ..errors import InfeasibleBudgetError, MemplanError
 from ..plots import save_figure, subplots
@@ -91,7 +92,7 @@ def sweep(trace: Trace, planners: list[str], budgets: list[Budget | str | int | 
 def _point(problem: Problem, planner: str, params: dict, tighter: Plan | None = None) -> tuple[SweepPoint, Plan | None]:
     """The planner's point at the problem's cap and its plan; with `tighter` (the plan at a tighter
     budget), that plan instead where it simulates faster at this cap and validates there."""
-    trace, budget, cost, _ = problem.parts()
+    trace, budget, cost = problem.trace, problem.budget_bytes, problem.cost
     started = time.perf_counter()
     error = None
     try:

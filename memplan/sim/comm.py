@@ -24,7 +24,7 @@ from ..cost.network import collective_s, job_link
 from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError
 from ..model import Trace
-from ..problem import DEFAULT_PROFILE, Problem
+from ..problem import DEFAULT_PROFILE, cost_of
 from ..tracing.collectives import collective_kind, payload_bytes
 
 
@@ -68,7 +68,7 @@ def simulate_comm(trace: Trace, profile: str | DeviceProfile = DEFAULT_PROFILE, 
     Raises:
         MemplanError: no world size given or recorded.
     """
-    cost = Problem.of(trace, profile=profile, cost=cost).cost
+    cost = cost_of(trace, profile, cost)
     n = world_size if world_size is not None else trace.meta.get("world_size")
     if not isinstance(n, int) or n < 1:
         raise MemplanError("the trace records no world size: give one (a trace from memplan trace --ddp|--fsdp)")

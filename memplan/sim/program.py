@@ -11,40 +11,45 @@ from __future__ import annotations
 
 
 from ..budget import budget_in_force
-from ..cost.model import Cost
 from ..cost.profiles import DeviceProfile
 from ..errors import MemplanError
 from ..model import Plan, Trace
 from ..model.program import INTERPRETED, Action, ActionKind, Prediction, Rebuild, ReplayStep, StepProgram
-from .simulate import Simulator, plan_cost
+from ..problem import Problem
+from .simulate import Simulator, simulator_of
+from .stage import problem_of
 
 
-def compile_plan(trace: Trace, plan: Plan, profile: str | DeviceProfile | None = None, *,
+def compile_plan(source: Problem | Trace, plan: Plan, profile: str | DeviceProfile | None = None, *,
                  hooks: bool = True) -> StepProgram:
     """The step program of `plan` (`memplan.compile`): what the executor does at each op, and the
-    simulator's prediction of it, on the cost `profile` (None: the one the plan was made for).
+    simulator's prediction of it, on the Problem's costs (or with a trace, on the cost `profile`;
+    None: the one the plan was made for).
 
     Raises:
         MemplanError: the plan is for another trace, or it does not fit its budget.
     """
-    return compile_program(trace, plan, plan_cost(trace, plan, profile), hooks=hooks)
+    return compile_program(problem_of(source, plan, profile, stage="compile"), plan, hooks=hooks)
 
 
-def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator | None = None,
-                    hooks: bool = True) -> StepProgram:
+def compile_program(problem: Problem, plan: Plan, *, hooks: bool = True,
+                    simulator: Simulator | None = None) -> StepProgram:
     """The step program of `plan` under its own budget, at the level it runs (memplan.sim.lowering;
-    with `hooks` false, interpreted: the dispatch-mode runner, which needs no model).
+    with `hooks` false, interpreted: the dispatch-mode runner, which needs no model), simulated by the
+    problem's simulator (or `simulator`, one of the problem's trace and cost).
 
     Raises:
         MemplanError: the plan is for another trace, or it does not fit its budget.
     """
+    trace = problem.trace
     if plan.trace_digest is not None and plan.trace_digest != trace.digest:
         raise MemplanError(f"plan was made for trace {plan.trace_digest}, not this one ({trace.digest})")
-    budget, source = budget_in_force(None, plan.budget_bytes, trace.peak_load_bytes)
-    result, rows, chains, lowered = (simulator or Simulator(trace, cost, hooks=hooks)).program_rows(plan, budget)
+    budget_bytes, source = budget_in_force(None, plan.budget_bytes, trace.peak_load_bytes)
+    simulator = simulator or simulator_of(problem, hooks)
+    result, rows, chains, lowered = simulator.program_rows(plan, budget_bytes)
     decisions = lowered.decisions
     if not result.feasible:
-        raise MemplanError(f"the plan does not fit its budget of {budget} bytes: op {result.infeasible_op} is "
+        raise MemplanError(f"the plan does not fit its budget of {budget_bytes} bytes: op {result.infeasible_op} is "
                            f"{result.shortfall_bytes} bytes short")
     actions = tuple(Action(op=int(op), after=bool(after), kind=ActionKind.of_code(int(kind)), decision=int(d))
                     for op, after, kind, d in rows)
@@ -53,9 +58,9 @@ def compile_program(trace: Trace, plan: Plan, cost: Cost, simulator: Simulator |
                 for k, chain in chains.items()} if lowered.level == INTERPRETED else {}
     start_away = tuple(k for k, d in enumerate(decisions)
                        if d.action == "swap" and d.wraps and d.prefetch_at <= d.back_before)
-    predicted = Prediction(**{**result.summary(), "budget_bytes": budget, "budget_source": str(source)})
+    predicted = Prediction(**{**result.summary(), "budget_bytes": budget_bytes, "budget_source": str(source)})
     return StepProgram(decisions=decisions, actions=actions, start_away=start_away, rebuilds=rebuilds,
-                       microbatches=plan.microbatches, budget_bytes=budget, trace_digest=trace.digest,
+                       microbatches=plan.microbatches, budget_bytes=budget_bytes, trace_digest=trace.digest,
                        predicted=predicted, level=lowered.level, regions=lowered.regions, holds=lowered.holds)
 
 

@@ -59,11 +59,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..budget import NO_LIMIT, Budget, budget_given, budget_in_force, limited
+from ..budget import NO_LIMIT, limited
 from ..cost.model import Cost
-from ..cost.profiles import DeviceProfile, profile_from_json
-from ..model import Plan, Trace, check_plan, expect_trace
-from ..problem import DEFAULT_PROFILE, Problem
+from ..model import Plan, Trace
+from ..problem import Problem
 from . import _codes as K
 from .kernel_loader import compiled
 from .arrays import host_peak
@@ -77,60 +76,10 @@ RECENT_PLANS = 8  # prepared plans kept (a bisection over caps simulates one pla
 MICRO_BATCHES = "micro-batched convolutions run op by op"  # why such a plan is interpreted
 
 
-def simulate(trace: Trace, plan: Plan | None = None, profile: str | DeviceProfile | None = None,
-             budget: Budget | str | int | float | None = None, cost: Cost | None = None,
-             timeline: bool = False) -> SimResult:
-    """Simulate one iteration of `trace` under `plan` and `budget`.
-
-    Args:
-        trace: the traced iteration.
-        plan: the plan (checked to belong to `trace`); None keeps everything resident.
-        profile: the cost model's profile, a name, file or DeviceProfile (ignored when `cost` is
-            given); None: the profile the plan was made for, else DEFAULT_PROFILE.
-        budget: None: the plan's own budget (no cap without a plan, or for a plan made
-            without one); "none": no cap; else bytes, "8GiB", "60%" or a share in (0, 1].
-        cost: precomputed durations for this trace.
-        timeline: also return the load timeline, op start times and stream lanes.
-    Returns:
-        The SimResult; its `budget_bytes` and `budget_source` say which cap was used.
-    Raises:
-        PlanMismatchError: the plan is for another trace or names what it does not have.
-        MemplanError: a bad budget.
-    """
-    expect_trace(trace, "simulate")
-    if plan is not None:
-        check_plan(trace, plan)
-    own = NO_LIMIT if plan is None else plan.budget_bytes
-    budget_bytes, source = budget_in_force(budget_given(budget), own, trace.peak_load_bytes)
-    result = Simulator(trace, plan_cost(trace, plan, profile, cost)).run(plan, budget_bytes, timeline=timeline)
-    return replace(result, budget_bytes=budget_bytes, budget_source=source)
-
-
-def plan_cost(trace: Trace, plan: Plan | None, profile: str | DeviceProfile | None = None,
-              cost: Cost | None = None) -> Cost:
-    """What `plan` is timed on: `cost` when given, else `trace` priced on the profile
-    `simulation_profile` picks (the one given, else the plan's own, else DEFAULT_PROFILE).
-
-    Raises:
-        MemplanError: the plan's recorded profile is damaged; UnknownNameError: an unknown profile.
-    """
-    if cost is not None:
-        return cost
-    return Problem.of(trace, profile=simulation_profile(plan, profile)[0]).cost
-
-
-def simulation_profile(plan: Plan | None, profile: str | DeviceProfile | None) -> tuple[str | DeviceProfile, str]:
-    """(profile, where it came from: "given", "plan" or "default") for `simulate`: `profile`,
-    else the profile the plan was made for, else DEFAULT_PROFILE.
-
-    Raises:
-        MemplanError: the plan's recorded profile is damaged.
-    """
-    if profile is not None:
-        return profile, "given"
-    if plan is not None and plan.profile:
-        return profile_from_json(plan.profile, "the plan's device profile"), "plan"
-    return DEFAULT_PROFILE, "default"
+def simulator_of(problem: Problem, hooks: bool = True) -> Simulator:
+    """The problem's simulator (made once for its trace and cost; `hooks` false: one that runs every plan
+    interpreted): a plan prepared by the planner is not prepared again by the step program's compiler."""
+    return problem.made_once(("simulator", bool(hooks)), lambda: Simulator(problem.trace, problem.cost, hooks=hooks))
 
 
 class Simulator:

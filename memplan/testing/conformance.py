@@ -33,8 +33,8 @@ from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError
 from ..model import Plan, Trace
 from ..planners.base import plan as make_plan
-from ..problem import DEFAULT_PROFILE, Problem
-from ..sim.simulate import simulate
+from ..problem import DEFAULT_PROFILE, cost_of
+from ..sim.stage import simulate
 from ..sim.validate import validate
 from .synthetic import MIB, chain_trace
 
@@ -73,7 +73,7 @@ class PlannerConformance:
         cache = cls._cache()
         if key not in cache:
             trace = cls.traces[index]()
-            cache[key] = (trace, Problem.of(trace, profile=cls.profile).cost)
+            cache[key] = (trace, cost_of(trace, cls.profile))
         return cache[key]
 
     @classmethod

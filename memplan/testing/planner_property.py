@@ -25,8 +25,8 @@ from ..cost.model import Cost
 from ..errors import InfeasibleBudgetError, NeedsOpsError
 from ..model import Plan, Trace
 from ..planners.base import get_planner, known_planners, plan
-from ..problem import Problem
-from ..sim.simulate import simulate
+from ..problem import cost_of
+from ..sim.stage import simulate
 from ..sim.validate import validate
 
 POOL_LIMIT_S = 0.2  # time limit of a pool search in property tests: small traces, any valid layout will do
@@ -70,7 +70,7 @@ def check_planner(trace: Trace, planner: str, budget, *, cost: Cost | None = Non
         AssertionError: the property is broken (the message says how).
         Exception: whatever the planner raised besides the documented errors.
     """
-    cost = Problem.of(trace, cost=cost).cost
+    cost = cost_of(trace, cost=cost)
     budget_bytes = parse_budget(budget).bytes_for(trace.peak_load_bytes)
     try:
         result = plan(trace, budget, planner=planner, cost=cost, seed=seed, simulate_result=False,

@@ -19,19 +19,10 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import MemplanError
-from ..vocabulary import Vocabulary
+from ..run_options import AllocatorMode
 
 if TYPE_CHECKING:
     from ..exec.pooled import PoolSession
-
-
-class AllocatorMode(Vocabulary):
-    """The CUDA allocator a run uses (`memplan run --allocator`)."""
-
-    AUTO = "auto"  # chosen for the run (`choose_allocator`)
-    CACHING = "caching"  # PyTorch's caching allocator as configured
-    EXPANDABLE = "expandable"  # the same with expandable segments
-    POOL = "pool"  # the plan's layout, served by memplan's replay allocator
 
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"  # a user's own allocator settings: `auto` leaves them alone

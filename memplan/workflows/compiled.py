@@ -35,11 +35,12 @@ from ..exec.partition import CompiledPlan, PlanPartitioner, compile_options, off
 from ..model import Plan, Trace
 from ..model.program import COMPILED, Prediction
 from ..planners.base import get_planner, plan_problem
-from ..problem import Problem
-from ..sim.simulate import simulate
+from ..problem import Problem, cost_of
+from ..run_options import RunOptions
+from ..sim.stage import simulate
 from .keep_budget import FitOnce
 from .measure import StepMeter
-from .step_trace import input_signature
+from .step_trace import TrainingStep, input_signature
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +55,8 @@ LEAST_TRIES = 3  # loads an infeasible budget names that are tried in turn for a
 def compiled_problem(trace: Trace, budget, profile, seed: int = 0) -> Problem:
     """The planning problem of a compiled step: `trace` without its hook records (the compiler
     takes each decision at its op), priced as compiled (memplan.cost.compiled)."""
-    eager = Problem.of(trace, budget, profile, seed=seed)
-    return Problem(replace(trace, saved=(), calls=()), compiled_cost(trace, eager.cost), eager.budget_bytes, eager.seed)
-
-
-def compile_settings(compile, executor: str, cuda_graph: str) -> dict | None:
-    """torch.compile's keyword arguments for `optimize(compile=...)`, None without compile."""
-    if compile is False or compile is None:
-        return None
-    if not isinstance(compile, (bool, dict)):
-        raise MemplanError(f"compile must be True, False or a dict of torch.compile's keyword arguments, "
-                           f"got {compile!r}")
-    if cuda_graph != "off" or executor != "auto":
-        raise MemplanError("compile runs the step through torch.compile, not memplan's executor: leave executor and "
-                           "cuda_graph out (for CUDA graphs, compile={'mode': 'reduce-overhead'})")
-    return {} if compile is True else dict(compile)
+    return Problem.of(replace(trace, saved=(), calls=()), budget, seed=seed,
+                      cost=compiled_cost(trace, cost_of(trace, profile)))
 
 
 def plan_compiled(problem: Problem, planner: str, offload: bool, params: dict) -> Plan:
@@ -103,18 +91,17 @@ class CompiledStep:
         steps: a record per metered step (its peak, time, the compilation it ran).
     """
 
-    def __init__(self, step_fn: Callable, model: torch.nn.Module, optimizer, problem: Problem, plan: Plan, *,
-                 trace: Trace, keeper: FitOnce | None, options: dict | None, signature: tuple,
-                 device: torch.device, measure: bool | str = "first"):
-        self.step_fn, self.model, self.optimizer = step_fn, model, optimizer
+    def __init__(self, target: TrainingStep, problem: Problem, plan: Plan, *, trace: Trace, keeper: FitOnce | None,
+                 options: RunOptions):
+        self.step_fn, self.model, self.optimizer = target.step_fn, target.model, target.optimizer
         self.trace, self.problem, self.keeper = trace, problem, keeper
-        self.signature, self.device = signature, device
-        self._options = dict(options or {})
+        self.signature, self.device = target.signature, target.device
+        self._options = dict(options.compile or {})
         self._method = self._options.pop(METHOD, "forward")  # the model's method torch.compile runs
-        self._offload = offload_available(device)
-        self._measure = measure
-        self._meter = StepMeter(device, compiled=True) if measure else None
-        self._original = model.__dict__.get(self._method)  # an instance's own method, put back on close
+        self._offload = offload_available(self.device)
+        self._measure = options.measure
+        self._meter = StepMeter(self.device, compiled=True) if options.measure else None
+        self._original = self.model.__dict__.get(self._method)  # an instance's own method, put back on close
         self.steps: list[dict] = []  # metered steps
         self.compilations: list[dict] = []  # per plan compiled: its first call's seconds, what was lowered
         self._fresh = False  # the next call compiles
@@ -280,26 +267,25 @@ def _prediction(problem: Problem, plan: Plan) -> Prediction:
                          "level_reason": "lowered onto torch.compile's partitioner"})
 
 
-def compiled_step(step_fn: Callable, inputs: tuple, trace: Trace, *, model, optimizer, device: torch.device,
-                  budget, planner: str, profile, seed: int, plan: Plan | None, measure, options: dict | None,
-                  params: dict) -> CompiledStep:
+def compiled_step(target: TrainingStep, trace: Trace, *, budget, planner: str, plan: Plan | None,
+                  options: RunOptions, params: dict) -> CompiledStep:
     """`optimize(..., compile=...)`'s step: `plan` (else `planner`'s plan under `budget`) lowered
-    onto the compiled forward of `model`.
+    onto the compiled forward of the step's model.
 
     Raises:
         MemplanError: no model to compile, or a planner this step cannot run (see plan_compiled).
     """
-    if model is None:
+    if target.model is None:
         raise MemplanError("compile needs the model whose forward is compiled: pass model=...")
-    offload = offload_available(device)
+    offload = offload_available(target.device)
     if not offload:
-        log.info("compiled on %s: planned without swaps (compile-time activation offload needs CUDA)", device.type)
-    problem = compiled_problem(trace, budget, profile, seed)
-    keeper = None
+        log.info("compiled on %s: planned without swaps (compile-time activation offload needs CUDA)",
+                 target.device.type)
+    problem = compiled_problem(trace, budget, options.profile, options.seed)
+    keeper, measured = None, options.measure is not False
     if plan is None:
-        plan = _first_plan(problem, planner, offload, params, measured=measure is not False)
-        if problem.limited and measure is not False:
+        plan = _first_plan(problem, planner, offload, params, measured=measured)
+        if problem.limited and measured:
             keeper = FitOnce(budget_bytes=problem.budget_bytes,
                              make_plan=lambda nbytes: plan_compiled(problem.at(nbytes), planner, offload, params))
-    return CompiledStep(step_fn, model, optimizer, problem, plan, trace=trace, keeper=keeper, options=options,
-                        signature=input_signature(inputs), device=device, measure=measure)
+    return CompiledStep(target, problem, plan, trace=trace, keeper=keeper, options=options)

@@ -26,12 +26,13 @@ from ..exec.capturable import (CaptureCheck, Refusal, check_program, check_step,
 from ..exec.engine import CudaCopyEngine
 from ..exec.graph_schedule import capture_schedule
 from ..exec.graphed import WARMUP_STEPS, CaptureEngine, GraphedStep, constants_of
+from ..run_options import GraphMode
 from ..sim.replayed import replay_time_s
 from .step_trace import input_signature
 
 log = logging.getLogger(__name__)
 
-GRAPH_MODES = ("auto", "on", "off")
+GRAPH_MODES = GraphMode.names()
 NOT_CUDA = "the step runs on the {device}: a CUDA graph needs a CUDA device"
 OFF = "cuda_graph is off"
 OWN_LOOP = "a training loop of your own runs eagerly: the graph replays calls of the step"
@@ -158,7 +159,7 @@ class CudaGraphs:
         pooled = step.runtime.pool is not None  # the pool allocator serves the plan's layout
         schedule = capture_schedule(step.trace, step.program, step.signature,
                                     layout_bytes=step.plan.pool_bytes if pooled else None,
-                                    predicted_replay_s=replay_time_s(step.trace, step.plan, step.cost,
+                                    predicted_replay_s=replay_time_s(step.trace, step.plan, step.problem.cost,
                                                                      step.program.budget_bytes))
         reason = "" if captured else self.reason or (
             f"warming up: {self.graphed.warmed if self.graphed else 0} of the {WARMUP_STEPS} eager steps before "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -28,8 +29,18 @@ def measured_step_s(records: list[dict], timed: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
+@dataclass(frozen=True)
+class Metering:
+    """How `measure_steps` meters its steps."""
+
+    host: tuple = ()  # buffers that are host memory beside the device role (the executor's slab): not counted
+    compiled: bool = False  # the steps run torch.compile'd code: on the CPU the allocator's own stream meters
+    # them (`AllocatorMeter`), which lets them compile and sees inductor's buffers
+    memory_cap: int | None = None  # on the CPU, a step measuring more fails (memory_cap.over_cap)
+
+
 def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: int, model, optimizer,
-                  seed: int, host=(), compiled: bool = False, memory_cap: int | None = None) -> list[dict]:
+                  seed: int, metering: Metering = Metering()) -> list[dict]:
     """Run `steps` steps, each under its own memory meter; inputs are made right before each.
 
     On a GPU the meter is the allocator's counters and its dispatch mode is not entered:
@@ -37,11 +48,6 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
     (`meters_itself` true: a compiled memplan step keeping its budget, memplan.workflows.compiled)
     runs without a meter here, and its own record is taken.
 
-    Args:
-        host: buffers that are host memory beside the device role (the executor's slab): not counted.
-        compiled: the step runs torch.compile'd code: on the CPU it is measured by the
-            allocator's own stream (`AllocatorMeter`), which lets it compile and sees inductor's buffers.
-        memory_cap: on the CPU, a step measuring more fails (memory_cap.over_cap).
     Returns:
         Per step: "time_s" (wall), "meter_s" (of it, the meter's own bookkeeping: CPU only),
         "measured_peak_bytes", "measured_peak_reserved_bytes" (CUDA only).
@@ -51,7 +57,7 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
     for i in range(steps):
         x = make_inputs(i)
         if meter is None:
-            meter = StepMeter(_device(model, x), host=host, compiled=compiled)
+            meter = StepMeter(_device(model, x), host=metering.host, compiled=metering.compiled)
         with numbered(i):
             if getattr(step, "meters_itself", False):
                 step(*x)
@@ -60,7 +66,7 @@ def measure_steps(step: Callable, make_inputs: Callable[[int], tuple], steps: in
                 record = meter.measure(step, x, model, optimizer)[1]
         records.append({"step": i, **record})
         del x
-        over_cap(records[-1]["measured_peak_bytes"], memory_cap, meter.device)
+        over_cap(records[-1]["measured_peak_bytes"], metering.memory_cap, meter.device)
     if meter is not None:
         meter.close()
     return records

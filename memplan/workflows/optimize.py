@@ -41,24 +41,21 @@ import torch
 
 from ..budget import UNLIMITED, Budget
 from ..cost.device_memory import cublas_handles, cublas_workspace_bytes, device_view
-from ..cost.model import Cost
-from ..errors import MemplanError
 from ..exec.runtime import PlanRuntime
 from ..model import Plan, Trace, check_plan, read_plan
 from ..model.program import StepProgram
 from ..planners.base import plan_problem
-from ..problem import DEFAULT_PROFILE, Problem
+from ..problem import Problem
+from ..run_options import RunOptions, split_options
 from ..sim.program import compile_program
-from .compiled import CompiledStep, compile_settings, compiled_step
+from .compiled import CompiledStep, compiled_step
 from .cuda_graph import CudaGraphs, changed_inputs, check_mode, graphs_for
 from .keep_budget import BudgetKeeper
 from .memory_cap import RESERVED_TOLERANCE
-from .step_trace import (device_of, find_in_step, input_signature, is_fake, load_trace, model_of,
-                         prime_optimizer_state, trace_step)
+from .step_trace import (TrainingStep, input_signature, is_fake, load_trace, model_of, prime_optimizer_state,
+                         trace_step)
 
 log = logging.getLogger(__name__)
-
-EXECUTORS = ("auto", "interpreted")  # optimize(executor=...): hooked where a plan can be, or always interpreted
 
 __all__ = ["OptimizedStep", "execute", "optimize", "prime_optimizer_state", "trace_step", "model_of", "input_signature"]
 
@@ -74,22 +71,20 @@ class OptimizedStep:
         keeper: checks measured steps against the budget and plans again (None without a budget).
     """
 
-    def __init__(self, step_fn: Callable, trace: Trace, plan: Plan, runtime: PlanRuntime, signature: tuple,
-                 model: torch.nn.Module | None = None, *, keeper: BudgetKeeper | None = None,
-                 cost: Cost | None = None, measure: bool = True, hooks: bool = True,
-                 graphs: CudaGraphs | None = None):
-        self.step_fn = step_fn
-        self.model = model
-        self.trace = trace
+    def __init__(self, target: TrainingStep, problem: Problem, plan: Plan, runtime: PlanRuntime, *,
+                 options: RunOptions, keeper: BudgetKeeper | None = None, graphs: CudaGraphs | None = None):
+        self.step_fn = target.step_fn
+        self.model = target.model
+        self.problem = problem  # the trace (on a GPU, as the allocator counts it) and the cost model the plan runs on
+        self.trace = problem.trace
         self.plan = plan
         self.program: StepProgram = runtime.program
         self.runtime = runtime
-        self.signature = signature
+        self.signature = target.signature
         self.keeper = keeper
-        self.cost = cost  # the cost model the plan was compiled with
         self.graphs = graphs  # the CUDA graph side (memplan.workflows.cuda_graph); None: never captured
-        self._measure = measure
-        self._hooks = hooks  # new plans compile for the hooked executor where they can
+        self._measure = options.measure
+        self._hooks = hooked(target, options)  # new plans compile for the hooked executor where they can
         self._earlier_steps: list[dict] = []  # step records of runtimes replaced by a new plan
         self.on_settled: Callable[[], None] | None = None  # called once a measured step keeps the budget
         self._ctx = None
@@ -128,6 +123,11 @@ class OptimizedStep:
     def settled(self) -> bool:
         """True once no measured step can make the planner plan again."""
         return self.keeper is None or self.keeper.settled
+
+    @property
+    def cost(self):
+        """The cost model the plan was compiled with (the problem's)."""
+        return self.problem.cost
 
     @property
     def predicted(self):
@@ -183,7 +183,7 @@ class OptimizedStep:
 
     def _run_plan(self, plan: Plan) -> None:
         """From the next step on, run `plan` (the current runtime brings everything back first)."""
-        program = compile_program(self.trace, plan, self.cost, hooks=self._hooks)
+        program = compile_program(self.problem, plan, hooks=self._hooks)
         runtime = PlanRuntime(self.trace, program, self.model, device=self.runtime.device,
                               optimizer=self.runtime.optimizer, measure=True if self._measure is True else "first",
                               engine=self.graphs.engine() if self.graphs is not None else None)
@@ -233,12 +233,10 @@ class OptimizedStep:
 
 
 def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | float = UNLIMITED,
-             planner: str = "none", profile: str = DEFAULT_PROFILE, model: torch.nn.Module | None = None,
+             planner: str = "none", model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, plan: Plan | str | os.PathLike | None = None,
-             trace: Trace | str | os.PathLike | None = None, seed: int = 0, measure: bool | str = "first",
-             time_repeats: int = 0, time_clock: str = "wall", fake: bool | None = None,
-             executor: str = "auto", cuda_graph: str = "off", compile: bool | dict = False,
-             **planner_params) -> OptimizedStep | CompiledStep:
+             trace: Trace | str | os.PathLike | None = None, options: RunOptions | None = None,
+             **keywords) -> OptimizedStep | CompiledStep:
     """Trace `step_fn`, plan it under `budget` and return the step wrapped to run under the plan.
 
     Args:
@@ -246,52 +244,48 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
         *example_inputs: inputs of one call (their shapes are the planned ones).
         budget: memory budget ("8GiB", "60%" of the unplanned peak, bytes); "none": no limit.
         planner: a registered planner name.
-        profile: the cost model's device profile the planner plans for (where the step runs is
-            where its inputs and model are).
         model: the root module, whose parameters and buffers the plan may move (else found on the step).
         optimizer: its optimizer (found likewise); its state is restored after tracing.
         plan: a saved plan (a Plan or a JSON path) to use instead of planning.
         trace: a saved trace (a Trace or a path) to use instead of tracing.
-        seed: planner seed.
-        measure: which steps' peak memory to measure and check against the budget: "first" (the
-            default: the first step of every plan made, re-planning until one keeps it), True (every
-            step) or False (none, and no check). A step over its budget logs a warning and is listed
-            in `stats()["over_budget_steps"]` (the CPU meter slows many small ops 2-3 times).
-        time_repeats: on the CPU, time every op of the real trace (the least of this many more
-            iterations, undone afterwards); 0: roofline estimates.
-        time_clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
-        fake: trace fake copies of the model, its state and inputs, allocating nothing (None: on
-            a GPU, where the unplanned step may not fit).
-        executor: "auto": the plan runs at autograd's hooks where it can (memplan.exec.hooked), else
-            interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
-        cuda_graph: "auto": on CUDA, after warm-up steps, the step is captured as one CUDA graph and
-            replayed where it can be (memplan.workflows.cuda_graph; a warning says why not); "on": that
-            is an error, as is a step off CUDA; "off" (the default until a GPU run shows captures work).
-        compile: run the model's forward through torch.compile with the plan lowered onto its
-            partitioner (docs/compile.md): True, or torch.compile's keyword arguments (backend
-            inductor or aot_eager; "method": another method to compile); not with cuda_graph (use
-            mode "reduce-overhead") nor executor "interpreted".
-        **planner_params: the planner's hyper-parameters.
+        options: how the step runs (memplan.RunOptions); any of its fields may be given by name
+            instead, among `keywords`. Those `optimize` reads:
+            profile: the cost model's device profile the planner plans for (where the step runs is
+                where its inputs and model are). seed: planner seed.
+            measure: which steps' peak memory to measure and check against the budget: "first" (the
+                default: the first step of every plan made, re-planning until one keeps it), True (every
+                step) or False (none, and no check). A step over its budget logs a warning and is listed
+                in `stats()["over_budget_steps"]` (the CPU meter slows many small ops 2-3 times).
+            time_repeats: on the CPU, time every op of the real trace (the least of this many more
+                iterations, undone afterwards); 0: roofline estimates.
+            clock: the clock of those durations: "wall", or "cpu" (this thread's CPU time).
+            fake: trace fake copies of the model, its state and inputs, allocating nothing (None: on
+                a GPU, where the unplanned step may not fit).
+            executor: "auto": the plan runs at autograd's hooks where it can (memplan.exec.hooked), else
+                interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
+            cuda_graph: "auto": on CUDA, after warm-up steps, the step is captured as one CUDA graph and
+                replayed where it can be (memplan.workflows.cuda_graph; a warning says why not); "on": that
+                is an error, as is a step off CUDA; "off" (the default until a GPU run shows captures work).
+            compile: run the model's forward through torch.compile with the plan lowered onto its
+                partitioner (docs/compile.md): True, or torch.compile's keyword arguments (backend
+                inductor or aot_eager; "method": another method to compile); not with cuda_graph (use
+                mode "reduce-overhead") nor executor "interpreted".
+        **keywords: run options by name (above), and the planner's hyper-parameters.
     Returns:
         The OptimizedStep (with compile: a CompiledStep, alike to use).
     Raises:
         MemplanError: a plan made for another trace, an unknown planner, cuda_graph "on" that cannot be.
     """
-    model = model_of(step_fn, model)
-    optimizer = optimizer if optimizer is not None else find_in_step(step_fn, torch.optim.Optimizer, "optimizer")
-    hooks, options = _hooked(executor, model), compile_settings(compile, executor, cuda_graph)
-    run_on = device_of(example_inputs, model)
-    check_mode(cuda_graph, run_on)
-    trace = _traced(step_fn, example_inputs, trace, model=model, optimizer=optimizer, time_repeats=time_repeats,
-                    time_clock=time_clock, fake=run_on.type == "cuda" if fake is None else fake)
-    if options is not None:
-        return compiled_step(step_fn, example_inputs, as_allocated_on(trace, run_on), model=model, optimizer=optimizer,
-                             device=run_on, budget=budget, planner=planner, profile=profile, seed=seed,
-                             plan=_saved_plan(plan, trace), measure=measure, options=options, params=planner_params)
-    trace, plan, cost, keeper = _plan_of(trace, plan, run_on, profile, budget, measure is not False, planner=planner,
-                                         seed=seed, **planner_params)
-    return _bound(step_fn, example_inputs, trace, plan, cost, keeper, model=model, optimizer=optimizer,
-                  run_on=run_on, measure=measure, hooks=hooks, cuda_graph=cuda_graph)
+    given, params = split_options(keywords)
+    options = RunOptions.of(options, **given)
+    target = TrainingStep.of(step_fn, example_inputs, model, optimizer)
+    check_mode(options.cuda_graph, target.device)
+    trace = _traced(target, example_inputs, trace, options)
+    if options.compiled:
+        return compiled_step(target, as_allocated_on(trace, target.device), budget=budget, planner=planner,
+                             plan=_saved_plan(plan, trace), options=options, params=params)
+    problem, plan, keeper = _plan_of(target, trace, plan, budget, options, planner=planner, params=params)
+    return _bound(target, example_inputs, problem, plan, keeper, options)
 
 
 def execute(step_fn: Callable, *example_inputs, plan: Plan | str | os.PathLike,
@@ -306,39 +300,40 @@ def execute(step_fn: Callable, *example_inputs, plan: Plan | str | os.PathLike,
     return optimize(step_fn, *example_inputs, plan=plan, trace=trace, **options)
 
 
-def _plan_of(trace: Trace, plan, run_on: torch.device, profile: str, budget, keep: bool, *, planner: str, seed: int,
-             **params) -> tuple[Trace, Plan, Cost, BudgetKeeper | None]:
-    """The trace as `run_on` holds it, the plan (`plan`, else one `planner` makes under `budget`), the
-    cost model on `profile`, and the budget keeper (`keep`)."""
+def _plan_of(target: TrainingStep, trace: Trace, plan, budget, options: RunOptions, *, planner: str,
+             params: dict) -> tuple[Problem, Plan, BudgetKeeper | None]:
+    """The problem (the trace as the step's device holds it, priced on the options' profile), the plan
+    (`plan`, else one `planner` makes under `budget`), and the budget keeper (while steps are measured)."""
     if plan is not None:
-        return trace, _saved_plan(plan, trace), Problem.of(trace, profile=profile).cost, None
-    problem = Problem.of(as_allocated_on(trace, run_on), budget, profile, seed=seed)
-    plan, keeper = _planned(problem, keep, planner, params)
-    return problem.trace, plan, problem.cost, keeper
+        return Problem.of(trace, profile=options.profile), _saved_plan(plan, trace), None
+    problem = Problem.of(as_allocated_on(trace, target.device), budget, options.profile, seed=options.seed)
+    plan, keeper = _planned(problem, options.measure is not False, planner, params)
+    return problem, plan, keeper
 
 
-def _bound(step_fn: Callable, inputs: tuple, trace: Trace, plan: Plan, cost: Cost, keeper: BudgetKeeper | None, *,
-           model, optimizer, run_on: torch.device, measure, hooks: bool, cuda_graph: str) -> OptimizedStep:
-    """`step_fn` bound to `plan`: its step program, the CUDA graph side and the runtime (settled)."""
-    program = compile_program(trace, plan, cost, hooks=hooks)
-    fake = is_fake(inputs, model)
-    graphs = graphs_for(cuda_graph, run_on, trace, program, optimizer=optimizer, inputs=inputs, fake=fake)
-    runtime = PlanRuntime(trace, program, model, device=run_on, optimizer=optimizer, measure=measure,
-                          engine=graphs.engine())
+def _bound(target: TrainingStep, inputs: tuple, problem: Problem, plan: Plan, keeper: BudgetKeeper | None,
+           options: RunOptions) -> OptimizedStep:
+    """The step bound to `plan`: its step program, the CUDA graph side and the runtime (settled)."""
+    program = compile_program(problem, plan, hooks=hooked(target, options))
+    fake = is_fake(inputs, target.model)
+    graphs = graphs_for(options.cuda_graph, target.device, problem.trace, program, optimizer=target.optimizer,
+                        inputs=inputs, fake=fake)
+    runtime = PlanRuntime(problem.trace, program, target.model, device=target.device, optimizer=target.optimizer,
+                          measure=options.measure, engine=graphs.engine())
     if not fake:
         runtime.settle()  # the first step starts as every later one does
-    return OptimizedStep(step_fn, trace, plan, runtime, input_signature(inputs), model, keeper=keeper, cost=cost,
-                         measure=measure, hooks=hooks, graphs=graphs)
+    return OptimizedStep(target, problem, plan, runtime, options=options, keeper=keeper, graphs=graphs)
 
 
-def _traced(step_fn: Callable, inputs: tuple, trace, *, model, optimizer, time_repeats: int, time_clock: str,
-            fake: bool) -> Trace:
-    """`trace` loaded, or `step_fn` traced from the steady state (the optimizer's state made first)."""
-    if optimizer is not None and not is_fake(inputs, model):
-        prime_optimizer_state(optimizer)
+def _traced(target: TrainingStep, inputs: tuple, trace, options: RunOptions) -> Trace:
+    """`trace` loaded, or the step traced from the steady state (the optimizer's state made first)."""
+    if target.optimizer is not None and not is_fake(inputs, target.model):
+        prime_optimizer_state(target.optimizer)
     if trace is not None:
         return load_trace(trace)
-    return trace_step(step_fn, inputs, model, optimizer, time_repeats, time_clock, fake=fake)
+    fake = target.device.type == "cuda" if options.fake is None else options.fake
+    return trace_step(target.step_fn, inputs, target.model, target.optimizer, options.time_repeats, options.clock,
+                      fake=fake)
 
 
 def _saved_plan(plan, trace: Trace) -> Plan | None:
@@ -360,11 +355,9 @@ def judged_bytes(record: dict) -> int | None:
     return max(allocated, math.ceil(reserved / (1 + RESERVED_TOLERANCE)))
 
 
-def _hooked(executor: str, model) -> bool:
+def hooked(target: TrainingStep, options: RunOptions) -> bool:
     """Whether plans may run at autograd's hooks (a region run needs the module)."""
-    if executor not in EXECUTORS:
-        raise MemplanError(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    return executor == "auto" and model is not None
+    return options.hooked and target.model is not None
 
 
 def _planned(problem: Problem, keep: bool, planner: str, params: dict) -> tuple[Plan, BudgetKeeper | None]:

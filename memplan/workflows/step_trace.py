@@ -10,6 +10,7 @@ steps.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 import logging
 from typing import Callable
 
@@ -197,3 +198,22 @@ def device_of(inputs: tuple, model) -> torch.device:
         for p in model.parameters():
             return p.device
     raise MemplanError("cannot tell the device: no tensor among the inputs and no model")
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """The training step a plan runs: the function, what it trains, where, and the inputs' signature
+    (the example inputs themselves are not held: a planned step would keep them alive)."""
+
+    step_fn: Callable  # one iteration: forward, backward, optimizer step
+    model: torch.nn.Module | None  # the root module (given, or found on the step function)
+    optimizer: torch.optim.Optimizer | None  # its optimizer (given, or found likewise)
+    device: torch.device  # where the step runs: where its inputs and model are
+    signature: tuple  # `input_signature` of the example inputs: other calls run unplanned
+
+    @classmethod
+    def of(cls, step_fn: Callable, inputs: tuple, model=None, optimizer=None) -> TrainingStep:
+        """The step of `step_fn` on example `inputs`, its model and optimizer found on it when not given."""
+        model = model_of(step_fn, model)
+        optimizer = optimizer if optimizer is not None else find_in_step(step_fn, torch.optim.Optimizer, "optimizer")
+        return cls(step_fn, model, optimizer, device_of(inputs, model), input_signature(inputs))

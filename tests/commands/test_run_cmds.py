@@ -10,7 +10,7 @@ import torch
 from memplan.cli import main
 from memplan.workflows.torch_tools import baseline_installed, top_level_blocks
 from memplan.workflows.maxbatch import search
-from memplan.workflows.run import measure_steps
+from memplan.workflows.measure import Metering, measure_steps
 from memplan.workflows.workloads import trace_workload
 
 from tests.exec.helpers import state_diffs, tiny_workload
@@ -110,7 +110,7 @@ def test_the_allocator_meter_agrees_with_the_dispatch_meter_on_eager_training():
 
     make = lambda i: (torch.randn(32, 64), torch.randint(0, 10, (32,)))  # noqa: E731
     dispatch = measure_steps(step, make, 3, model, opt, 0)
-    allocator = measure_steps(step, make, 3, model, opt, 0, compiled=True)
+    allocator = measure_steps(step, make, 3, model, opt, 0, Metering(compiled=True))
     assert [r["meter"] for r in allocator] == ["allocator"] * 3
     # matmuls allocate (almost) nothing inside themselves: both meters see the same bytes, to a
     # few scalars (12 bytes of 227,760 here)
@@ -120,7 +120,7 @@ def test_the_allocator_meter_agrees_with_the_dispatch_meter_on_eager_training():
     w = tiny_workload()
     conv = measure_steps(w.step, lambda i: w.make_inputs(w.batch, seed=3 + i), 2, w.model, w.optimizer, 0)
     conv_alloc = measure_steps(w.step, lambda i: w.make_inputs(w.batch, seed=5 + i), 2, w.model, w.optimizer, 0,
-                               compiled=True)
+                               Metering(compiled=True))
     assert conv_alloc[-1]["measured_peak_bytes"] >= conv[-1]["measured_peak_bytes"]
 
 
@@ -141,7 +141,7 @@ def test_the_allocator_meter_counts_once_what_an_earlier_metered_step_left_alive
 
     make = lambda i: (torch.randn(32, 64), torch.randint(0, 10, (32,)))  # noqa: E731
     step, model, opt = fresh()
-    allocator = measure_steps(step, make, 3, model, opt, 0, compiled=True)
+    allocator = measure_steps(step, make, 3, model, opt, 0, Metering(compiled=True))
     step, model, opt = fresh()
     dispatch = measure_steps(step, make, 3, model, opt, 0)
     for a, d in zip(allocator, dispatch):

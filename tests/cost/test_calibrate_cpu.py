@@ -17,6 +17,7 @@ from memplan.tracing.io import write_trace
 from memplan.tracing.optimes import time_ops
 from memplan.tracing.tracer import trace
 from memplan.workflows.optimize import optimize, trace_step
+from memplan.workflows.measure import Metering
 from memplan.workflows.run import measure_steps, run_workload
 
 from tests.exec.helpers import plain_step_meter_peak, swap_all_plan, tiny_workload
@@ -133,7 +134,7 @@ def test_a_swap_the_executor_skips_is_caught_by_the_meter(monkeypatch):
 
 def _measured_peak(step, w) -> int:
     records = measure_steps(step, lambda i: w.make_inputs(w.batch, seed=10 + i), 2, w.model, w.optimizer, 0,
-                            host=step.runtime.host_buffers())
+                            Metering(host=step.runtime.host_buffers()))
     return max(r["measured_peak_bytes"] for r in records)
 
 

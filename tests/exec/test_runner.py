@@ -140,7 +140,7 @@ def test_hand_made_plans_are_bit_identical_under_a_lagging_copy_lane(tiny_trace,
 
 def test_a_slow_copy_makes_the_release_wait_instead_of_exceeding_the_budget(tiny_trace):
     plan = swap_all_plan(tiny_trace, lead=1)
-    program = compile_program(tiny_trace, plan, Problem.of(tiny_trace).cost)
+    program = compile_program(Problem.of(tiny_trace), plan)
     plan = plan.with_meta(budget_bytes=program.predicted.peak_load_bytes)  # tight: releases must wait
     slow = ThreadCopyEngine(before_job=lambda lane: time.sleep(0.02) if lane == "d2h" else None)
     _, stats = _planned(tiny_workload, plan=plan, engine=slow, trace=tiny_trace)
@@ -312,7 +312,7 @@ def test_modes_and_hooks_are_gone_after_close(tiny_trace):
 
 def test_host_regions_of_gaps_alive_together_do_not_share_bytes(tiny_trace):
     plan = swap_all_plan(tiny_trace, lead=1).with_meta(budget_bytes=tiny_trace.peak_load_bytes)
-    program = compile_program(tiny_trace, plan, Problem.of(tiny_trace).cost)
+    program = compile_program(Problem.of(tiny_trace), plan)
     layout = host_layout(tiny_trace, program)
     spans = [(2 * d.out_after + 1, 2 * d.back_before + 1, layout.offsets[k], layout.sizes[k])
              for k, d in enumerate(program.decisions)]

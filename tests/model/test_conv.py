@@ -10,7 +10,7 @@ import torch
 from memplan.errors import TraceFormatError
 from memplan.model import MicroBatch, Plan, PlanMismatchError, check_plan
 from memplan.problem import Problem
-from memplan.sim.simulate import simulate
+from memplan.sim.stage import simulate
 from memplan.sim.validate import BAD_CONV_DECISION, OVER_BUDGET, validate
 from memplan.tracing.io import parse_trace, read_trace, write_trace
 from memplan.tracing.tracer import trace as trace_step

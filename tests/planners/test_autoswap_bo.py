@@ -46,7 +46,7 @@ def test_bo_same_seed_same_plan(stand_in):
 
 
 def test_bo_with_the_shared_simulator():
-    simulate_mod = pytest.importorskip("memplan.sim.simulate")
+    simulate_mod = pytest.importorskip("memplan.sim.stage")
     trace = _trace()
     cost = Cost.for_trace(trace, PROFILE)
     budget = int(trace.peak_load_bytes * 0.6)

@@ -12,7 +12,7 @@ import json
 
 from memplan.cli import main
 from memplan.model import read_plan
-from memplan.sim.simulate import simulate
+from memplan.sim.stage import simulate
 from memplan.sim.validate import validate
 from memplan.tracing.formats import load_any
 

@@ -15,7 +15,7 @@ from memplan.planners.dtr.eviction import DtrRun
 from memplan.planners.base import plan
 from memplan.planners.dtr import dtr_decisions
 from memplan.problem import Problem
-from memplan.sim.simulate import simulate
+from memplan.sim.stage import simulate
 from memplan.sim.validate import validate
 from memplan.testing.synthetic import MIB, chain_trace
 

@@ -16,6 +16,7 @@ from memplan.errors import InfeasibleBudgetError, MemplanError
 from memplan.planners.base import plan as make_plan
 from memplan.pool.replay_allocator import ReplayAllocator
 from memplan.pool.requests import MIN_SLOT_BYTES, aligned_offsets, step_requests
+from memplan.problem import Problem
 from memplan.sim.program import compile_program, residencies
 from memplan.testing.planner_property import fast_params
 from memplan.testing.strategies import training_traces
@@ -65,7 +66,7 @@ def planned(trace, planner, budget):
         p = make_plan(trace, budget, planner=planner, cost=cost, **fast_params(planner))
     except InfeasibleBudgetError:
         return None, None
-    return p, compile_program(trace, p, cost)
+    return p, compile_program(Problem(trace, cost), p)
 
 
 @given(trace=training_traces(), planner=st.sampled_from(("smartpool", "autoswap:doa+smartpool")),

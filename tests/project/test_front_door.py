@@ -1,35 +1,42 @@
-"""One front door (issue 38): `memplan` is the library's one public module, and the benchmarks
-reach the library through it as a user would.
+"""One front door (issue 38), narrowed (issue 50): `memplan` is the library's public module for users,
+`memplan.services` the rest of what its command line uses, and the benchmarks reach the library
+through those two as the command line does.
 
 Every `import memplan...` / `from memplan... import` of every benchmarks/*.py (read with `ast`,
-nothing run) names `memplan` itself or a foundation module (errors, units, fileio, budget,
-problem, vocabulary, progress, plots, registry). A benchmark that times one internal component
+nothing run) names `memplan`, `memplan.services` or a foundation module (errors, units, fileio,
+budget, problem, run_options, vocabulary, progress, plots, registry). A benchmark that times one internal component
 (the simulator's kernel, the pool search, DQN's environment...) may import that component's
 module, as tests may: each such (benchmark, module) pair is listed in COMPONENT_BENCHMARKS with
 why. The list must stay exact: a new internal import fails until it is listed (or goes through
 the front door, once memplan exports what it needs), and an entry no longer imported fails as
-stale. A name the front door exports comes through it even where its module is listed.
+stale. A name the doors export comes through them even where its module is listed.
 
-Also: every name in `memplan.__all__` resolves, and `import memplan` stays cheap (no numpy,
-no torch: its names are imported lazily).
+Also: every name in `memplan.__all__` (and `memplan.services.__all__`) resolves, the two doors
+share no name, every name of the front door is on a page of the documentation, and
+`import memplan` stays cheap (no numpy, no torch: its names are imported lazily).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 
 import memplan
+import memplan.services
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 FRONT_DOOR = "memplan"
-FOUNDATION = {f"memplan.{name}" for name in
-              ("errors", "units", "fileio", "budget", "problem", "vocabulary", "progress", "plots", "registry")}
+SERVICES = "memplan.services"
+DOORS = {FRONT_DOOR: memplan, SERVICES: memplan.services}
+FOUNDATION = {f"memplan.{name}" for name in ("errors", "units", "fileio", "budget", "problem", "run_options",
+                                             "vocabulary", "progress", "plots", "registry")}
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 # benchmark file -> {internal module it imports: why it reaches past the front door}
 COMPONENT_BENCHMARKS = {
@@ -125,8 +132,8 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
             found += [(a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] == FRONT_DOOR]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == FRONT_DOOR:
             for a in node.names:
-                if node.module == FRONT_DOOR and a.name in memplan.__all__:
-                    found.append((FRONT_DOOR, [a.name], node.lineno))
+                if node.module in DOORS and a.name in DOORS[node.module].__all__:
+                    found.append((node.module, [a.name], node.lineno))
                 elif node.module == FRONT_DOOR or _module_path(f"{node.module}.{a.name}"):
                     found.append((f"{node.module}.{a.name}", [], node.lineno))
                 else:
@@ -139,20 +146,21 @@ PLAIN_VALUES = (bool, int, float, str, bytes, type(None))  # equal values may be
 
 @cache
 def _exported_objects() -> dict[int, str]:
-    """id of every object the front door exports -> its public name."""
-    return {id(getattr(memplan, name)): name for name in memplan.__all__}
+    """id of every object the doors export -> its public name (`door.name`)."""
+    return {id(getattr(door, name)): f"{path}.{name}" for path, door in DOORS.items() for name in door.__all__}
 
 
 def _exported_as(module: str, name: str) -> str | None:
-    """The front door's name for `module.name`, if memplan exports that very object (a plain value:
-    if memplan exports it from that module, under its own name or another)."""
+    """The doors' name for `module.name`, if one exports that very object (a plain value: if one
+    exports it from that module, under its own name or another)."""
     obj = getattr(importlib.import_module(module), name, None)
     if not isinstance(obj, PLAIN_VALUES):
         return _exported_objects().get(id(obj))
-    for public, target in memplan._EXPORTS.items():
-        source, _, attribute = target.partition(":")
-        if source == module and (attribute or public) == name:
-            return public
+    for path, door in DOORS.items():
+        for public, target in door._EXPORTS.items():
+            source, _, attribute = target.partition(":")
+            if source == module and (attribute or public) == name:
+                return f"{path}.{public}"
     return None
 
 
@@ -164,25 +172,38 @@ def test_benchmarks_reach_the_library_through_the_front_door():
         listed = COMPONENT_BENCHMARKS.get(name, {})
         used = set()
         for module, names, line in _imports(BENCH / name):
-            if module == FRONT_DOOR or module in FOUNDATION:
+            if module in DOORS or module in FOUNDATION:
                 continue
             if module not in listed and module not in used:
-                problems.append(f"{name}:{line} imports {module}: import from `memplan` (export the name there if "
-                                "it is public), or list the pair in COMPONENT_BENCHMARKS with why")
+                problems.append(f"{name}:{line} imports {module}: import from `memplan` or `memplan.services` (export "
+                                "the name there), or list the pair in COMPONENT_BENCHMARKS with why")
             used.add(module)
             for imported in names:
                 if public := _exported_as(module, imported):
-                    problems.append(f"{name}:{line} imports {imported} from {module}: the front door exports it "
-                                    f"(`from memplan import {public}`)")
+                    door, _, short = public.rpartition(".")
+                    problems.append(f"{name}:{line} imports {imported} from {module}: {door} exports it "
+                                    f"(`from {door} import {short}`)")
         problems += [f"COMPONENT_BENCHMARKS[{name!r}] lists {module}, which it no longer imports (stale)"
                      for module in sorted(set(listed) - used)]
     assert not problems, "\n".join(problems)
 
 
 def test_every_public_name_resolves_and_import_memplan_stays_cheap():
-    missing = [name for name in memplan.__all__ if not hasattr(memplan, name)]
-    assert not missing, f"memplan.__all__ names that do not resolve: {missing}"
-    assert memplan.__all__ == sorted(set(memplan.__all__))
+    for path, door in DOORS.items():
+        missing = [name for name in door.__all__ if not hasattr(door, name)]
+        assert not missing, f"{path}.__all__ names that do not resolve: {missing}"
+        assert door.__all__ == sorted(set(door.__all__))
+    assert not set(memplan.__all__) & set(memplan.services.__all__), "a name is in both doors"
     probe = "import memplan, sys; print('numpy' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"], f"`import memplan` imports numpy, torch: {out.stdout.strip()}"
+
+
+def test_every_name_of_the_front_door_is_on_a_page_of_the_documentation():
+    """Each name `import memplan` offers is in the prose or an example of README.md or a docs/ page (the
+    generated reference at the end of docs/api.md does not count: it lists them all by construction)."""
+    text = "\n".join(page.read_text() for page in DOCS)
+    undocumented = [name for name in memplan.__all__ if not re.search(rf"(?<![\w.]){re.escape(name)}\b|memplan\.{name}\b",
+                                                                       text)]
+    assert not undocumented, f"on no page: {undocumented}"
+    assert 30 <= len(memplan.__all__) <= 40, f"{len(memplan.__all__)} names: the front door is for what a user needs"

@@ -50,3 +50,25 @@ def test_no_import_loop():
     edges = nx.DiGraph((m, n) for m in graph.modules for n in graph.find_modules_directly_imported_by(m))
     loops = [sorted(c) for c in nx.strongly_connected_components(edges) if len(c) > 1]
     assert not loops
+
+
+MAX_PARAMETERS = 8
+PARAMETER_LIMITED = ("workflows", "commands")  # the compositions: their options travel as values (RunOptions, Problem)
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """The parameters a caller can name: positional and keyword ones, `self` and `cls` left out. `*args` (a
+    step's own inputs) and `**kwargs` (options by name, parsed by one function: RunOptions.of, a planner's
+    check) are not counted."""
+    a = node.args
+    return sum(p.arg not in ("self", "cls") for p in a.posonlyargs + a.args + a.kwonlyargs)
+
+
+def test_no_composition_takes_more_than_eight_parameters():
+    wide = []
+    for folder in PARAMETER_LIMITED:
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(node) > MAX_PARAMETERS:
+                    wide.append(f"{_name(path)}:{node.name} ({_parameters(node)} parameters)")
+    assert not wide

@@ -54,7 +54,7 @@ def test_a_hooked_plan_acts_only_at_hook_points_and_stays_valid(gpt2, planner):
     assert lowered.level == "hooked"
     assert [v for v in validate(gpt2, Plan(decisions=lowered.decisions)) if v.kind != OVER_BUDGET] == []
     points = set(hook_points(gpt2.saved, len(gpt2.ops)))
-    program = compile_program(gpt2, plan, Problem.of(gpt2).cost)
+    program = compile_program(Problem.of(gpt2), plan)
     assert program.level == "hooked"
     for a in program.actions:
         if a.kind.value in ("swap_out", "drop", "prefetch", "recompute"):

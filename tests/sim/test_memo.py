@@ -96,6 +96,6 @@ def test_a_reused_simulator_gives_what_a_fresh_one_gives(which, tiny):
         for cap in (NO_LIMIT, budget):
             _same(warm.run(plan, cap), Simulator(trace, cost).run(plan, cap))
     for plan in plans[:10]:
-        fresh = compile_program(trace, plan, cost)  # no cap: every plan compiles
-        again = compile_program(trace, plan, cost, simulator=warm)
+        fresh = compile_program(Problem(trace, cost), plan)  # no cap: every plan compiles
+        again = compile_program(Problem(trace, cost), plan, simulator=warm)
         assert (fresh.actions, fresh.rebuilds) == (again.actions, again.rebuilds)

@@ -13,7 +13,8 @@ import pytest
 from memplan.cost.model import Cost
 from memplan.cost.profiles import BUILTIN
 from memplan.model import Decision, Plan
-from memplan.sim.simulate import Simulator, simulate
+from memplan.sim.simulate import Simulator
+from memplan.sim.stage import simulate
 from memplan.testing.synthetic import chain_trace
 from memplan.model import Op, Storage, Trace
 

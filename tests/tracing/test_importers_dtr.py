@@ -5,7 +5,7 @@ import json
 import pytest
 
 from memplan.errors import TraceFormatError
-from memplan.sim.simulate import simulate
+from memplan.sim.stage import simulate
 from memplan.tracing.formats import load_any
 from memplan.tracing.importers.dtr import parse_dtr_log
 

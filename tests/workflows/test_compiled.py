@@ -22,7 +22,7 @@ from memplan.model import Decision, Plan
 from memplan.problem import Problem
 from memplan.workflows.compiled import COMPILATIONS, compiled_problem, plan_compiled
 from memplan.workflows.keep_budget import FitOnce
-from memplan.workflows.measure import measure_steps
+from memplan.workflows.measure import Metering, measure_steps
 from memplan.workflows.step_trace import trace_step
 from tests.exec.helpers import tiny_workload, train_step_of
 
@@ -33,7 +33,7 @@ STEPS = 4
 
 def _trained(w, step, steps: int = STEPS) -> list[dict]:
     return measure_steps(step, lambda i: w.make_inputs(w.batch, seed=20 + i), steps, w.model, w.optimizer, 0,
-                         compiled=True)
+                         Metering(compiled=True))
 
 
 @dataclass

@@ -27,7 +27,7 @@ from memplan.model.program import ActionKind
 from memplan.problem import Problem
 from memplan.sim.program import compile_program
 from memplan.sim.replayed import HOST_COSTS, replay_cost, replay_time_s
-from memplan.sim.simulate import simulate
+from memplan.sim.stage import simulate
 from memplan.workflows.cuda_graph import PREFIX, CudaGraphs, changed_inputs
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.step_trace import input_signature
@@ -83,7 +83,7 @@ def test_a_host_sync_or_data_shaped_op_is_refused_with_its_op_and_module(what, n
 def test_a_clean_step_is_capturable():
     w = tiny_workload()  # convolutions, batch norm, in-place ReLU, dropout, SGD with momentum
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
-    program = compile_program(trace, swap_all_plan(trace), Problem.of(trace).cost)
+    program = compile_program(Problem.of(trace), swap_all_plan(trace))
     check = check_step(trace, program, optimizer=w.optimizer, device="cuda",
                        signature=tuple((s, d, "cuda") for s, d, _ in input_signature(w.inputs)))
     assert check.capturable and check.reason == "" and check.to_json()["refusals"] == []
@@ -133,7 +133,7 @@ def test_an_optimizer_is_refused_unless_its_state_lives_on_the_device(make, caus
 def test_inputs_on_the_cpu_of_a_gpu_step_and_compressed_swaps_are_refused():
     w = tiny_workload()
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)
-    program = compile_program(trace, swap_all_plan(trace, compress=0.5), Problem.of(trace).cost, hooks=False)
+    program = compile_program(Problem.of(trace), swap_all_plan(trace, compress=0.5), hooks=False)
     lines = [r.line() for r in check_step(trace, program, signature=input_signature(w.inputs), device="cuda").refusals]
     assert lines[0].startswith("input 0 (shape (2, 3, 8, 8) float32 on cpu): is on the CPU")
     assert sum("zero-value compression" in line for line in lines) == len(program.decisions) > 0
@@ -202,7 +202,7 @@ def _most_host_bytes_at_once(trace, program) -> int:
 
 def test_the_schedule_of_a_swap_plan(tiny):
     w, trace = tiny
-    program = compile_program(trace, swap_all_plan(trace), Problem.of(trace).cost)
+    program = compile_program(Problem.of(trace), swap_all_plan(trace))
     schedule = capture_schedule(trace, program, input_signature(w.inputs))
     assert [(s.shape, s.dtype) for s in schedule.static_inputs] == [(tuple(t.shape), str(t.dtype)[6:]) for t in w.inputs]
     assert schedule.static_input_bytes == sum(t.numel() * t.element_size() for t in w.inputs)
@@ -229,7 +229,7 @@ def test_the_schedule_of_a_swap_plan(tiny):
 @pytest.mark.parametrize("hooks", [True, False])
 def test_the_schedule_captures_each_recomputation_where_its_storage_is_made(tiny, hooks):
     w, trace = tiny
-    program = compile_program(trace, recompute_plan(trace), Problem.of(trace).cost, hooks=hooks)
+    program = compile_program(Problem.of(trace), recompute_plan(trace), hooks=hooks)
     assert program.level == ("hooked" if hooks else "interpreted")
     runs = capture_schedule(trace, program, input_signature(w.inputs)).recomputations
     recomputes = [i for i, a in enumerate(program.actions) if a.kind == ActionKind.RECOMPUTE]
@@ -490,11 +490,11 @@ def test_recomputations_that_set_the_generator_are_refused_before_torch_2_10(tin
     from memplan.exec.capturable import check_program
 
     _, trace = tiny
-    program = compile_program(trace, recompute_plan(trace), Problem.of(trace).cost, hooks=executor == "auto")
+    program = compile_program(Problem.of(trace), recompute_plan(trace), hooks=executor == "auto")
     assert program.level == ("hooked" if executor == "auto" else "interpreted")
     refused = [r.line() for r in check_program(program, trace, torch_version="2.9.1+cu128")]
     assert refused == ["the plan's recomputations: set the CUDA generator's state back inside the capture, which "
                        "torch 2.9.1+cu128 does not allow (2.10 and later do)"]
     assert check_program(program, trace, torch_version="2.10.0") == []
-    swaps = compile_program(trace, swap_all_plan(trace), Problem.of(trace).cost)
+    swaps = compile_program(Problem.of(trace), swap_all_plan(trace))
     assert check_program(swaps, trace, torch_version="2.9.1") == []

@@ -177,11 +177,11 @@ def test_a_cpu_step_over_the_cap_fails_in_one_line(tmp_path, monkeypatch, capsys
 
 
 def test_a_cpu_step_measuring_more_than_the_cap_fails_as_out_of_memory():
-    from memplan.workflows.run import measure_steps
+    from memplan.workflows.measure import Metering, measure_steps
 
     w = get_workload("resnet18-cifar", 2, seed=SEED)
     with pytest.raises(MemplanError, match="more than the memory cap"):
-        measure_steps(w.step, lambda i: w.make_inputs(2, seed=i), 1, w.model, w.optimizer, SEED, memory_cap=2**20)
+        measure_steps(w.step, lambda i: w.make_inputs(2, seed=i), 1, w.model, w.optimizer, SEED, Metering(memory_cap=2**20))
 
 
 def test_once_a_plan_keeps_its_budget_the_allocator_may_hold_five_percent_more(monkeypatch):

@@ -136,7 +136,7 @@ def autoswap(problem: Problem, *, score: str = "bo",
         InfeasibleBudgetError: the budget is below load_min (names it).
         MemplanError: a bad score, objective or weights.
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost, seed = problem.trace, problem.budget_bytes, problem.cost, problem.seed
     _check_args(score, objective, weights, time_limit_s)
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()

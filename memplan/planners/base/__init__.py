@@ -28,7 +28,7 @@ from ...errors import InfeasibleBudgetError, MemplanError, NeedsOpsError, unknow
 from ...model import Plan, Trace, expect_trace
 from ...problem import DEFAULT_PROFILE, Problem
 from ...registry import Registry
-from ...sim.simulate import simulate
+from ...sim.stage import simulate
 from ...units import ByteSize, format_bytes, parse_bytes
 from .compositions import compose, compose_pool
 from .hooks_fit import fit_hooked
@@ -108,16 +108,17 @@ def get_planner(name: str) -> PlannerSpec:
     raise unknown_name("planner", name, planners)
 
 
-def plan(trace: Trace, budget: Budget | str | int | float | None = UNLIMITED, planner: str = "none",
+def plan(trace: Trace | Problem, budget: Budget | str | int | float | None = UNLIMITED, planner: str = "none",
          profile: str | DeviceProfile = DEFAULT_PROFILE, seed: int = 0, cost: Cost | None = None,
          simulate_result: bool = True, **params) -> Plan:
-    """Plan where every storage of `trace` lives under a memory `budget`.
+    """Plan where every storage of `trace` lives under a memory `budget` (or plan a Problem already made).
 
     The budget bounds device memory: the memory load under the plan and, when the plan
     lays out a pool, the pool's size (a plan whose pool exceeds the budget is infeasible).
 
     Args:
-        trace: the traced iteration.
+        trace: the traced iteration; or a `memplan.Problem`, which brings its own budget, costs and
+            seed (then leave those arguments out).
         budget: bytes, a size string ("8GiB"), a share of the unconstrained peak ("60%",
             or a float in (0, 1]), a `memplan.budget.Budget`; "none" (UNLIMITED) means no limit
             (the plan records none).
@@ -136,6 +137,11 @@ def plan(trace: Trace, budget: Budget | str | int | float | None = UNLIMITED, pl
         NeedsOpsError: the planner decides swaps, recomputes or micro-batches and the trace
             has no ops (a pool problem: plan it with a planner that decides only the pool).
     """
+    if isinstance(trace, Problem):
+        if budget not in (UNLIMITED, None) or profile != DEFAULT_PROFILE or seed != 0 or cost is not None:
+            raise MemplanError("a Problem brings its own budget, costs and seed: give budget, profile, seed or "
+                               "cost with a trace only")
+        return plan_problem(trace, planner, simulate_result, **params)
     expect_trace(trace, "plan")
     return plan_problem(Problem.of(trace, budget, profile, seed=seed, cost=cost), planner, simulate_result,
                         **params)
@@ -151,19 +157,19 @@ def plan_problem(problem: Problem, planner: str = "none", simulate_result: bool 
         NeedsOpsError: the planner decides about ops and the trace has none.
     """
     spec = get_planner(planner)
-    trace, cap = problem.trace, problem.budget_bytes
+    trace, budget_bytes = problem.trace, problem.budget_bytes
     if spec.needs_ops and not trace.ops:
         raise refuse_without_ops(spec)
     params = check_params(spec, params)
     started = time.perf_counter()
     result = planned_at(spec, problem, params)
     elapsed = time.perf_counter() - started
-    if result.pool_bytes is not None and result.pool_bytes > cap:
-        raise pool_over_budget(cap, result.pool_bytes, planner)
-    result = result.with_meta(planner=planner, params=dict(params), seed=problem.seed, budget_bytes=cap,
+    if result.pool_bytes is not None and result.pool_bytes > budget_bytes:
+        raise pool_over_budget(budget_bytes, result.pool_bytes, planner)
+    result = result.with_meta(planner=planner, params=dict(params), seed=problem.seed, budget_bytes=budget_bytes,
                               profile=profile_to_json(problem.profile), trace_digest=trace.digest, planning_s=elapsed)
     if simulate_result:
-        result = result.with_meta(predicted=simulate(trace, result, cost=problem.cost).summary())
+        result = result.with_meta(predicted=simulate(problem, result).summary())
     return result
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from ...errors import InfeasibleBudgetError, MemplanError
@@ -47,7 +46,7 @@ def compose(base: PlannerSpec, conv: PlannerSpec) -> PlannerSpec:
         convs = conv.fn(problem, **{**conv.defaults, "composed": True},
                         **{k: v for k, v in params.items() if k in conv_names})
         view, durations = conv_view(trace, cost.durations, convs.microbatches)
-        plan_ = base.fn(replace(problem, trace=view, cost=cost.carried(durations)), **base.defaults,
+        plan_ = base.fn(problem.on(view, cost.carried(durations)), **base.defaults,
                         **{k: v for k, v in params.items() if k not in conv_names})
         # decisions on the view's workspace storages (not in the trace) would mean nothing
         kept = tuple(d for d in plan_.decisions if d.storage < len(trace.storages))
@@ -77,7 +76,7 @@ def compose_pool(base: PlannerSpec, pool: PlannerSpec) -> PlannerSpec:
     pool_params = tuple(Param(name=f"pool_{p.name}", type=p.type, default=p.default) for p in pool.params)
 
     def fn(problem: Problem, **params):
-        trace, budget_bytes, cost, seed = problem.parts()
+        trace, budget_bytes, cost, seed = problem.trace, problem.budget_bytes, problem.cost, problem.seed
         options = {k.removeprefix("pool_"): v for k, v in params.items() if k.startswith("pool_")}
         mine = {k: v for k, v in params.items() if not k.startswith("pool_")}
         layouts: dict = {}  # (decisions, budget) -> the laid-out plan: a plan that did not change is not laid out again

@@ -20,7 +20,7 @@ import time
 from ...errors import InfeasibleBudgetError
 from ...model import Plan
 from ...problem import Problem
-from ...sim.simulate import Simulator
+from ...sim.simulate import simulator_of
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
         first: the plan made under the problem's cap, which took `first_s` seconds.
     """
     cap = problem.budget_bytes
-    sim = Simulator(problem.trace, problem.cost)
+    sim = simulator_of(problem)
     result = sim.hooked(first, cap)
     if result is None or result.feasible:
         return first

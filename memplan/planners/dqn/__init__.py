@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 from ...cost.model import Cost
 from ...errors import MemplanError
 from ...model import Plan, Trace
-from ...problem import DEFAULT_PROFILE, Problem
-from ...sim.simulate import Simulator
+from ...problem import DEFAULT_PROFILE, Problem, cost_of
+from ...sim.simulate import Simulator, simulator_of
 from ...units import format_bytes
 from ..base import get_planner, infeasible, refuse_without_ops, register
 from ..kit.featuremaps import feature_maps
@@ -77,16 +77,16 @@ def plan_dqn(problem: Problem, *, weights: str | None = None,
         gamma, lr: discount and Adam step size.
         epsilon: starting epsilon (default 1.0 from scratch, 0.3 from weights).
     """
-    trace, budget_bytes, cost, seed = problem.parts()
     from .train import Instance, TrainConfig, train
 
-    net, from_file = _network(weights, seed, required=False)
-    graph = _graph(trace, budget_bytes, cost, min_bytes, "dqn")
+    net, from_file = _network(weights, problem.seed, required=False)
+    graph = _graph(problem, min_bytes, "dqn")
     if graph is None:
         return Plan()
     start = epsilon if epsilon is not None else (FINE_TUNE_EPSILON if from_file else 1.0)
-    config = TrainConfig(episodes=episodes, time_limit_s=time_limit_s, gamma=gamma, lr=lr, epsilon=start, seed=seed)
-    sim = Simulator(trace, cost)
+    config = TrainConfig(episodes=episodes, time_limit_s=time_limit_s, gamma=gamma, lr=lr, epsilon=start,
+                         seed=problem.seed)
+    sim = simulator_of(problem)
     candidates = _greedy_fitting(net, graph, sim)
     report = train(net, [Instance(graph=graph, env=Env(graph, simulator=sim))], config)
     log.info("dqn: %d episodes, %d steps in %.1f s", report.episodes, report.steps, report.wall_s)
@@ -104,12 +104,11 @@ def plan_dqn_pretrained(problem: Problem, *, weights: str | None = None,
         weights: the weights file (default: the shipped weights).
         min_bytes: smallest activation the agent may act on.
     """
-    trace, budget_bytes, cost, seed = problem.parts()
-    net, _ = _network(weights, seed, required=True)
-    graph = _graph(trace, budget_bytes, cost, min_bytes, "dqn:pretrained")
+    net, _ = _network(weights, problem.seed, required=True)
+    graph = _graph(problem, min_bytes, "dqn:pretrained")
     if graph is None:
         return Plan()
-    return _best_or_floor(graph, _greedy_fitting(net, graph, Simulator(trace, cost)))
+    return _best_or_floor(graph, _greedy_fitting(net, graph, simulator_of(problem)))
 
 
 @register("dqn:refined", "dqn:pretrained's greedy plan, then a local search over keep/swap/recompute per feature "
@@ -124,14 +123,13 @@ def plan_dqn_refined(problem: Problem, *, weights: str | None = None,
         min_bytes: smallest activation the agent (and the local search) may act on.
         time_limit_s: wall-clock limit of the local search.
     """
-    trace, budget_bytes, cost, _ = problem.parts()
     start = plan_dqn_pretrained(problem, weights=weights, min_bytes=min_bytes)
-    fm = feature_maps(trace, min_bytes)
+    fm = feature_maps(problem.trace, min_bytes)
     if not start.decisions or not len(fm):
         return start
-    refiner = Refiner(PolicyEvaluator(fm, cost, budget_bytes), policy_of(fm, start.decisions)[1])
+    refiner = Refiner(PolicyEvaluator(fm, problem.cost, problem.budget_bytes), policy_of(fm, start.decisions)[1])
     best, score = refiner.polish(policy_of(fm, start.decisions)[0], time.monotonic() + time_limit_s)
-    sim = refiner.evaluator.simulator.run(start, budget_bytes)
+    sim = refiner.evaluator.simulator.run(start, problem.budget_bytes)
     return refiner.plan(best) if score < INFEASIBLE and (not sim.feasible or score < sim.overhead) else start
 
 
@@ -162,7 +160,7 @@ def train_weights(problems: list[tuple[Trace, int]], profile: str = DEFAULT_PROF
         if budget >= trace.peak_load_bytes:
             raise MemplanError(f"budget {budget} is at or above the peak {trace.peak_load_bytes} of "
                                f"{trace.meta.get('model', 'a trace')}: nothing to learn there")
-        graph = _graph(trace, budget, Problem.of(trace, profile=profile).cost, min_bytes, "dqn")
+        graph = _graph(Problem(trace, cost_of(trace, profile), int(budget)), min_bytes, "dqn")
         instances.append(Instance(graph=graph, env=Env(graph)))
     net = load_weights(init)[0] if init is not None else fresh_network((config or TrainConfig()).seed)
     return net, train(net, instances, config or TrainConfig(), progress=progress)
@@ -191,15 +189,16 @@ def _check_has_ops(trace: Trace) -> None:
         raise refuse_without_ops(get_planner("dqn"))
 
 
-def _graph(trace: Trace, budget_bytes: int, cost: Cost, min_bytes: int, name: str) -> Graph | None:
+def _graph(problem: Problem, min_bytes: int, name: str) -> Graph | None:
     """The graph to plan on; None when everything fits already.
 
     Raises:
         InfeasibleBudgetError: below the floor (every candidate away for its whole gap).
     """
-    if budget_bytes >= trace.peak_load_bytes:
+    budget_bytes = problem.budget_bytes
+    if budget_bytes >= problem.trace.peak_load_bytes:
         return None
-    graph = build_graph(trace, cost, budget_bytes, min_bytes)
+    graph = build_graph(problem.trace, problem.cost, budget_bytes, min_bytes)
     floor = floor_bytes(graph)
     if budget_bytes < floor:
         raise infeasible(budget_bytes, floor, name)

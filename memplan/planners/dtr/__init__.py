@@ -22,7 +22,7 @@ import time
 from ...cost.model import Cost
 from ...model import Decision, Plan, Trace
 from ...problem import Problem
-from ...sim.simulate import Simulator
+from ...sim.simulate import Simulator, simulator_of
 from ...sim.validate import static_load
 from ..base import infeasible, register
 from ..kit.prefetch import in_issue_order
@@ -44,10 +44,10 @@ def plan_dtr(problem: Problem) -> Plan:
     Raises:
         InfeasibleBudgetError: no DTR run fits under the budget; names a load at which it does.
     """
-    trace, budget_bytes, cost, _ = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
-    simulator = Simulator(trace, cost)
+    simulator = simulator_of(problem)
     found = _fitting(trace, cost, simulator, budget_bytes)
     if found is not None:
         return found

@@ -33,12 +33,11 @@ import time
 
 import numpy as np
 
-from ...cost.model import Cost
 from ...errors import MemplanError
-from ...model import Action, Plan, Trace
+from ...model import Action, Plan
 from ...problem import Problem
 from ...progress import progress_bar
-from ...sim.simulate import Simulator
+from ...sim.simulate import simulator_of
 from ..base import infeasible, register
 from ..kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from ..kit.fitting import fitting_plans
@@ -78,29 +77,28 @@ def home(problem: Problem, *, iters: int = DEFAULT_ITERS,
         MemplanError: iters or particles below 1.
         InfeasibleBudgetError: no policy tried fits (names the smallest peak seen).
     """
-    trace, budget_bytes, cost, seed = problem.parts()
-    return _home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
-                 workers=workers, min_bytes=min_bytes, lead=lead, name=label)
+    return _home(problem, iters=iters, particles=particles, time_limit_s=time_limit_s, workers=workers,
+                 min_bytes=min_bytes, lead=lead, name=label)
 
 
-def _home(trace: Trace, budget_bytes: int, cost: Cost, *, seed: int, iters: int, particles: int,
-          time_limit_s: float | None, workers: int, min_bytes: int, lead: int, name: str,
-          seeded: bool = False) -> Plan:
+def _home(problem: Problem, *, iters: int, particles: int, time_limit_s: float | None, workers: int,
+          min_bytes: int, lead: int, name: str, seeded: bool = False) -> Plan:
     """HOME's search; `seeded`: the first particles are other planners' plans (SEED_PLANNERS), a
     local search from the swarm's best follows, and those plans themselves stay candidates
     (`home:seeded` is never worse than a planner it was seeded with)."""
     if iters < 1 or particles < 1:
         raise MemplanError(f"planner {name!r}: iters and particles must be at least 1 (got {iters}, {particles})")
+    trace, budget_bytes = problem.trace, problem.budget_bytes
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
     fm = feature_maps(trace, min_bytes)
-    evaluator = PolicyEvaluator(fm, cost, budget_bytes, lead)
+    evaluator = PolicyEvaluator(fm, problem.cost, budget_bytes, lead)
     if not len(fm):
         raise infeasible(budget_bytes, trace.peak_load_bytes, name)
-    policies = random_policies(fm.allowed(), particles, np.random.default_rng(seed))
+    policies = random_policies(fm.allowed(), particles, np.random.default_rng(problem.seed))
     seeds: list[Plan] = []
     if seeded:
-        seeds = fitting_plans(Problem(trace, cost, budget_bytes), SEED_PLANNERS, Simulator(trace, cost))
+        seeds = fitting_plans(problem, SEED_PLANNERS, simulator_of(problem))
         starts = np.array([policy_of(fm, p.decisions)[0] for p in seeds], dtype=np.int8).reshape(-1, len(fm))
         policies[:len(starts)] = starts[:particles]
     started = time.monotonic()
@@ -188,9 +186,8 @@ def home_seeded(problem: Problem, *, iters: int = DEFAULT_ITERS,
     mutation step: single-entry changes of the swarm's best, kept while they lower the overhead
     (a local search, `memplan.planners.kit.refine`), all within the time limit; the seed plans
     themselves (with their own prefetch triggers) stay candidates, the best simulated one wins."""
-    trace, budget_bytes, cost, seed = problem.parts()
-    return _home(trace, budget_bytes, cost, seed=seed, iters=iters, particles=particles, time_limit_s=time_limit_s,
-                 workers=workers, min_bytes=min_bytes, lead=lead, name="home:seeded", seeded=True)
+    return _home(problem, iters=iters, particles=particles, time_limit_s=time_limit_s, workers=workers,
+                 min_bytes=min_bytes, lead=lead, name="home:seeded", seeded=True)
 
 
 register("home:seeded", "HOME's swarm seeded with Capuchin, TFLMS, sqrt-n, checkpoint-all and SuperNeurons "

@@ -127,7 +127,7 @@ def plan_milp(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
             planners, DTR or autoswap:bo fits it either; it names the floor.
         MemplanError: a bad parameter.
     """
-    trace, budget_bytes, cost, seed = problem.parts()
+    trace, budget_bytes, cost = problem.trace, problem.budget_bytes, problem.cost
     return solve_milp(trace, budget_bytes, cost, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap,
                       min_bytes=min_bytes, window=window, max_direct_groups=max_direct_groups, moves=moves)
 

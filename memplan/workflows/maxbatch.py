@@ -117,6 +117,6 @@ def _gpu_probe(name, memory_bytes, planner, device, profile, config):
             return False, {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
         finally:
             torch.cuda.empty_cache()
-        return True, {"peak_reserved_bytes": out["peak_reserved_bytes"], "step_time_s": out["step_time_s"][-1]}
+        return True, {"peak_reserved_bytes": out["measured_peak_reserved_bytes"], "step_time_s": out["step_time_s"][-1]}
 
     return fits

@@ -173,7 +173,8 @@ class PlanRuntime:
             if not self.runner.idle or self.pool is not None:  # without actions or a pool: no per-op work
                 stack.enter_context(self.runner)
             if auto_steps and self.model is not None:
-                handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a))
+                # first among the model's pre-hooks: the runner's own sees the step begun
+                handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a), prepend=True)
                 stack.callback(handle.remove)
             yield self
 

@@ -75,6 +75,7 @@ from .result import SimResult
 
 RECENT_PLANS = 8  # prepared plans kept (a bisection over caps simulates one plan many times)
 MICRO_BATCHES = "micro-batched convolutions run op by op"  # why such a plan is interpreted
+CHOSEN = "its planner chose it: its hooked form misses the budget, or runs slower"  # why Plan.level says so
 
 
 def simulate(trace: Trace, plan: Plan | None = None, profile: str | DeviceProfile | None = None,
@@ -169,9 +170,9 @@ class Simulator:
 
     def time_if_fits(self, plan: Plan, budget_bytes: int) -> float | None:
         """The simulated step time of `plan` under `budget_bytes` at the level it runs (`run`), or None
-        where it does not fit: what a search compares. Where lower bounds of its peak at every level
-        it could run at exceed the budget, nothing is simulated."""
-        if not plan.microbatches and self._prepared(plan.decisions).cannot_fit(int(budget_bytes)):
+        where it does not fit: what a search compares. Where a lower bound of its peak at that level
+        exceeds the budget, nothing is simulated."""
+        if not plan.microbatches and self._prepared(plan.decisions).cannot_fit(int(budget_bytes), plan.level):
             self.evaluations += 1
             return None
         result = self.run(plan, budget_bytes)
@@ -203,28 +204,9 @@ class Simulator:
                 replace(plan, microbatches=()), budget_bytes, timeline, emit)
             lowered = replace(lowered, level=INTERPRETED, reason=MICRO_BATCHES)
             return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, lowered
-        level, out = self._at_its_level(self._prepared(plan.decisions if plan else ()), int(budget_bytes),
-                                        timeline, emit)
-        inputs, floats, ints, recorded, rows = out
+        level = self._prepared(plan.decisions if plan else ()).at(plan.level if plan else "")
+        inputs, floats, ints, recorded, rows = self._run_prepared(level, int(budget_bytes), timeline, emit)
         return self._result(inputs, floats, ints, recorded, timeline, level.lowered), rows, level.lowered
-
-    def _at_its_level(self, entry: _Prepared, budget: int, timeline: bool, emit: bool):
-        """The level `entry` runs at under `budget`, and the kernel's run of it: hooked where its hooked
-        form fits, else interpreted (with no cap, whichever peaks lower)."""
-        if entry.hooked_cannot_fit(budget):  # the level is known: only the interpreted form runs
-            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
-        level = entry.first
-        out = self._run_prepared(level, budget, timeline, emit)
-        if level.lowered.level != HOOKED and not level.lowered.dropped:
-            return level, out
-        if not out[2][K.I_FEASIBLE]:
-            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
-        if not limited(budget):
-            other = self._run_prepared(entry.interpreted, budget, timeline, emit)
-            if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
-                lowered = replace(entry.interpreted.lowered, reason="its hooked form peaks higher")
-                return _Level(lowered=lowered, inputs=entry.interpreted.inputs), other
-        return level, out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
         """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
@@ -237,7 +219,7 @@ class Simulator:
         return self._result(inputs, floats, ints, recorded, False, first.lowered)
 
     def lower(self, decisions) -> Lowered:
-        """`decisions` at the level they would run (memplan.sim.lowering; before the budget's say)."""
+        """`decisions` at the level they run (memplan.sim.lowering)."""
         return self._prepared(tuple(decisions)).lowered
 
     def _prepared(self, decisions: tuple) -> _Prepared:
@@ -346,37 +328,37 @@ class _Prepared:
 
     @cached_property
     def lowered(self) -> Lowered:
-        """The plan at the level it would run (memplan.sim.lowering; before the budget's say)."""
+        """The plan at the level its decisions allow (memplan.sim.lowering)."""
         return self.given or self._sim.lowering.with_regions(self.decisions, self.placed)
+
+    def at(self, chosen: str) -> _Level:
+        """The plan at the level it runs: the one its decisions allow, or interpreted where its planner
+        chose that (`Plan.level`)."""
+        return self.interpreted if chosen == INTERPRETED and self.lowered.level == HOOKED else self.first
 
     @cached_property
     def first(self) -> _Level:
-        """The form simulated first: hooked where the plan has one, else as it runs."""
+        """The plan at the level its decisions allow, prepared for the kernel."""
         lowered = self.lowered
         priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
         return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property
     def interpreted(self) -> _Level:
-        """The plan as the interpreted runner runs it, when its hooked form does not fit."""
-        why = (self.placed.reason if self.given is None else "") or self.lowered.reason
+        """The plan as the interpreted runner runs it, where its planner chose that."""
         lowered = as_given(INTERPRETED, self.decisions, self.arrays,
-                           f"its hooked form does not fit ({why or 'later hook points'})")
+                           f"{CHOSEN} ({self.lowered.reason or 'actions at later hook points'})")
         return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
 
-    def hooked_cannot_fit(self, budget: int) -> bool:
-        """True when the plan has a hooked form that surely cannot run under `budget` (a lower bound of its
-        peak, which no timing lowers, exceeds it: first before its region runs are chosen, then after):
-        then it runs interpreted, and only that is simulated."""
-        if self.given is not None or not limited(budget):
+    def cannot_fit(self, budget: int, chosen: str = "") -> bool:
+        """True when the plan surely cannot run under `budget` at its level (`at`): a lower bound of its peak
+        there, which no timing lowers, exceeds it (a hooked form's first before its region runs are chosen,
+        then after)."""
+        if not limited(budget):
             return False
+        if self.given is not None or chosen == INTERPRETED:
+            return self.interpreted_floor > budget
         return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
-
-    def cannot_fit(self, budget: int) -> bool:
-        """True when no level the plan could run at fits `budget`: neither its hooked form (above) nor
-        its interpreted one (a lower bound of its peak, without the chains' memory, exceeds it)."""
-        return limited(budget) and (self.given is not None or self.hooked_cannot_fit(budget)) and \
-            self.interpreted_floor > budget
 
     @cached_property
     def placed_floor(self) -> int:

@@ -13,11 +13,12 @@ completed when it fires):
   hook; the whole step for a tensor saved outside every call). Outside windows autograd saves
   tensors without calling Python: what the plan never moves costs nothing.
 
-One rule says which decisions can run at sites (`HookSites.unhooked`): a storage an owner holds
-(a parameter, buffer, gradient or optimizer state: `Trace.owners`) is found through its owner,
-at any point, in any gap, across the step's boundary too; any other storage is found by its first
-pack, so it must be saved by autograd before it leaves and be away only until backward (where an
-unpack that comes early brings it back: memplan.exec.hooked, rule 3). The simulator's lowering
+One rule says which decisions can run at sites (`HookSites.unhooked`): a swap of a storage an
+owner holds (a parameter, buffer, gradient or optimizer state: `Trace.owners`) finds it through
+its owner, at any point, in any gap, across the step's boundary too; any other decision finds its
+storage by its first pack (a recomputation captures it there from its region's run), so it must be
+saved by autograd before it leaves and be away only until backward (where an unpack that comes
+early brings it back: memplan.exec.hooked, rule 3). The simulator's lowering
 (memplan.sim.lowering), the validator and the planners' bounds read it here; the executor runs what
 the simulator lowered.
 
@@ -96,19 +97,20 @@ class HookSites:
 
     # --- the rule ------------------------------------------------------------------------------
 
-    def unhooked(self, storage: np.ndarray, out_after: np.ndarray, back_before: np.ndarray) -> np.ndarray:
-        """Per decision (storage, gap): True where no site can run it (`reason` says why)."""
+    def unhooked(self, storage: np.ndarray, recompute: np.ndarray, out_after: np.ndarray,
+                 back_before: np.ndarray) -> np.ndarray:
+        """Per decision (storage, action, gap): True where no site can run it (`reason` says why)."""
         first = self.first_packed_at[storage]
         moved_out = self.after_of[out_after + 1] - 1
         found_by_pack = (first >= 0) & (back_before > out_after) & self.backward[back_before] & \
             (first <= moved_out + 1)
-        return ~(self.owned[storage] | found_by_pack)
+        return ~((self.owned[storage] & ~recompute) | found_by_pack)
 
     def reason(self, d) -> str:
         """Why decision `d` cannot run at sites ("" when it can), naming its storage and action."""
         s = self.trace.storages[d.storage]
         what = f"{d.action} of storage {d.storage} ({s.kind}{', ' + s.name if s.name else ''})"
-        if self.owned[d.storage]:
+        if self.owned[d.storage] and d.action == "swap":
             return ""
         first = self.first_pack.get(d.storage)
         if first is None:

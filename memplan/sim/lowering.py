@@ -176,7 +176,7 @@ class Lowering:
 
     def unhookable(self, a: DecisionArrays) -> np.ndarray:
         """Per decision of `a`: it cannot run at hook points at all (memplan.model.hooksites says why)."""
-        return self.sites.unhooked(a.storage, a.out_after, a.back_before)
+        return self.sites.unhooked(a.storage, a.recompute, a.out_after, a.back_before)
 
     def _moved(self, a: DecisionArrays) -> tuple[DecisionArrays, np.ndarray]:
         """Every decision moved onto hook points, and which have an empty gap there (left out, the storage stays)."""

@@ -84,7 +84,7 @@ class HookedRunner(Mover):
         self.expected = [trace.storages[s.storage].nbytes if s.storage is not None else None for s in trace.saved]
         sites = HookSites(trace)
         self.when = _points_of(program, sites.points)
-        regions = {trace.calls[run.call].module for run in program.regions.values()}
+        regions = {run.call for run in program.regions.values()}
         self.sites = sites.installed(self.when, {d.storage for d in program.decisions}, regions)
         self.modules = _hooked_modules(self.sites.modules, model)
         self.calls = {(c.module, c.occurrence): k for k, c in enumerate(trace.calls) if c.module in self.modules}

@@ -123,12 +123,14 @@ class HookSites:
 
     # --- installation ----------------------------------------------------------------------------
 
-    def installed(self, points, moved, modules=()) -> Installed:
-        """The sites a program needs: windows around every pack of the storages `moved`, hooks on the
-        region `modules` (their calls hold a region's arguments), and at each of `points` where no
-        site fires yet, the cheapest one there."""
+    def installed(self, points, moved, regions=()) -> Installed:
+        """The sites a program needs: windows around every pack of the storages `moved` and around the
+        `regions` (calls run again: their modules hold a region's arguments, and what such a call saves
+        must not meet autograd's version check after a run updated module buffers in place), and at
+        each of `points` where no site fires yet, the cheapest one there."""
         windows = {int(self.window_of[k]) for sid in moved for k in self._packs_of.get(int(sid), ())}
-        modules, marks = set(modules) | self._window_modules(windows), set()
+        windows |= set(regions)
+        modules, marks = self._window_modules(windows), set()
         hooked = self._hooked_packs(windows)
         covered = self._covered(hooked, modules, marks)
         for p in sorted(set(int(p) for p in points) - covered):

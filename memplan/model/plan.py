@@ -31,7 +31,7 @@ from .conv import MicroBatch
 ACTIONS = ("swap", "recompute")
 PLAN_SCHEMA = "memplan.plan"
 PLAN_VERSION = 1
-LEVEL_CHOICES = ("", "interpreted")  # Plan.level: as its decisions allow, or chosen interpreted
+LEVEL_CHOICES = ("", "plain", "hooked", "interpreted")  # Plan.level (memplan.model.program.LEVELS, or none yet)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,8 +104,8 @@ class Plan:
     planning_s: float = 0.0  # wall-clock seconds the planner took
     history: dict = field(default_factory=dict)  # a search's convergence per step, for `memplan plan --plot`
     report: dict = field(default_factory=dict)  # what the planner says of its answer (a solver's objective, bound, gap)
-    level: str = ""  # "interpreted": its planner chose the dispatch-mode executor (memplan.planners.base.hooks_fit);
-    # "": the level its decisions allow (memplan.sim.lowering)
+    level: str = ""  # the executor level it runs at, fixed when it was planned (memplan.sim.simulate); "": not
+    # yet (the simulator decides it under the budget in force)
 
     def with_meta(self, **changes) -> "Plan":
         """A copy with some fields replaced."""

@@ -66,8 +66,7 @@ class Lowered:
             return None
         a, sites = self.arrays, self.runs_of.sites
         points = np.concatenate([a.out_after + 1, a.prefetch_at, sites.before_of[a.back_before]])
-        modules = {self.runs_of.calls[run.call].module for run in self.regions.values()}
-        return sites.installed(points, np.unique(a.storage), modules)
+        return sites.installed(points, np.unique(a.storage), {run.call for run in self.regions.values()})
 
     @cached_property
     def holds(self) -> dict[int, int]:

@@ -75,7 +75,7 @@ from .result import SimResult
 
 RECENT_PLANS = 8  # prepared plans kept (a bisection over caps simulates one plan many times)
 MICRO_BATCHES = "micro-batched convolutions run op by op"  # why such a plan is interpreted
-CHOSEN = "its planner chose it: its hooked form misses the budget, or runs slower"  # why Plan.level says so
+CHOSEN = "planned so: its hooked form missed the budget it was made for, or ran slower"  # why Plan.level says so
 
 
 def simulate(trace: Trace, plan: Plan | None = None, profile: str | DeviceProfile | None = None,
@@ -204,9 +204,32 @@ class Simulator:
                 replace(plan, microbatches=()), budget_bytes, timeline, emit)
             lowered = replace(lowered, level=INTERPRETED, reason=MICRO_BATCHES)
             return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, lowered
-        level = self._prepared(plan.decisions if plan else ()).at(plan.level if plan else "")
-        inputs, floats, ints, recorded, rows = self._run_prepared(level, int(budget_bytes), timeline, emit)
+        level, out = self._at_its_level(self._prepared(plan.decisions if plan else ()), plan.level if plan else "",
+                                        int(budget_bytes), timeline, emit)
+        inputs, floats, ints, recorded, rows = out
         return self._result(inputs, floats, ints, recorded, timeline, level.lowered), rows, level.lowered
+
+    def _at_its_level(self, entry: _Prepared, chosen: str, budget: int, timeline: bool, emit: bool):
+        """The level `entry` runs at under `budget`, and the kernel's run of it: the plan's own (`Plan.level`,
+        recorded when it was planned), or for a plan without one, hooked where its hooked form fits, else
+        interpreted (with no cap, whichever peaks lower)."""
+        if chosen == INTERPRETED and entry.given is None:  # its planner chose the interpreted executor
+            return entry.chosen, self._run_prepared(entry.chosen, budget, timeline, emit)
+        if chosen or entry.hooked_cannot_fit(budget):  # the level is known: only that form runs
+            level = entry.first if chosen else entry.interpreted
+            return level, self._run_prepared(level, budget, timeline, emit)
+        level = entry.first
+        out = self._run_prepared(level, budget, timeline, emit)
+        if level.lowered.level != HOOKED and not level.lowered.dropped:
+            return level, out
+        if not out[2][K.I_FEASIBLE]:
+            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
+        if not limited(budget):
+            other = self._run_prepared(entry.interpreted, budget, timeline, emit)
+            if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
+                lowered = replace(entry.interpreted.lowered, reason="its hooked form peaks higher")
+                return _Level(lowered=lowered, inputs=entry.interpreted.inputs), other
+        return level, out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
         """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
@@ -331,34 +354,46 @@ class _Prepared:
         """The plan at the level its decisions allow (memplan.sim.lowering)."""
         return self.given or self._sim.lowering.with_regions(self.decisions, self.placed)
 
-    def at(self, chosen: str) -> _Level:
-        """The plan at the level it runs: the one its decisions allow, or interpreted where its planner
-        chose that (`Plan.level`)."""
-        return self.interpreted if chosen == INTERPRETED and self.lowered.level == HOOKED else self.first
-
     @cached_property
     def first(self) -> _Level:
-        """The plan at the level its decisions allow, prepared for the kernel."""
+        """The form simulated first: hooked where the plan has one, else as it runs."""
         lowered = self.lowered
         priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
         return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property
     def interpreted(self) -> _Level:
-        """The plan as the interpreted runner runs it, where its planner chose that."""
+        """The plan as the interpreted runner runs it, when its hooked form does not fit."""
+        why = (self.placed.reason if self.given is None else "") or self.lowered.reason
         lowered = as_given(INTERPRETED, self.decisions, self.arrays,
-                           f"{CHOSEN} ({self.lowered.reason or 'actions at later hook points'})")
+                           f"its hooked form does not fit ({why or 'later hook points'})")
         return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
 
+    @cached_property
+    def chosen(self) -> _Level:
+        """The plan run interpreted because its planner chose that (`Plan.level`)."""
+        why = self.placed.reason or self.lowered.reason
+        lowered = replace(self.interpreted.lowered, reason=f"{CHOSEN} ({why or 'actions at later hook points'})")
+        return _Level(lowered=lowered, inputs=self.interpreted.inputs)
+
+    def hooked_cannot_fit(self, budget: int) -> bool:
+        """True when the plan has a hooked form that surely cannot run under `budget` (a lower bound of its
+        peak, which no timing lowers, exceeds it: first before its region runs are chosen, then after):
+        then it runs interpreted, and only that is simulated."""
+        if self.given is not None or not limited(budget):
+            return False
+        return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
+
     def cannot_fit(self, budget: int, chosen: str = "") -> bool:
-        """True when the plan surely cannot run under `budget` at its level (`at`): a lower bound of its peak
-        there, which no timing lowers, exceeds it (a hooked form's first before its region runs are chosen,
-        then after)."""
+        """True when no level the plan could run at fits `budget` (a lower bound of its peak there exceeds
+        it): its own level where it has one (`Plan.level`), else neither its hooked form (above) nor its
+        interpreted one."""
         if not limited(budget):
             return False
-        if self.given is not None or chosen == INTERPRETED:
-            return self.interpreted_floor > budget
-        return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
+        hooked = self.given is None and chosen != INTERPRETED
+        if chosen and hooked:
+            return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
+        return (not hooked or self.hooked_cannot_fit(budget)) and self.interpreted_floor > budget
 
     @cached_property
     def placed_floor(self) -> int:

@@ -2,7 +2,8 @@
 
 A plain restatement, for tests, of what the simulator does to a plan before its kernel runs:
 lowering onto hook points (memplan.sim.lowering's docstring), the choice of a region run for each
-recompute decision (memplan.sim.regions' docstring), the level a plan runs at (memplan.sim.simulate),
+recompute decision (memplan.sim.regions' docstring), the level a plan runs at under a budget
+(memplan.sim.simulate: its own where it was planned, else hooked where its hooked form fits),
 and the kernel's arrays, built here with Python loops over the decisions. Facts of the trace alone
 come from the library (its sites and their points, which storages an owner holds, the reason text
 of a decision no site runs, and which hooks a set of points needs and what they fire:
@@ -22,6 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from memplan.budget import limited
 from memplan.model.hookpoints import first_packs
 from memplan.model.hooksites import HookSites
 from memplan.sim import _codes as K
@@ -104,8 +106,7 @@ class ReferenceLowering:
         if not cost.executor_s("hook"):
             return plain.copy()
         points = [p for d in decisions for p in (d.out_after + 1, d.prefetch_at, self.before(d.back_before))]
-        modules = {self.trace.calls[run.call].module for run in regions.values()}
-        sites = self.sites.installed(points, {d.storage for d in decisions}, modules)
+        sites = self.sites.installed(points, {d.storage for d in decisions}, {run.call for run in regions.values()})
         return plain + cost.executor_s("hook") * self.sites.firings(sites)
 
     def runs(self, decisions):
@@ -274,7 +275,16 @@ def reference_run(sim, plan, budget, hooked_only=False):
     if hooked_only:
         return None if level == INTERPRETED or not decisions else (level, dropped, reason,
                                                                      *run(level, lowered, regions, holds))
-    if plan.level == INTERPRETED and level == HOOKED:  # its planner chose the interpreted executor
-        return (INTERPRETED, 0, f"its planner chose it: its hooked form misses the budget, or runs slower "
+    if plan.level == INTERPRETED and level != INTERPRETED and decisions:  # planned so
+        return (INTERPRETED, 0, f"planned so: its hooked form missed the budget it was made for, or ran slower "
                                 f"({reason or 'actions at later hook points'})", *run(INTERPRETED, decisions, {}, {}))
-    return (level, dropped, reason, *run(level, lowered, regions, holds))
+    out = run(level, lowered, regions, holds)
+    if not plan.level and (level == HOOKED or dropped):  # a plan whose level is not fixed yet
+        why = f"its hooked form does not fit ({reason or 'later hook points'})"
+        if not out[1][K.I_FEASIBLE]:
+            return (INTERPRETED, 0, why, *run(INTERPRETED, decisions, {}, {}))
+        if not limited(budget):
+            other = run(INTERPRETED, decisions, {}, {})
+            if other[1][K.I_PEAK] < out[1][K.I_PEAK]:
+                return (INTERPRETED, 0, "its hooked form peaks higher", *other)
+    return (level, dropped, reason, *out)

@@ -1,17 +1,15 @@
-"""Plans that run at the step's hooks: a plan whose hooked form misses its budget is planned again.
+"""Plans that run at autograd's hooks: a plan whose hooked form misses its budget is planned again.
 
-A planner decides at op granularity; the hooked executor acts only at the step's hooks
-(memplan.model.hooksites) and recomputes whole module calls (memplan.sim.lowering), which can hold
-a little more memory than the plan assumed, and leaves out what no hook can run. Where that makes
-the hooked form miss the budget, the planner plans again under a load cut by the shortfall (twice
-as deep when the plan did not change), a few times while that stays cheap, and the first plan whose
-hooked form fits is taken if it simulates faster than the planner's own plan run interpreted (a
-dispatch mode at every op: several times the host's work). Where none fits, or the planner's own
-plan runs faster interpreted (on a device-bound step, a dispatch mode's host work can cost less
-than the moves a smaller load needs: resnet50@256), that plan is taken with `Plan.level`
-"interpreted": the one place a plan's level is chosen rather than read off its decisions. A search
-that took half its time limit or more is not planned again (each try would take as long again;
-`plan` checks it).
+A planner decides at op granularity; the hooked executor acts only at saved-tensor packs and
+unpacks and recomputes whole module calls (memplan.sim.lowering), which can hold a little more
+memory than the plan assumed. Where that makes the hooked form miss the budget, the step would
+run interpreted (a dispatch mode at every op: several times the host's work). So the planner
+plans again under a load cut by the shortfall (twice as deep when the plan did not change), a
+few times while that stays cheap, and the first plan whose hooked form fits is taken if it simulates
+faster than the planner's own plan run interpreted; else that plan stands (on a device-bound step,
+a dispatch mode's host work can cost less than the moves a smaller load needs: resnet50@256). A
+search that took half its time limit or more is not planned again (each try would take as long
+again; `plan` checks it).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import time
 
 from ...errors import InfeasibleBudgetError
 from ...model import Plan
-from ...model.program import INTERPRETED
 from ...problem import Problem
 from ...sim.simulate import Simulator
 
@@ -32,8 +29,7 @@ TIME_FACTOR = 3.0  # ... and for at most this many times the first plan's planni
 
 
 def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
-    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits the cap, or
-    `first` run interpreted.
+    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits the cap.
 
     Args:
         plan_at: load -> the planner's plan there (raises InfeasibleBudgetError when it has none).
@@ -44,20 +40,6 @@ def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
     result = sim.hooked(first, cap)
     if result is None or result.feasible:
         return first
-    found = _replanned(plan_at, sim, cap, first, first_s, result)
-    interpreted = first.with_meta(level=INTERPRETED)
-    own = sim.run(interpreted, cap)
-    if not own.feasible:
-        return first if found is None else found  # no level of the planner's own plan fits: as it is
-    if found is not None and sim.run(found, cap).time_s < own.time_s:
-        return found
-    log.info("the plan runs interpreted: its hooked form misses %d bytes by %d, or runs slower", cap,
-             result.shortfall_bytes)
-    return interpreted
-
-
-def _replanned(plan_at, sim: Simulator, cap: int, first: Plan, first_s: float, result) -> Plan | None:
-    """The first plan made under a smaller load whose hooked form fits `cap` (None: none within the tries)."""
     load, cut, previous, started = cap, 0, first.decisions, time.perf_counter()
     for _ in range(MAX_TRIES):
         cut = max(result.shortfall_bytes, 2 * cut if cut else 1)
@@ -70,6 +52,9 @@ def _replanned(plan_at, sim: Simulator, cap: int, first: Plan, first_s: float, r
             break
         result = sim.hooked(plan, cap)
         if result is not None and result.feasible:
+            own = sim.run(first, cap)
+            if own.feasible and result.time_s >= own.time_s:
+                return first  # interpreted, the planner's own plan is the faster
             log.info("planned again under %d bytes: its hooked form fits %d", load, cap)
             return plan
         if result is None:
@@ -77,4 +62,4 @@ def _replanned(plan_at, sim: Simulator, cap: int, first: Plan, first_s: float, r
         if plan.decisions == previous:
             cut *= 2
         previous = plan.decisions
-    return None
+    return first

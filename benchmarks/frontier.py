@@ -1,5 +1,5 @@
 """The frontier (issues 27, 39, 49): every swap/recompute planner against the proven lower bound of every
-plan (`memplan.planners.kit.bound`), and `auto`'s targets.
+plan (`memplan.planners.bound`), and `auto`'s targets.
 
 Cases (fake-tensor traces, simulated on one device profile, default h100):
   bound    resnet18-cifar@128 at 70/50/30% of its peak, hf:gpt2@8 with 4 layers at 70/50%
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from memplan import DEFAULT_PROFILE, Cost, InfeasibleBudgetError, Problem, known_planners, plan, trace_workload
 from memplan.fileio import atomic_write_text
-from memplan.planners.kit.bound import lower_bound
+from memplan.planners.bound import lower_bound
 
 RESULTS = Path(__file__).parent / "results"
 GIB = 2**30

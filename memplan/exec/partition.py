@@ -32,13 +32,12 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ..errors import MemplanError
-from ..model import Plan, Trace
+from ..model import Action, Plan, Trace
 from . import graph_match
 from .graph_match import align, graph_ops, trace_ops
 
 log = logging.getLogger(__name__)
 
-RECOMPUTE, OFFLOAD = "recompute", "offload"
 OFFLOAD_MODULE = "torch._functorch._activation_offloading"  # compile-time activation offload (torch >= 2.10)
 # Why a decision is not lowered (the keys of `CompiledPlan.outside`).
 NOT_SAVED = "not a forward activation saved for backward"
@@ -57,7 +56,7 @@ def offload_available(device: torch.device) -> bool:
 class CompiledPlan:
     """A plan's decisions as a compiled step takes them."""
 
-    decisions: tuple[tuple[str, tuple[int, ...]], ...]  # per lowered decision: action, the forward ops writing its storage
+    decisions: tuple[tuple[Action, tuple[int, ...]], ...]  # per lowered decision: its action, the ops writing its storage
     recomputed: frozenset[int] = frozenset()  # storages a lowered decision recomputes
     outside: dict[str, int] = field(default_factory=dict)  # decisions not lowered, by why
     digest: str = ""  # names the plan: a compiled graph is cached under it
@@ -72,19 +71,19 @@ class CompiledPlan:
                 outside[why] = outside.get(why, 0) + 1
                 continue
             writers = tuple(i for i in trace.writers[d.storage] if i <= d.out_after)
-            lowered.append((RECOMPUTE if d.action == "recompute" else OFFLOAD, writers))
-            if d.action == "recompute":
+            lowered.append((Action.of(d.action), writers))
+            if d.action == Action.RECOMPUTE.word:
                 recomputed.add(d.storage)
         text = repr((trace.digest, sorted(lowered)))
         return cls(decisions=tuple(lowered), recomputed=frozenset(recomputed), outside=outside,
                    digest=hashlib.sha256(text.encode()).hexdigest()[:16])
 
     def actions(self) -> dict[int, str]:
-        """Trace op -> what happens to what it writes (RECOMPUTE wins over OFFLOAD)."""
+        """Trace op -> what happens to what it writes (Action.RECOMPUTE wins over Action.SWAP)."""
         out: dict[int, str] = {}
         for action, ops in self.decisions:
             for i in ops:
-                if out.get(i) != RECOMPUTE:
+                if out.get(i) != Action.RECOMPUTE:
                     out[i] = action
         return out
 
@@ -140,7 +139,7 @@ class PlanPartitioner(CustomPartitionerFn):
             if not acts:
                 continue
             self._taken.update(i for i in covered if i in self._actions)
-            if RECOMPUTE in acts:
+            if Action.RECOMPUTE in acts:
                 for node in ops[j].nodes:
                     node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
                     self.tagged.add(node.name)

@@ -22,13 +22,36 @@ A storage may have several decisions for disjoint gaps (multi-swap).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field, replace
 
 from ..budget import NO_LIMIT, bytes_from_json, bytes_to_json
 from ..errors import TraceFormatError
 from .conv import MicroBatch
 
-ACTIONS = ("swap", "recompute")
+
+class Action(enum.IntEnum):
+    """What a plan does with a storage over one gap between two of its accesses: the one vocabulary
+    of planners, plans and the simulator. Its number is what a planner's arrays hold (HOME's
+    numbering, paper 004 §3.3: a policy value, a ledger's decision); its `word` is what a Decision
+    and a plan file say (keeping needs no decision)."""
+
+    KEEP = 0
+    SWAP = 1
+    RECOMPUTE = 2
+
+    @property
+    def word(self) -> str:
+        """As a Decision and a plan file write it: "keep", "swap" or "recompute"."""
+        return self.name.lower()
+
+    @classmethod
+    def of(cls, word: str) -> Action:
+        """The action a Decision's word names."""
+        return cls[word.upper()]
+
+
+ACTIONS = (Action.SWAP.word, Action.RECOMPUTE.word)  # a Decision's actions
 PLAN_SCHEMA = "memplan.plan"
 PLAN_VERSION = 1
 LEVEL_CHOICES = ("", "plain", "hooked", "interpreted")  # Plan.level (memplan.model.program.LEVELS, or none yet)

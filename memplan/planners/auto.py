@@ -1,7 +1,7 @@
 """`auto`: the planner to use when you do not know which one to use.
 
 Within one time limit (default 20 s) it
-1. proves a lower bound on the overhead of every plan (`memplan.planners.kit.bound`) with
+1. proves a lower bound on the overhead of every plan (`memplan.planners.bound`) with
    BOUND_SHARE of the limit;
 2. runs the fast planners (FAST: Capuchin, TFLMS, SuperNeurons, AutoSwap's scores, the
    PyTorch-style baselines) and the plan of the fewest swaps, largest storages first
@@ -50,7 +50,7 @@ from ..sim.simulate import Simulator
 from ..sim.validate import validate
 from .base import get_planner, infeasible, register
 from .dtr import dtr_within
-from .kit.bound import Bound, lower_bound
+from .bound import Bound, lower_bound
 from .kit.cover import largest_first
 from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from .kit.fitting import smallest_fitting_budget
@@ -81,7 +81,7 @@ DONE_GAP = 1e-3  # a candidate this close to the bound (in overhead) ends the se
 REFINED = 3  # candidates the local search starts from (and the plan of the bound's LP: BOUND_START)
 BOUND_START = "bound"  # the start named for the lower bound's LP solution (memplan.planners.kit.refine.policy_of_bound)
 BOUND_SHARES = (0.5, 0.25, 0.1)  # ... a feature map is moved where the LP keeps at least this share of it away
-BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.kit.bound)
+BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.bound)
 FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
 # solves and the scoring of its plans end up to a few seconds past its own limit on large traces
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is

@@ -26,11 +26,11 @@ import bisect
 import numpy as np
 
 from ..cost.model import Cost
-from ..model import Plan
+from ..model import Action, Plan
 from ..problem import Problem
 from ..sim.validate import static_load
 from .base import infeasible, register
-from .kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
+from .kit.featuremaps import DEFAULT_MIN_BYTES, FeatureMaps, feature_maps
 from .kit.fitting import smallest_fitting_budget
 from .kit.gaps import alive_at
 from .kit.ops import op_starts
@@ -79,7 +79,7 @@ class _State:
     def __init__(self, fm: FeatureMaps, cost: Cost, budget_bytes: int, rounds: int):
         self.fm, self.cost, self.budget, self.rounds = fm, cost, budget_bytes, rounds
         self.evaluator = PolicyEvaluator(fm, cost, budget_bytes)
-        self.policy = np.full(len(fm), KEEP, dtype=np.int8)
+        self.policy = np.full(len(fm), Action.KEEP, dtype=np.int8)
         starts = op_starts(cost)
         self.start = starts[:-1]
         out_done = starts[fm.out_after + 1] + cost.d2h_s(fm.nbytes)  # swap-out complete
@@ -112,7 +112,7 @@ class _State:
         """Feature maps still kept whose gap covers an op in `over`."""
         fm = self.fm
         prefix = np.concatenate([[0], np.cumsum(over)])
-        return (self.policy == KEEP) & (prefix[fm.back_before] - prefix[fm.out_after + 1] > 0)
+        return (self.policy == Action.KEEP) & (prefix[fm.back_before] - prefix[fm.out_after + 1] > 0)
 
     # --- 1. swaps with free time, 4. the rest -------------------------------------------------
 
@@ -127,10 +127,10 @@ class _State:
                 return
             if self.free_time[k] <= 0 or not self._helps(over)[k]:
                 continue
-            self.policy[k] = SWAP
+            self.policy[k] = Action.SWAP
             after = sim.run(self.plan()).time_s
             if after > time_s + HIDDEN * sim.baseline_time_s:
-                self.policy[k] = KEEP
+                self.policy[k] = Action.KEEP
             else:
                 time_s = after
 
@@ -141,7 +141,7 @@ class _State:
             if not over.any():
                 return
             if self._helps(over)[k]:
-                self.policy[k] = SWAP
+                self.policy[k] = Action.SWAP
 
     # --- 2. prefetch triggers by feedback ----------------------------------------------------
 
@@ -198,7 +198,7 @@ class _State:
             if not len(candidates):
                 return
             msps = [self.fm.nbytes[k] / max(self._recompute_s(k), 1e-12) for k in candidates]
-            self.policy[candidates[int(np.argmax(msps))]] = RECOMPUTE
+            self.policy[candidates[int(np.argmax(msps))]] = Action.RECOMPUTE
 
     def _recompute_s(self, k: int) -> float:
         """Seconds to rebuild feature map k at its op: its writers, and the inputs recomputed away
@@ -213,7 +213,8 @@ class _State:
             for r in inputs:
                 j = index.get(r)
                 gone = not alive_at(trace, r, op) or (
-                    j is not None and self.policy[j] == RECOMPUTE and self.fm.out_after[j] < op < self.fm.back_before[j])
+                    j is not None and self.policy[j] == Action.RECOMPUTE
+                    and self.fm.out_after[j] < op < self.fm.back_before[j])
                 if gone and r not in seen and trace.recomputable(r):
                     seen.add(r)
                     stack.append(r)

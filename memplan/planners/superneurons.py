@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import Plan, Trace
+from ..model import Action, Plan, Trace
 from ..problem import Problem
 from ..sim.simulate import Simulator
 from .base import infeasible, register
-from .kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, FeatureMaps, feature_maps
+from .kit.featuremaps import DEFAULT_MIN_BYTES, FeatureMaps, feature_maps
 from .kit.fitting import smallest_fitting_budget
-from .kit.ledger import OFFLOAD, REMOVE, Ledger
+from .kit.ledger import Ledger
 from .kit.ops import CONV_OPS, aten_name
 from .kit.policy import INFEASIBLE, PolicyEvaluator
 from .kit.prefetch import DEFAULT_LEAD, gap_decisions
@@ -59,15 +59,15 @@ RECOMPUTED_OPS = frozenset({
 def layer_policy(fm: FeatureMaps) -> np.ndarray:
     """SuperNeurons' action for every feature map, from the op that last wrote it in forward."""
     trace = fm.trace
-    policy = np.full(len(fm), KEEP, dtype=np.int8)
+    policy = np.full(len(fm), Action.KEEP, dtype=np.int8)
     for k, sid in enumerate(fm.storage):
         writer = max(j for j in trace.writers[int(sid)] if trace.ops[j].phase == "forward")
         op = trace.ops[writer]
         base = aten_name(op)
         if base in CONV_OPS:
-            policy[k] = SWAP
+            policy[k] = Action.SWAP
         elif (base in RECOMPUTED_OPS or "pool" in op.module.rsplit(".", 1)[-1]) and fm.recomputable[k]:
-            policy[k] = RECOMPUTE
+            policy[k] = Action.RECOMPUTE
     return policy
 
 
@@ -120,7 +120,7 @@ def plan_superneurons_modes(problem: Problem, *, mode: str = "both",
     for k in range(len(gaps)):
         if expensive[k] and mode in ("swap", "both"):
             ledger.offload(k, gaps[k].last_forward)
-    plan = Plan(decisions=gap_decisions(trace, ledger.triples(OFFLOAD), ledger.triples(REMOVE),
+    plan = Plan(decisions=gap_decisions(trace, ledger.triples(Action.SWAP), ledger.triples(Action.RECOMPUTE),
                                         load=ledger.planned))
     needed = smallest_fitting_budget(Simulator(trace, cost), plan, int(ledger.planned.max()))
     if needed > budget_bytes:

@@ -2,11 +2,15 @@
 bits, and the slots of the kernel's result vectors and program rows.
 
 Apart from the kernel so that importing them does not import numba (memplan.sim.kernel_loader).
+numba caches the compiled kernel by the stamps of its own files (_kernel.py, _events.py), with these
+values baked in: a value changed here is seen once those files change too (or their caches in
+__pycache__ are removed); the tests compare the compiled kernel with plain Python (tests/sim).
 """
 
+from ..model.plan import Action
 from ..model.program import ActionKind
 
-SWAP, RECOMPUTE = 0, 1
+SWAP, RECOMPUTE = int(Action.SWAP), int(Action.RECOMPUTE)  # a decision's kind: numba's copy of memplan.model.Action
 NO_WRAP, HEAD_WRAP, TAIL_WRAP = 0, 1, 2
 D2H_COPY, H2D_COPY, EXTRA_WORK = 0, 1, 2  # kinds of recorded intervals (third column of `copies`)
 SYNC, OVERLAP = 1, 2  # bits of d_sync: the compute stream waits; the copy may start with its op

@@ -5,7 +5,7 @@ wrap modes, the storages away when a step starts, the per-op lists of prefetches
 swap-outs, the chains' columns per decision, which prefetches land before a recomputation
 reads them, and the host's work per op with the plan's actions. The semantics are those of
 memplan.sim.simulate; `memplan.sim.kernel_loader` also loads this file as plain Python, beside
-the interpreted kernel.
+the interpreted kernel. Its numbers are memplan.sim._codes's, compiled in: see there before changing one.
 """
 
 from __future__ import annotations

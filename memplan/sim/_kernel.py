@@ -2,7 +2,8 @@
 
 Everything here is plain numpy arrays and scalars so that numba can compile it; the
 semantics are documented in `memplan.sim.simulate`. `memplan.sim.kernel_loader` also loads this
-file a second time with numba hidden, as plain Python, for one-shot simulations.
+file a second time with numba hidden, as plain Python, for one-shot simulations. Its numbers (decision
+kinds, result slots) are memplan.sim._codes's, compiled in: see there before changing one.
 """
 
 from __future__ import annotations

@@ -89,7 +89,8 @@ class FitOnce(BudgetKeeper):
     A plan is made on the trace's view of memory, which a compiled step does not hold as planned:
     the compiler fuses, and saves what it chooses beside the plan's decisions. So after the first
     compiled step the excess of the measured peak over the simulated one is the margin: a step over
-    its budget is planned again under the budget less it. One within it is planned again under the
+    its budget is planned again under the budget less it (where no plan meets that, at the least load
+    the planner reaches). One within it is planned again under the
     budget plus the memory the plan left unused (`filling`: the caller compiles that plan only if
     it simulates faster): the larger of what its peak left and what the compiler saved for backward
     less than the plan assumed (`saved_excess`, negative then), since a compiled step's peak may be
@@ -124,12 +125,23 @@ class FitOnce(BudgetKeeper):
         try:
             plan = self.make_plan(self.budget_bytes - margin)
         except InfeasibleBudgetError as exc:
-            return None if within else self._give_up(str(exc))
+            if within:
+                return None
+            plan = self._least(exc)  # no plan meets the margin: the least load the planner reaches comes closest
+            if plan is None:
+                return self._give_up(str(exc))
         log.info("a compiled step measured %s against a budget of %s: planned again with a margin of %s",
                  format_bytes(measured_bytes), format_bytes(self.budget_bytes), format_bytes(margin))
         self.settled, self.filling = False, within
         self.margin_bytes, self.replanned = margin, 1
         return plan
+
+    def _least(self, exc: InfeasibleBudgetError) -> Plan | None:
+        """The plan of the least load the planner names (its own refusal of that load: None)."""
+        try:
+            return self.make_plan(exc.min_feasible_bytes)
+        except InfeasibleBudgetError:
+            return None
 
     def decline(self) -> None:
         """The plan made again to fill the budget is not used (it would not be faster): settled as is."""

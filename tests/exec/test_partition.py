@@ -13,9 +13,9 @@ import torch
 
 from memplan.errors import MemplanError
 from memplan.exec.graph_match import GraphOp, align, op_key, trace_ops
-from memplan.exec.partition import (NO_OFFLOAD, NOT_IN_GRAPH, NOT_SAVED, OFFLOAD, RECOMPUTE, CompiledPlan, PlanPartitioner,
+from memplan.exec.partition import (NO_OFFLOAD, NOT_IN_GRAPH, NOT_SAVED, CompiledPlan, PlanPartitioner,
                                     compile_options)
-from memplan.model import Decision, Op, Plan, Storage, Trace
+from memplan.model import Action, Decision, Op, Plan, Storage, Trace
 from memplan.workflows.step_trace import trace_step
 from tests.exec.helpers import recompute_plan, tiny_workload
 
@@ -108,9 +108,9 @@ def test_decisions_a_compiled_step_cannot_take_are_counted_with_why():
                       back_before=first.out_after + 1)  # back within the forward
     lowered = CompiledPlan.of(trace, Plan(decisions=(swap, inside, *plan.decisions[1:])), offload=False)
     assert lowered.outside == {NO_OFFLOAD: 1, NOT_SAVED: 1}
-    assert {action for action, _ in lowered.decisions} == {RECOMPUTE}
+    assert {action for action, _ in lowered.decisions} == {Action.RECOMPUTE}
     offloaded = CompiledPlan.of(trace, Plan(decisions=(swap,)), offload=True)
-    assert offloaded.decisions and offloaded.decisions[0][0] == OFFLOAD
+    assert offloaded.decisions and offloaded.decisions[0][0] == Action.SWAP  # lowered as an offload
     assert offloaded.digest != lowered.digest  # another plan, another compiled graph in the caches
 
 

@@ -7,11 +7,11 @@ import pytest
 
 from memplan.cli import main
 from memplan.errors import MemplanError
-from memplan.model import Plan
+from memplan.model import Action, Plan
 from memplan.planners.base import plan as make_plan
 from memplan.planners.home import pso
 from memplan.planners.home.workers import make_chunks
-from memplan.planners.kit.featuremaps import KEEP, RECOMPUTE, SWAP, Decoder, feature_maps
+from memplan.planners.kit.featuremaps import Decoder, feature_maps
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import chain_trace
@@ -125,7 +125,7 @@ def test_every_random_policy_gives_a_valid_plan(tiny):
     assert len(fm) > 5 and fm.recomputable.any()
     decode = Decoder(fm)
     policies = pso.random_policies(fm.allowed(), 200, np.random.default_rng(0))
-    uniform = [np.full(len(fm), a, np.int8) for a in (KEEP, SWAP)] + [np.where(fm.recomputable, RECOMPUTE, SWAP)]
+    uniform = [np.full(len(fm), a, np.int8) for a in (Action.KEEP, Action.SWAP)] + [np.where(fm.recomputable, Action.RECOMPUTE, Action.SWAP)]
     for policy in list(policies) + uniform:
         plan = Plan(decisions=decode(policy))
         assert validate(tiny, plan) == [], policy
@@ -136,8 +136,8 @@ def test_a_recomputation_fetches_its_swapped_input_back():
     trace = chain_trace(6)
     fm = feature_maps(trace, min_bytes=0)
     names = [trace.storages[int(s)].name for s in fm.storage]
-    policy = np.full(len(fm), KEEP, np.int8)
-    policy[names.index("a2")], policy[names.index("a3")] = SWAP, RECOMPUTE
+    policy = np.full(len(fm), Action.KEEP, np.int8)
+    policy[names.index("a2")], policy[names.index("a3")] = Action.SWAP, Action.RECOMPUTE
     by_name = {trace.storages[d.storage].name: d for d in Decoder(fm)(policy)}
     assert by_name["a2"].back_before == by_name["a3"].back_before  # back for a3's replay, not later
     assert validate(trace, Plan(decisions=tuple(by_name.values()))) == []

@@ -33,7 +33,7 @@ FORMER_NAMES = {
     "_backward_activations", "_first_backward_access", "_last_access_before",  # saved_activations and its helpers
     "_seed_plans",  # fitting_plans
 }
-NOT_FAMILIES = {"base", "kit"}
+NOT_FAMILIES = {"base", "kit", "bound"}
 
 
 def _modules(outside_kit: bool):
@@ -211,7 +211,7 @@ def test_the_kit_imports_no_planner_family():
         assert wrong == [], f"{path.name} imports a planner family: {wrong}"
 
 
-def test_memplan_planners_holds_base_the_kit_and_families_only():
+def test_memplan_planners_holds_base_the_kit_the_bound_and_families_only():
     registered_by = {spec.fn.__module__.split(".")[2] for spec in known_planners().values()}
     for info in pkgutil.iter_modules(planners.__path__):
         where = f"memplan/planners/{info.name}"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from memplan.cost.model import Cost
-from memplan.planners.kit.bound import lower_bound
-from memplan.planners.kit.featuremaps import KEEP, RECOMPUTE, SWAP, Decoder, feature_maps
+from memplan.planners.bound import lower_bound
+from memplan.planners.kit.featuremaps import Decoder, feature_maps
 from memplan.planners.kit.refine import policy_of_bound
 from memplan.sim.validate import validate
 from memplan.testing.synthetic import MIB, chain_trace
-from memplan.model import Plan
+from memplan.model import Action, Plan
 
 
 def test_each_feature_map_takes_what_the_lp_keeps_away_most_of_it():
@@ -23,9 +23,9 @@ def test_each_feature_map_takes_what_the_lp_keeps_away_most_of_it():
             (gap["a4"][0], gap["a4"][1] - 1, gap["a4"][2]): (1.0, 0.0)}  # a gap outside a4's: not a4's
     names = [trace.storages[int(s)].name for s in fm.storage]
     policy = policy_of_bound(fm, away)
-    expected = {"a1": SWAP, "a2": RECOMPUTE if fm.recomputable[names.index("a2")] else SWAP, "a3": KEEP, "a4": KEEP}
+    expected = {"a1": Action.SWAP, "a2": Action.RECOMPUTE if fm.recomputable[names.index("a2")] else Action.SWAP, "a3": Action.KEEP, "a4": Action.KEEP}
     assert {n: int(policy[names.index(n)]) for n in expected} == expected
-    assert all(policy[k] == KEEP for k, n in enumerate(names) if n not in expected)
+    assert all(policy[k] == Action.KEEP for k, n in enumerate(names) if n not in expected)
 
 
 def test_the_bounds_own_solution_decodes_to_a_valid_plan_that_moves_what_the_budget_needs():
@@ -37,4 +37,4 @@ def test_the_bounds_own_solution_decodes_to_a_valid_plan_that_moves_what_the_bud
     fm = feature_maps(trace)
     policy = policy_of_bound(fm, bound.away)
     plan = Plan(decisions=Decoder(fm)(policy))
-    assert np.any(policy != KEEP) and validate(trace, plan) == []
+    assert np.any(policy != Action.KEEP) and validate(trace, plan) == []

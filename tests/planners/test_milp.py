@@ -17,14 +17,14 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Op, Plan, Storage, Trace
 from memplan.model.program import INTERPRETED
 from memplan.planners.base import plan as make_plan
-from memplan.planners.kit.bound import fewest_away, lower_bound
+from memplan.planners.bound import fewest_away, lower_bound
 from memplan.sim.arrays import host_per_op
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
 from memplan.testing.synthetic import MIB, chain_trace, residual_trace
 from memplan.tracing.io import write_trace
-from tests.planners.test_kit_bound import host_bound
+from tests.planners.test_bound import host_bound
 
 EXACT = {"window": 0, "mip_rel_gap": 0.0}  # the whole gap, proven optimal
 SMALL_WEIGHTS = 2**19  # below milp's min_bytes (1 MiB): weights and gradients stay, keeping brute force small
@@ -154,7 +154,7 @@ BRUTE_CASES = [  # (trace, budget share, the bound equals the optimum there)
 
 @pytest.mark.parametrize("factory, share, tight", BRUTE_CASES)
 def test_the_bound_is_never_above_the_brute_force_optimum(factory, share, tight):
-    """The lower bound of every plan (`memplan.planners.kit.bound`) against the best of every policy,
+    """The lower bound of every plan (`memplan.planners.bound`) against the best of every policy,
     swaps with their copy out beside their last op included (outside milp's model); on these tiny
     traces it is the optimum itself but on one (the LP does not know that a replay needs its inputs
     resident). milp reports it, below its own plan."""

@@ -1,6 +1,7 @@
 """SuperNeurons and Capuchin as HOME describes them (paper 004 §4.1)."""
 
-from memplan.planners.kit.featuremaps import KEEP, RECOMPUTE, SWAP, feature_maps
+from memplan.model import Action
+from memplan.planners.kit.featuremaps import feature_maps
 from memplan.planners.base import plan as make_plan
 from memplan.planners.capuchin import _State
 from memplan.planners.superneurons import layer_policy
@@ -21,12 +22,12 @@ def test_superneurons_swaps_convolutions_and_recomputes_the_rest():
     for k, sid in enumerate(fm.storage):
         writers = [trace.ops[j].name for j in trace.writers[int(sid)] if trace.ops[j].phase == "forward"]
         if "convolution" in writers[-1]:
-            assert policy[k] == SWAP, writers
+            assert policy[k] == Action.SWAP, writers
         elif any(op in writers[-1] for op in ("batch_norm", "relu", "threshold", "pool")):
-            assert policy[k] == RECOMPUTE, writers
+            assert policy[k] == Action.RECOMPUTE, writers
         else:
-            assert policy[k] == KEEP, writers
-    assert {SWAP, RECOMPUTE} <= set(policy.tolist())
+            assert policy[k] == Action.KEEP, writers
+    assert {Action.SWAP, Action.RECOMPUTE} <= set(policy.tolist())
     result = make_plan(trace, "70%", planner="superneurons", min_bytes=0)
     assert validate(trace, result) == []
 
@@ -50,7 +51,7 @@ def test_capuchin_moves_a_late_prefetch_earlier_by_its_copy_time():
     fm = feature_maps(trace)
     state = _State(fm, cost, int(0.6 * trace.peak_load_bytes), rounds=6)
     state.swap_with_free_time()
-    swapped = [k for k in range(len(fm)) if state.policy[k] == SWAP]
+    swapped = [k for k in range(len(fm)) if state.policy[k] == Action.SWAP]
     state.triggers.update({k: int(fm.back_before[k]) for k in swapped})  # issued at the access: late
     moved = state._earlier_triggers()
     assert set(moved) == set(swapped)

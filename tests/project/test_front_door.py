@@ -50,7 +50,7 @@ COMPONENT_BENCHMARKS = {
         "memplan.planners.kit.saved": "saved_gaps: TFLMS's candidate count (its baseline's parameter)",
     },
     "executor.py": {"memplan.workflows.torch_tools": "BASELINES: the PyTorch tools it runs beside the plans"},
-    "frontier.py": {"memplan.planners.kit.bound": "lower_bound: the proven bound every planner is held to"},
+    "frontier.py": {"memplan.planners.bound": "lower_bound: the proven bound every planner is held to"},
     "gpu_sanitizer.py": {
         "memplan.testing.cuda_rules": "CudaRules: the dry run checks its cases against CUDA's rules on the CPU",
         "memplan.workflows.cuda_graph": "on_cuda_runtime: a CPU step's copy lanes and capture on that stand-in",

@@ -196,3 +196,17 @@ def test_a_budget_below_the_traces_reach_is_planned_at_the_least_load_and_left_t
     assert asked == [900, 1000]
     with pytest.raises(InfeasibleBudgetError):  # nothing measures it: the planner's refusal stands
         compiled._first_plan(problem, "auto", False, {}, measured=False)
+
+
+def test_a_step_over_its_budget_that_no_plan_meets_with_the_margin_gets_the_least_load():
+    least = Plan(decisions=(Decision(storage=0, action="recompute", out_after=0, back_before=1),))
+    asked = []
+
+    def make_plan(nbytes):
+        asked.append(nbytes)
+        if nbytes < 950:
+            raise InfeasibleBudgetError("below", budget_bytes=nbytes, min_feasible_bytes=950)
+        return least
+
+    keeper = FitOnce(budget_bytes=1000, make_plan=make_plan)
+    assert keeper.after_step(1200, 1000) is least and asked == [800, 950] and keeper.replanned == 1

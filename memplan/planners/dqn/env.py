@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...model import Plan
+from ...model import Action, Plan
 from ...sim.chains import plan_chains
 from ...sim.simulate import Simulator
-from ..kit.ledger import OFFLOAD, REMOVE, Ledger, Removal
+from ..kit.ledger import Ledger, Removal
 from ..kit.prefetch import gap_decisions
 from .graph import NOTHING_NODE, Graph
 
@@ -130,7 +130,7 @@ class Env:
         if k < 0:
             self._advance(-np.inf)
             return self.done
-        offload = self.graph.node_kind[node] == OFFLOAD
+        offload = self.graph.node_kind[node] == Action.SWAP
         if offload:
             self.ledger.offload(k, self.c)
         else:
@@ -198,7 +198,7 @@ class Env:
         self.load -= int(self._deaths[i])
         ledger = self.ledger
         for k in sorted(self._here, key=lambda k: (ledger.back[k], ledger.sid[k])):  # the plan's order
-            if ledger.decided[k] == REMOVE:
+            if ledger.decided[k] == Action.RECOMPUTE:
                 self.load -= int(ledger.nbytes[k])
                 continue
             self.d2h_free = max(self.t, self.d2h_free) + self._d2h[k]
@@ -266,8 +266,8 @@ class Env:
         recorded earlier its op start times can differ from the plan's simulated ones.
         """
         ledger = self.ledger
-        return Plan(decisions=gap_decisions(self.graph.trace, self._executable(ledger.triples(OFFLOAD)),
-                                            self._executable(ledger.triples(REMOVE)), cap=self.target,
+        return Plan(decisions=gap_decisions(self.graph.trace, self._executable(ledger.triples(Action.SWAP)),
+                                            self._executable(ledger.triples(Action.RECOMPUTE)), cap=self.target,
                                             load=ledger.planned))
 
     def _executable(self, triples: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -290,7 +290,7 @@ class Env:
             else:
                 by_back[d.back_before].append(gap[k])
                 by_trigger[d.prefetch_at].append(gap[k])
-        swaps = sorted((self.d2h_done[j], j) for j in set(gap.values()) if self.ledger.decided[j] == OFFLOAD)
+        swaps = sorted((self.d2h_done[j], j) for j in set(gap.values()) if self.ledger.decided[j] == Action.SWAP)
         for i in np.flatnonzero(starts - ends > _EPS_S):
             self._blame_wait(blame, float(ends[i]), float(starts[i]), swaps, by_back[i] or by_trigger[i])
         return blame

@@ -30,13 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...cost.model import Cost
-from ...model import Trace
-from ..kit.ledger import OFFLOAD, REMOVE
+from ...model import Action, Trace
 from ..kit.ops import op_starts
 from ..kit.rebuild import Rebuilder
 from ..kit.saved import SavedGap, saved_gaps
 
-NONE = 0  # node action type of a node that stands for no action (OFFLOAD and REMOVE: the others)
 NOTHING_NODE = 0  # the node that stands for "do nothing"
 N_FEATURES = 6
 VALID = 5  # column of the dynamic feature
@@ -55,7 +53,7 @@ class Graph:
     gaps: tuple[SavedGap, ...]  # the candidate activations (index k)
     offload_node: np.ndarray  # node of "offload gap k" (-1: none) (int64, per candidate)
     remove_node: np.ndarray  # node of "remove gap k" (-1: none) (int64, per candidate)
-    node_kind: np.ndarray  # NONE, OFFLOAD or REMOVE per node (int64)
+    node_kind: np.ndarray  # Action.KEEP, Action.SWAP or Action.RECOMPUTE per node (int64)
     node_gap: np.ndarray  # candidate index of an action node, -1 otherwise (int64)
     features: np.ndarray  # (nodes, N_FEATURES) float32 before the first action (VALID column zero)
     node_bytes: np.ndarray  # size of each node's variable (float64, 0 when it has none)
@@ -109,20 +107,20 @@ def _removable(trace: Trace, gaps) -> list[bool]:
 
 def _assign_actions(trace: Trace, gaps, removable) -> tuple[np.ndarray, ...]:
     n = len(trace.ops)
-    kind = np.full(n, NONE, dtype=np.int64)
+    kind = np.full(n, Action.KEEP, dtype=np.int64)
     gap_of = np.full(n, -1, dtype=np.int64)
-    nodes = {OFFLOAD: np.full(len(gaps), -1, dtype=np.int64), REMOVE: np.full(len(gaps), -1, dtype=np.int64)}
+    nodes = {action: np.full(len(gaps), -1, dtype=np.int64) for action in (Action.SWAP, Action.RECOMPUTE)}
     taken = np.zeros(n, dtype=bool)
     taken[NOTHING_NODE] = True
     for k in sorted(range(len(gaps)), key=lambda k: (-gaps[k].nbytes, gaps[k].storage)):
-        wanted = [(OFFLOAD, gaps[k].last_forward)]
+        wanted = [(Action.SWAP, gaps[k].last_forward)]
         if removable[k]:
-            wanted.append((REMOVE, trace.producer(gaps[k].storage)))
+            wanted.append((Action.RECOMPUTE, trace.producer(gaps[k].storage)))
         for action, preferred in wanted:
             node = _free_node(taken, preferred)
             if node >= 0:
                 taken[node], kind[node], gap_of[node], nodes[action][k] = True, action, k, node
-    return nodes[OFFLOAD], nodes[REMOVE], kind, gap_of
+    return nodes[Action.SWAP], nodes[Action.RECOMPUTE], kind, gap_of
 
 
 def _free_node(taken: np.ndarray, preferred: int) -> int:

@@ -35,12 +35,12 @@ import numpy as np
 
 from ...cost.model import Cost
 from ...errors import MemplanError
-from ...model import Plan, Trace
+from ...model import Action, Plan, Trace
 from ...problem import Problem
 from ...progress import progress_bar
 from ...sim.simulate import Simulator
 from ..base import infeasible, register
-from ..kit.featuremaps import DEFAULT_MIN_BYTES, KEEP, RECOMPUTE, SWAP, feature_maps
+from ..kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
 from ..kit.fitting import fitting_plans
 from ..kit.policy import INFEASIBLE, PolicyEvaluator
 from ..kit.prefetch import DEFAULT_LEAD
@@ -146,8 +146,8 @@ def _search(evaluator: PolicyEvaluator, policies: np.ndarray, iters: int, worker
 def _uniform_fallback(evaluator: PolicyEvaluator, best: np.ndarray, name: str) -> tuple[np.ndarray, float]:
     """The best fitting uniform policy, when no particle fits; else the infeasible-budget error."""
     allowed = evaluator.fm.allowed()
-    uniform = [np.full(len(allowed), KEEP, np.int8), np.full(len(allowed), SWAP, np.int8),
-               np.where(allowed[:, RECOMPUTE], RECOMPUTE, SWAP).astype(np.int8)]
+    uniform = [np.full(len(allowed), Action.KEEP, np.int8), np.full(len(allowed), Action.SWAP, np.int8),
+               np.where(allowed[:, Action.RECOMPUTE], Action.RECOMPUTE, Action.SWAP).astype(np.int8)]
     scored = sorted((evaluator(p), i) for i, p in enumerate(uniform))
     if scored[0][0] < INFEASIBLE:
         log.warning("%s: no particle fits the budget; using a uniform policy", name)

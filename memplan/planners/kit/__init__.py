@@ -16,6 +16,11 @@
 | `ledger` | saved-activation gaps decided one at a time and the load they leave |
 | `ops` | an op's aten name, which ops are convolutions, unconstrained op start times |
 | `blocks` | the model's blocks (the module calls torch.utils.checkpoint users wrap) |
+| `plan_search` | the local search on a plan's own decisions (auto's refinement) |
+| `searched` | what a search reports of itself: plans evaluated, and how fast |
+| `linear` | the columns and sparse rows of a linear program (milp's MILP, the bound's LP) |
+
+The proven lower bound of every plan is a package of its own, `memplan.planners.bound`.
 
 The kit imports no planner family (only `memplan.planners.base` of this package), and
 `tests/planners/test_kit.py` fails when a module outside it defines one of `RULES` (or a

@@ -2,7 +2,7 @@
 
 A feature map is a saved activation with room in its gap (`memplan.planners.kit.saved`), at
 least `min_bytes` large (and never empty); it is one storage, and one entry of a policy vector:
-KEEP (0), SWAP (1) or RECOMPUTE (2), HOME's numbering (paper 004 §3.3). Its gap runs from
+an Action: KEEP (0), SWAP (1) or RECOMPUTE (2), HOME's numbering (paper 004 §3.3). Its gap runs from
 its last forward access to its first backward access. A swap's prefetch is issued
 `lead` backward layers (`Trace.layers`) before the layer that needs it
 (`memplan.planners.kit.prefetch.lead_trigger`): HOME's Fig. 4 issues PRE2 when BWD4 starts
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...model import Decision, Trace
+from ...model import Action, Decision, Trace
 from ...sim.chains import MAX_CHAIN_DEPTH
 from ...sim.memo import ProbeMemo
 from .gaps import alive_at
@@ -34,7 +34,6 @@ from .prefetch import DEFAULT_LEAD, backward_layer_starts, lead_trigger
 from .replayable import can_replay
 from .saved import saved_gaps
 
-KEEP, SWAP, RECOMPUTE = 0, 1, 2  # HOME's policy values (paper 004 §3.3)
 DEFAULT_MIN_BYTES = 1 << 20  # smaller activations stay resident: a copy's latency would cost more than they save
 # Rebuilds nested deeper than this keep the storage instead: well inside the depth the simulator
 # follows, whatever order it walks a lineage in.
@@ -57,9 +56,9 @@ class FeatureMaps:
         return len(self.storage)
 
     def allowed(self) -> np.ndarray:
-        """(n, 3) bool: which of KEEP, SWAP, RECOMPUTE each feature map may take."""
+        """(n, 3) bool: which Action (by its number) each feature map may take."""
         out = np.ones((len(self), 3), dtype=np.bool_)
-        out[:, RECOMPUTE] = self.recomputable
+        out[:, Action.RECOMPUTE] = self.recomputable
         return out
 
     def trigger(self, k: int, back: int, lead: int = DEFAULT_LEAD) -> int:
@@ -94,24 +93,24 @@ class Decoder:
         self._replayable: dict[tuple[int, int], bool] = {}
 
     def __call__(self, policy: np.ndarray, triggers: dict[int, int] | None = None) -> tuple[Decision, ...]:
-        """The decisions of `policy` (one of KEEP, SWAP, RECOMPUTE per feature map; RECOMPUTE only where
+        """The decisions of `policy` (an Action per feature map; RECOMPUTE only where
         allowed); `triggers` overrides the prefetch op of some swapped feature maps (kept inside their gap)."""
         policy = [int(a) for a in policy]  # plain lists: this runs for every policy a search scores
         back = list(self._back)
         recomputes = []
         for k, action in enumerate(policy):
-            if action != RECOMPUTE:
+            if action != Action.RECOMPUTE:
                 continue
             op = self._back[k]
             probe = functools.partial(self._states, policy, op)
             fetched = self.memo.compute(k, probe, functools.partial(self._fetched, k, op))
             if fetched is None:
-                policy[k] = KEEP  # its lineage cannot be rebuilt: it stays, and later chains find it
+                policy[k] = Action.KEEP  # its lineage cannot be rebuilt: it stays, and later chains find it
                 continue
             for j in fetched:
                 back[j] = min(back[j], op)
             recomputes.append(k)
-        swaps = [k for k, action in enumerate(policy) if action == SWAP and self._out[k] + 1 < back[k]]
+        swaps = [k for k, action in enumerate(policy) if action == Action.SWAP and self._out[k] + 1 < back[k]]
         triggers = triggers or {}
         return tuple([self._decision(k, -1, None) for k in recomputes]
                      + [self._decision(k, back[k], triggers.get(k)) for k in swaps])
@@ -133,7 +132,7 @@ class Decoder:
     def _states(self, policy: list[int], op: int, ks: tuple[int, ...]) -> tuple[int, ...]:
         """The memo's probe: per feature map, its action if it is away at `op`, else KEEP."""
         out, back = self._out, self._back
-        return tuple(policy[k] if out[k] < op < back[k] else KEEP for k in ks)
+        return tuple(policy[k] if out[k] < op < back[k] else Action.KEEP for k in ks)
 
     def _fetched(self, k: int, op: int, states) -> tuple[int, ...] | None:
         """The swapped feature maps a recomputation of feature map `k` before `op` needs back, or
@@ -147,9 +146,9 @@ class Decoder:
             mapped = tuple(self.index[r] for r in inputs if r in self.index)
             state = dict(zip(mapped, states(mapped))) if mapped else {}
             for r in inputs:
-                action = state.get(self.index.get(r), KEEP)
-                if alive_at(trace, r, op) and action != RECOMPUTE:
-                    if action == SWAP:
+                action = state.get(self.index.get(r), Action.KEEP)
+                if alive_at(trace, r, op) and action != Action.RECOMPUTE:
+                    if action == Action.SWAP:
                         fetched.append(self.index[r])
                     continue
                 if depth + 1 >= MAX_DEPTH or not self._can_replay(r, op):

@@ -17,11 +17,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...model import Trace
+from ...model import Action, Trace
 from .rebuild import Rebuilder
 from .saved import SavedGap
 
-OFFLOAD, REMOVE = 1, 2  # what a gap is decided as (0: undecided)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -111,7 +110,7 @@ class Ledger:
     def offload(self, k: int, c: int) -> None:
         """Offload gap k after node c (until its limit: a removed gap may need it back earlier)."""
         end = int(self.limit[k])
-        self._set(k, OFFLOAD, c, end)
+        self._set(k, Action.SWAP, c, end)
         self.planned[c + 1:end] -= self.nbytes[k]
 
     def removal(self, k: int, c: int) -> Removal | None:
@@ -133,7 +132,7 @@ class Ledger:
     def remove(self, effect: Removal, c: int) -> None:
         """Apply a removal computed by `removal` at node c."""
         k = effect.gap
-        self._set(k, REMOVE, c, int(self.need[k]))
+        self._set(k, Action.RECOMPUTE, c, int(self.need[k]))
         self.planned += effect.delta
         self.limit = effect.limit
         for g, relied in effect.relied.items():
@@ -150,7 +149,7 @@ class Ledger:
     def _set(self, k: int, action: int, c: int, back: int) -> None:
         self._removals, self._reductions = {}, {}
         self.decided[k], self.out_after[k], self.back[k] = action, c, back
-        self.rebuilder.add(int(self.sid[k]), c, back, "swap" if action == OFFLOAD else "recompute")
+        self.rebuilder.add(int(self.sid[k]), c, back, Action(action).word)
 
     def _removal(self, k: int) -> Removal | None:
         """The effect of removing k but its own absence, with k marked away in the rebuilder."""
@@ -171,7 +170,7 @@ class Ledger:
             for j in (self.gap_of[r] for r in relied[g] if r in self.gap_of):
                 if self.decided[j] == 0:
                     limit[j] = min(limit[j], op)  # an offload decided later must be back by op
-                elif self.decided[j] == OFFLOAD and self.out_after[j] < op < shrinks.get(j, self.back[j]):
+                elif self.decided[j] == Action.SWAP and self.out_after[j] < op < shrinks.get(j, self.back[j]):
                     if op <= self.out_after[j] + 1:
                         return None
                     shrinks[j] = op

@@ -17,44 +17,43 @@ import time
 
 import numpy as np
 
-from ...model import Decision, Plan
+from ...model import Action, Decision, Plan
 from ...sim.validate import validate
-from .featuremaps import KEEP, RECOMPUTE, SWAP, FeatureMaps
+from .featuremaps import FeatureMaps
 from .policy import INFEASIBLE, PolicyEvaluator
 
-ACTIONS = (KEEP, SWAP, RECOMPUTE)
 BETTER = 1e-9  # a change must lower the overhead by more than this
 
 
 def policy_of(fm: FeatureMaps, decisions) -> tuple[np.ndarray, tuple[Decision, ...]]:
-    """(policy, extras): the action of the decision covering each feature map's gap (KEEP without
-    one; RECOMPUTE only where allowed, SWAP otherwise), and the decisions on other storages."""
+    """(policy, extras): the Action of the decision covering each feature map's gap (KEEP without one;
+    RECOMPUTE only where allowed, SWAP otherwise), and the decisions on other storages."""
     index = {int(s): k for k, s in enumerate(fm.storage)}
-    policy = np.full(len(fm), KEEP, dtype=np.int8)
+    policy = np.full(len(fm), Action.KEEP, dtype=np.int8)
     extras = []
     for d in decisions:
         k = index.get(d.storage)
         if k is None:
             extras.append(d)
         elif not d.wraps and d.out_after < fm.back_before[k] and d.back_before > fm.out_after[k]:
-            policy[k] = RECOMPUTE if d.action == "recompute" and fm.recomputable[k] else SWAP
+            policy[k] = Action.RECOMPUTE if d.action == Action.RECOMPUTE.word and fm.recomputable[k] else Action.SWAP
     return policy, tuple(extras)
 
 
 def policy_of_bound(fm: FeatureMaps, away: dict, share: float = 0.5) -> np.ndarray:
-    """The policy the lower bound's LP solution suggests (`memplan.planners.kit.bound.Bound.away`):
+    """The policy the lower bound's LP solution suggests (`memplan.planners.bound.Bound.away`):
     each feature map whose storage the LP keeps away by at least `share` somewhere in its gap,
     recomputed where the LP recomputes more of it than it swaps (and recomputing is allowed),
     else swapped; the others kept."""
     shares: dict[int, list[tuple[int, int, float, float]]] = {}
     for (sid, out_after, back_before), (swapped, recomputed) in away.items():
         shares.setdefault(sid, []).append((out_after, back_before, swapped, recomputed))
-    policy = np.full(len(fm), KEEP, dtype=np.int8)
+    policy = np.full(len(fm), Action.KEEP, dtype=np.int8)
     for k, sid in enumerate(fm.storage.tolist()):
         inside = [(x, y) for lo, hi, x, y in shares.get(sid, ()) if fm.out_after[k] <= lo and hi <= fm.back_before[k]]
         swapped, recomputed = max((x for x, _ in inside), default=0.0), max((y for _, y in inside), default=0.0)
         if max(swapped, recomputed) >= share:
-            policy[k] = RECOMPUTE if recomputed > swapped and fm.recomputable[k] else SWAP
+            policy[k] = Action.RECOMPUTE if recomputed > swapped and fm.recomputable[k] else Action.SWAP
     return policy
 
 
@@ -96,7 +95,7 @@ class Refiner:
             for k in self.order:
                 if time.monotonic() >= deadline:
                     break
-                for action in ACTIONS:
+                for action in Action:
                     if action == best[k] or not self.allowed[k, action]:
                         continue
                     trial = best.copy()

@@ -48,7 +48,7 @@ So the simulated overhead of the chosen plan is at most the MILP objective when 
 charged early, and both are reported. The MILP's proven lower bound and gap (`milp_bound`; when
 decomposed, the bound of the LP relaxation) bound the best plan in the model, not every schedule
 the simulator could run (`milp_bound_scope` in the report says so); `bound` in the report is the
-lower bound of every plan (`memplan.planners.kit.bound`), and `gap` the plan's distance to it.
+lower bound of every plan (`memplan.planners.bound`), and `gap` the plan's distance to it.
 
 The plan is validated and simulated at the budget; a plan the validator rejects has the
 offending action forbidden and is solved again, one whose simulated peak exceeds the budget
@@ -69,8 +69,8 @@ from ...problem import Problem
 from ...sim.simulate import Simulator
 from ...sim.validate import OVER_BUDGET, static_load, validate
 from ..base import infeasible, register
-from ..kit.bound import Bound, lower_bound
-from ..kit.columns import MS
+from ..bound import Bound, lower_bound
+from ..kit.linear import MS
 from ..kit.prefetch import in_issue_order
 from .decompose import decompose
 from .finish import START_PLANNERS, below_the_floor, fast_start, never_worse, with_bound
@@ -92,7 +92,7 @@ MAX_DIRECT_GROUPS = 64  # larger problems are decomposed
 MAX_UNITS = 600  # with more movable gaps than this (hf:gpt2 with 12 layers: 1271), only saved activations move
 ACTIVATIONS_SHARE = 0.4  # of the time limit for the activations-only model the decomposition starts from
 BOUND_SHARE = 0.25  # of the time limit for the LP relaxation's bound, when decomposed
-SIM_BOUND_SHARE = 0.2  # of the time limit for the lower bound of every plan (memplan.planners.kit.bound)
+SIM_BOUND_SHARE = 0.2  # of the time limit for the lower bound of every plan (memplan.planners.bound)
 MIN_SOLVE_S = 1.0  # the MILP's time limit after that bound, at least
 
 
@@ -139,7 +139,7 @@ def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: flo
     """`milp`'s plan (see `plan_milp`), the decomposition starting from `start` (another
     planner's decisions) when one is given; never slower in the simulator than `start`, nor,
     when HiGHS proved nothing, than the fast planners' best plan. Its report holds the lower bound
-    of every plan (`memplan.planners.kit.bound`: `bound`, or one found with SIM_BOUND_SHARE of the time
+    of every plan (`memplan.planners.bound`: `bound`, or one found with SIM_BOUND_SHARE of the time
     limit) and the gap to it."""
     _check(time_limit_s, mip_rel_gap, moves)
     started = time.perf_counter()

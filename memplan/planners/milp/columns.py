@@ -9,7 +9,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from ...model import Decision
-from ..kit.columns import Columns
+from ..kit.linear import Columns
 from ..kit.prefetch import in_issue_order
 from .layers import LayerProblem
 

@@ -1,5 +1,5 @@
 """What `milp` returns around the MILP's plan: never slower than the plans it could fall back on,
-and with the lower bound of every plan (`memplan.planners.kit.bound`) and its gap to it."""
+and with the lower bound of every plan (`memplan.planners.bound`) and its gap to it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ...problem import Problem
 from ...sim.simulate import Simulator
 from ...sim.validate import validate
 from ..dtr import dtr_within
-from ..kit.bound import Bound
+from ..bound import Bound
 from ..kit.candidates import DEFAULT_MIN_BYTES
 from ..kit.cover import largest_first
 from ..kit.fitting import fitting_plans

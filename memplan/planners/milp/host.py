@@ -27,7 +27,7 @@ from ...model.program import HOOKED
 from ...sim.arrays import host_per_op
 from ...sim.decisions import DecisionArrays
 from ...sim.simulate import Simulator
-from ..kit.columns import MS
+from ..kit.linear import MS
 from .layers import LayerProblem
 
 SWAP_OUT_ACTIONS, SWAP_BACK_ACTIONS = 1, 3  # a swap's out; its release, prefetch and wait

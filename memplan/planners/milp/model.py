@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from ..kit.columns import MIB, MS, Columns
+from ..kit.linear import MIB, MS, Columns
 from ..kit.prefetch import issue_key
 from .columns import Model
 from .host import HostPrice, add_host_rows

@@ -1,4 +1,4 @@
-"""The lower bound of every plan (`memplan.planners.kit.bound`): never above the simulated overhead of a
+"""The lower bound of every plan (`memplan.planners.bound`): never above the simulated overhead of a
 plan that validates and fits, whoever made it — planners on generated traces, random plans of
 every kind of decision (swaps with any prefetch op, overlapping or synchronous copies, weights
 across the iteration boundary, recomputations) — and "no plan fits" only where none does. The
@@ -21,7 +21,7 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Plan
 from memplan.model.program import INTERPRETED
 from memplan.planners.base import plan as make_plan
-from memplan.planners.kit.bound import check_ops, fewest_away, lower_bound
+from memplan.planners.bound import check_ops, fewest_away, lower_bound
 from memplan.sim.arrays import host_per_op
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import static_load, validate
@@ -219,7 +219,7 @@ def test_milp_and_auto_report_the_bound_and_their_gap(planner):
 def test_where_only_the_interpreted_executor_can_fit_the_bound_counts_its_host_work():
     """A small GPT-2's weights outweigh its activations: below what moving every saved tensor reaches,
     every plan that fits moves weights, which no hook sees, and runs interpreted."""
-    from memplan.planners.kit.bound import hooks_cannot_fit
+    from memplan.planners.bound import hooks_cannot_fit
     from memplan.workflows.workloads import trace_workload
 
     trace = trace_workload("hf:gpt2", 1, fake=True, n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq_len=32)
@@ -248,7 +248,7 @@ def test_no_hook_moves_a_weight_at_the_optimizers_step_nor_a_storage_before_auto
     """Weights are saved tensors in forward, but at the optimizer's step, after the last backward
     op, every weight and its state is resident whatever a hooked plan does: where that step is
     over the budget, no hooked plan fits (the rule once counted the weights as movable there)."""
-    from memplan.planners.kit.bound import hook_movable, hooks_cannot_fit
+    from memplan.planners.bound import hook_movable, hooks_cannot_fit
     from memplan.workflows.workloads import trace_workload
 
     trace = trace_workload("hf:gpt2", 1, fake=True, n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq_len=32)

@@ -1,5 +1,5 @@
 """Where a valid plan can take a storage away, and the least that being away costs: the units of
-the lower bound's LP (`memplan.planners.kit.bound`).
+the lower bound's LP (`memplan.planners.bound`).
 
 A valid plan (`memplan.sim.validate`) takes a storage away only strictly between two ops that do
 not access it, inside its lifetime: a decision's gap (out_after, back_before) holds no access, so
@@ -27,7 +27,7 @@ import numpy as np
 
 from ...cost.model import Cost
 from ...model import Trace
-from .gaps import alive_at
+from ..kit.gaps import alive_at
 
 MS = 1e3  # the LP's time unit: milliseconds per second
 MERGE_BELOW = 2**20  # smaller storages with the same gap are one unit

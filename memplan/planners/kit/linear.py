@@ -1,5 +1,5 @@
 """Columns and sparse rows of a linear program for scipy (HiGHS): the MILP of `milp` and the LP of
-the lower bound (`memplan.planners.kit.bound`) are assembled with them."""
+the lower bound (`memplan.planners.bound`) are assembled with them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lower bound's linear program (see `memplan.planners.kit.bound` for what it relaxes).
+"""The lower bound's linear program (see `memplan.planners.bound` for what it relaxes).
 
 Time in milliseconds, memory in MiB (HiGHS' absolute tolerances far below a nanosecond and a byte).
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .absences import Absence
-from .columns import MIB, Columns
+from ..kit.linear import MIB, Columns
 
 SWAP_ACTIONS, RECOMPUTE_ACTIONS = 4, 2  # the executor's actions per decision (memplan.sim.simulate)
 

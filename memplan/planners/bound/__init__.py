@@ -1,5 +1,5 @@
 """A proven lower bound on the simulated overhead of every plan of swaps and recomputations at a
-budget: the optimum of a linear program that every such plan satisfies (`memplan.planners.kit.bound_lp`).
+budget: the optimum of a linear program that every such plan satisfies (`memplan.planners.bound.lp`).
 
 What it bounds: the overhead `memplan.sim.simulate` reports for any plan of keep / swap /
 recompute decisions that the validator accepts and whose simulated peak fits the budget, on the
@@ -11,7 +11,7 @@ What the LP knows of the simulator (each a consequence of its semantics, `mempla
 - while op i runs, every storage its lifetime holds there is resident, unless a decision has it
   away (released after its swap-out, not yet prefetched; or dropped, not yet recomputed), so the
   bytes away at i are at least the trace's load there minus the budget;
-- a storage is away only inside one of its gaps (`memplan.planners.kit.absences`), its swap-out
+- a storage is away only inside one of its gaps (`memplan.planners.bound.absences`), its swap-out
   copied after the start of the gap's first op and before i starts, its prefetch copied after i
   ends and before the gap's last op starts, each device-host direction one copy at a time;
 - a recomputation replays at least its storage's producer op, once per op it is due at however
@@ -20,7 +20,7 @@ What the LP knows of the simulator (each a consequence of its semantics, `mempla
 Where the cost model prices the host's work (a traced PyTorch step: `Cost.priced_host`), the host
 issues every op and action one after another, ahead of the device (`host_floor`: the least work
 every plan that fits pays, the hooked executor's per op, the interpreted one's where no hooked plan
-fits). The LP then also knows (`memplan.planners.kit.bound_lp`, its host rows) that no op starts
+fits). The LP then also knows (`memplan.planners.bound.lp`, its host rows) that no op starts
 before the host has issued it and every op before it, and that the step ends no earlier than the
 host's work for every op plus the actions of every storage away at some check op (four a swap,
 two a recomputation) and a recomputation's run where any storage is recomputed. Where no plan
@@ -56,8 +56,8 @@ from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
 from .absences import MS, absences
-from .bound_lp import BoundLP, HostFloor
-from .columns import MIB
+from .lp import BoundLP, HostFloor
+from ..kit.linear import MIB
 
 log = logging.getLogger(__name__)
 

@@ -43,18 +43,20 @@ class MemplanTrainer(Trainer):
             peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
+        strict: a step kind that would run unplanned (neither `planner` nor `auto` meets the budget, or
+            max_plans) raises at its first batch instead.
         memplan_options: passed to `memplan.optimize`: `profile` (the cost model's device profile), `seed`,
             `measure` ("first", True or False), `fake`, and the planner's parameters.
         **kwargs: the Trainer's own keyword arguments.
     """
 
     def __init__(self, *args, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS,
-                 memplan_options: dict | None = None, **kwargs):
+                 strict: bool = False, memplan_options: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         options = dict(memplan_options or {})
         if self.args.torch_compile:
             options.setdefault("compile", _compile_settings(self.args))
-        self.memplan = PlannedSteps(memory_budget, planner, max_plans=max_plans, report=lambda entry: self.log(dict(entry)),
+        self.memplan = PlannedSteps(memory_budget, planner, max_plans=max_plans, strict=strict, report=lambda entry: self.log(dict(entry)),
                                     **options)
 
     def training_step(self, model: torch.nn.Module, inputs: dict, num_items_in_batch=None) -> torch.Tensor:

@@ -182,6 +182,7 @@ class HookedRunner(Mover):
         kept = t.detach()
         if not self.active or self.off:
             return n, kept
+        self.stats.hook_calls += 1
         started = time.perf_counter()
         expected = self.expected[n] if n < len(self.expected) else -1
         if expected == -1 or (expected is not None and self.finder.counted(t.untyped_storage().nbytes()) != expected):
@@ -197,6 +198,7 @@ class HookedRunner(Mover):
     def _unpack(self, packed) -> torch.Tensor:
         n, t = packed
         if self.active and not self.off:
+            self.stats.hook_calls += 1
             started = time.perf_counter()
             point = self.saved[n].unpacked_at if n < len(self.saved) else None
             if point is not None:
@@ -216,6 +218,7 @@ class HookedRunner(Mover):
             return
         c = None
         if self.active and not self.off:
+            self.stats.hook_calls += 1
             started = time.perf_counter()
             path = self.modules.path(module)
             occurrence = self.seen.get(path, 0)
@@ -240,7 +243,10 @@ class HookedRunner(Mover):
         c, pushed = self.open.pop()
         if pushed:
             self._saving.__exit__(None, None, None)
-        if c is None or not self.active or self.off:
+        if not self.active or self.off:
+            return
+        self.stats.hook_calls += 1
+        if c is None:
             return
         started = time.perf_counter()
         call = self.trace.calls[c]
@@ -255,6 +261,7 @@ class HookedRunner(Mover):
         """A mark's hook fired (a gradient accumulated, the optimizer's step began or ended)."""
         if not self.active or self.off or self.rerunning:
             return
+        self.stats.hook_calls += 1
         occurrence = self.seen.get(key, 0)
         self.seen[key] = occurrence + 1
         point = self.marks.get((*key, occurrence))

@@ -93,7 +93,8 @@ class PlanRuntime:
         replayer = getattr(self.runner, "replayer", None)
         return {"diverged_steps": stats.diverged_steps, "unresolved": stats.unresolved,
                 "ops_in_mode": stats.ops_in_mode, "replayed_ops": replayer.replayed_ops if replayer else 0,
-                "regions_recomputed": stats.regions_recomputed, "host_s": stats.host_s}
+                "regions_recomputed": stats.regions_recomputed, "host_s": stats.host_s,
+                "hook_calls": stats.hook_calls}
 
     def host_buffers(self) -> tuple:
         """Host memory beside the device role (a meter must not count it)."""

@@ -179,3 +179,32 @@ def test_a_trace_keeps_its_hook_records_on_disk_and_older_files_read(gpt2, tmp_p
     assert older.saved == () and older.ops == gpt2.ops
     assert Simulator(older, Problem.of(older).cost).lower(memplan.plan(gpt2, "85%", planner="dtr").decisions).level \
         == "interpreted"
+
+
+def _unhookable_swaps(trace):
+    """Swaps no hook can run: of a storage no owner holds, which autograd does not save or which is
+    away until an op outside backward (no unpack guards it)."""
+    sites, owned = HookSites(trace), {o.storage for o in trace.owners}
+    for s in trace.storages:
+        acc = sorted(set(trace.accesses[s.id]))
+        for a, b in zip(acc, acc[1:]):
+            d = memplan.Decision(storage=s.id, action="swap", out_after=a, back_before=b)
+            if s.id not in owned and b - a > 1 and sites.reason(d):
+                yield d
+
+
+def test_the_validator_keeps_resident_what_no_hook_runs_at_the_hooked_level(gpt2):
+    # one rule (memplan.model.hooksites) for simulator and validator: a plan fixed at the hooked level keeps
+    # an unhookable swap's storage resident, so a budget only that swap met is broken there, and only there
+    from memplan.sim.validate import static_load
+
+    for d in _unhookable_swaps(gpt2):
+        budget = int(static_load(gpt2, [d]).max())
+        if budget < gpt2.peak_load_bytes:
+            break
+    assert budget < gpt2.peak_load_bytes and f"swap of storage {d.storage}" in HookSites(gpt2).reason(d)
+    plan = Plan(decisions=(d,), budget_bytes=budget, trace_digest=gpt2.digest)
+    assert validate(gpt2, plan) == [] and validate(gpt2, plan.with_meta(level="interpreted")) == []
+    assert [x.kind for x in validate(gpt2, plan.with_meta(level="hooked"))] == [OVER_BUDGET]
+    hooked = Simulator(gpt2, Problem.of(gpt2).cost).hooked(plan, budget)
+    assert hooked.dropped == 1 and not hooked.feasible  # the simulator's hooked form agrees

@@ -90,18 +90,24 @@ def _autocast(state: tuple):
     return torch.autocast(device_type, dtype=dtype, enabled=enabled)
 
 
-def _cut(value):
+def _cut(value, seen: dict | None = None):
     """`value` with every tensor in its tuples, lists and dicts cut from its history, requiring
-    grad as it did (so autograd saves what it saved). Written out: pytree's map costs about 50 us
-    a call here, more than the module call it prepares."""
+    grad as it did (so autograd saves what it saved). A tensor passed twice stays one tensor
+    (`seen`: id -> its cut): `nn.MultiheadAttention` takes its packed projection only where query,
+    key and value are the same object, and a run must save what the forward saved. Written out:
+    pytree's map costs about 50 us a call here, more than the module call it prepares."""
+    seen = {} if seen is None else seen
     if isinstance(value, torch.Tensor):
-        return value.detach().requires_grad_(value.requires_grad)
+        cut = seen.get(id(value))
+        if cut is None:
+            cut = seen[id(value)] = value.detach().requires_grad_(value.requires_grad)
+        return cut
     if type(value) in (tuple, list):
-        return type(value)(_cut(v) for v in value)
+        return type(value)(_cut(v, seen) for v in value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(_cut(v) for v in value))
+        return type(value)(*(_cut(v, seen) for v in value))
     if type(value) is dict:
-        return {k: _cut(v) for k, v in value.items()}
+        return {k: _cut(v, seen) for k, v in value.items()}
     return value
 
 

@@ -168,3 +168,20 @@ def test_saved_tensors_the_plan_never_moves_cost_no_hook(tiny):
     assert len(saved) <= per_step < len(tiny.saved)
     assert stats["released"] == STEPS
     assert max(state_diffs(got.model, _plain(tiny_workload).model).values()) == 0.0
+
+
+def test_a_region_run_passes_one_tensor_given_twice_as_one():
+    # nn.MultiheadAttention takes its packed projection only where query, key and value are one object:
+    # a run that cut each argument apart would save other tensors than the forward did
+    from memplan.exec.rerun import Held, run_again
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.untyped_storage().nbytes()) or t,
+                                                  lambda t: t):
+        mha(x, x, x)
+    held = Held.of(mha, (x, x, x), {}, torch.device("cpu"))
+    fresh = run_again(held, 0, {k: k for k in range(len(sizes))}, restores=False)
+    assert [fresh[k].nbytes() for k in range(len(sizes))] == sizes

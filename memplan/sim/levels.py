@@ -59,8 +59,7 @@ class Prepared:
     def first(self) -> Level:
         """The form simulated first: hooked where the plan has one, else as it runs."""
         lowered = self.lowered
-        # priced again where the hooked form runs a recompute as a swap (memplan.sim.lowering)
-        priced = self.priced if lowered.kept is None else self._sim._prepare.priced(lowered.arrays)
+        priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
         return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property

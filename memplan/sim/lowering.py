@@ -13,7 +13,7 @@ levels, fixed by its decisions alone (and by its planner where it chose the inte
   the first point at or after i + 1, a prefetch at the last one at or before its trigger, a
   recomputation at the last one at or before its op (a gap left empty is dropped: the storage
   stays). Recompute decisions due at one point are run by module calls as memplan.sim.regions
-  chooses them; one no module call can run is swapped over its gap instead (the reason says so). The
+  chooses them; a decision none can run is dropped (kept resident): `dropped` counts them. The
   sites its program needs, and what their hooks cost the host, are `Lowered.sites`.
 - interpreted: the dispatch-mode runner (memplan.exec.runner) acts before and after every op and
   recomputes by replaying ops (memplan.sim.chains): for micro-batched convolutions, a trace without
@@ -36,7 +36,6 @@ import numpy as np
 from ..model import Decision, Trace
 from ..model.hooksites import HookSites, Installed
 from ..model.program import HOOKED, INTERPRETED, PLAIN, RegionRun
-from ._codes import SYNC
 from .chains import Chain
 from .decisions import DecisionArrays
 from .arrays import producer_ids
@@ -82,10 +81,8 @@ class Lowered:
             return self.source
         a = self.arrays
         return tuple(replace(d, out_after=int(a.out_after[j]), back_before=int(a.back_before[j]))
-                     if a.recompute[j] else
-                     replace(d, action="swap", out_after=int(a.out_after[j]), back_before=int(a.back_before[j]),
-                             trigger=int(a.prefetch_at[j]), overlap=False, sync=bool(a.sync[j] & SYNC),
-                             compress_ratio=d.compress_ratio if d.action == "swap" else None)
+                     if d.action == "recompute" else
+                     replace(d, out_after=int(a.out_after[j]), trigger=int(a.prefetch_at[j]), overlap=False)
                      for j, d in enumerate(self.source[k] for k in self.kept.tolist()))
 
 
@@ -96,14 +93,6 @@ class Placed:
     arrays: DecisionArrays  # the decisions that can run at hook points and keep a gap there, moved onto them
     index: np.ndarray  # their positions in the plan
     reason: str  # why the first decision no site can run cannot ("" when all can)
-
-
-def _as_swaps(a: DecisionArrays, which: np.ndarray) -> DecisionArrays:
-    """`a` with the recompute decisions at positions `which` made asynchronous, uncompressed swaps over
-    their placed gaps (fetched at the point their recomputation was due)."""
-    recompute, sync = a.recompute.copy(), a.sync.copy()
-    recompute[which], sync[which] = False, 0
-    return replace(a, recompute=recompute, sync=sync)
 
 
 def as_given(level: str, decisions: tuple[Decision, ...], arrays: DecisionArrays, reason: str = "") -> Lowered:
@@ -163,17 +152,19 @@ class Lowering:
 
     def with_regions(self, decisions: tuple[Decision, ...], placed: Placed) -> Lowered:
         """The hooked form of `decisions` from their placed form: each recompute decision given its region
-        run (memplan.sim.regions); one no module call can run is swapped over the same gap instead (its
-        storage is one autograd saved and away until backward, as a hooked swap's must be: the bytes
-        cross the link rather than being rebuilt, and the plan keeps its hooks)."""
+        run (memplan.sim.regions), those none can run dropped."""
         candidates, index = placed.arrays, placed.index
         runs = self.regions.assign(candidates)
         regions, unmade, carriers = runs.regions, runs.unmade, runs.carriers
-        why = placed.reason
+        why = placed.reason or (f"no module call can recompute storage {candidates.storage[unmade[0]]}"
+                                if unmade else "")
         if unmade:
-            candidates = _as_swaps(candidates, np.asarray(unmade))
-            why = why or (f"recompute of storage {candidates.storage[unmade[0]]} runs as a swap: no module call "
-                          "can recompute it")
+            made = np.ones(len(index), dtype=np.bool_)
+            made[unmade] = False
+            position = (np.cumsum(made) - 1).tolist()
+            regions = {position[k]: run for k, run in regions.items()}
+            carriers = [(position[k], chain) for k, chain in carriers]
+            index, candidates = index[made], candidates.take(made)
         if not len(index):  # nothing left to act on
             return Lowered(level=PLAIN, arrays=candidates, source=decisions, kept=index,
                            dropped=len(decisions), reason=why)

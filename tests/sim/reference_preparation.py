@@ -66,15 +66,12 @@ class ReferenceLowering:
         unhookable = [self.unhookable(d) for d in decisions]
         moved = [m for m, out in zip(map(self.moved, decisions), unhookable) if m is not None and not out]
         runs = self.runs(moved)
+        kept = [d for k, d in enumerate(moved) if k in runs or d.action == "swap"]
+        regions = {kept.index(moved[k]): run for k, run in runs.items()}
         unmade = [k for k, d in enumerate(moved) if d.action == "recompute" and k not in runs]
-        # a recompute no call can run is an asynchronous swap over its placed gap, fetched where it was due
-        kept = [replace(d, action="swap", trigger=d.back_before, sync=False, overlap=False, compress_ratio=None)
-                if k in unmade else d for k, d in enumerate(moved)]
-        regions = dict(runs)
         first = next((d for d, out in zip(decisions, unhookable) if out), None)  # its reason in the library's words
         why = (self.sites.reason(first) if first is not None else "") or (
-            f"recompute of storage {moved[unmade[0]].storage} runs as a swap: no module call can recompute it"
-            if unmade else "")
+            f"no module call can recompute storage {moved[unmade[0]].storage}" if unmade else "")
         if not kept:
             return PLAIN, (), {}, {}, len(decisions), why
         return HOOKED, tuple(kept), regions, self.holds(kept, regions), len(decisions) - len(kept), why

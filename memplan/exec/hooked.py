@@ -1,80 +1,75 @@
-"""The hooked executor: a step program run at autograd's saved-tensor hooks, not at every op.
+"""The hooked executor: a step program run at the hooks PyTorch calls during a step, not at every op.
 
-A hooked program (memplan.sim.lowering) moves only tensors autograd saves, and each of its
-actions sits at a hook point: a pack or an unpack of a saved tensor, or the step's start or end
-(memplan.model.hookpoints). So the runner installs `saved_tensors_hooks` for the step and counts
-packs: the n-th pack of a step is `Trace.saved[n]`, whose point says where the step is, and at
-each pack and unpack it runs the actions due by then (a cursor over the program, in order). The
-storage of a decision is the one its first pack hands over. A recomputation runs again the
-module call that made the storage (its region, `StepProgram.regions`): the call's arguments, RNG
-state and autocast state are held from its forward (a forward pre-hook on that module, as
-torch.utils.checkpoint holds a region's inputs), and the run, under saved-tensor hooks of its own,
-hands over the storages wanted by their pack index and stops once it has them all; their bytes
-move into the dropped storages by swapping data pointers (every alias autograd holds sees them),
-and module buffers the run updated (batch norm's running statistics) are put back. No op goes
-through Python: the step's host work grows with its saved tensors and actions, not its ops.
+A hooked program (memplan.sim.lowering) has every action at a site (memplan.model.hooksites): a
+module call's start or end (forward pre-hook and forward hook), a parameter's gradient accumulated
+(`register_post_accumulate_grad_hook`), the optimizer's step beginning or ending (its step pre-
+and post-hooks), a saved tensor's pack or first unpack inside a window (a module call during which
+the runner's `saved_tensors_hooks` are installed), or the step's start or end. The runner installs
+the sites its program needs (`HookSites.installed`) and knows where the step is at each: the k-th
+call of a module is its k-th `Call`, the n-th pack is `Trace.saved[n]` (a window counts packs from
+its call's first), the k-th firing of a mark is its k-th `Mark`. At each it runs the actions due
+by then (a cursor over the program, in order). The storage of a decision is found through its
+owner (a parameter, gradient, buffer or optimizer state: memplan.exec.owners) or else taken from
+its first pack. A recomputation runs again the module call that made the storage (its region,
+`StepProgram.regions`; memplan.exec.rerun), from the arguments held at the call's forward
+pre-hook; the storages it hands over move into the dropped ones by swapping data pointers (every
+alias autograd holds sees them). No op goes through Python: the step's host work grows with the
+hooks the program needs and its actions, not with its ops.
 
 NOTE why this is safe (cited as "rule N" where relied on):
- 1. A storage away is one the trace says no op touches until the program brings it back; only
-    autograd, and Python frames past their last use of it, still hold it.
- 2. The run is the traced one while its packs are: a pack beyond the trace's count, or of a
-    storage of another size than traced, leaves the program (`diverged`): everything comes back
-    and the rest of the step runs unplanned.
+ 1. A storage away is one the trace says no op touches until the program brings it back: one
+    autograd saved and away only until backward, where only autograd (and Python frames past their
+    last use of it) still holds it; or one its owner holds (a parameter, gradient, buffer or
+    optimizer state), which no op reads until the point its prefetch and wait run at, and every
+    point is exact (a hook at point p fires after op p-1 and before op p, in the run as traced).
+ 2. The run is the traced one while its packs are: a pack beyond the trace's count, of a storage
+    of another size than traced, or a window that saved another number of tensors than its call
+    did, leaves the program (`diverged`): everything comes back and the rest of the step runs
+    unplanned.
  3. An unpack of a tensor whose storage is not resident brings it back first (a late prefetch
-    or recomputation): autograd never reads a freed storage, even where a point was missed.
+    or recomputation): autograd never reads a freed storage, even where a point was missed. Every
+    pack of a storage the program moves is inside a window, so every unpack of it is seen.
  4. A storage is dropped only while its region's arguments are held, so its run can happen.
+ 5. Between steps a storage the program keeps away comes back when the model or the optimizer
+    is used (memplan.exec.runtime's idle guards); a step brings it back at its program's points.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 import time
 import weakref
-from dataclasses import dataclass
+from functools import partial
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ..model import Trace
-from ..model.hookpoints import hook_points
+from ..model.hooksites import WHOLE_STEP, HookSites
 from ..model.program import ActionKind, RegionRun, StepProgram
 from .engine import CopyEngine
 from .mover import Mover
 from .op_replay import adopt
+from .rerun import Held, run_again
 from .residency import MovedStorage, Residency
 from .slab import HostSlab
 
 log = logging.getLogger(__name__)
 
-_TAKES_STORAGE = (ActionKind.SWAP_OUT, ActionKind.DROP)  # actions on the storage a pack hands over
-
-
-@dataclass(frozen=True)
-class _Held:
-    """What a region's run needs from its forward call."""
-
-    module: torch.nn.Module
-    args: tuple
-    kwargs: dict
-    rng: tuple  # (CPU generator state, (device, CUDA generator state) or None)
-    autocast: tuple  # (device type, enabled, dtype)
-
-
-class _RegionDone(Exception):
-    """Raised from a run's pack hook once it has every storage wanted (the rest need not run)."""
+_TAKES_STORAGE = (ActionKind.SWAP_OUT, ActionKind.DROP)  # actions on a storage a pack hands over
 
 
 class HookedRunner(Mover):
-    """Runs a hooked `program` for `trace` at saved-tensor hooks (see the module docstring).
+    """Runs a hooked `program` for `trace` at the hooks of a step (see the module docstring).
 
     Args:
-        trace: the traced iteration (with its saved tensors and module calls).
+        trace: the traced iteration (with its saved tensors, module calls and marks).
         program: its compiled step program, at the hooked level.
         engine: the copy lanes.
         slab: the host slab (one region per swap decision).
-        model: the root module (regions are found in it by path).
-        optimizer: unused by hooked programs (kept for the executors' common signature).
+        model: the root module (hooked modules are found in it by path; owned storages through it).
+        optimizer: the model's optimizer (its state is found through it).
         device: where the step runs (its RNG and autocast are held per region).
     """
 
@@ -87,49 +82,68 @@ class HookedRunner(Mover):
         self.saved = trace.saved
         # each pack's storage size as the run must find it (a pack of a storage the trace does not know: any)
         self.expected = [trace.storages[s.storage].nbytes if s.storage is not None else None for s in trace.saved]
-        self.when = _points_of(program, hook_points(trace.saved, len(trace.ops)))
-        self.modules = _region_modules(trace, program, model)
+        sites = HookSites(trace)
+        self.when = _points_of(program, sites.points)
+        regions = {run.call for run in program.regions.values()}
+        self.sites = sites.installed(self.when, {d.storage for d in program.decisions}, regions)
+        self.modules = _hooked_modules(self.sites.modules, model)
+        self.calls = {(c.module, c.occurrence): k for k, c in enumerate(trace.calls) if c.module in self.modules}
+        self.marks = {(m.kind, m.key, m.occurrence): m.point for m in trace.marks if (m.kind, m.key) in self.sites.marks}
         self.last_run = {}  # call -> index of the program's last action that runs it (its hold ends there)
         for i, a in enumerate(program.actions):
             if a.kind == ActionKind.RECOMPUTE:
                 self.last_run[program.regions[a.decision].call] = i
-        self.wanted = {(trace.calls[c].module, trace.calls[c].occurrence): c for c in self.last_run}
         buffers = frozenset(o.storage for o in trace.owners if o.kind == "buffer")
         self.restores = {c: any(w in buffers for i in range(trace.calls[c].first_op, trace.calls[c].end_op)
                                 for w in trace.ops[i].writes) for c in self.last_run}
         self.op_clock = None  # no op clock: a pool needs the interpreted runner's
-        self.held: dict[int, _Held] = {}
+        self.held: dict[int, Held] = {}
         self.found: dict[int, weakref.ref] = {}  # storage id -> its tensor, from its first pack this step
-        self.calls_seen: dict[str, int] = {}
+        self.seen: dict = {}  # module path or (kind, key) of a mark -> its calls so far this step
+        self.open: list[tuple[int | None, bool]] = []  # per module call running: (its call, a window pushed)
         self.packs = 0
         self.cursor = 0
         self.active = False
         self.off = False
         self.rerunning = False
+        self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._handles: list = []
-        self._hooks = None
 
     # --- installation and steps ---------------------------------------------------------------
 
     def __enter__(self):
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._hooks.__enter__()
-        self._handles = [m.register_forward_pre_hook(self._entered, with_kwargs=True) for m in self.modules.values()]
+        handles = []
+        for module in self.modules.values():
+            handles.append(module.register_forward_pre_hook(self._entered, with_kwargs=True))
+            handles.append(module.register_forward_hook(self._left, always_call=True))
+        for kind, key in self.sites.marks:
+            if kind == "accumulated" and self.finder.model is not None:
+                handles.append(self.finder.model.get_parameter(key).register_post_accumulate_grad_hook(
+                    partial(self._marked, (kind, key))))
+        if ("step", "") in self.sites.marks:
+            handles.append(register_optimizer_step_pre_hook(lambda *_: self._marked(("step", ""))))
+        if ("stepped", "") in self.sites.marks:
+            handles.append(register_optimizer_step_post_hook(lambda *_: self._marked(("stepped", ""))))
+        self._handles = handles
         return self
 
     def __exit__(self, *exc):
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self._hooks.__exit__(*exc)
         return False
 
     def begin_step(self) -> None:
-        """Start a step: the pack count and the program's cursor restart."""
+        """Start a step: counts and the program's cursor restart; storages take their place at a step
+        start (nothing to do unless the model was used, and brought back, since the last step)."""
         self.end_step()
         self.stats.steps += 1
+        self.settle()
         self.packs, self.cursor, self.off, self.active = 0, 0, False, True
-        self.calls_seen.clear()
+        self.seen.clear()
+        if WHOLE_STEP in self.sites.windows:  # a tensor saved outside every call is taken or guarded
+            self._saving.__enter__()
+            self.open.append((None, True))
         self._advance(0)
 
     def end_step(self, aborted: bool = False) -> None:
@@ -139,10 +153,13 @@ class HookedRunner(Mover):
             self.off = True
             self.abort()
         elif self.active and not self.off:
-            if self.packs != len(self.saved):
+            if WHOLE_STEP in self.sites.windows and self.packs != len(self.saved):
                 self.diverge(f"the step saved {self.packs} tensors where the trace saved {len(self.saved)}")
             else:
                 self._advance(len(self.trace.ops), force=True)
+        while self.open:  # windows an exception left open, and the whole step's
+            if self.open.pop()[1]:
+                self._saving.__exit__(None, None, None)
         self.active = False
         self.held.clear()
         self.found.clear()
@@ -165,13 +182,14 @@ class HookedRunner(Mover):
         kept = t.detach()
         if not self.active or self.off:
             return n, kept
+        self.stats.hook_calls += 1
         started = time.perf_counter()
         expected = self.expected[n] if n < len(self.expected) else -1
         if expected == -1 or (expected is not None and self.finder.counted(t.untyped_storage().nbytes()) != expected):
             self.diverge(f"pack {n} is not the traced one")
         else:
             sid = self.saved[n].storage
-            if sid in self.entries and sid not in self.found:
+            if sid in self.entries and sid not in self.found and sid not in self.finder.owners:
                 self.found[sid] = weakref.ref(kept)  # alive while autograd holds it
             self._advance(self.saved[n].packed_at)
         self.stats.host_s += time.perf_counter() - started
@@ -180,6 +198,7 @@ class HookedRunner(Mover):
     def _unpack(self, packed) -> torch.Tensor:
         n, t = packed
         if self.active and not self.off:
+            self.stats.hook_calls += 1
             started = time.perf_counter()
             point = self.saved[n].unpacked_at if n < len(self.saved) else None
             if point is not None:
@@ -187,34 +206,82 @@ class HookedRunner(Mover):
             if self.away:  # rule 3
                 entry = self.away.get(t.untyped_storage()._cdata)
                 if entry is not None:
-                    self.stats.late_unpacks += 1
+                    self.stats.late_unpacks += entry.state != Residency.COMING  # else only its wait comes early
                     self._bring_back(entry)
             self.stats.host_s += time.perf_counter() - started
         return t
 
     def _entered(self, module, args, kwargs):
-        """A region module's forward begins: hold what a run of this call needs."""
+        """A hooked module's forward begins: its window opens, a region's call is held, the step is at
+        its call's first op."""
+        if self.rerunning:
+            return
+        c = None
+        if self.active and not self.off:
+            self.stats.hook_calls += 1
+            started = time.perf_counter()
+            path = self.modules.path(module)
+            occurrence = self.seen.get(path, 0)
+            self.seen[path] = occurrence + 1
+            c = self.calls.get((path, occurrence))
+        self.open.append((c, c in self.sites.windows))
+        if c is None:
+            return
+        if c in self.last_run:
+            self.held[c] = Held.of(module, args, kwargs, self.device)
+        if c in self.sites.windows:
+            self._saving.__enter__()
+            self.packs = self.trace.calls[c].first_saved
+        self._advance(self.trace.calls[c].first_op)
+        self.stats.host_s += time.perf_counter() - started
+
+    def _left(self, module, args, output):
+        """A hooked module's forward ended: its window closes (having saved what its call saved, rule 2),
+        the step is past its call's last op."""
+        if self.rerunning or not self.open:
+            return
+        c, pushed = self.open.pop()
+        if pushed:
+            self._saving.__exit__(None, None, None)
+        if not self.active or self.off:
+            return
+        self.stats.hook_calls += 1
+        if c is None:
+            return
+        started = time.perf_counter()
+        call = self.trace.calls[c]
+        if pushed and self.packs != call.end_saved:
+            self.diverge(f"call {call.occurrence} of {call.module or 'the model'} saved {self.packs - call.first_saved} "
+                         f"tensors where the trace's saved {call.end_saved - call.first_saved}")
+        else:
+            self._advance(call.end_op)
+        self.stats.host_s += time.perf_counter() - started
+
+    def _marked(self, key: tuple, *_) -> None:
+        """A mark's hook fired (a gradient accumulated, the optimizer's step began or ended)."""
         if not self.active or self.off or self.rerunning:
             return
-        path = self.modules.path(module)
-        occurrence = self.calls_seen.get(path, 0)
-        self.calls_seen[path] = occurrence + 1
-        c = self.wanted.get((path, occurrence))
-        if c is not None:
-            self.held[c] = _Held(module=module, args=args, kwargs=kwargs, rng=self._rng_state(),
-                                 autocast=_autocast_state(self.device.type))
+        self.stats.hook_calls += 1
+        occurrence = self.seen.get(key, 0)
+        self.seen[key] = occurrence + 1
+        point = self.marks.get((*key, occurrence))
+        if point is not None:
+            started = time.perf_counter()
+            self._advance(point)
+            self.stats.host_s += time.perf_counter() - started
 
     # --- the program ----------------------------------------------------------------------------
 
     def _advance(self, point: int, force: bool = False) -> None:
-        """Run the program's actions due at or before `point`, in order. A swap-out or drop waits for
-        its storage's pack when that comes later at the same point (one op saves several tensors)."""
+        """Run the program's actions due at or before `point`, in order. A swap-out or drop of a storage
+        no owner holds waits for its storage's pack when that comes later at the same point (one op
+        saves several tensors)."""
         actions, when = self.program.actions, self.when
         while self.cursor < len(actions) and when[self.cursor] <= point and not self.off:
             action = actions[self.cursor]
             sid = self.program.decisions[action.decision].storage
             ref = self.found.get(sid)
-            if ref is None and action.kind in _TAKES_STORAGE and not force:
+            if ref is None and action.kind in _TAKES_STORAGE and sid not in self.finder.owners and not force:
                 return
             self._act(action, {sid: ref()} if ref is not None else None)
             if action.kind == ActionKind.RECOMPUTE and self.last_run.get(self.program.regions[action.decision].call) \
@@ -238,38 +305,11 @@ class HookedRunner(Mover):
         held = self.held.get(run.call)
         if held is None:
             raise RuntimeError(f"memplan: no arguments held for module call {run.call}: cannot recompute")
-        wanted = dict(run.captures)
-        fresh: dict[int, torch.UntypedStorage] = {}
-        index = [self.trace.calls[run.call].first_saved]
-
-        def pack(t):
-            sid = wanted.get(index[0])
-            index[0] += 1
-            if sid is not None:
-                fresh[sid] = t.untyped_storage()
-                if len(fresh) == len(wanted):
-                    raise _RegionDone
-            # held by the run's graph until the run ends, as the simulator counts it; detached, as
-            # torch.utils.checkpoint's recompute does: a saved output would hold its own node (a
-            # cycle only the garbage collector frees, for a graph no backward releases)
-            return t.detach()
-
-        buffers = [(b, b.detach().clone()) for b in held.module.buffers()] if self.restores[run.call] else []
-        # arguments cut from the step's graph (as torch.utils.checkpoint's are): a run stopped midway may
-        # leave a node behind, which must not hold the step's graph alive
-        args, kwargs = _cut((held.args, held.kwargs))
         self.rerunning = True
         try:
-            with _rng_restored(held.rng), torch.enable_grad(), _autocast(held.autocast), \
-                    torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
-                held.module(*args, **kwargs)
-        except _RegionDone:
-            pass
+            fresh = run_again(held, self.trace.calls[run.call].first_saved, dict(run.captures), self.restores[run.call])
         finally:
             self.rerunning = False
-            with torch.no_grad():
-                for b, value in buffers:
-                    b.copy_(value)
         for sid, storage in fresh.items():
             entry = self.entries[sid]
             if entry.state == Residency.DROPPED and storage.nbytes() == entry.real_nbytes:
@@ -278,13 +318,9 @@ class HookedRunner(Mover):
                 self.stats.recomputed += 1
         self.stats.regions_recomputed += 1
 
-    def _rng_state(self) -> tuple:
-        cuda = (self.device, torch.cuda.get_rng_state(self.device)) if self.device.type == "cuda" else None
-        return torch.get_rng_state(), cuda
-
 
 class _Modules(dict):
-    """Region modules by path, and each module's path back."""
+    """Hooked modules by path, and each module's path back."""
 
     def __init__(self, by_path: dict[str, torch.nn.Module]):
         super().__init__(by_path)
@@ -294,16 +330,15 @@ class _Modules(dict):
         return self._paths[id(module)]
 
 
-def _region_modules(trace: Trace, program: StepProgram, model: torch.nn.Module | None) -> _Modules:
-    """The modules whose calls the program runs again, by path."""
-    paths = {trace.calls[run.call].module for run in program.regions.values()}
+def _hooked_modules(paths, model: torch.nn.Module | None) -> _Modules:
+    """The modules the runner hooks (windows, regions, module sites), by path."""
     if paths and model is None:
-        raise ValueError("a hooked program that recomputes needs the model (its regions are module calls)")
+        raise ValueError("a hooked program that acts at module calls needs the model (its calls are sites)")
     return _Modules({p: model.get_submodule(p) for p in sorted(paths)})
 
 
 def _points_of(program: StepProgram, points: list[int]) -> list[int]:
-    """The hook point each action runs at: an action after op i at the first at or after i + 1, one
+    """The point each action runs at: an action after op i at the first site's at or after i + 1, one
     before op i at the last at or before i; never before the action ahead of it."""
     out, last = [], 0
     for a in program.actions:
@@ -314,42 +349,3 @@ def _points_of(program: StepProgram, points: list[int]) -> list[int]:
         last = max(last, point)
         out.append(last)
     return out
-
-
-@contextlib.contextmanager
-def _rng_restored(rng: tuple):
-    """Run under the generator states `rng` (a region's, from its forward); the current ones after."""
-    cpu, cuda = rng
-    with torch.random.fork_rng(devices=[cuda[0]] if cuda else []):
-        torch.set_rng_state(cpu)
-        if cuda:
-            torch.cuda.set_rng_state(cuda[1], cuda[0])
-        yield
-
-
-def _autocast_state(device_type: str) -> tuple:
-    return device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-
-
-def _autocast(state: tuple):
-    device_type, enabled, dtype = state
-    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
-
-
-def _cut(value):
-    """`value` with every tensor in its tuples, lists and dicts cut from its history, requiring
-    grad as it did (so autograd saves what it saved). Written out: pytree's map costs about 50 us
-    a call here, more than the module call it prepares."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().requires_grad_(value.requires_grad)
-    if type(value) in (tuple, list):
-        return type(value)(_cut(v) for v in value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(_cut(v) for v in value))
-    if type(value) is dict:
-        return {k: _cut(v) for k, v in value.items()}
-    return value
-
-
-def _never_unpacked(_):
-    raise RuntimeError("memplan: a region's run is never differentiated")

@@ -87,7 +87,7 @@ class Mover:
             if self.program.decisions[k].sync:
                 self._release(entry, k)
             return
-        storage = self.finder.found(entry, found)
+        storage = self._storage_of(entry, found)
         if storage is None or entry.state != Residency.RESIDENT:
             return
         self._copy_out(entry, storage, k)
@@ -127,7 +127,7 @@ class Mover:
             self._resident(entry)
 
     def _drop(self, entry: MovedStorage, k: int, found) -> None:
-        storage = self.finder.found(entry, found)
+        storage = self._storage_of(entry, found)
         if storage is None or entry.state != Residency.RESIDENT:
             return
         if not self._can_rebuild(k):
@@ -136,6 +136,12 @@ class Mover:
         self._leave(entry, storage, k, Residency.DROPPED)
         storage.resize_(0)
         self.stats.dropped += 1
+
+    def _storage_of(self, entry: MovedStorage, found) -> torch.UntypedStorage | None:
+        """The entry's storage among `found` tensors, or, where none are given, through its owner."""
+        if found is None and entry.sid in self.finder.owners:
+            return self.finder.owned(entry)
+        return self.finder.found(entry, found)
 
     def _can_rebuild(self, k: int) -> bool:
         """Whether recompute decision k's storage can be rebuilt when its time comes."""

@@ -68,3 +68,4 @@ class ExecStats:
     regions_recomputed: int = 0  # module calls run again to recompute (hooked runner)
     late_unpacks: int = 0  # saved tensors autograd unpacked before the program brought them back
     host_s: float = 0.0  # seconds the hooked runner's hooks took (its host work)
+    hook_calls: int = 0  # calls of the hooked runner's hooks in steps (packs, unpacks, module calls, marks)

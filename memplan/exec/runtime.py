@@ -93,7 +93,8 @@ class PlanRuntime:
         replayer = getattr(self.runner, "replayer", None)
         return {"diverged_steps": stats.diverged_steps, "unresolved": stats.unresolved,
                 "ops_in_mode": stats.ops_in_mode, "replayed_ops": replayer.replayed_ops if replayer else 0,
-                "regions_recomputed": stats.regions_recomputed, "host_s": stats.host_s}
+                "regions_recomputed": stats.regions_recomputed, "host_s": stats.host_s,
+                "hook_calls": stats.hook_calls}
 
     def host_buffers(self) -> tuple:
         """Host memory beside the device role (a meter must not count it)."""
@@ -173,7 +174,8 @@ class PlanRuntime:
             if not self.runner.idle or self.pool is not None:  # without actions or a pool: no per-op work
                 stack.enter_context(self.runner)
             if auto_steps and self.model is not None:
-                handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a))
+                # first among the model's pre-hooks: the runner's own sees the step begun
+                handle = self.model.register_forward_pre_hook(lambda m, a: self.begin_step(a), prepend=True)
                 stack.callback(handle.remove)
             yield self
 

@@ -54,14 +54,18 @@ class MemplanCallback(Callback):
             peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
+        strict: a step kind that would run unplanned (neither `planner` nor `auto` meets the budget, or
+            max_plans) raises at its first batch instead.
         **options: passed to `memplan.optimize`: run options (`options=memplan.RunOptions(...)`, or its
             fields by name: `profile`, the cost model's device profile, `seed`, `measure` ("first", True or
             False), `fake`, `compile`: True, or torch.compile's settings: the plans run compiled), and the
             planner's parameters.
     """
 
-    def __init__(self, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS, **options):
-        self.steps = PlannedSteps(memory_budget, planner, max_plans=max_plans, report=self._report, **options)
+    def __init__(self, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS,
+                 strict: bool = False, **options):
+        self.steps = PlannedSteps(memory_budget, planner, max_plans=max_plans, strict=strict, report=self._report,
+                                  **options)
         self._trainer = None
         self._warned_manual = False
 

@@ -10,8 +10,10 @@ Steps of one loop are not all alike. A step's kind (`StepKind`) is what its ops 
 depend on: the shapes and dtypes of the batch (padding buckets) and whether gradients exist
 when it starts (the first micro-batch after the optimizer step makes them, the next ones add
 to them). Each kind is traced and planned (`memplan.optimize`) the first time it comes, and every later
-step of that kind runs under that plan. A kind that cannot be planned (an infeasible budget,
-more kinds than `max_plans`) runs unplanned, and the report says why.
+step of that kind runs under that plan. A kind whose planner cannot meet the budget is planned by
+`auto` (FALLBACK: it may move weights, gradients and optimizer state, and recompute) before it is
+given up; a kind that still cannot be planned (or one past `max_plans`) runs unplanned, and the
+report says why, or with `strict` the step raises instead.
 
 The traced function stands for the framework's step; for a kind that starts without
 gradients it first sets them to None, as the framework left them (tracing runs the step
@@ -27,7 +29,7 @@ from typing import Callable
 import torch
 
 from ..budget import parse_budget
-from ..errors import InfeasibleBudgetError
+from ..errors import InfeasibleBudgetError, MemplanError
 from ..run_options import RunOptions, split_options
 from .. import OptimizedStep, optimize
 from ..services import check_planner_params, get_planner, input_signature
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_PLANS = 8  # kinds planned at most; later ones run unplanned (pad batches to a few lengths)
 PERSISTENT_KINDS = ("param", "grad", "optimizer_state")  # what the optimizer step holds, outside the plan
 PREFIX = "memplan/"  # the keys of the reports in a framework's logs
+FALLBACK = "auto"  # the planner of a kind whose own planner cannot meet the budget
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,15 @@ class PlannedSteps:
         budget: the memory budget of every plan ("6GiB", "70%" of each kind's unplanned peak, bytes).
         planner: a registered planner name ("auto" searches within its time limit).
         max_plans: kinds planned at most.
+        strict: a kind that would run unplanned (no plan meets the budget, or max_plans) raises
+            MemplanError at its first step instead.
         report: called with each plan's report (after its first step, which is measured) and with
             the reason a kind runs unplanned; keys start with "memplan/".
         options: how every plan runs (memplan.RunOptions: profile, seed, measure, fake, compile...).
         **keywords: passed to `memplan.optimize`: run options by name, and the planner's parameters.
     """
 
-    def __init__(self, budget, planner: str = "auto", *, max_plans: int = DEFAULT_MAX_PLANS,
+    def __init__(self, budget, planner: str = "auto", *, max_plans: int = DEFAULT_MAX_PLANS, strict: bool = False,
                  report: Callable[[dict], None] | None = None, options: RunOptions | None = None, **keywords):
         given, params = split_options(keywords)
         self.options = RunOptions.of(options, **given)  # how every plan runs
@@ -80,6 +85,7 @@ class PlannedSteps:
         self.budget = budget
         self.planner = planner
         self.max_plans = max_plans
+        self.strict = strict
         self.report = report or (lambda entry: None)
         self.steps: dict[StepKind, OptimizedStep | None] = {}  # None: the kind runs unplanned
         self.reports: list[dict] = []  # every report made, in order
@@ -104,14 +110,35 @@ class PlannedSteps:
             return self._unplanned(kind, f"{planned} step kinds are planned already (max_plans); pad batches to a "
                                          "few lengths or raise max_plans")
         try:
-            step = optimize(self._traced(kind, model), *inputs, budget=self.budget, planner=self.planner,
-                            model=model, optimizer=optimizer, options=self.options, **self.params)
+            step = self._optimized(kind, inputs, model, optimizer)
         except InfeasibleBudgetError as exc:
             return self._unplanned(kind, " ".join(str(exc).split()))
         step.restore()  # the framework's own code runs between steps: everything resident
         self._unreported.add(kind)
         self._check_persistent(step)
         return step
+
+    def _optimized(self, kind: StepKind, inputs: tuple, model, optimizer) -> OptimizedStep:
+        """The kind's step under its planner's plan, or under `auto`'s where its planner cannot meet
+        the budget (its own parameters left out: they are its planner's)."""
+        traced = self._traced(kind, model)
+        try:
+            return optimize(traced, *inputs, budget=self.budget, planner=self.planner, model=model,
+                            optimizer=optimizer, options=self.options, **self.params)
+        except InfeasibleBudgetError as exc:
+            if self.planner == FALLBACK:
+                raise
+            own = " ".join(str(exc).split())
+        log.warning("memplan: %s cannot plan steps of batch %s (%s): planned by %s", self.planner, kind.describe(),
+                    own, FALLBACK)
+        self._emit({f"{PREFIX}batch": kind.describe(), f"{PREFIX}fallback": f"{self.planner}: {own}"})
+        try:
+            return optimize(traced, *inputs, budget=self.budget, planner=FALLBACK, model=model, optimizer=optimizer,
+                            options=self.options)
+        except InfeasibleBudgetError as exc:
+            raise InfeasibleBudgetError(f"{self.planner}: {own}; {FALLBACK}: {' '.join(str(exc).split())}",
+                                        budget_bytes=exc.budget_bytes, min_feasible_bytes=exc.min_feasible_bytes) \
+                from None
 
     def _traced(self, kind: StepKind, model) -> Callable:
         """The function traced for `kind`: the framework's step, from the gradients it starts with."""
@@ -124,6 +151,8 @@ class PlannedSteps:
         return traced
 
     def _unplanned(self, kind: StepKind, reason: str) -> None:
+        if self.strict:
+            raise MemplanError(f"memplan: steps of batch {kind.describe()} cannot be planned (strict): {reason}")
         log.warning("memplan: steps of batch %s run unplanned: %s", kind.describe(), reason)
         self._emit({f"{PREFIX}batch": kind.describe(), f"{PREFIX}unplanned": reason})
         return None

@@ -43,6 +43,8 @@ class MemplanTrainer(Trainer):
             peak ("70%", 0.7); "none" (the default): no limit.
         planner: a registered planner name (`memplan planners` lists them).
         max_plans: step kinds (batch shapes, accumulation) planned at most; later ones run unplanned.
+        strict: a step kind that would run unplanned (neither `planner` nor `auto` meets the budget, or
+            max_plans) raises at its first batch instead.
         memplan_options: passed to `memplan.optimize`: run options (`"options": memplan.RunOptions(...)`, or
             its fields by name: `profile`, the cost model's device profile, `seed`, `measure`, `fake`), and
             the planner's parameters.
@@ -50,13 +52,13 @@ class MemplanTrainer(Trainer):
     """
 
     def __init__(self, *args, memory_budget=UNLIMITED, planner: str = "auto", max_plans: int = DEFAULT_MAX_PLANS,
-                 memplan_options: dict | None = None, **kwargs):
+                 strict: bool = False, memplan_options: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         options = dict(memplan_options or {})
         if self.args.torch_compile:
             options.setdefault("compile", _compile_settings(self.args))
-        self.memplan = PlannedSteps(memory_budget, planner, max_plans=max_plans, report=lambda entry: self.log(dict(entry)),
-                                    **options)
+        self.memplan = PlannedSteps(memory_budget, planner, max_plans=max_plans, strict=strict,
+                                    report=lambda entry: self.log(dict(entry)), **options)
 
     def training_step(self, model: torch.nn.Module, inputs: dict, num_items_in_batch=None) -> torch.Tensor:
         """The Trainer's own training step, under the plan of its kind."""

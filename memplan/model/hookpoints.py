@@ -1,12 +1,15 @@
-"""Where a step can be acted on without a dispatch mode: autograd's saved tensors and module calls.
+"""Where a step can be acted on without a dispatch mode: the hooks PyTorch calls during a step.
 
 The tracer records, beside the ops, every tensor autograd saved for backward (a pack of
 `torch.autograd.graph.saved_tensors_hooks`) in the order it was packed, with the point it was
-packed and unpacked at, and every module call of the forward. A point is the number of ops
-completed: point p lies between op p-1 and op p. The hooked executor (memplan.exec.hooked)
-counts packs as the step runs, so the n-th pack of a step is `Trace.saved[n]`; its packs and
-unpacks are the moments it acts at, and a module call is a region it can run again to
-recompute what the call saved (memplan.sim.lowering).
+packed and unpacked at; every module call of the forward (its forward pre-hook and forward hook
+fire at its first op and after its last); and the other hooks of a training step (`Mark`): a
+parameter's gradient accumulated (`register_post_accumulate_grad_hook`) and the optimizer's step
+beginning and ending (its step pre- and post-hooks). A point is the number of ops completed:
+point p lies between op p-1 and op p. The hooked executor (memplan.exec.hooked) knows where the
+step is at each of these hooks (the n-th pack of a step is `Trace.saved[n]`, the k-th call of a
+module is its k-th `Call`), so they are the moments it acts at (memplan.model.hooksites), and a
+module call is a region it can run again to recompute what the call saved (memplan.sim.lowering).
 """
 
 from __future__ import annotations
@@ -44,10 +47,21 @@ class Call:
             raise ValueError(f"call {self.occurrence} of module {self.module!r}: bad op or pack range")
 
 
-def hook_points(saved: tuple[Saved, ...], n_ops: int) -> list[int]:
-    """The points a hooked executor acts at, ascending: every pack and unpack, the step's start and end."""
-    marks = {0, n_ops} | {s.packed_at for s in saved} | {s.unpacked_at for s in saved if s.unpacked_at is not None}
-    return sorted(marks)
+MARK_KINDS = ("accumulated", "step", "stepped")  # a gradient accumulated; the optimizer's step begins; it ended
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mark:
+    """One call of a training step's hook other than a saved tensor's or a module's, where it fired."""
+
+    kind: str  # one of MARK_KINDS
+    key: str  # the parameter's name (accumulated); "" for the optimizer's step
+    occurrence: int  # earlier calls of the same hook (kind and key) in the step
+    point: int  # the point it fired at
+
+    def __post_init__(self):
+        if self.kind not in MARK_KINDS or self.point < 0 or self.occurrence < 0:
+            raise ValueError(f"mark {self.kind!r} of {self.key!r}: an unknown kind or a negative point")
 
 
 def first_packs(saved: tuple[Saved, ...]) -> dict[int, int]:

@@ -54,6 +54,7 @@ class Action(enum.IntEnum):
 ACTIONS = (Action.SWAP.word, Action.RECOMPUTE.word)  # a Decision's actions
 PLAN_SCHEMA = "memplan.plan"
 PLAN_VERSION = 1
+LEVEL_CHOICES = ("", "plain", "hooked", "interpreted")  # Plan.level (memplan.model.program.LEVELS, or none yet)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +127,8 @@ class Plan:
     planning_s: float = 0.0  # wall-clock seconds the planner took
     history: dict = field(default_factory=dict)  # a search's convergence per step, for `memplan plan --plot`
     report: dict = field(default_factory=dict)  # what the planner says of its answer (a solver's objective, bound, gap)
+    level: str = ""  # the executor level it runs at, fixed when it was planned (memplan.sim.simulate); "": not
+    # yet (the simulator decides it under the budget in force)
 
     def with_meta(self, **changes) -> "Plan":
         """A copy with some fields replaced."""
@@ -160,6 +163,8 @@ class Plan:
         try:
             _check_types(body, _PLAN_FIELDS, "plan")
             _check_sizes(body)
+            if body.get("level", "") not in LEVEL_CHOICES:
+                raise ValueError(f"field 'level' must be one of {LEVEL_CHOICES}, not {body['level']!r}")
             body["decisions"] = tuple(Decision(**_check_types(d, _DECISION_FIELDS, "decision"))
                                       for d in body.get("decisions", ()))
             body["pool"] = tuple(PoolSlot(**_check_types(p, _SLOT_FIELDS, "pool slot")) for p in body.get("pool", ()))
@@ -177,7 +182,7 @@ _NUMBER = (int, float)
 _PLAN_FIELDS = {"decisions": (list,), "pool": (list,), "pool_bytes": _OPT_INT, "microbatches": (list,),
                 "planner": (str,), "params": (dict,), "seed": _OPT_INT, "budget_bytes": _OPT_INT, "profile": (dict,),
                 "trace_digest": (str, type(None)), "predicted": (dict,), "planning_s": _NUMBER, "history": (dict,),
-                "report": (dict,)}
+                "report": (dict,), "level": (str,)}
 _DECISION_FIELDS = {"storage": _INT, "action": (str,), "out_after": _INT, "back_before": _INT,
                     "trigger": _OPT_INT, "sync": (bool,), "overlap": (bool,), "compress_ratio": (int, float, type(None))}
 _SLOT_FIELDS = {"storage": _INT, "start": _INT, "offset": _INT}

@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from .conv import ConvParams
-from .hookpoints import Call, Saved
+from .hookpoints import Call, Mark, Saved
 
 KINDS = ("param", "grad", "optimizer_state", "input", "activation", "temp", "workspace")
 PHASES = ("forward", "backward", "optimizer")
@@ -25,8 +25,8 @@ OWNER_KINDS = ("param", "buffer", "grad", "state")
 # Ops of the data-parallel engines (DDP, FSDP2) and their collectives: what they write is theirs.
 ENGINE_OP_PREFIXES = ("c10d.", "_c10d_functional.", "fsdp.")
 SCHEMA = "memplan.trace"
-SCHEMA_VERSION = 3  # 3: saved tensors and module calls (memplan.model.hookpoints)
-READABLE_VERSIONS = (2, 3)  # version 2 files have neither
+SCHEMA_VERSION = 4  # 3: saved tensors and module calls; 4: marks (memplan.model.hookpoints)
+READABLE_VERSIONS = (2, 3, 4)  # version 2 files have none of them, version 3 no marks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +112,7 @@ class Trace:
     owners: tuple[Owner, ...] = ()  # holders of persistent storages (traced models only)
     saved: tuple[Saved, ...] = ()  # tensors autograd saved, in pack order (traced models only)
     calls: tuple[Call, ...] = ()  # module calls of the forward, by first op (traced models only)
+    marks: tuple[Mark, ...] = ()  # gradients accumulated, optimizer steps, in the order they fired (traced models only)
 
     def __post_init__(self):
         for i, s in enumerate(self.storages):
@@ -131,6 +132,9 @@ class Trace:
             if call.end_op > len(self.ops) or call.end_saved > len(self.saved) or \
                     not all(0 <= a < len(self.storages) for a in call.args):
                 raise ValueError(f"call of module {call.module!r} ends outside the trace")
+        for mark in self.marks:
+            if mark.point > len(self.ops):
+                raise ValueError(f"mark {mark.kind!r} of {mark.key!r} fired outside the trace")
 
     # --- sizes and the load curve -------------------------------------------------------
 

@@ -141,39 +141,43 @@ def plan_events(n_ops, n_storages, d_recompute, d_sid, d_out, d_back, d_trigger,
 
 
 @njit(cache=True)
-def place_decisions(after, before, first_packed_at, backward, d_sid, d_recompute, d_out, d_back, d_prefetch, d_sync):
-    """Decisions moved onto hook points (memplan.sim.lowering): a swap-out or drop after op i at the first
-    point at or after i + 1, a prefetch at the last point at or before its trigger (not before the
-    swap-out), a recomputation at the last point at or before its op.
+def place_decisions(after, before, d_recompute, d_out, d_back, d_prefetch, d_sync):
+    """Decisions moved onto sites (memplan.sim.lowering, memplan.model.hooksites): a swap-out or drop
+    after op i at the first point at or after i + 1, a prefetch at the last point at or before its
+    trigger (not before the swap-out, unless its gap wraps around the step), a recomputation at the
+    last point at or before its op; a tail prefetch that would come at the step's end comes at the
+    next step's start instead (the same moment).
 
     Args:
-        after, before: per point p (0..ops), the first hook point at or after p and the last at or before it.
-        first_packed_at: per storage, the point of its first pack (-1: autograd never saves it).
-        backward: per op, True in the backward phase.
+        after, before: per point p (0..ops), the first site's point at or after p and the last at or before it.
     Returns:
-        (out_after, back_before, prefetch_at, sync, unhookable, left): the moved columns (an overlapping
-        swap-out no longer overlaps), the decisions that cannot run at hook points at all (not saved
-        by autograd, away until an op outside backward, or leaving before autograd saved them), and
-        those whose gap is empty there.
+        (out_after, back_before, prefetch_at, sync, left): the moved columns (an overlapping swap-out
+        no longer overlaps), and which decisions' gaps are empty there.
     """
-    n = d_sid.shape[0]
+    n = d_out.shape[0]
+    n_ops = after.shape[0] - 1
     out, back, prefetch, sync = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
-    unhookable, left = np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
+    left = np.zeros(n, dtype=np.bool_)
     for d in range(n):
-        first = first_packed_at[d_sid[d]]
         out[d] = after[d_out[d] + 1] - 1
-        unhookable[d] = first < 0 or d_back[d] <= d_out[d] or not backward[d_back[d]] or first > out[d] + 1
         if d_recompute[d]:
             back[d] = before[d_back[d]]
             prefetch[d] = back[d]
             left[d] = back[d] <= out[d] + 1
             sync[d] = d_sync[d]
-        else:
-            back[d] = d_back[d]
+            continue
+        back[d] = d_back[d]
+        sync[d] = d_sync[d] & ~OVERLAP
+        if d_back[d] > d_out[d]:
             prefetch[d] = max(before[d_prefetch[d]], out[d] + 1)
             left[d] = out[d] + 1 >= d_back[d]
-            sync[d] = d_sync[d] & ~OVERLAP
-    return out, back, prefetch, sync, unhookable, left
+        elif d_prefetch[d] > d_out[d]:  # across the boundary, prefetched in the step's tail
+            prefetch[d] = max(before[d_prefetch[d]], out[d] + 1)
+            if prefetch[d] >= n_ops:
+                prefetch[d] = before[0]
+        else:  # across the boundary, prefetched in the next step's head
+            prefetch[d] = before[d_prefetch[d]]
+    return out, back, prefetch, sync, left
 
 
 @njit(cache=True)

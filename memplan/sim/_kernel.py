@@ -305,17 +305,8 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
         op_start[i] = t
         t += durations[i]
         floats[R_COMPUTE] += durations[i]
-        # (6) releases at the end of the op, then swap-outs
-        released = 0
-        for k in range(death_ptr[i], death_ptr[i + 1]):
-            s = death_ids[k]
-            if resident[s]:
-                resident[s] = False
-                released += nbytes[s]
-        if released:
-            load -= released
-            if i < n_ops - 1:  # the end-of-iteration release is not part of the curve
-                n_load = _point(load_t, load_v, n_load, t, load, record)
+        # (6) swap-outs, then releases at the end of the op (only a gap across the boundary that
+        # starts after the last op has both: its swap-out comes first, the end-of-iteration release after)
         released = 0
         for k in range(out_ptr[i], out_ptr[i + 1]):
             d = out_ids[k]
@@ -354,9 +345,14 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                 pend_b[pend_tail] = nbytes[s]
                 pend_d[pend_tail] = d
                 pend_tail += 1
+        for k in range(death_ptr[i], death_ptr[i + 1]):
+            s = death_ids[k]
+            if resident[s]:
+                resident[s] = False
+                released += nbytes[s]
         if released:
             load -= released
-            if i < n_ops - 1:
+            if i < n_ops - 1:  # the end-of-iteration release is not part of the curve
                 n_load = _point(load_t, load_v, n_load, t, load, record)
     # Swap-outs still in flight are released at the end of the step.
     n_prog = _emit_releases(prog, n_prog, pend_d, pend_head, pend_tail, n_ops - 1, 1, emit)

@@ -25,17 +25,25 @@ def host_peak(wrap: np.ndarray, link_bytes: np.ndarray, recorded, ints) -> int:
 
 
 def host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
-    """The host's work at each op at each level: plain eager training; with the hooked executor's
-    pack and unpack hooks (at the op after their point); with the interpreted one's dispatch mode
-    (and its identity hooks)."""
+    """The host's work at each op at each level before a plan's own: plain eager training; the
+    same at the hooked level (the hooks a plan's program needs are its own: `hooked_host`); with the
+    interpreted executor's dispatch mode and its identity saved-tensor hooks at every pack and unpack
+    (at the op after their point)."""
     n = trace.num_steps
     plain = np.full(n, cost.host_op_s)
-    hooked = plain.copy()
+    every = plain.copy()
     points = [s.packed_at for s in trace.saved] + [s.unpacked_at for s in trace.saved if s.unpacked_at is not None]
     if n and points and cost.executor_s("hook"):
-        np.add.at(hooked, np.minimum(points, n - 1), cost.executor_s("hook"))
+        np.add.at(every, np.minimum(points, n - 1), cost.executor_s("hook"))
     # the interpreted runner counts every op in its mode, under identity saved-tensor hooks (memplan.exec.runner)
-    return {PLAIN: plain, HOOKED: hooked, INTERPRETED: hooked + cost.executor_s("mode_op")}
+    return {PLAIN: plain, HOOKED: plain, INTERPRETED: every + cost.executor_s("mode_op")}
+
+
+def hooked_host(plain: np.ndarray, cost: Cost, firings) -> np.ndarray:
+    """The host's work at each op of a hooked program: plain training's, plus a hook's price per call
+    its installed hooks make there (`firings`, memplan.model.hooksites; None: none priced)."""
+    hook_s = cost.executor_s("hook")
+    return plain if not hook_s or firings is None else plain + hook_s * firings
 
 
 def producer_ids(trace: Trace) -> np.ndarray:

@@ -1,21 +1,24 @@
 """Lower a plan onto what the executor can act on without interpreting every op.
 
-Lower the plan, do not interpret it (docs/executor.md, "How it runs"). A plan runs at one of three levels:
+Lower the plan, do not interpret it (docs/executor.md, "How it runs"). A plan runs at one of three
+levels, fixed by its decisions alone (and by its planner where it chose the interpreted one:
+`Plan.level`), which the simulator simulates and the executor runs:
 
 - plain: no decision; nothing is installed in the step.
-- hooked: the decisions take tensors autograd saved (`Trace.saved`) out of memory until backward
-  needs them (then autograd alone holds them: memplan.exec.hooked, rule 1). The executor (memplan.exec.hooked) acts only at saved-tensor packs and unpacks, the
-  step's points with a hook (memplan.model.hookpoints), and recomputes by running a module call
-  again (a region) as ordinary PyTorch. So the plan is moved onto those points: a swap-out or
-  drop after op i happens at the first hook point at or after i + 1, a prefetch at the last one
-  at or before its trigger, a recomputation at the last one at or before its op (a gap left
-  empty is dropped: the storage stays). Recompute decisions due at one point are run by module
-  calls as memplan.sim.regions chooses them; a decision none can run is dropped (kept
-  resident): `dropped` counts them.
+- hooked: the decisions that can run at the sites of the step (memplan.model.hooksites: a storage
+  an owner holds, or one autograd saved and away until backward; the others are left out, kept
+  resident, and the reason names the first). The executor (memplan.exec.hooked)
+  acts only at those hooks and recomputes by running a module call again (a region) as ordinary
+  PyTorch. So the plan is moved onto the sites' points: a swap-out or drop after op i happens at
+  the first point at or after i + 1, a prefetch at the last one at or before its trigger, a
+  recomputation at the last one at or before its op (a gap left empty is dropped: the storage
+  stays). Recompute decisions due at one point are run by module calls as memplan.sim.regions
+  chooses them; a decision none can run is dropped (kept resident): `dropped` counts them. The
+  sites its program needs, and what their hooks cost the host, are `Lowered.sites`.
 - interpreted: the dispatch-mode runner (memplan.exec.runner) acts before and after every op and
-  recomputes by replaying ops (memplan.sim.chains): for micro-batched convolutions, a trace
-  without hook records, or a plan whose hooked form does not fit its budget (the simulator
-  decides: memplan.sim.simulate).
+  recomputes by replaying ops (memplan.sim.chains): for micro-batched convolutions, a trace without
+  hook records, and where the planner chose it (`Plan.level`: no plan of its hooked form fits, or
+  it runs slower; memplan.planners.base.hooks_fit).
 
 The simulator simulates the lowered plan, so what it predicts is what the executor runs. Plans
 are lowered as columns (memplan.sim.decisions); the moved Decisions are made only when asked for
@@ -31,7 +34,7 @@ from functools import cached_property
 import numpy as np
 
 from ..model import Decision, Trace
-from ..model.hookpoints import first_packs, hook_points
+from ..model.hooksites import HookSites, Installed
 from ..model.program import HOOKED, INTERPRETED, PLAIN, RegionRun
 from .chains import Chain
 from .decisions import DecisionArrays
@@ -57,6 +60,15 @@ class Lowered:
     reason: str = ""  # why the first dropped decision was, or why the plan is interpreted
 
     @cached_property
+    def sites(self) -> Installed | None:
+        """Hooked: the sites its program needs (memplan.model.hooksites; made when first asked for)."""
+        if self.level != HOOKED:
+            return None
+        a, sites = self.arrays, self.runs_of.sites
+        points = np.concatenate([a.out_after + 1, a.prefetch_at, sites.before_of[a.back_before]])
+        return sites.installed(points, np.unique(a.storage), {run.call for run in self.regions.values()})
+
+    @cached_property
     def holds(self) -> dict[int, int]:
         """Hooked: storage -> the later free_op its region run's hold gives it (memplan.sim.regions;
         made when first asked for: a plan whose hooked form cannot fit never needs them)."""
@@ -80,7 +92,7 @@ class Placed:
 
     arrays: DecisionArrays  # the decisions that can run at hook points and keep a gap there, moved onto them
     index: np.ndarray  # their positions in the plan
-    reason: str  # why the first decision that cannot run at hook points cannot ("" when all can)
+    reason: str  # why the first decision no site can run cannot ("" when all can)
 
 
 def as_given(level: str, decisions: tuple[Decision, ...], arrays: DecisionArrays, reason: str = "") -> Lowered:
@@ -94,40 +106,31 @@ class Lowering:
     def __init__(self, trace: Trace, durations: np.ndarray, place_decisions):
         self.trace = trace
         self._place = place_decisions  # memplan.sim._events.place_decisions, compiled or interpreted
-        self.points = hook_points(trace.saved, len(trace.ops))
-        every = np.arange(len(trace.ops) + 1)  # per point p: the first hook point at or after it, the last before
-        self._after = np.array(self.points)[np.searchsorted(self.points, every)]
-        self._before = np.array(self.points)[np.searchsorted(self.points, every, side="right") - 1]
-        self.first_pack = first_packs(trace.saved)  # storage -> index of its first pack
-        n = len(trace.storages)
-        self._first_packed_at = np.full(n, -1, dtype=np.int64)  # the point of its first pack (-1: never packed)
-        for sid, k in self.first_pack.items():
-            self._first_packed_at[sid] = trace.saved[k].packed_at
-        self._backward = np.array([op.phase == "backward" for op in trace.ops], dtype=np.bool_)
-        self.regions = Regions(trace, durations, self.first_pack, producer_ids(trace))
+        self.sites = HookSites(trace)
+        self.points = self.sites.points
+        self.regions = Regions(trace, durations, self.sites, producer_ids(trace))
 
     # --- points ------------------------------------------------------------------------------
 
     def after(self, point: int) -> int:
         """The first hook point at or after `point`."""
-        return self.points[bisect.bisect_left(self.points, point)]
+        return self.sites.after(point)
 
     def before(self, point: int) -> int:
         """The last hook point at or before `point`."""
-        return self.points[bisect.bisect_right(self.points, point) - 1]
+        return self.sites.before(point)
 
     # --- plans -------------------------------------------------------------------------------
 
     def lower(self, decisions: tuple[Decision, ...], arrays: DecisionArrays | None = None) -> Lowered:
-        """The hooked form of `decisions` (`arrays`: their columns, when at hand; interpreted where it
-        cannot be hooked at all)."""
+        """`decisions` at the level they run (`arrays`: their columns, when at hand)."""
         decisions = tuple(decisions)
         arrays = DecisionArrays.of(decisions) if arrays is None else arrays
         return self.given(decisions, arrays) or self.with_regions(decisions, self.place(decisions, arrays))
 
     def given(self, decisions: tuple[Decision, ...], arrays: DecisionArrays) -> Lowered | None:
         """`decisions` as they run where they have no hooked form (plain without decisions, else
-        interpreted), None where they have one."""
+        interpreted, the reason naming why), None where they have one."""
         if not decisions:
             return as_given(PLAIN, decisions, arrays)
         if not self.trace.saved:
@@ -139,11 +142,13 @@ class Lowering:
         return None
 
     def place(self, decisions: tuple[Decision, ...], arrays: DecisionArrays) -> Placed:
-        """The decisions of a plan with a hooked form (`given` is None) moved onto hook points."""
-        moved, unhookable, left = self._moved(arrays)
-        index = np.flatnonzero(~unhookable & ~left)
+        """The decisions of a plan with a hooked form (`given` is None) moved onto hook points, those no
+        site can run left out (`reason` names the first)."""
+        moved, left = self._moved(arrays)
+        unhooked = self.unhookable(arrays)
+        index = np.flatnonzero(~unhooked & ~left)
         return Placed(arrays=moved.take(index), index=index,
-                      reason=self._unhookable(decisions[int(np.argmax(unhookable))]) if unhookable.any() else "")
+                      reason=self.sites.reason(decisions[int(np.argmax(unhooked))]) if unhooked.any() else "")
 
     def with_regions(self, decisions: tuple[Decision, ...], placed: Placed) -> Lowered:
         """The hooked form of `decisions` from their placed form: each recompute decision given its region
@@ -169,26 +174,13 @@ class Lowering:
                        reason=why)
 
     def unhookable(self, a: DecisionArrays) -> np.ndarray:
-        """Per decision of `a`: it cannot run at hook points at all (`_unhookable` says why)."""
-        return self._moved(a)[1]
+        """Per decision of `a`: it cannot run at hook points at all (memplan.model.hooksites says why)."""
+        return self.sites.unhooked(a.storage, a.recompute, a.out_after, a.back_before)
 
-    def _moved(self, a: DecisionArrays) -> tuple[DecisionArrays, np.ndarray, np.ndarray]:
-        """Every decision moved onto hook points, which of them cannot run at hook points at all
-        (`_unhookable`), and which have an empty gap there (left out, the storage stays)."""
-        out, back, prefetch, sync, unhookable, left = self._place(
-            self._after, self._before, self._first_packed_at, self._backward, a.storage, a.recompute, a.out_after,
-            a.back_before, a.prefetch_at, a.sync)
+    def _moved(self, a: DecisionArrays) -> tuple[DecisionArrays, np.ndarray]:
+        """Every decision moved onto hook points, and which have an empty gap there (left out, the storage stays)."""
+        out, back, prefetch, sync, left = self._place(
+            self.sites.after_of, self.sites.before_of, a.recompute, a.out_after, a.back_before, a.prefetch_at, a.sync)
         moved = DecisionArrays(storage=a.storage, recompute=a.recompute, out_after=out, back_before=back,
                                prefetch_at=prefetch, sync=sync, ratio=a.ratio)
-        return moved, unhookable, left
-
-    def _unhookable(self, d: Decision) -> str:
-        """Why `d` cannot run at hook points ("" when it can)."""
-        first = self.first_pack.get(d.storage)
-        if first is None:
-            return f"storage {d.storage} is not a tensor autograd saves"
-        if d.wraps or self.trace.ops[d.back_before].phase != "backward":
-            return f"storage {d.storage} is away until op {d.back_before}, not until backward unpacks it"
-        if self.trace.saved[first].packed_at > self.after(d.out_after + 1):
-            return f"storage {d.storage} leaves before autograd saves it"
-        return ""
+        return moved, left

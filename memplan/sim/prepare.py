@@ -14,7 +14,7 @@ import numpy as np
 from ..cost.model import Cost
 from ..model import Trace
 from ..model.program import HOOKED, INTERPRETED
-from .arrays import csr, host_per_op, producer_ids
+from .arrays import csr, host_per_op, hooked_host, producer_ids
 from .chains import Chain, chains_of
 from .decisions import DecisionArrays
 from .lowering import Lowered, Lowering
@@ -144,13 +144,20 @@ class Preparer:
          wait_first, host, d2h, h2d) = self._plan_events(
             trace.num_steps, len(trace.storages), a.recompute, a.storage, a.out_after, a.back_before, a.prefetch_at,
             priced.d2h, priced.h2d, self.producers, chains.index, chains.seconds, chains.alloc, chains.free,
-            per_op * chains.ops + per_run * chains.runs, chains.read_codes, chains.read_any, self._host[lowered.level],
+            per_op * chains.ops + per_run * chains.runs, chains.read_codes, chains.read_any, self._host_of(lowered),
             cost.executor_s("action"), cost.host_async)
         args = (self.durations, trace.nbytes, *self._births, *self._deaths_for(lowered.holds),
                 kind, a.storage, a.sync, wrap, priced.link_bytes, d2h, h2d, priced.comp, *chain_columns,
                 issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
                 absent, a.back_before, wait_first, host, cost.host_async)
         return KernelInputs(args=args, wrap=wrap, link_bytes=priced.link_bytes)
+
+    def _host_of(self, lowered: Lowered) -> np.ndarray:
+        """The host's work per op at `lowered`'s level, before its actions (a hooked program: with its hooks)."""
+        if lowered.level != HOOKED:
+            return self._host[lowered.level]
+        priced = self.cost.executor_s("hook") != 0.0
+        return hooked_host(self._host[HOOKED], self.cost, self.lowering.sites.firings(lowered.sites) if priced else None)
 
     # --- chains ------------------------------------------------------------------------------
 

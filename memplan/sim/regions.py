@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..model import Trace
+from ..model.hooksites import HookSites
 from ..model.program import RegionRun
 from .chains import Chain, ChainStep
 from .decisions import DecisionArrays
@@ -97,11 +98,12 @@ class _Away:
 class Regions:
     """Region runs of one trace's module calls (per-trace facts computed once)."""
 
-    def __init__(self, trace: Trace, durations: np.ndarray, first_pack: dict[int, int], producers: np.ndarray):
+    def __init__(self, trace: Trace, durations: np.ndarray, sites: HookSites, producers: np.ndarray):
         self.trace = trace
         self.durations = durations
         self.producers = producers  # storage -> the op that made it (-1: none); runs at one op go in that order
-        self.first_pack = first_pack  # storage -> index of its first pack
+        self.sites = sites  # where the hooked executor acts (memplan.model.hooksites)
+        self.first_pack = sites.first_pack  # storage -> index of its first pack
         self.calls = trace.calls
         self._buffers = frozenset(o.storage for o in trace.owners if o.kind == "buffer")
         self._runs: dict = {}  # (call, captures) -> _Run

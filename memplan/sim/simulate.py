@@ -53,8 +53,7 @@ Semantics (the contract; docs/simulator.md, "Simulation", says it for users):
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, replace
-from functools import cached_property
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -67,8 +66,8 @@ from . import _codes as K
 from .kernel_loader import compiled
 from .arrays import host_peak
 from .convview import conv_view
-from .decisions import DecisionArrays
-from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Lowering, Placed, as_given
+from .levels import Level, Prepared
+from .lowering import HOOKED, INTERPRETED, Lowered, Lowering
 from .prepare import KernelInputs, Preparer
 from .result import SimResult
 
@@ -101,7 +100,7 @@ class Simulator:
         self._prefix = np.concatenate([[0.0], np.cumsum(self._durations)])
         self.lowering = Lowering(trace, self._durations, self._kernel.place_decisions) if hooks and trace.ops else None
         self._prepare = Preparer(trace, cost, self._durations, self.lowering, self._kernel)
-        self._plans: OrderedDict[int, _Prepared] = OrderedDict()  # by id of the decisions tuple
+        self._plans: OrderedDict[int, Prepared] = OrderedDict()  # by id of the decisions tuple
         self.evaluations = 0  # plans evaluated (simulated, or found not to fit without simulating)
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
         self.baseline_time_s = float(self._run_prepared(self._prepared(()).first, NO_LIMIT, False, False)[1][K.R_TIME])
@@ -118,9 +117,9 @@ class Simulator:
 
     def time_if_fits(self, plan: Plan, budget_bytes: int) -> float | None:
         """The simulated step time of `plan` under `budget_bytes` at the level it runs (`run`), or None
-        where it does not fit: what a search compares. Where lower bounds of its peak at every level
-        it could run at exceed the budget, nothing is simulated."""
-        if not plan.microbatches and self._prepared(plan.decisions).cannot_fit(int(budget_bytes)):
+        where it does not fit: what a search compares. Where a lower bound of its peak at that level
+        exceeds the budget, nothing is simulated."""
+        if not plan.microbatches and self._prepared(plan.decisions).cannot_fit(int(budget_bytes), plan.level):
             self.evaluations += 1
             return None
         result = self.run(plan, budget_bytes)
@@ -152,16 +151,20 @@ class Simulator:
                 replace(plan, microbatches=()), budget_bytes, timeline, emit)
             lowered = replace(lowered, level=INTERPRETED, reason=MICRO_BATCHES)
             return replace(result, level=INTERPRETED, level_reason=MICRO_BATCHES), rows, lowered
-        level, out = self._at_its_level(self._prepared(plan.decisions if plan else ()), int(budget_bytes),
-                                        timeline, emit)
+        level, out = self._at_its_level(self._prepared(plan.decisions if plan else ()), plan.level if plan else "",
+                                        int(budget_bytes), timeline, emit)
         inputs, floats, ints, recorded, rows = out
         return self._result(inputs, floats, ints, recorded, timeline, level.lowered), rows, level.lowered
 
-    def _at_its_level(self, entry: _Prepared, budget: int, timeline: bool, emit: bool):
-        """The level `entry` runs at under `budget`, and the kernel's run of it: hooked where its hooked
-        form fits, else interpreted (with no cap, whichever peaks lower)."""
-        if entry.hooked_cannot_fit(budget):  # the level is known: only the interpreted form runs
-            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
+    def _at_its_level(self, entry: Prepared, chosen: str, budget: int, timeline: bool, emit: bool):
+        """The level `entry` runs at under `budget`, and the kernel's run of it: the plan's own (`Plan.level`,
+        recorded when it was planned), or for a plan without one, hooked where its hooked form fits, else
+        interpreted (with no cap, whichever peaks lower)."""
+        if chosen == INTERPRETED and entry.given is None:  # its planner chose the interpreted executor
+            return entry.chosen, self._run_prepared(entry.chosen, budget, timeline, emit)
+        if chosen or entry.hooked_cannot_fit(budget):  # the level is known: only that form runs
+            level = entry.first if chosen else entry.interpreted
+            return level, self._run_prepared(level, budget, timeline, emit)
         level = entry.first
         out = self._run_prepared(level, budget, timeline, emit)
         if level.lowered.level != HOOKED and not level.lowered.dropped:
@@ -172,7 +175,7 @@ class Simulator:
             other = self._run_prepared(entry.interpreted, budget, timeline, emit)
             if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
                 lowered = replace(entry.interpreted.lowered, reason="its hooked form peaks higher")
-                return _Level(lowered=lowered, inputs=entry.interpreted.inputs), other
+                return Level(lowered=lowered, inputs=entry.interpreted.inputs), other
         return level, out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
@@ -186,22 +189,22 @@ class Simulator:
         return self._result(inputs, floats, ints, recorded, False, first.lowered)
 
     def lower(self, decisions) -> Lowered:
-        """`decisions` at the level they would run (memplan.sim.lowering; before the budget's say)."""
+        """`decisions` at the level they run (memplan.sim.lowering)."""
         return self._prepared(tuple(decisions)).lowered
 
-    def _prepared(self, decisions: tuple) -> _Prepared:
+    def _prepared(self, decisions: tuple) -> Prepared:
         """`decisions` prepared (kept by identity among the last RECENT_PLANS)."""
         entry = self._plans.get(id(decisions))
         if entry is not None and entry.decisions is decisions:
             self._plans.move_to_end(id(decisions))
         else:
-            entry = _Prepared(decisions, self)
+            entry = Prepared(decisions, self)
             self._plans[id(decisions)] = entry
             if len(self._plans) > RECENT_PLANS:
                 self._plans.popitem(last=False)
         return entry
 
-    def _run_prepared(self, level: _Level, budget: int, timeline: bool, emit: bool):
+    def _run_prepared(self, level: Level, budget: int, timeline: bool, emit: bool):
         floats, ints, *recorded, rows = self._kernel.run_kernel(*level.inputs.args, budget, timeline, emit)
         return level.inputs, floats, ints, recorded, rows
 
@@ -259,85 +262,3 @@ class Simulator:
         for name, kind in (("d2h", K.D2H_COPY), ("h2d", K.H2D_COPY)):
             lanes[name] = [(float(s), float(e)) for s, e, k in copies if k == kind]
         return lanes
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Level:
-    """A plan at one level and the kernel's arrays for it."""
-
-    lowered: Lowered  # the plan at that level (memplan.sim.lowering)
-    inputs: KernelInputs  # the kernel's arrays (memplan.sim.prepare)
-
-
-class _Prepared:
-    """One plan prepared for the kernel: its columns, its hooked (or plain) form, and its interpreted
-    form, each made the first time it is needed."""
-
-    def __init__(self, decisions: tuple, sim: Simulator):
-        self.decisions = decisions  # the plan's decisions (the key is their identity: kept alive here)
-        self._sim = sim
-        self.arrays = DecisionArrays.of(decisions)
-        self.priced = sim._prepare.priced(self.arrays)  # what each decision moves, at each level
-
-    @cached_property
-    def given(self) -> Lowered | None:
-        """The plan as it runs where it has no hooked form (memplan.sim.lowering), else None."""
-        sim = self._sim
-        if sim.lowering is None:
-            return as_given(PLAIN if not self.decisions else INTERPRETED, self.decisions, self.arrays,
-                            "" if not self.decisions else "the trace has no ops to hook")
-        return sim.lowering.given(self.decisions, self.arrays)
-
-    @cached_property
-    def placed(self) -> Placed:
-        """Its decisions moved onto hook points (where it has a hooked form)."""
-        return self._sim.lowering.place(self.decisions, self.arrays)
-
-    @cached_property
-    def lowered(self) -> Lowered:
-        """The plan at the level it would run (memplan.sim.lowering; before the budget's say)."""
-        return self.given or self._sim.lowering.with_regions(self.decisions, self.placed)
-
-    @cached_property
-    def first(self) -> _Level:
-        """The form simulated first: hooked where the plan has one, else as it runs."""
-        lowered = self.lowered
-        priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
-        return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
-
-    @cached_property
-    def interpreted(self) -> _Level:
-        """The plan as the interpreted runner runs it, when its hooked form does not fit."""
-        why = (self.placed.reason if self.given is None else "") or self.lowered.reason
-        lowered = as_given(INTERPRETED, self.decisions, self.arrays,
-                           f"its hooked form does not fit ({why or 'later hook points'})")
-        return _Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
-
-    def hooked_cannot_fit(self, budget: int) -> bool:
-        """True when the plan has a hooked form that surely cannot run under `budget` (a lower bound of its
-        peak, which no timing lowers, exceeds it: first before its region runs are chosen, then after):
-        then it runs interpreted, and only that is simulated."""
-        if self.given is not None or not limited(budget):
-            return False
-        return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
-
-    def cannot_fit(self, budget: int) -> bool:
-        """True when no level the plan could run at fits `budget`: neither its hooked form (above) nor
-        its interpreted one (a lower bound of its peak, without the chains' memory, exceeds it)."""
-        return limited(budget) and (self.given is not None or self.hooked_cannot_fit(budget)) and \
-            self.interpreted_floor > budget
-
-    @cached_property
-    def placed_floor(self) -> int:
-        """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load)."""
-        return self._sim._prepare.floor_bytes(self.placed.arrays)
-
-    @cached_property
-    def lowered_floor(self) -> int:
-        """The same with its region runs' memory."""
-        return self._sim._prepare.floor_bytes(self.lowered.arrays, self.lowered.carriers)
-
-    @cached_property
-    def interpreted_floor(self) -> int:
-        """A lower bound of its peak as planned (interpreted)."""
-        return self._sim._prepare.floor_bytes(self.arrays)

@@ -27,7 +27,9 @@ Rules (one `Violation.kind` constant each):
   bytes (POOL_OVERLAP);
 - OVER_BUDGET: the static load (a swap-out released right after out_after, a prefetch
   allocated at its trigger, a recompute allocated at back_before; a lower bound on the
-  simulated load) never exceeds the budget;
+  simulated load) never exceeds the budget; for a plan fixed at the hooked level
+  (`Plan.level`), with the decisions no hook can run kept resident, as the executor keeps them
+  (memplan.model.hooksites: one rule for the simulator, the validator and the executor);
 - POOL_OVER_BUDGET: a pool, when laid out, fits the budget (`pool_bytes` <= budget): the
   budget is the device memory, and the pool is what the plan takes of it.
 - BAD_CONV_DECISION: a convolution decision names an op and a kernel that op runs, once,
@@ -42,6 +44,8 @@ import bisect
 
 from ..budget import Budget, budget_given, budget_in_force, limited
 from ..model import Decision, Plan, Trace, expect_trace
+from ..model.hooksites import HookSites
+from ..model.program import HOOKED
 from .validate_memory import (check_budget, check_pool, check_pool_budget, conv_temps, residency_intervals,
                               static_load)
 from .violations import (BAD_CONV_DECISION, BAD_TRIGGER, BAD_WRAP, ENGINE_OWNED, KINDS, NOT_RECOMPUTABLE,
@@ -87,9 +91,18 @@ def validate(trace: Trace, plan: Plan, budget: Budget | int | str | float | None
     temps = conv_temps(trace, plan.microbatches, out)
     budget_bytes, _ = budget_in_force(budget_given(budget), plan.budget_bytes, trace.peak_load_bytes)
     if limited(budget_bytes):
-        check_budget(trace, good, budget_bytes, out, temps)
+        check_budget(trace, _run_at_level(trace, plan, good), budget_bytes, out, temps)
         check_pool_budget(plan.pool_bytes, budget_bytes, out)
     return out
+
+
+def _run_at_level(trace: Trace, plan: Plan, good: list[Decision]) -> list[Decision]:
+    """The decisions that run at the plan's level: at the hooked one, those no hook can run
+    (memplan.model.hooksites, the rule the simulator's lowering reads) are left out, resident."""
+    if plan.level != HOOKED or not trace.saved or not good:
+        return good
+    sites = HookSites(trace)
+    return [d for d in good if not sites.reason(d)]
 
 
 def _check_engine(trace: Trace, d: Decision, out: list) -> bool:

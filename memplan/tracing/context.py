@@ -2,7 +2,7 @@
 
 Forward ops belong to the innermost module whose forward is running (global module
 forward hooks); with a `clock`, every module call made while autograd records is kept as a
-`Call` (memplan.model.hookpoints). Backward ops belong to the module whose forward created the autograd
+`Call`, and every gradient accumulated and optimizer step as a `Mark` (memplan.model.hookpoints). Backward ops belong to the module whose forward created the autograd
 node that is executing: when a module's forward returns, the nodes it created are
 found by walking the autograd graph back from its outputs, and remembered by their
 sequence numbers (ints, so no reference keeps a graph or its saved tensors alive).
@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from ..model import Call
+from ..model import Call, Mark
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
@@ -36,6 +36,9 @@ class ProgramContext:
         self.clock = clock  # () -> (ops, packs) so far: module calls are recorded when given
         self.storages_of = storages_of  # (args, kwargs) -> their tensors' storage ids (a call's `args`)
         self.calls: list[Call] = []  # in the order they returned
+        self.marks: list[Mark] = []  # in the order they fired
+        self._marked: dict[tuple[str, str], int] = {}  # (kind, key) -> marks so far
+        self._param_names: dict[int, tuple[torch.nn.Parameter, str]] = {}  # id -> (parameter, its name)
         self._occurrences: dict[str, int] = {}
         self._names: dict[int, str] = {}
         self._modules: list[torch.nn.Module] = []
@@ -83,6 +86,9 @@ class ProgramContext:
                    register_optimizer_step_post_hook(self._post_step)]
         if self.clock is not None and self.storages_of is not None:  # after the global hook, with kwargs
             handles += [m.register_forward_pre_hook(self._arguments, with_kwargs=True) for m in self._modules]
+        if self.clock is not None:
+            handles += [p.register_post_accumulate_grad_hook(self._accumulated)
+                        for p, _ in self._param_names.values() if p.requires_grad]
         try:
             yield self
         finally:
@@ -98,6 +104,8 @@ class ProgramContext:
             self._names.setdefault(id(mod), name)
             for param in mod.parameters(recurse=False):
                 self._param_owner.setdefault(id(param), name)
+        for name, param in root.named_parameters():  # the names Trace.owners gives them (tied ones: the first)
+            self._param_names.setdefault(id(param), (param, name))
 
     def _pre_forward(self, module, args):
         if id(module) not in self._names and not self._stack:
@@ -139,9 +147,22 @@ class ProgramContext:
 
     def _pre_step(self, optimizer, args, kwargs):
         self._optimizer_depth += 1
+        self._mark("step", "")
 
     def _post_step(self, optimizer, args, kwargs):
         self._optimizer_depth -= 1
+        self._mark("stepped", "")
+
+    def _accumulated(self, param) -> None:
+        self._mark("accumulated", self._param_names[id(param)][1])
+
+    def _mark(self, kind: str, key: str) -> None:
+        """Record that hook `kind` of `key` fired now."""
+        if self.clock is None:
+            return
+        occurrence = self._marked.get((kind, key), 0)
+        self._marked[(kind, key)] = occurrence + 1
+        self.marks.append(Mark(kind=kind, key=key, occurrence=occurrence, point=self.clock()[0]))
 
 
 def _max_seq(args) -> int:

@@ -15,7 +15,7 @@ from dataclasses import asdict, fields
 
 from ..errors import TraceFormatError
 from ..fileio import atomic_write_text, read_text
-from ..model import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, Call, ConvParams, Op, Owner, Saved, Storage, Trace
+from ..model import READABLE_VERSIONS, SCHEMA, SCHEMA_VERSION, Call, ConvParams, Mark, Op, Owner, Saved, Storage, Trace
 
 _REQUIRED = {
     "storage": {"id": int, "nbytes": int, "kind": str, "alloc_op": int, "free_op": int},
@@ -23,6 +23,7 @@ _REQUIRED = {
     "owner": {"storage": int, "kind": str},
     "saved": {"packed_at": int},
     "call": {"module": str, "occurrence": int, "first_op": int, "end_op": int, "first_saved": int, "end_saved": int},
+    "mark": {"kind": str, "key": str, "occurrence": int, "point": int},
 }
 _OPTIONAL = {
     "storage": {"persistent": bool, "dtype": (str, type(None)), "shape": (list, type(None)),
@@ -32,23 +33,27 @@ _OPTIONAL = {
     "owner": {"name": str, "group": int, "index": int, "key": str},
     "saved": {"storage": (int, type(None)), "unpacked_at": (int, type(None))},
     "call": {"args": list},
+    "mark": {},
 }
-_CLASSES = {"storage": Storage, "op": Op, "owner": Owner, "saved": Saved, "call": Call}
+_CLASSES = {"storage": Storage, "op": Op, "owner": Owner, "saved": Saved, "call": Call, "mark": Mark}
 # The header's count of each record kind, by the name it has there.
-_COUNTS = (("storages", "storage"), ("ops", "op"), ("owners", "owner"), ("saved", "saved"), ("calls", "call"))
+_COUNTS = (("storages", "storage"), ("ops", "op"), ("owners", "owner"), ("saved", "saved"), ("calls", "call"),
+           ("marks", "mark"))
 
 
 def write_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write `trace` to `path` as JSON lines, atomically."""
     header = {"schema": SCHEMA, "version": SCHEMA_VERSION, "meta": trace.meta,
               "num_steps_hint": trace.num_steps_hint, "storages": len(trace.storages), "ops": len(trace.ops),
-              "owners": len(trace.owners), "saved": len(trace.saved), "calls": len(trace.calls)}
+              "owners": len(trace.owners), "saved": len(trace.saved), "calls": len(trace.calls),
+              "marks": len(trace.marks)}
     lines = [json.dumps(header, default=str)]
     lines += [json.dumps({"type": "storage", **_compact(asdict(s))}) for s in trace.storages]
     lines += [json.dumps({"type": "op", **_compact(asdict(op))}) for op in trace.ops]
     lines += [json.dumps({"type": "owner", **_compact(asdict(o))}) for o in trace.owners]
     lines += [json.dumps({"type": "saved", **_compact(asdict(s))}) for s in trace.saved]
     lines += [json.dumps({"type": "call", **asdict(c)}) for c in trace.calls]
+    lines += [json.dumps({"type": "mark", **asdict(m)}) for m in trace.marks]
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
@@ -93,7 +98,8 @@ def parse_trace(text: str, source: str = "<trace>") -> Trace:
         raise TraceFormatError(f"{source}:1: field 'num_steps_hint' or 'meta': wrong type")
     try:
         trace = Trace(storages=tuple(records["storage"]), ops=tuple(records["op"]), owners=tuple(records["owner"]),
-                      saved=tuple(records["saved"]), calls=tuple(records["call"]), meta=meta, num_steps_hint=hint)
+                      saved=tuple(records["saved"]), calls=tuple(records["call"]), marks=tuple(records["mark"]),
+                      meta=meta, num_steps_hint=hint)
     except ValueError as exc:
         raise TraceFormatError(f"{source}: {exc}") from None
     _check_references(trace, source)

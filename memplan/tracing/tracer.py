@@ -19,7 +19,8 @@ wall time over that many more iterations (`optimes`). The math settings in force
 autocast) are recorded in `meta["math"]` (`mathmode`), for the cost model.
 
 Saved-tensor hooks record every tensor autograd saves (`Trace.saved`) and the context every
-module call (`Trace.calls`): the points the hooked executor acts at (memplan.model.hookpoints).
+module call (`Trace.calls`), gradient accumulated and optimizer step (`Trace.marks`): the points
+the hooked executor acts at (memplan.model.hookpoints).
 Under them autograd makes other detaches than without (optional ops, memplan.tracing.opinfo):
 the interpreted executor and the CPU op timer run the step under identity hooks, so they meet
 the trace's ops exactly, and plain training differs from them only in optional ops. `Trace.owners` says who holds each persistent storage
@@ -251,7 +252,8 @@ class _Recorder(TorchDispatchMode):
         saved = tuple(Saved(storage=sid, packed_at=packed, unpacked_at=unpacked)
                       for sid, packed, unpacked in self.saved)
         calls = tuple(sorted(self.context.calls, key=lambda c: (c.first_op, -c.end_op, c.first_saved)))
-        return Trace(storages=storages, ops=ops, meta=meta, owners=self.owners, saved=saved, calls=calls)
+        return Trace(storages=storages, ops=ops, meta=meta, owners=self.owners, saved=saved, calls=calls,
+                     marks=tuple(self.context.marks))
 
 
 def owner_records(table: StorageTable, model, optimizer) -> tuple[Owner, ...]:

@@ -10,14 +10,14 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memplan.budget import NO_LIMIT
 from memplan.exec.meter import MemoryMeter
-from memplan.model import Plan
+from memplan.model import Decision, Plan
 from memplan.planners.base import plan as make_plan
 from memplan.problem import Problem
 from memplan.sim.simulate import Simulator
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.run import BUDGET_TOLERANCE
 
-from tests.exec.helpers import STEPS, batches, state_diffs, swap_all_plan, tiny_workload, train_plain
+from tests.exec.helpers import STEPS, batches, gap, saved_activations, state_diffs, swap_all_plan, tiny_workload, train_plain
 
 # A GPT-2 of short ops (the CPU proxy of a GPU's host-bound step), at batch 1
 GPT2 = {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}
@@ -129,13 +129,15 @@ def test_an_unpack_before_its_storage_is_back_brings_it_back_first(gpt2):
 
 
 def test_a_step_that_saves_other_tensors_than_traced_runs_unplanned(gpt2):
-    # rule 2: with the embedding's dropout off the step saves one tensor less: its packs are not the
+    # rule 2: with the dropouts off the step saves fewer tensors (no masks): a window's packs are not the
     # traced ones, and it leaves the program, training as plain training does
     plan = _at_checkpoint_memory(gpt2, "dtr")
     w, ref = gpt2_workload(), gpt2_workload()
     step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=gpt2, measure=False)
     for model in (w.model, ref.model):
-        model.transformer.drop.eval()
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.eval()
     x = w.make_inputs(w.batch, seed=3)
     torch.manual_seed(5)
     step(*x)
@@ -148,3 +150,38 @@ def test_a_step_that_saves_other_tensors_than_traced_runs_unplanned(gpt2):
 def test_an_empty_plan_installs_nothing(tiny):
     got, stats, modes = _planned(tiny_workload, Plan(decisions=(), trace_digest=tiny.digest), tiny)
     assert stats["level"] != "hooked" and stats["ops_in_mode"] == 0 and max(modes) == 0
+
+
+def test_saved_tensors_the_plan_never_moves_cost_no_hook(tiny):
+    # one swap: the runner's saved-tensor hooks are installed only around the call that saves it (its window),
+    # so a step calls Python at that window's packs and unpacks and a few module hooks, not at every pack
+    sid = saved_activations(tiny)[3]
+    out, back = gap(tiny, sid)
+    plan = Plan(decisions=(Decision(storage=sid, action="swap", out_after=out, back_before=back),),
+                trace_digest=tiny.digest, budget_bytes=tiny.peak_load_bytes)
+    got, stats, modes = _planned(tiny_workload, plan, tiny)
+    _checked(stats, modes)
+    window = [c for c in tiny.calls if any(s.storage == sid for s in tiny.saved[c.first_saved:c.end_saved])]
+    inner = min(window, key=lambda c: c.end_saved - c.first_saved)
+    saved = tiny.saved[inner.first_saved:inner.end_saved]
+    per_step = stats["hook_calls"] / STEPS
+    assert len(saved) <= per_step < len(tiny.saved)
+    assert stats["released"] == STEPS
+    assert max(state_diffs(got.model, _plain(tiny_workload).model).values()) == 0.0
+
+
+def test_a_region_run_passes_one_tensor_given_twice_as_one():
+    # nn.MultiheadAttention takes its packed projection only where query, key and value are one object:
+    # a run that cut each argument apart would save other tensors than the forward did
+    from memplan.exec.rerun import Held, run_again
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.untyped_storage().nbytes()) or t,
+                                                  lambda t: t):
+        mha(x, x, x)
+    held = Held.of(mha, (x, x, x), {}, torch.device("cpu"))
+    fresh = run_again(held, 0, {k: k for k in range(len(sizes))}, restores=False)
+    assert [fresh[k].nbytes() for k in range(len(sizes))] == sizes

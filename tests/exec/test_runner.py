@@ -255,7 +255,7 @@ def _with_extra_ops_in_step_2(extra: int):
 def test_an_op_the_trace_does_not_have_runs_unplanned_and_the_step_stays_planned(tiny_trace):
     make = _with_extra_ops_in_step_2(1)
     plan = swap_all_plan(tiny_trace)
-    got, stats = _planned(make, plan=plan, trace=tiny_trace)
+    got, stats = _planned(make, plan=plan, trace=tiny_trace, executor="interpreted")
     _same_state(got, _plain(make))
     assert stats["diverged_steps"] == 0 and stats["inserted_ops"] == 2  # the extra product and its gradient
     assert stats["swapped_out"] > 0
@@ -264,7 +264,7 @@ def test_an_op_the_trace_does_not_have_runs_unplanned_and_the_step_stays_planned
 def test_a_step_that_leaves_the_trace_brings_everything_back_and_stays_correct(tiny_trace):
     make = _with_extra_ops_in_step_2(INSERTED_LIMIT + 5)
     plan = swap_all_plan(tiny_trace)
-    got, stats = _planned(make, plan=plan, trace=tiny_trace)
+    got, stats = _planned(make, plan=plan, trace=tiny_trace, executor="interpreted")
     _same_state(got, _plain(make))
     assert stats["diverged_steps"] == 1 and stats["restored"] > 0
 
@@ -401,7 +401,7 @@ def test_the_meter_catches_an_executor_that_keeps_what_its_program_frees(tiny_tr
 
     monkeypatch.setattr(runner.StepRunner, "_release", lambda self, entry, k, found=None: None)
     plan = swap_all_plan(tiny_trace)
-    _, stats = _planned(tiny_workload, plan=plan, trace=tiny_trace)
+    _, stats = _planned(tiny_workload, plan=plan, trace=tiny_trace, executor="interpreted")
     assert all(s["measured_peak_bytes"] > stats["simulated_peak_bytes"] for s in stats["steps_measured"])
 
 

@@ -19,6 +19,7 @@ L = pytest.importorskip("lightning", reason="the lightning extra is not installe
 from lightning.pytorch.loggers import Logger  # noqa: E402
 from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
 
+from memplan.errors import MemplanError  # noqa: E402
 from memplan.exec.meter import MemoryMeter  # noqa: E402
 from memplan.integrations.lightning import MemplanCallback  # noqa: E402
 
@@ -185,3 +186,9 @@ def test_a_compiled_module_trains_compiled_under_its_plans(tmp_path):
     plans = callback.steps.stats()
     assert len(plans) == 1 and plans[0]["executor"] == "compiled" and len(plans[0]["compilations"]) <= 2
     assert all(c["decisions_lowered"] > 0 for c in plans[0]["compilations"])
+
+
+def test_strict_raises_at_the_first_batch_no_plan_meets(tmp_path):
+    # neither autoswap:doa nor auto reaches 1 KiB: strict stops training there instead of running unplanned
+    with pytest.raises(MemplanError, match="cannot be planned \\(strict\\)"):
+        train(tmp_path, [MemplanCallback("1KiB", "autoswap:doa", strict=True)])

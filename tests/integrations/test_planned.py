@@ -81,10 +81,36 @@ def test_a_kind_that_cannot_be_planned_runs_plainly_and_says_why(caplog):
     reports = []
     steps = PlannedSteps("1KiB", "autoswap:doa", report=reports.append)
     assert torch.equal(steps.run(_step(model), (x, y), model, None), _step(reference)(x, y))
-    (report,) = reports
+    fallback, report = reports  # its planner's failure, then auto's too
+    assert "autoswap:doa" in fallback["memplan/fallback"]
     assert report["memplan/batch"] == "64x64, 64" and "1.00 KiB" in report["memplan/unplanned"]
+    assert "autoswap:doa:" in report["memplan/unplanned"] and "auto:" in report["memplan/unplanned"]
     assert "run unplanned" in caplog.text
     assert steps.stats() == []
+
+
+def test_a_kind_its_planner_cannot_meet_is_planned_by_auto_and_trains_as_plain_training(caplog):
+    # autoswap:doa moves nothing under 1 MiB, and the MLP's activations are smaller: at 70% it has no plan
+    model, reference = _model(), _model()
+    reports = []
+    steps = PlannedSteps("70%", "autoswap:doa", report=reports.append, measure=True)
+    plain = _train(reference, _batches([512, 512]), lambda fn, inputs, model, opt: fn(*inputs))
+    planned = _train(model, _batches([512, 512]), steps.run)
+    assert all(torch.equal(a, b) for a, b in zip(plain, planned))
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))
+    assert "no candidates" in reports[0]["memplan/fallback"] and "planned by auto" in caplog.text
+    assert reports[1]["memplan/planner"] == "auto"
+    (plan,) = steps.stats()
+    assert all(s["measured_peak_bytes"] <= plan["budget_bytes"] * 1.02 for s in plan["steps_measured"])
+
+
+def test_strict_raises_at_the_first_step_of_a_kind_no_plan_meets():
+    model, reference = _model(), _model()
+    (x, y), = _batches([64])
+    steps = PlannedSteps("1KiB", "autoswap:doa", strict=True)
+    with pytest.raises(MemplanError, match="cannot be planned \\(strict\\).*1.00 KiB"):
+        steps.run(_step(model), (x, y), model, None)
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters()))  # nothing trained
 
 
 def test_more_kinds_than_max_plans_run_unplanned():

@@ -17,6 +17,7 @@ pytest.importorskip("accelerate", reason="the hf extra is not installed")
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
+from memplan.errors import MemplanError  # noqa: E402
 from memplan.exec.meter import MemoryMeter  # noqa: E402
 from memplan.integrations.transformers import MemplanTrainer  # noqa: E402
 
@@ -90,7 +91,8 @@ def fine_tune(trainer_class, tmp_path, dataset=None, collator=None, **settings):
     """Fine-tune a fresh tiny GPT-2 (seed 0) for STEPS steps; returns the trainer and its model."""
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(**TINY))
-    extra = {k: settings.pop(k) for k in ("memory_budget", "planner", "max_plans", "memplan_options") if k in settings}
+    extra = {k: settings.pop(k) for k in ("memory_budget", "planner", "max_plans", "strict", "memplan_options")
+             if k in settings}
     args = TrainingArguments(output_dir=str(tmp_path / trainer_class.__name__), per_device_train_batch_size=8,
                              max_steps=STEPS, logging_steps=1, learning_rate=1e-3, lr_scheduler_type="linear",
                              warmup_steps=3, max_grad_norm=0.5, report_to="none", save_strategy="no", use_cpu=True,
@@ -172,6 +174,12 @@ def test_a_shape_that_cannot_be_planned_runs_unplanned_and_the_logs_say_why(tmp_
     assert first["memplan/batch"] == "8x64, 8x64" and first["memplan/planner"] == "autoswap:doa"
     assert second["memplan/batch"] == "8x32, 8x32" and "max_plans" in second["memplan/unplanned"]
     assert "run unplanned" in caplog.text
+
+
+def test_strict_raises_at_the_first_batch_no_plan_meets(tmp_path):
+    # neither autoswap:doa nor auto reaches 1 KiB: strict stops training there instead of running unplanned
+    with pytest.raises(MemplanError, match="cannot be planned \\(strict\\)"):
+        fine_tune(MemplanTrainer, tmp_path, memory_budget="1KiB", planner="autoswap:doa", strict=True)
 
 
 @pytest.mark.slow

@@ -3,11 +3,14 @@
 A plain restatement, for tests, of what the simulator does to a plan before its kernel runs:
 lowering onto hook points (memplan.sim.lowering's docstring), the choice of a region run for each
 recompute decision (memplan.sim.regions' docstring), the level a plan runs at under a budget
-(memplan.sim.simulate), and the kernel's arrays, built here with Python loops over the decisions.
-Facts of the trace alone come from the library (a call's candidates, inputs and run cost:
-`Regions._candidates`, `_inputs`, `_run`, `run_ops`; replay chains: `plan_chains`); every rule
-that reads the plan is restated here. The compiled kernel then runs these arrays, so a test that
-compares `Simulator.run` with `reference_run` compares the fast preparation with this one.
+(memplan.sim.simulate: its own where it was planned, else hooked where its hooked form fits),
+and the kernel's arrays, built here with Python loops over the decisions. Facts of the trace alone
+come from the library (its sites and their points, which storages an owner holds, the reason text
+of a decision no site runs, and which hooks a set of points needs and what they fire:
+`HookSites`; a call's candidates, inputs and run cost: `Regions._candidates`, `_inputs`, `_run`,
+`run_ops`; replay chains: `plan_chains`); every rule that reads the plan is restated here. The
+compiled kernel then runs these arrays, so a test that compares `Simulator.run` with
+`reference_run` compares the fast preparation with this one.
 
 Plans must decide each storage at most once (two equal decisions of one storage were numbered
 differently before).
@@ -21,7 +24,8 @@ from dataclasses import replace
 import numpy as np
 
 from memplan.budget import limited
-from memplan.model.hookpoints import first_packs, hook_points
+from memplan.model.hookpoints import first_packs
+from memplan.model.hooksites import HookSites
 from memplan.sim import _codes as K
 from memplan.sim.arrays import csr, host_peak, host_per_op
 from memplan.sim.chains import Chain, plan_chains
@@ -36,7 +40,8 @@ class ReferenceLowering:
     def __init__(self, sim):
         self.trace, self.lowering = sim.trace, sim.lowering
         self.regions = sim.lowering.regions if sim.lowering else None
-        self.points = hook_points(self.trace.saved, len(self.trace.ops))
+        self.sites = HookSites(self.trace)
+        self.points = self.sites.points
         self.first_pack = first_packs(self.trace.saved)
 
     def after(self, point):
@@ -65,15 +70,18 @@ class ReferenceLowering:
         regions = {kept.index(moved[k]): run for k, run in runs.items()}
         unmade = [k for k, d in enumerate(moved) if d.action == "recompute" and k not in runs]
         first = next((d for d, out in zip(decisions, unhookable) if out), None)  # its reason in the library's words
-        why = (self.lowering._unhookable(first) if first is not None else "") or (
+        why = (self.sites.reason(first) if first is not None else "") or (
             f"no module call can recompute storage {moved[unmade[0]].storage}" if unmade else "")
         if not kept:
             return PLAIN, (), {}, {}, len(decisions), why
         return HOOKED, tuple(kept), regions, self.holds(kept, regions), len(decisions) - len(kept), why
 
     def unhookable(self, d):
-        """True when `d` cannot run at hook points: its storage is no tensor autograd saves, it is away
-        until an op outside backward (or across the boundary), or it leaves before its first pack."""
+        """True when `d` cannot run at hook points: it is no swap of a storage an owner holds, and it is no tensor autograd
+        saves, or it is away until an op outside backward (or across the boundary), or it leaves before its
+        first pack."""
+        if d.action == "swap" and any(o.storage == d.storage for o in self.trace.owners):
+            return False
         first = self.first_pack.get(d.storage)
         return first is None or d.wraps or self.trace.ops[d.back_before].phase != "backward" or \
             self.trace.saved[first].packed_at > self.after(d.out_after + 1)
@@ -83,9 +91,23 @@ class ReferenceLowering:
         if d.action == "recompute":
             back = self.before(d.back_before)
             return replace(d, out_after=out, back_before=back) if back > out + 1 else None
-        if out + 1 >= d.back_before:
-            return None
-        return replace(d, out_after=out, trigger=max(self.before(d.prefetch_at), out + 1), overlap=False)
+        if not d.wraps:
+            if out + 1 >= d.back_before:
+                return None
+            return replace(d, out_after=out, trigger=max(self.before(d.prefetch_at), out + 1), overlap=False)
+        if d.prefetch_at > d.out_after:  # prefetched in the tail: at the step's end means the next one's start
+            trigger = max(self.before(d.prefetch_at), out + 1)
+            return replace(d, out_after=out, trigger=trigger if trigger < len(self.trace.ops) else 0, overlap=False)
+        return replace(d, out_after=out, trigger=self.before(d.prefetch_at), overlap=False)
+
+    def host(self, plain, cost, decisions, regions):
+        """The host's work per op of a hooked program: plain training's, plus a hook's price per firing of the
+        hooks its points need (which, and where they fire, is the library's `HookSites`)."""
+        if not cost.executor_s("hook"):
+            return plain.copy()
+        points = [p for d in decisions for p in (d.out_after + 1, d.prefetch_at, self.before(d.back_before))]
+        sites = self.sites.installed(points, {d.storage for d in decisions}, {run.call for run in regions.values()})
+        return plain + cost.executor_s("hook") * self.sites.firings(sites)
 
     def runs(self, decisions):
         """The region run of each recompute decision some call can run (by index)."""
@@ -156,13 +178,14 @@ class ReferenceLowering:
         return out
 
 
-def kernel_arrays(sim, level, decisions, chains, holds):
-    """The kernel's arguments for `decisions` at `level`, decision by decision."""
+def kernel_arrays(sim, level, decisions, chains, holds, host):
+    """The kernel's arguments for `decisions` at `level`, decision by decision (`host`: the host's work per
+    op before the actions)."""
     trace, cost, n = sim.trace, sim.cost, sim.trace.num_steps
     producers = np.array([-1 if trace.producer(s) is None else trace.producer(s) for s in range(len(trace.storages))])
     count = len(decisions)
     cols = {name: [] for name in ("kind", "sid", "sync", "wrap", "link", "d2h", "h2d", "comp")}
-    host = host_per_op(trace, cost)[level].copy()
+    host = host.copy()
     action = cost.executor_s("action")
     absent = np.zeros(len(trace.storages), dtype=np.bool_)
     issue, need, outs = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
@@ -242,15 +265,21 @@ def reference_run(sim, plan, budget, hooked_only=False):
     def run(level, decisions, regions, holds):
         chains = lowering.chains(decisions, regions, producers) if level == HOOKED else (
             plan_chains(sim.trace, decisions, sim._durations, producers) if level == INTERPRETED else {})
-        args = kernel_arrays(sim, level, decisions, chains, holds)
+        plain = host_per_op(sim.trace, sim.cost)[level]
+        host = lowering.host(plain, sim.cost, decisions, regions) if level == HOOKED else plain
+        args = kernel_arrays(sim, level, decisions, chains, holds, host)
         floats, ints, *recorded, _ = compiled().run_kernel(*args, budget, False, False)
         peak = host_peak(args[9], args[10], recorded, ints) if ints[K.I_FEASIBLE] else 0
         return floats, ints, peak
 
-    out = run(level, lowered, regions, holds)
     if hooked_only:
-        return None if level == INTERPRETED or not decisions else (level, dropped, reason, *out)
-    if level == HOOKED or dropped:
+        return None if level == INTERPRETED or not decisions else (level, dropped, reason,
+                                                                     *run(level, lowered, regions, holds))
+    if plan.level == INTERPRETED and level != INTERPRETED and decisions:  # planned so
+        return (INTERPRETED, 0, f"planned so: its hooked form missed the budget it was made for, or ran slower "
+                                f"({reason or 'actions at later hook points'})", *run(INTERPRETED, decisions, {}, {}))
+    out = run(level, lowered, regions, holds)
+    if not plan.level and (level == HOOKED or dropped):  # a plan whose level is not fixed yet
         why = f"its hooked form does not fit ({reason or 'later hook points'})"
         if not out[1][K.I_FEASIBLE]:
             return (INTERPRETED, 0, why, *run(INTERPRETED, decisions, {}, {}))

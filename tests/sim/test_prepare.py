@@ -163,7 +163,7 @@ def test_the_hooked_forms_peak_is_never_below_its_floor(traced, model, seed):
         entry = sim._prepared(plan.decisions)
         assert entry.placed_floor <= hooked.peak_load_bytes
         assert entry.lowered_floor <= hooked.peak_load_bytes
-        assert not entry.hooked_cannot_fit(hooked.peak_load_bytes)
+        assert not entry.cannot_fit(hooked.peak_load_bytes)
 
 
 @on_traced_plans

@@ -115,10 +115,7 @@ class Reference:
                 self._land(k)
         op_start = self.t
         self.t += self.durations[i]  # (5); the temporary was never added to `resident`: released now
-        for s in trace.storages:  # (6) frees, swap-outs, recompute drops
-            if s.free_op == i + 1:
-                self.resident.pop(s.id, None)
-        for k, d in enumerate(self.decisions):
+        for k, d in enumerate(self.decisions):  # (6) swap-outs, recompute drops, then frees
             if d.out_after != i:
                 continue
             size = self.resident.pop(d.storage)
@@ -136,6 +133,9 @@ class Reference:
                 self.t = max(self.t, self.d2h_free)
             else:
                 self.in_flight.append((self.d2h_free, size))
+        for s in trace.storages:
+            if s.free_op == i + 1:
+                self.resident.pop(s.id, None)
 
     def _land(self, k):
         self.stall["prefetch"] += max(0.0, self.land[k] - self.t)

@@ -168,8 +168,9 @@ def plan_problem(problem: Problem, planner: str = "none", simulate_result: bool 
         raise pool_over_budget(budget_bytes, result.pool_bytes, planner)
     result = result.with_meta(planner=planner, params=dict(params), seed=problem.seed, budget_bytes=budget_bytes,
                               profile=profile_to_json(problem.profile), trace_digest=trace.digest, planning_s=elapsed)
-    if simulate_result:
-        result = result.with_meta(predicted=simulate(problem, result).summary())
+    if simulate_result:  # the level it runs at is fixed here, once (memplan.sim.simulate)
+        predicted = simulate(problem, result)
+        result = result.with_meta(predicted=predicted.summary(), level=predicted.level)
     return result
 
 

@@ -1,0 +1,112 @@
+"""A plan prepared for the simulator's kernel at the levels it may run at (memplan.sim.lowering).
+
+Its hooked (or plain) form, its interpreted form, and lower bounds of their peaks, each made the
+first time it is needed: a search simulates one plan under many caps, and a plan whose bound
+exceeds a cap is never simulated there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from ..budget import limited
+from .decisions import DecisionArrays
+from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Placed, as_given
+from .prepare import KernelInputs
+
+CHOSEN = "planned so: its hooked form missed the budget it was made for, or ran slower"  # why Plan.level says so
+
+
+@dataclass(frozen=True, kw_only=True)
+class Level:
+    """A plan at one level and the kernel's arrays for it."""
+
+    lowered: Lowered  # the plan at that level (memplan.sim.lowering)
+    inputs: KernelInputs  # the kernel's arrays (memplan.sim.prepare)
+
+
+class Prepared:
+    """One plan prepared for the kernel: its columns, its hooked (or plain) form, and its interpreted
+    form, each made the first time it is needed."""
+
+    def __init__(self, decisions: tuple, sim):
+        self.decisions = decisions  # the plan's decisions (the key is their identity: kept alive here)
+        self._sim = sim
+        self.arrays = DecisionArrays.of(decisions)
+        self.priced = sim._prepare.priced(self.arrays)  # what each decision moves, at each level
+
+    @cached_property
+    def given(self) -> Lowered | None:
+        """The plan as it runs where it has no hooked form (memplan.sim.lowering), else None."""
+        sim = self._sim
+        if sim.lowering is None:
+            return as_given(PLAIN if not self.decisions else INTERPRETED, self.decisions, self.arrays,
+                            "" if not self.decisions else "the trace has no ops to hook")
+        return sim.lowering.given(self.decisions, self.arrays)
+
+    @cached_property
+    def placed(self) -> Placed:
+        """Its decisions moved onto hook points (where it has a hooked form)."""
+        return self._sim.lowering.place(self.decisions, self.arrays)
+
+    @cached_property
+    def lowered(self) -> Lowered:
+        """The plan at the level its decisions allow (memplan.sim.lowering)."""
+        return self.given or self._sim.lowering.with_regions(self.decisions, self.placed)
+
+    @cached_property
+    def first(self) -> Level:
+        """The form simulated first: hooked where the plan has one, else as it runs."""
+        lowered = self.lowered
+        priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
+        return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
+
+    @cached_property
+    def interpreted(self) -> Level:
+        """The plan as the interpreted runner runs it, when its hooked form does not fit."""
+        why = (self.placed.reason if self.given is None else "") or self.lowered.reason
+        lowered = as_given(INTERPRETED, self.decisions, self.arrays,
+                           f"its hooked form does not fit ({why or 'later hook points'})")
+        return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
+
+    @cached_property
+    def chosen(self) -> Level:
+        """The plan run interpreted because its planner chose that (`Plan.level`)."""
+        why = self.placed.reason or self.lowered.reason
+        lowered = replace(self.interpreted.lowered, reason=f"{CHOSEN} ({why or 'actions at later hook points'})")
+        return Level(lowered=lowered, inputs=self.interpreted.inputs)
+
+    def hooked_cannot_fit(self, budget: int) -> bool:
+        """True when the plan has a hooked form that surely cannot run under `budget` (a lower bound of its
+        peak, which no timing lowers, exceeds it: first before its region runs are chosen, then after):
+        then it runs interpreted, and only that is simulated."""
+        if self.given is not None or not limited(budget):
+            return False
+        return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
+
+    def cannot_fit(self, budget: int, chosen: str = "") -> bool:
+        """True when no level the plan could run at fits `budget` (a lower bound of its peak there exceeds
+        it): its own level where it has one (`Plan.level`), else neither its hooked form (above) nor its
+        interpreted one."""
+        if not limited(budget):
+            return False
+        hooked = self.given is None and chosen != INTERPRETED
+        if chosen and hooked:
+            return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
+        return (not hooked or self.hooked_cannot_fit(budget)) and self.interpreted_floor > budget
+
+    @cached_property
+    def placed_floor(self) -> int:
+        """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load)."""
+        return self._sim._prepare.floor_bytes(self.placed.arrays)
+
+    @cached_property
+    def lowered_floor(self) -> int:
+        """The same with its region runs' memory."""
+        return self._sim._prepare.floor_bytes(self.lowered.arrays, self.lowered.carriers)
+
+    @cached_property
+    def interpreted_floor(self) -> int:
+        """A lower bound of its peak as planned (interpreted)."""
+        return self._sim._prepare.floor_bytes(self.arrays)

@@ -31,10 +31,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_children import calibrate, run_child, write_results  # noqa: E402
 
 CASES = {
     "gpt2-tiny@1": ("hf:gpt2", 1, {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}),
@@ -108,22 +110,8 @@ def _least(case: str, profile: str) -> dict:
 
 def child(case: str, config: str, budget, profile: str, timed: int) -> dict:
     """Run one configuration in a fresh process with one host thread."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--one", case, config, str(budget), profile, str(timed)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        return {"case": case, "config": config, "budget_bytes": budget,
-                "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def calibrate(out: Path) -> str:
-    """A calibrated CPU profile (one thread), written beside the results."""
-    path = out.with_name(out.name + "_cpu.json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "memplan", "calibrate", "--device", "cpu", "-o", str(path)],
-                   check=True, capture_output=True, env=env)
-    return str(path)
+    return run_child(__file__, [case, config, budget, profile, timed],
+                     {"case": case, "config": config, "budget_bytes": budget})
 
 
 def bench(cases: list[str], timed: int, out: Path) -> dict:
@@ -265,12 +253,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     args = parser.parse_args()
     out = Path(args.out)
-    result = bench(args.cases, args.timed, out)
-    rows = summarize(result)
-    result["rows"] = rows
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result, rows))
-    print(markdown(result, rows))
+    write_results(out, bench(args.cases, args.timed, out), summarize, markdown)
 
 
 if __name__ == "__main__":

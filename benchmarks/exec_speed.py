@@ -22,10 +22,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_children import calibrate, run_child, write_results  # noqa: E402
 
 CASES = {
     "gpt2-tiny@1": ("hf:gpt2", 1, {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}),
@@ -68,22 +70,8 @@ def run_one(case: str, config: str, budget, profile: str, timed: int, clock: str
 
 def child(case: str, config: str, budget, profile: str, timed: int, clock: str) -> dict:
     """Run one configuration in a fresh process with one host thread."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     # the budget as text: bytes, a share ("90%"), or UNLIMITED's "none"
-    cmd = [sys.executable, __file__, "--one", case, config, str(budget), profile, str(timed), clock]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        return {"case": case, "config": config, "error": (done.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def calibrate(out: Path) -> str:
-    """A calibrated CPU profile (one thread), written beside the results."""
-    path = out.with_name(out.name + "_cpu.json")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "memplan", "calibrate", "--device", "cpu", "-o", str(path)],
-                   check=True, capture_output=True, env=env)
-    return str(path)
+    return run_child(__file__, [case, config, budget, profile, timed, clock], {"case": case, "config": config})
 
 
 def bench(rounds: int, timed: int, out: Path, clock: str) -> dict:
@@ -177,12 +165,7 @@ def main() -> None:
                              "other work does not inflate it; one thread, copies inline) or wall time")
     args = parser.parse_args()
     out = Path(args.out)
-    result = bench(args.rounds, args.timed, out, args.clock)
-    rows = summarize(result)
-    result["rows"] = rows
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result, rows))
-    print(markdown(result, rows))
+    write_results(out, bench(args.rounds, args.timed, out, args.clock), summarize, markdown)
 
 
 if __name__ == "__main__":

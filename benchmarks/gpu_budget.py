@@ -37,8 +37,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import (GIB, GROUP, device_info, emit, error_of, gib, group_notes, main, read, run_case,  # noqa: E402
-                       trace_once)
+from gpu_cases import (GIB, GROUP, device_info, emit, error_of, gib, group_notes, machine, main, read,  # noqa: E402
+                       run_case, table_row, trace_once)
 
 NAME = "gpu_budget"
 STRICT = 1.05  # the strict form's cap: the budget + 5%
@@ -181,8 +181,7 @@ def _pct(x) -> str:
 
 def report(out: str) -> str:
     rows = [r for r in read(out, NAME) if r.get("case") not in (None, "env", GROUP)]
-    env = next((r for r in read(out, NAME) if r.get("case") == "env"), {})
-    lines = [f"# GPU budget ({env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}; measured)", "",
+    lines = [f"# GPU budget ({machine(read(out, NAME))}; measured)", "",
              "Command: `python benchmarks/gpu_budget.py --out DIR`. Allocated and reserved are the CUDA allocator's "
              "peaks per step (`max_memory_allocated`, `max_memory_reserved`; a pooled run's reserved is the pool's "
              "own); the budget is judged on the steps under the final plan (after any re-plan). Targets: allocated "
@@ -205,7 +204,7 @@ def report(out: str) -> str:
             planner += " at its smallest budget"
         if r.get("note") and r["note"] not in notes:
             notes.append(r["note"])
-        lines.append("| " + " | ".join(str(x) for x in (
+        lines.append(table_row((
             r["group"], r["case"], planner, gib(r.get("cap")), gib(r.get("budget_bytes")),
             gib(r.get("simulated_peak_bytes")), ", ".join(gib(s["measured_peak_bytes"]) for s in steps) or "-",
             ", ".join(gib(s["measured_peak_reserved_bytes"]) for s in steps) or "-",
@@ -215,7 +214,7 @@ def report(out: str) -> str:
             (r.get("executor") or {}).get("diverged_steps", "-"),
             "-" if r.get("max_param_diff") is None else f"{r['max_param_diff']:.3g}",
             "-" if r.get("measured_step_s") is None else f"{r['measured_step_s']:.4f}",
-            (error_of(r) or r.get("skipped") or "").replace("|", "/")[:160])) + " |")
+            (error_of(r) or r.get("skipped") or "").replace("|", "/")[:160])))
     return "\n".join(lines + group_notes(read(out, NAME)) + [""] * bool(notes) +
                      [f"ucudnn cases: {n}." for n in notes]) + "\n"
 

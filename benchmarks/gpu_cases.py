@@ -233,5 +233,16 @@ def trace_once(model: str, batch: int, device: str, config: dict):
 
 
 
+def machine(rows: list[dict]) -> str:
+    """The card and torch a results file was measured with, as report titles name them."""
+    env = next((r for r in rows if r.get("case") == "env"), {})
+    return f"{env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}"
+
+
+def table_row(cells) -> str:
+    """One Markdown table row."""
+    return "| " + " | ".join(str(x) for x in cells) + " |"
+
+
 def gib(x) -> str:
     return "-" if x is None else f"{x / GIB:.3f}"

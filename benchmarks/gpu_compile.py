@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import device_info, emit, gib, group_notes, main, read, run_case  # noqa: E402
+from gpu_cases import device_info, emit, gib, group_notes, machine, main, read, run_case, table_row  # noqa: E402
 
 NAME = "gpu_compile"
 GIB = 2**30
@@ -57,9 +57,7 @@ def group_main(group: str, args) -> None:
 
 def report(out: str) -> str:
     rows = read(out, NAME)
-    env = next((r for r in rows if r.get("case") == "env"), {})
-    lines = [f"# Compiled plans on a GPU ({env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}; "
-             f"measured)", "",
+    lines = [f"# Compiled plans on a GPU ({machine(rows)}; measured)", "",
              "Command: `python benchmarks/gpu_compile.py --out DIR`. memplan rows under a memory cap; allocated and "
              "reserved: the largest per-step peak of the metered steps; step: median of the unmetered steps.", "",
              "| model | run | mode | budget GiB | allocated GiB | reserved GiB | within | step s | max param diff | "
@@ -68,12 +66,12 @@ def report(out: str) -> str:
         if r.get("case") not in ("memplan", "pytorch"):
             continue
         step = r.get("measured_step_s")
-        lines.append("| " + " | ".join(str(x) for x in (
+        lines.append(table_row((
             r["group"], r.get("planner"), r.get("mode", "-"), gib(r.get("budget_bytes")),
             gib(r.get("measured_peak_bytes")), gib(r.get("measured_peak_reserved_bytes")),
             {True: "yes", False: "NO"}.get(r.get("within_budget"), "-"), "-" if step is None else f"{step:.4f}",
             "-" if r.get("max_param_diff") is None else f"{r['max_param_diff']:.2e}",
-            (r.get("error") or r.get("skipped") or "").replace("|", "/")[:120])) + " |")
+            (r.get("error") or r.get("skipped") or "").replace("|", "/")[:120])))
     return "\n".join(lines + group_notes(rows)) + "\n"
 
 

@@ -30,8 +30,8 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import (device_info, emit, error_of, failed_at, failure, gib, group_notes, main, read,  # noqa: E402
-                       run_case)
+from gpu_cases import (device_info, emit, error_of, failed_at, failure, gib, group_notes, machine, main,  # noqa: E402
+                       read, run_case, table_row)
 
 NAME = "gpu_graph"
 CAPTURABLE = {"optimizer": "adam-capturable"}
@@ -146,11 +146,11 @@ def _row(r: dict, base: float | None) -> str:
     step = r.get("measured_step_s")
     run = r.get("planner") if r.get("case") != "memplan" else f"memplan {r.get('planner', '')} {r.get('run')}"
     note = error_of(r) or r.get("skipped") or ("" if graph.get("captured", True) else graph.get("reason", ""))
-    return "| " + " | ".join(str(x) for x in (
+    return table_row((
         r["group"], run, gib(r.get("budget_bytes")), gib(r.get("measured_peak_bytes")),
         gib(r.get("measured_peak_reserved_bytes")), gib(memory.get("allocated_bytes")),
         "-" if step is None else f"{step:.4f}", "-" if not (step and base) else f"{step / base:.2f}",
-        "yes" if graph.get("captured") else "-", graph.get("replays", "-"), str(note).replace("|", "/")[:140])) + " |"
+        "yes" if graph.get("captured") else "-", graph.get("replays", "-"), str(note).replace("|", "/")[:140]))
 
 
 def targets(rows: list[dict]) -> list[str]:
@@ -185,10 +185,8 @@ def _verdict(what: str, ratio: float, limit: float) -> str:
 
 def report(out: str) -> str:
     rows = read(out, NAME)
-    env = next((r for r in rows if r.get("case") == "env"), {})
     plain = {r["group"]: r.get("measured_step_s") for r in rows if r.get("case") == "plain"}
-    lines = [f"# The planned step as a CUDA graph ({env.get('gpu', env.get('device', '?'))}, torch "
-             f"{env.get('torch', '?')}; measured)", "",
+    lines = [f"# The planned step as a CUDA graph ({machine(rows)}; measured)", "",
              "Command: `python benchmarks/gpu_graph.py --out DIR`. Step: median of the timed steps (replays, for a "
              "captured run); allocated and reserved: the largest per-step peaks (memplan runs: of the metered steps, "
              "the warm-up and the capture; the others: of the timed steps); at capture: the allocator's peak over "

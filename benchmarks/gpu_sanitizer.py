@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import device_info, emit, error_of, failed_at, failure, read  # noqa: E402
+from gpu_cases import device_info, emit, error_of, failed_at, failure, machine, read, table_row  # noqa: E402
 
 NAME = "gpu_sanitizer"
 MODEL, BATCH, CONFIG = "transformer-encoder", 8, {"optimizer": "adam-capturable"}
@@ -112,19 +112,17 @@ def dry_case(case: str) -> dict:
 
 def report(out: str) -> str:
     rows = read(out, NAME)
-    env = next((r for r in rows if r.get("case") == "env"), {})
-    lines = [f"# The planned step under the CUDA sanitizer ({env.get('gpu', env.get('device', '?'))}, torch "
-             f"{env.get('torch', '?')})", "",
+    lines = [f"# The planned step under the CUDA sanitizer ({machine(rows)})", "",
              "Command: `python benchmarks/gpu_sanitizer.py --out DIR` (a dry run: the CPU's CUDA stand-in, "
              "memplan.testing.cuda_rules). A row is clean when nothing was reported and the run kept its budget.", "",
              "| case | planner | cuda graph | captured | moved | races | within budget | max param diff | error |",
              "| --- | --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
     for r in rows:
         if r.get("case") in CASES:
-            lines.append("| " + " | ".join(str(x) for x in (
+            lines.append(table_row((
                 r["case"], r["planner"], r["cuda_graph"], r.get("captured", "-"), r.get("moved", "-"), r.get("races", "-"),
                 r.get("within_budget", "-"), r.get("max_param_diff", "-"),
-                error_of(r).replace("|", "/")[:300])) + " |")
+                error_of(r).replace("|", "/")[:300])))
     clean = [r for r in rows if r.get("case") in CASES and not r.get("error")]
     lines += ["", f"Clean: {len(clean)} of {len(CASES)} cases."]
     return "\n".join(lines) + "\n"

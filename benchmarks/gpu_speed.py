@@ -24,7 +24,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_cases import device_info, emit, error_of, gib, group_notes, main, read, run_case, trace_once  # noqa: E402
+from gpu_cases import (device_info, emit, error_of, gib, group_notes, machine, main, read, run_case,  # noqa: E402
+                       table_row, trace_once)
 
 NAME = "gpu_speed"
 GROUPS = {"transformer": ("transformer-encoder", 32, {}, "50%"),  # the quickest first: a deadline cuts the last
@@ -99,11 +100,9 @@ def group_main(group: str, args) -> None:
 
 def report(out: str) -> str:
     rows = read(out, NAME)
-    env = next((r for r in rows if r.get("case") == "env"), {})
     plain = {r["group"]: r for r in rows if r.get("case") == "plain"}
     ckpt = {r["group"]: r for r in rows if r.get("planner") == f"torch:{CHECKPOINT}"}
-    lines = [f"# GPU speed ({env.get('gpu', env.get('device', '?'))}, torch {env.get('torch', '?')}; measured, "
-             f"simulated where it says so)", "",
+    lines = [f"# GPU speed ({machine(rows)}; measured, simulated where it says so)", "",
              "Command: `python benchmarks/gpu_speed.py --out DIR`. Step: median of the unmetered steps; allocated "
              "and reserved: the largest per-step peak of the metered steps; simulated: the simulator on the "
              "calibrated-free h100 profile with every op's time measured alone on this GPU.", "",
@@ -119,7 +118,7 @@ def report(out: str) -> str:
         executor = r.get("executor") or {}
         first = (executor.get("steps_measured") or [{}])[0]
         budget = r.get("budget", "-")
-        lines.append("| " + " | ".join(str(x) for x in (
+        lines.append(table_row((
             r["group"], r.get("planner"), gib(budget) if isinstance(budget, int) else budget,
             executor.get("level", "-"), gib(r.get("measured_peak_bytes")),
             gib(r.get("measured_peak_reserved_bytes")), "-" if step is None else f"{step:.4f}",
@@ -127,7 +126,7 @@ def report(out: str) -> str:
             "-" if sim is None else f"{sim:.4f}", "-" if not (sim and step) else f"{sim / step - 1:+.0%}",
             first.get("ops_in_mode", "-"), first.get("regions_recomputed", "-"), r.get("replanned", "-"),
             executor.get("diverged_steps", "-"),
-            (error_of(r) or r.get("skipped") or "").replace("|", "/")[:120])) + " |")
+            (error_of(r) or r.get("skipped") or "").replace("|", "/")[:120])))
     return "\n".join(lines + group_notes(rows)) + "\n"
 
 

@@ -38,7 +38,7 @@ from ..planners.base import get_planner, plan_problem
 from ..problem import Problem, cost_of
 from ..run_options import RunOptions
 from ..sim.stage import simulate
-from .keep_budget import FitOnce
+from .keep_budget import FitOnce, least_load_plan
 from .measure import StepMeter
 from .step_trace import TrainingStep, input_signature
 
@@ -246,17 +246,16 @@ def _first_plan(problem: Problem, planner: str, offload: bool, params: dict, *, 
     meet it but a measured step may (a compiled step holds less than the trace: it fuses and recomputes
     on its own), the plan of the least load the planner reaches, which the keeper then measures (the
     load an infeasible budget names is tried again: a search may name one it then misses)."""
-    load = problem.budget_bytes
-    for _ in range(LEAST_TRIES):
-        try:
-            return plan_compiled(problem.at(load), planner, offload, params)
-        except InfeasibleBudgetError as exc:
-            if not measured or exc.min_feasible_bytes <= load:
-                raise
-            log.info("compiled: %s; planned at that load, the compiled step's peak is measured against the budget",
-                     exc)
-            load = exc.min_feasible_bytes
-    return plan_compiled(problem.at(load), planner, offload, params)
+    def make_plan(load: int) -> Plan:
+        return plan_compiled(problem.at(load), planner, offload, params)
+
+    try:
+        return make_plan(problem.budget_bytes)
+    except InfeasibleBudgetError as exc:
+        if not measured or exc.min_feasible_bytes <= problem.budget_bytes:
+            raise
+        log.info("compiled: %s; planned at that load, the compiled step's peak is measured against the budget", exc)
+        return least_load_plan(make_plan, exc, tries=LEAST_TRIES)
 
 
 def _prediction(problem: Problem, plan: Plan) -> Prediction:

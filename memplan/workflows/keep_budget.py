@@ -139,10 +139,29 @@ class FitOnce(BudgetKeeper):
     def _least(self, exc: InfeasibleBudgetError) -> Plan | None:
         """The plan of the least load the planner names (its own refusal of that load: None)."""
         try:
-            return self.make_plan(exc.min_feasible_bytes)
+            return least_load_plan(self.make_plan, exc, tries=1)
         except InfeasibleBudgetError:
             return None
 
     def decline(self) -> None:
         """The plan made again to fill the budget is not used (it would not be faster): settled as is."""
         self.settled, self.filling, self.replanned, self.margin_bytes = True, False, 0, 0
+
+
+def least_load_plan(make_plan: Callable[[int], Plan], refusal: InfeasibleBudgetError, tries: int) -> Plan:
+    """The plan of the least load the planner named in `refusal`, made by `make_plan(load)`; a refusal
+    of that load naming a larger one is followed (a search may name a load it then misses), `tries`
+    loads at most.
+
+    Raises:
+        InfeasibleBudgetError: the last load's refusal, or one that names no larger load.
+    """
+    for _ in range(tries - 1):
+        load = refusal.min_feasible_bytes
+        try:
+            return make_plan(load)
+        except InfeasibleBudgetError as exc:
+            if exc.min_feasible_bytes <= load:
+                raise
+            refusal = exc
+    return make_plan(refusal.min_feasible_bytes)

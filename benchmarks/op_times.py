@@ -107,7 +107,7 @@ def plain_step_s(name: str, batch: int, device: str, config: dict, steps: int) -
     time_steps(w.step, make_inputs, range(WARMUP_STEPS), w.model, SEED)
     times = time_steps(w.step, make_inputs, range(WARMUP_STEPS, WARMUP_STEPS + steps), w.model, SEED)
     del w, make_inputs  # the workload freed before the next model
-    return statistics.median(times)
+    return statistics.median(times["wall"])
 
 
 def _device(device: str) -> dict:

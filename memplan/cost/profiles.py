@@ -54,7 +54,10 @@ class DeviceProfile:
     fp16_flops: float | None = None  # peak FP16 FLOP/s, dense; None: as bf16_flops (files before it was kept)
     # The host's work, which the device waits for when it is faster (memplan.sim.simulate, "host"):
     host_op_s: float = 0.0  # per op of plain eager training: Python, autograd, dispatch, launch
-    hook_s: float = 0.0  # per saved-tensor pack or unpack the hooked executor handles
+    hook_s: float = 0.0  # per saved-tensor pack or unpack under the interpreted executor's identity hooks
+    # per Python call of a hook the hooked executor installs (a module's, a saved-tensor window's pack or
+    # unpack, an optimizer step's), beside the actions it takes there; None: as hook_s (files before it)
+    hook_call_s: float | None = None
     mode_op_s: float = 0.0  # per op through the interpreted executor's dispatch mode, beyond host_op_s
     replay_op_s: float = 0.0  # per op the interpreted executor replays, beyond host_op_s
     action_s: float = 0.0  # per executor action (swap-out, release, prefetch, wait, drop, recomputation)
@@ -78,8 +81,8 @@ _PCIE3, _PCIE4, _PCIE5 = 15.75 * GBPS, 31.5 * GBPS, 63.0 * GBPS
 # host-bound, 13-15 us an op; a dispatch mode that only calls each op added 12.8 us an op
 # (gpu_unseen_h100). Hook, replay and action costs are the CPU's (exec_overhead, this project's
 # host) scaled by that mode's GPU/CPU ratio (12.8 / 5.2); `memplan calibrate` measures them.
-GPU_HOST = {"host_op_s": 12e-6, "hook_s": 6e-6, "mode_op_s": 12.8e-6, "replay_op_s": 130e-6, "action_s": 30e-6,
-            "region_s": 150e-6}
+GPU_HOST = {"host_op_s": 12e-6, "hook_s": 6e-6, "hook_call_s": 6e-6, "mode_op_s": 12.8e-6, "replay_op_s": 130e-6,
+            "action_s": 30e-6, "region_s": 150e-6}
 
 BUILTIN = {
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): FP32 67 TF, TF32 494.7 TF dense

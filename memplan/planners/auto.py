@@ -108,7 +108,8 @@ def plan_auto(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
     Args:
         problem: the trace, its cap, its costs and the seed (memplan.problem).
         time_limit_s: wall-clock limit for all steps (a fast planner already running finishes).
-        min_bytes: smaller activations are not feature maps for milp and the local search.
+        min_bytes: smaller activations are not feature maps for milp and the local search (nor
+            candidates of the fast planners that take a `min_bytes`, where theirs is larger).
         milp: run milp (steps 2 and 5; false: never).
         swaps: consider plans that swap (false: recompute only, as a compiled step on the CPU runs them).
     Returns:
@@ -191,8 +192,11 @@ class _Search:
         largest storages first, then DTR's plan where it fits (its caps tried within DTR_SHARE of the
         time left)."""
         for name in FAST:
-            if self.swaps or "recompute" in get_planner(name).decides:
-                self.run_planner(name)
+            spec = get_planner(name)
+            if self.swaps or "recompute" in spec.decides:
+                # a planner that leaves small storages out leaves out no more than auto's own search does
+                sized = {p.name: min(self.min_bytes, p.default) for p in spec.params if p.name == "min_bytes"}
+                self.run_planner(name, **sized)
         few = largest_first(self.trace, self.budget, self.min_bytes)
         if few is not None:
             self.add(LARGEST_FIRST, Plan(decisions=few))

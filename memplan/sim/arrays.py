@@ -40,10 +40,10 @@ def host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
 
 
 def hooked_host(plain: np.ndarray, cost: Cost, firings) -> np.ndarray:
-    """The host's work at each op of a hooked program: plain training's, plus a hook's price per call
+    """The host's work at each op of a hooked program: plain training's, plus `hook_call_s` per call
     its installed hooks make there (`firings`, memplan.model.hooksites; None: none priced)."""
-    hook_s = cost.executor_s("hook")
-    return plain if not hook_s or firings is None else plain + hook_s * firings
+    call_s = cost.executor_s("hook_call")
+    return plain if not call_s or firings is None else plain + call_s * firings
 
 
 def producer_ids(trace: Trace) -> np.ndarray:

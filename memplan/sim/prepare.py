@@ -156,7 +156,7 @@ class Preparer:
         """The host's work per op at `lowered`'s level, before its actions (a hooked program: with its hooks)."""
         if lowered.level != HOOKED:
             return self._host[lowered.level]
-        priced = self.cost.executor_s("hook") != 0.0
+        priced = self.cost.executor_s("hook_call") != 0.0
         return hooked_host(self._host[HOOKED], self.cost, self.lowering.sites.firings(lowered.sites) if priced else None)
 
     # --- chains ------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """What memplan's own executor costs the host, measured by running it (`memplan calibrate`).
 
 `memplan.cost.calibrate_host` measures what any executor pays (a step's host work per op, a saved-tensor
-hook, a dispatch mode); the executor's own work per action and per module call it runs again is
-measured here, with the executor itself: a chain of tiny layers (so the copies move next to nothing)
-trains plainly, with every saved activation swapped, and with every layer recomputed by running its
-call again. Each figure is what the planned steps took beyond the plain one, less what the profile
-already prices (hooks; the layers run again), per action or per run; the median of a few rounds.
+hook, a dispatch mode); the hooked executor's own work per hook call, per action and per module call it
+runs again is measured here, with the executor itself, on a chain of tiny layers (so the copies move next
+to nothing) trained plainly and under three plans: every saved activation swapped (two or three hook
+calls an action), the momentum swapped between steps (a hundred and ninety actions at two hook calls),
+and every block recomputed by running its call again. The first two fix a hook call's and an action's
+price (two equations, two unknowns: a plan's Python work is its hook calls and its actions); the third,
+less what those and the layers run again cost, a region run's. Each figure is the median of a few rounds.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import torch
 
 from ..cost.calibrate_host import host_clock
 from ..cost.profiles import DeviceProfile
+from ..model import Decision, Plan, Trace
+from ..model.program import HOOKED
+from ..problem import cost_of
 from .optimize import optimize
 
 BLOCKS, WIDTH, BATCH = 12, 16, 4  # blocks of Linear-Tanh-Linear-Tanh: what a block saves inside is recomputed
@@ -24,16 +29,30 @@ STEPS, ROUNDS = 5, 3
 
 
 def with_executor_costs(profile: DeviceProfile, device: str = "cpu") -> DeviceProfile:
-    """`profile` with `action_s` and `region_s` measured on `device` (hook_s measured already)."""
+    """`profile` with `hook_call_s`, `action_s` and `region_s` measured on `device`."""
     model, step, inputs = _chain(device)
     plain = _step_s(lambda: step(*inputs), device)
-    swap, swaps = _planned_s(model, step, inputs, "save-on-cpu", profile, device)
-    recompute, runs = _planned_s(model, step, inputs, "sqrt-n", profile, device, segments=BLOCKS)
+    swap, swaps = _planned_s(model, step, inputs, profile, device, planner="save-on-cpu")
+    state, states = _planned_s(model, step, inputs, profile, device, plan=_state_between_steps)
+    hook_call, action = _per_call_and_action(swap - plain, swaps, state - plain, states)
+    recompute, runs = _planned_s(model, step, inputs, profile, device, planner="sqrt-n", segments=BLOCKS)
     per_op = plain / max(1, runs["ops"])
-    action = max(0.0, swap - plain - swaps["hooks"] * profile.hook_s) / max(1, swaps["actions"])
-    region = max(0.0, recompute - plain - runs["hooks"] * profile.hook_s - runs["actions"] * action
+    region = max(0.0, recompute - plain - runs["calls"] * hook_call - runs["actions"] * action
                  - runs["rerun_ops"] * per_op) / max(1, runs["regions"])
-    return replace(profile, action_s=action, region_s=region)
+    return replace(profile, hook_call_s=hook_call, action_s=action, region_s=region)
+
+
+def _per_call_and_action(extra_a: float, a: dict, extra_b: float, b: dict) -> tuple[float, float]:
+    """Seconds per hook call and per action from two plans' extra seconds a step: each, its copies taken
+    out, is its hook calls at a call's price plus its actions at an action's. Where the two plans do not
+    tell the prices apart (or one comes out negative), the action's price carries all."""
+    ya, yb = extra_a - a["copies_s"], extra_b - b["copies_s"]
+    det = a["calls"] * b["actions"] - b["calls"] * a["actions"]
+    if det:
+        call, action = (ya * b["actions"] - yb * a["actions"]) / det, (a["calls"] * yb - b["calls"] * ya) / det
+        if call >= 0 and action >= 0:
+            return call, action
+    return 0.0, max(0.0, ya) / max(1, a["actions"])
 
 
 def _chain(device: str):
@@ -41,7 +60,7 @@ def _chain(device: str):
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(),
                                                       torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh())
                                   for _ in range(BLOCKS)]).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)  # momentum: state to move between steps
     x, y = torch.randn(BATCH, WIDTH, device=device), torch.randn(BATCH, WIDTH, device=device)
 
     def step(x, y):
@@ -52,17 +71,33 @@ def _chain(device: str):
     return model, step, (x, y)
 
 
-def _planned_s(model, step, inputs, planner: str, profile: DeviceProfile, device: str, **params):
-    """The step's time under `planner`'s plan (no budget), and what its executor did per step."""
-    run = optimize(step, *inputs, planner=planner, model=model, measure=False, fake=False, profile=profile, **params)
+def _state_between_steps(trace: Trace) -> Plan:
+    """Every momentum buffer away from the optimizer's step to its next: many actions, all taken at the
+    optimizer step's two hooks."""
+    decisions = [Decision(storage=s.id, action="swap", out_after=trace.accesses[s.id][-1],
+                          back_before=trace.accesses[s.id][0])
+                 for s in trace.storages if s.kind == "optimizer_state" and trace.accesses[s.id]]
+    return Plan(decisions=decisions, level=HOOKED)  # at its hooks, though the dispatch mode would peak lower
+
+
+def _planned_s(model, step, inputs, profile: DeviceProfile, device: str, plan=None, **params):
+    """The step's time under a plan (`plan(trace)`, or the named planner's with no budget), and what
+    its executor did per step."""
+    if plan is not None:
+        first = optimize(step, *inputs, planner="none", model=model, measure=False, fake=False, profile=profile)
+        first.close()
+        params["plan"], params["trace"] = plan(first.trace), first.trace
+    run = optimize(step, *inputs, model=model, measure=False, fake=False, profile=profile, **params)
     try:
         seconds = _step_s(lambda: run(*inputs), device)
         program, stats = run.program, run.stats()
     finally:
         run.close()
     n = max(1, stats["steps"])
-    trace = run.trace
-    return seconds, {"actions": len(program.actions), "hooks": 2 * len(trace.saved),
+    trace, cost = run.trace, cost_of(run.trace, profile)
+    swapped = [trace.storages[d.storage].nbytes for d in run.plan.decisions if d.action == "swap"]
+    return seconds, {"actions": len(program.actions), "calls": stats["hook_calls"] / n,
+                     "copies_s": sum(cost.d2h_s(b) + cost.h2d_s(b) for b in swapped),
                      "regions": stats["regions_recomputed"] / n,
                      "rerun_ops": sum(r.stop - trace.calls[r.call].first_op for r in set(program.regions.values())),
                      "ops": len(trace.ops)}

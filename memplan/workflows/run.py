@@ -83,7 +83,8 @@ def run_workload(name: str, batch: int, *, planner: str = "none", budget: Budget
         whether the steps under the final plan stayed within the budget (`within_budget`: 2%
         over in allocated bytes, and on a GPU 5% over in reserved bytes), what keeping it
         took (`margin_bytes`, `replanned`, `final_plan_from_step`), `measured_step_s`
-        (median step time after the first step, less the meter's own bookkeeping) beside
+        (median step time after the first step, less the meter's own bookkeeping; with
+        `timed_steps`, the median timed step on `clock`, and `timed_step_s_by_clock` both clocks) beside
         `simulated_step_s`, the executor's counters, `allocator` and `pool` (memplan.exec.pooled),
         `cuda_graph` (whether the step was captured and why not, its capture schedule, memory)
         and, with `check`, `max_param_diff` and `max_buffer_diff` against plain training.
@@ -209,8 +210,8 @@ def _model_for(run: _Run, step):
     return model
 
 
-def _measure(run: _Run, w, step, model, make_inputs, budget_bytes: int) -> tuple[list[dict], list[float]]:
-    """The metered steps' records and the timed steps' seconds, under the plan or the baseline tool."""
+def _measure(run: _Run, w, step, model, make_inputs, budget_bytes: int) -> tuple[list[dict], dict]:
+    """The metered steps' records and the timed steps' seconds on each clock, under the plan or the baseline tool."""
     o = run.options
     fraction = budget_bytes / max(step.trace.peak_load_bytes, 1)
     train = w.step if o.baseline else step
@@ -219,11 +220,11 @@ def _measure(run: _Run, w, step, model, make_inputs, budget_bytes: int) -> tuple
     with baseline_installed(o.baseline, model, fraction, torch.device(o.device)) if o.baseline \
             else contextlib.nullcontext():
         records = measure_steps(train, make_inputs, o.steps, model, w.optimizer, o.seed, metering)
-        timed = time_steps(train, make_inputs, range(o.steps, o.steps + o.timed_steps), model, o.seed, o.clock)
+        timed = time_steps(train, make_inputs, range(o.steps, o.steps + o.timed_steps), model, o.seed)
     return records, timed
 
 
-def _report(run: _Run, step, records: list[dict], timed: list[float], budget_bytes: int, allocation: dict) -> dict:
+def _report(run: _Run, step, records: list[dict], timed: dict, budget_bytes: int, allocation: dict) -> dict:
     """`run_workload`'s JSON-ready result (see its docstring)."""
     predicted = None if run.options.baseline else step.predicted
     stats = step.stats()
@@ -239,7 +240,8 @@ def _report(run: _Run, step, records: list[dict], timed: list[float], budget_byt
             "margin_bytes": stats["margin_bytes"], "replanned": stats["replanned"],
             "final_plan_from_step": stats["final_plan_from_step"],
             "step_time_s": [r["time_s"] for r in records], "steps": records,
-            "measured_step_s": measured_step_s(records, timed), "timed_step_s": timed, "clock": o.clock,
+            "measured_step_s": measured_step_s(records, timed[o.clock]), "timed_step_s": timed[o.clock], "clock": o.clock,
+            "timed_step_s_by_clock": timed,
             "simulated_step_s": None if predicted is None else predicted.time_s,
             "profile": get_profile(o.profile).name, "op_times": op_time_source(step.trace),
             "trace_source": "fake" if step.trace.meta.get("fake") else "real",

@@ -49,6 +49,20 @@ def test_calibrate_cpu_writes_a_sane_profile(tmp_path, capsys):
     assert profile.hbm_bytes_per_s == pytest.approx(2 * profile.h2d_bytes_per_s)
     assert 1e-7 < profile.launch_s < 1e-3 and 1e-7 < profile.copy_latency_s < 1e-2
     assert profile.memory_bytes > 0
+    # the hooked executor's own prices, fitted on its runs: microseconds, not zero both
+    assert 0 <= profile.hook_call_s < 1e-3 and 0 <= profile.action_s < 1e-3 and profile.hook_call_s + profile.action_s > 0
+
+
+@pytest.mark.parametrize("call, action", [(5e-6, 2e-6), (1e-6, 9e-6)])
+def test_the_executor_prices_are_the_two_plans_hook_calls_and_actions_solved(call, action):
+    from memplan.workflows.calibrate_executor import _per_call_and_action
+
+    acts = {"calls": 230, "actions": 92, "copies_s": 1e-5}  # activations: hook calls beside each action
+    state = {"calls": 2, "actions": 192, "copies_s": 3e-5}  # state between steps: actions at two calls
+    extra = [p["calls"] * call + p["actions"] * action + p["copies_s"] for p in (acts, state)]
+    assert _per_call_and_action(extra[0], acts, extra[1], state) == pytest.approx((call, action))
+    # two plans of one mix do not tell the two apart: one price carries all
+    assert _per_call_and_action(extra[0], acts, extra[0], acts) == pytest.approx((0.0, (extra[0] - 1e-5) / 92))
 
 
 def test_a_cpu_profile_drives_planners_and_the_simulator_like_a_gpu_one(tmp_path, cpu_profile, capsys):

@@ -4,13 +4,17 @@ buffers), the independent memory meter, and PyTorch's own dispatch-mode stack (n
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memplan.budget import NO_LIMIT
 from memplan.exec.meter import MemoryMeter
+from memplan.cost.profiles import get_profile
 from memplan.model import Decision, Plan
+from memplan.model.program import HOOKED
 from memplan.planners.base import plan as make_plan
 from memplan.problem import Problem
 from memplan.sim.simulate import Simulator
@@ -185,3 +189,27 @@ def test_a_region_run_passes_one_tensor_given_twice_as_one():
     held = Held.of(mha, (x, x, x), {}, torch.device("cpu"))
     fresh = run_again(held, 0, {k: k for k in range(len(sizes))}, restores=False)
     assert [fresh[k].nbytes() for k in range(len(sizes))] == sizes
+
+
+@pytest.mark.parametrize("which", ["one swap", "sqrt-n", "swap all"])
+def test_the_simulator_counts_the_hook_calls_the_executor_makes(tiny, which):
+    # the host is priced per hook call (hook_call_s): where the simulator's hook sites fire is where the
+    # executor's hooks call Python, one list of points for both. (On a CPU, whose copies are inline, a
+    # swap's release is at its swap-out's point; on a GPU it may come at a later site of its own.)
+    cpu = dataclasses.replace(get_profile("h100"), kind="cpu")
+    if which == "one swap":
+        sid = saved_activations(tiny)[3]
+        out, back = gap(tiny, sid)
+        plan = Plan(decisions=(Decision(storage=sid, action="swap", out_after=out, back_before=back),))
+    else:
+        plan = make_plan(tiny, None, planner="sqrt-n") if which == "sqrt-n" else swap_all_plan(tiny)
+    plan = dataclasses.replace(plan, trace_digest=tiny.digest, budget_bytes=tiny.peak_load_bytes, level=HOOKED)
+    w = tiny_workload()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=tiny, profile=cpu)
+    for i in range(STEPS):
+        step(*w.make_inputs(w.batch, seed=100 + i))
+    stats = step.stats()
+    step.close()
+    assert stats["level"] == "hooked" and stats["steps"] == STEPS
+    simulator = Simulator(tiny, Problem.of(tiny, profile=cpu).cost)
+    assert stats["hook_calls"] / STEPS == simulator.lowering.sites.firings(simulator.lower(plan.decisions).sites).sum()

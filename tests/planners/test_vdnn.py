@@ -31,7 +31,7 @@ COPY_BYTES = 62_000_000  # Table I: one layer input takes 62 ms over the link
 LINK = 1e9  # bytes/s: 62 MB in 62 ms
 
 
-NO_HOST = {"host_op_s": 0.0, "hook_s": 0.0, "mode_op_s": 0.0, "replay_op_s": 0.0, "action_s": 0.0}
+NO_HOST = {"host_op_s": 0.0, "hook_s": 0.0, "hook_call_s": 0.0, "mode_op_s": 0.0, "replay_op_s": 0.0, "action_s": 0.0}
 
 
 def fig4_network():

@@ -103,11 +103,11 @@ class ReferenceLowering:
     def host(self, plain, cost, decisions, regions):
         """The host's work per op of a hooked program: plain training's, plus a hook's price per firing of the
         hooks its points need (which, and where they fire, is the library's `HookSites`)."""
-        if not cost.executor_s("hook"):
+        if not cost.executor_s("hook_call"):
             return plain.copy()
         points = [p for d in decisions for p in (d.out_after + 1, d.prefetch_at, self.before(d.back_before))]
         sites = self.sites.installed(points, {d.storage for d in decisions}, {run.call for run in regions.values()})
-        return plain + cost.executor_s("hook") * self.sites.firings(sites)
+        return plain + cost.executor_s("hook_call") * self.sites.firings(sites)
 
     def runs(self, decisions):
         """The region run of each recompute decision some call can run (by index)."""

@@ -22,7 +22,7 @@ from memplan.sim.simulate import Simulator
 from memplan.sim.validate import OVER_BUDGET, validate
 
 GPT2 = {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}
-HOST = {"host_op_s": 0.0, "hook_s": 0.0, "mode_op_s": 0.0, "replay_op_s": 0.0, "action_s": 0.0}
+HOST = {"host_op_s": 0.0, "hook_s": 0.0, "hook_call_s": 0.0, "mode_op_s": 0.0, "replay_op_s": 0.0, "action_s": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -132,15 +132,15 @@ def test_a_hooked_plan_pays_for_the_hooks_it_needs_and_no_others(gpt2):
     assert set(map(id, packs)) <= set(map(id, window))
     calls = 2 * len(act)  # the module's forward pre-hook and forward hook, once per call
     expected = len(window) + sum(s.unpacked_at is not None for s in window) + calls
-    hooked = Simulator(gpt2, _host_cost(gpt2, hook_s=1e-6)).hooked(plan, NO_LIMIT)
+    hooked = Simulator(gpt2, _host_cost(gpt2, hook_call_s=1e-6)).hooked(plan, NO_LIMIT)
     assert hooked.level == "hooked"
     assert hooked.breakdown["host_s"] == pytest.approx(expected * 1e-6)
 
 
 def test_each_level_pays_its_host_work(gpt2):
     plan = memplan.plan(gpt2, "85%", planner="save-on-cpu")
-    cpu = _host_cost(gpt2, hook_s=1e-6).profile
-    hooked = Simulator(gpt2, _host_cost(gpt2, hook_s=1e-6)).hooked(plan, NO_LIMIT)
+    cpu = _host_cost(gpt2, hook_s=1e-6, hook_call_s=1e-6).profile  # identity hooks, the hooked executor's hooks
+    hooked = Simulator(gpt2, _host_cost(gpt2, hook_call_s=1e-6)).hooked(plan, NO_LIMIT)
     events = len(gpt2.saved) + sum(s.unpacked_at is not None for s in gpt2.saved)
     moved = {d.storage for d in plan.decisions}
     mandatory = sum(1 + (s.unpacked_at is not None) for s in gpt2.saved if s.storage in moved)

@@ -62,3 +62,27 @@ def test_a_planner_that_chooses_by_the_simulator_is_not_planned_again(monkeypatc
     auto = base.planned_at(get_planner("auto"), problem, {"time_limit_s": 10.0, "milp": False})
     assert not any(p is auto for p in fitted)  # (the planners auto runs inside are fitted, as everywhere)
     assert get_planner("auto").simulated and not get_planner("tflms").simulated
+
+
+def test_a_recomputation_no_module_call_can_run_again_is_swapped_instead():
+    """dqn:pretrained on resnet18-cifar@16 at 80% recomputes the stem convolution's output, which the
+    root module's functional code makes: its hooked form kept that storage and missed the budget by 2 MB,
+    so the whole plan ran interpreted. Swapped over the same gap, the plan runs at the hooks."""
+    from memplan.planners.base.hooks_fit import swapped_where_dropped
+
+    trace = memplan.trace_workload("resnet18-cifar", 16, fake=True)
+    problem = Problem.of(trace, "80%")
+    simulator = Simulator(trace, problem.cost)
+    spec = get_planner("dqn:pretrained")
+    first = spec.fn(problem, **spec.defaults)
+    lowered = simulator.lower(first.decisions)
+    assert lowered.dropped and "no module call can recompute" in lowered.reason
+    assert not simulator.hooked(first, problem.budget_bytes).feasible
+    swapped = swapped_where_dropped(first, simulator)
+    changed = [(a, b) for a, b in zip(first.decisions, swapped.decisions) if a != b]
+    assert changed and all(a.action == "recompute" and b.action == "swap" and (a.out_after, a.back_before) ==
+                           (b.out_after, b.back_before) for a, b in changed)
+    assert not simulator.lower(swapped.decisions).dropped
+    final = memplan.plan(problem, planner="dqn:pretrained")
+    assert final.level == "hooked" and validate(trace, final, problem.budget_bytes) == []
+    assert swapped_where_dropped(final, simulator) is final  # nothing left to swap

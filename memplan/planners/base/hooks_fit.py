@@ -8,14 +8,16 @@ plans again under a load cut by the shortfall (twice as deep when the plan did n
 few times while that stays cheap, and the first plan whose hooked form fits is taken if it simulates
 faster than the planner's own plan run interpreted; else that plan stands (on a device-bound step,
 a dispatch mode's host work can cost less than the moves a smaller load needs: resnet50@256). A
-search that took half its time limit or more is not planned again (each try would take as long
-again; `plan` checks it).
+recomputation no module call can run again (its hooked form would keep the storage) is swapped over
+the same gap instead, in the first plan and in each planned again. A search that took half its time
+limit or more is not planned again (each try would take as long again; `plan` checks it).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from ...errors import InfeasibleBudgetError
 from ...model import Plan
@@ -40,26 +42,39 @@ def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
     result = sim.hooked(first, cap)
     if result is None or result.feasible:
         return first
-    load, cut, previous, started = cap, 0, first.decisions, time.perf_counter()
-    for _ in range(MAX_TRIES):
-        cut = max(result.shortfall_bytes, 2 * cut if cut else 1)
-        load -= cut
-        if load <= 0 or time.perf_counter() - started > TIME_FACTOR * first_s + 1.0:
-            break
-        try:
-            plan = plan_at(load)
-        except InfeasibleBudgetError:
-            break
+    plan, load, cut, previous, started = swapped_where_dropped(first, sim), cap, 0, first.decisions, time.perf_counter()
+    for tries in range(MAX_TRIES + 1):
         result = sim.hooked(plan, cap)
-        if result is not None and result.feasible:
-            own = sim.run(first, cap)
-            if own.feasible and result.time_s >= own.time_s:
-                return first  # interpreted, the planner's own plan is the faster
-            log.info("planned again under %d bytes: its hooked form fits %d", load, cap)
-            return plan
         if result is None:
             break
+        if result.feasible:
+            own = sim.run(first, cap)
+            if own.feasible and result.time_s >= own.time_s:
+                break  # interpreted, the planner's own plan is the faster
+            log.info("planned under %d bytes: its hooked form fits %d", load, cap)
+            return plan
         if plan.decisions == previous:
             cut *= 2
         previous = plan.decisions
+        cut = max(result.shortfall_bytes, 2 * cut if cut else 1)
+        load -= cut
+        if tries == MAX_TRIES or load <= 0 or time.perf_counter() - started > TIME_FACTOR * first_s + 1.0:
+            break
+        try:
+            plan = swapped_where_dropped(plan_at(load), sim)
+        except InfeasibleBudgetError:
+            break
     return first
+
+
+def swapped_where_dropped(plan: Plan, sim) -> Plan:
+    """`plan` with each recomputation its hooked form drops (no module call can run it again: a root
+    module's functional op made the storage) swapped over the same gap instead, which a saved-tensor
+    hook can run; `plan` itself where none is dropped."""
+    lowered = sim.lower(plan.decisions)
+    if not lowered.dropped or lowered.kept is None:
+        return plan
+    kept = set(lowered.kept.tolist())
+    swapped = tuple(replace(d, action="swap") if k not in kept and d.action == "recompute" else d
+                    for k, d in enumerate(plan.decisions))
+    return plan if swapped == plan.decisions else replace(plan, decisions=swapped)

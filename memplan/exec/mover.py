@@ -5,7 +5,7 @@ runs the program's actions on it: a swap-out copies a storage into its host regi
 device bytes at the release (resizing the storage to 0: every holder of it sees the change), a
 prefetch allocates it again and copies it back, a wait joins that copy, a drop frees a storage to
 be recomputed. How a storage is found and how a recomputation runs is the executor's own: op by
-op in a dispatch mode (memplan.exec.runner) or at autograd's hooks (memplan.exec.hooked).
+op in a dispatch mode (memplan.exec.interpreted) or at autograd's hooks (memplan.exec.hooked).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Mover:
         self.entries = {d.storage: MovedStorage(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
                                                 dtype=trace.storages[d.storage].dtype) for d in program.decisions}
         self.away: dict[int, MovedStorage] = {}  # storage address -> entry, for every storage not resident
-        self.moving = False  # the mover's own copies run: their ops are not the step's (memplan.exec.runner)
+        self.moving = False  # the mover's own copies run: their ops are not the step's (memplan.exec.interpreted)
         self.stats = ExecStats()
         self.finder = StorageFinder(trace, self.stats, model, optimizer)
 

@@ -2,7 +2,7 @@
 
 It owns the copy lanes, the host slab (laid out offline from the program), the step runner
 (at autograd's saved-tensor hooks for a hooked program, memplan.exec.hooked; else a dispatch
-mode that runs the program's actions at every op, memplan.exec.runner) and the memory meter
+mode that runs the program's actions at every op, memplan.exec.interpreted) and the memory meter
 that measures every step. `installed()` enters the meter and the runner (in that order: the
 meter sees what the runner does) and any hooks; leaving it removes all of them.
 
@@ -28,7 +28,7 @@ from ..model.program import HOOKED, StepProgram
 from .engine import CopyEngine, engine_for
 from .hooked import HookedRunner
 from .meter import MemoryMeter
-from .runner import StepRunner
+from .interpreted import InterpretedRunner
 from .slab import HostSlab, host_layout
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class PlanRuntime:
         if program.level == HOOKED:
             self.runner = HookedRunner(trace, program, self.engine, self.slab, model, optimizer, self.device)
         else:
-            self.runner = StepRunner(trace, program, self.engine, self.slab, model, optimizer)
+            self.runner = InterpretedRunner(trace, program, self.engine, self.slab, model, optimizer)
         if measure not in MEASURE_CHOICES:
             raise MemplanError(f"measure must be one of {', '.join(map(repr, MEASURE_CHOICES))}, got {measure!r}")
         self.measure = measure

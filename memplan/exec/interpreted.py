@@ -1,4 +1,4 @@
-"""The step runner: a dispatch mode that runs the step program at every op of a step.
+"""The interpreted executor: a dispatch mode that runs the step program at every op of a step.
 
 It counts the step's ops as the tracer numbered them (`counts_as_op`) and matches each one
 against the trace by name, in order; before and after op i it runs the program's actions for
@@ -45,7 +45,7 @@ from .slab import HostSlab
 log = logging.getLogger(__name__)
 
 
-class StepRunner(Mover, TorchDispatchMode):
+class InterpretedRunner(Mover, TorchDispatchMode):
     """Runs `program` for `trace` at every op of a step.
 
     Args:

@@ -29,18 +29,18 @@ TIME_FACTOR = 3.0  # ... and for at most this many times the first plan's planni
 
 
 def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
-    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits the cap.
+    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits the budget.
 
     Args:
         plan_at: load -> the planner's plan there (raises InfeasibleBudgetError when it has none).
-        first: the plan made under the problem's cap, which took `first_s` seconds.
+        first: the plan made under the problem's budget, which took `first_s` seconds.
     """
-    cap = problem.budget_bytes
+    budget_bytes = problem.budget_bytes
     sim = simulator_of(problem)
-    result = sim.hooked(first, cap)
+    result = sim.hooked(first, budget_bytes)
     if result is None or result.feasible:
         return first
-    load, cut, previous, started = cap, 0, first.decisions, time.perf_counter()
+    load, cut, previous, started = budget_bytes, 0, first.decisions, time.perf_counter()
     for _ in range(MAX_TRIES):
         cut = max(result.shortfall_bytes, 2 * cut if cut else 1)
         load -= cut
@@ -50,12 +50,12 @@ def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
             plan = plan_at(load)
         except InfeasibleBudgetError:
             break
-        result = sim.hooked(plan, cap)
+        result = sim.hooked(plan, budget_bytes)
         if result is not None and result.feasible:
-            own = sim.run(first, cap)
+            own = sim.run(first, budget_bytes)
             if own.feasible and result.time_s >= own.time_s:
                 return first  # interpreted, the planner's own plan is the faster
-            log.info("planned again under %d bytes: its hooked form fits %d", load, cap)
+            log.info("planned again under %d bytes: its hooked form fits %d", load, budget_bytes)
             return plan
         if result is None:
             break

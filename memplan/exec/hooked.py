@@ -165,7 +165,7 @@ class HookedRunner(Mover):
     def _pack(self, t: torch.Tensor):
         n = self.packs
         self.packs += 1
-        kept = detached(t)
+        kept = detached(t)  # no cycle through autograd (memplan.exec.saved)
         if not self.active or self.off:
             return n, kept
         self.stats.hook_calls += 1

@@ -14,7 +14,7 @@ Parts (each row says "simulated (<profile>)" or "measured (CPU)"):
 - vDNN++ against `autoswap:bo` and `home` at equal budgets (vDNN++:dyn's simulated peak).
 - Compression (§IV-C), measured (CPU): real training steps of small CNNs on this CPU, the
   density of every ReLU output per step, the compression ratio of each and the pinned bytes
-  saved, and host ZVC throughput per thread count (memplan.exec.hostzvc).
+  saved, and host ZVC throughput per thread count (benchmarks/hostzvc.py).
 
 Writes benchmarks/results/vdnn.{json,md}.
 """
@@ -35,13 +35,15 @@ from torch import nn
 
 from memplan import InfeasibleBudgetError, Problem, UNLIMITED, get_workload, plan, trace_workload
 from memplan.services import Simulator, residency_pool_problem
-from memplan.exec import hostzvc
 from memplan.fileio import atomic_write_text
 from memplan.planners.vdnn import mode_plan
 from memplan.pool.poolsize import smallest_pool
 from memplan.zoo import vgg
 from memplan.zoo.registry import get_spec
 from memplan.zoo.workload import build_workload
+
+sys.path.insert(0, str(Path(__file__).parent))
+import hostzvc  # noqa: E402  (the host-side compression it measures, beside it)
 
 RESULTS = Path(__file__).parent / "results"
 MIB = 2**20

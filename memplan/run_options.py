@@ -34,7 +34,7 @@ class Executor(Vocabulary):
     """Which executor level runs a plan (memplan.exec)."""
 
     AUTO = "auto"  # at autograd's hooks where the plan can run there (memplan.exec.hooked), else interpreted
-    INTERPRETED = "interpreted"  # always the dispatch-mode runner (memplan.exec.runner)
+    INTERPRETED = "interpreted"  # always the dispatch-mode runner (memplan.exec.interpreted)
 
 
 class GraphMode(Vocabulary):

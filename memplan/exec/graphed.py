@@ -65,9 +65,9 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .engine import CudaCopyEngine
 from .hostcopy import load
-from .op_replay import byte_view
 from .owners import resolve_owner
 from .residency import Residency
+from .storage_views import byte_view
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ NOTE why this is safe (cited as "rule N" where relied on):
 from __future__ import annotations
 
 import bisect
-import logging
 import time
 import weakref
 from functools import partial
@@ -50,12 +49,11 @@ from ..model.hooksites import WHOLE_STEP, HookSites
 from ..model.program import ActionKind, RegionRun, StepProgram
 from .engine import CopyEngine
 from .mover import Mover
-from .op_replay import adopt
 from .rerun import Held, run_again
 from .residency import MovedStorage, Residency
+from .saved import detached
 from .slab import HostSlab
-
-log = logging.getLogger(__name__)
+from .storage_views import adopt
 
 _TAKES_STORAGE = (ActionKind.SWAP_OUT, ActionKind.DROP)  # actions on a storage a pack hands over
 
@@ -103,8 +101,6 @@ class HookedRunner(Mover):
         self.open: list[tuple[int | None, bool]] = []  # per module call running: (its call, a window pushed)
         self.packs = 0
         self.cursor = 0
-        self.active = False
-        self.off = False
         self.rerunning = False
         self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._handles: list = []
@@ -164,22 +160,12 @@ class HookedRunner(Mover):
         self.held.clear()
         self.found.clear()
 
-    def diverge(self, reason: str) -> None:
-        """Leave the program for the rest of the step: bring every storage back (rule 2)."""
-        if not self.off:
-            self.stats.diverged_steps += 1
-            log.warning("step left the planned trace (%s): the rest of it runs unplanned", reason)
-        self.off = True
-        self.restore()
-
     # --- hooks ------------------------------------------------------------------------------------
 
     def _pack(self, t: torch.Tensor):
         n = self.packs
         self.packs += 1
-        # kept as a detached alias: a saved output held as itself would hold its own node, a cycle
-        # through autograd that no collector frees when no backward releases the graph (an aborted step)
-        kept = t.detach()
+        kept = detached(t)  # no cycle through autograd (memplan.exec.saved)
         if not self.active or self.off:
             return n, kept
         self.stats.hook_calls += 1

@@ -13,7 +13,7 @@ reduction of the whole output gradient. Each kernel of a backward op is split on
 NOTE where the split happens. Under a plan the executor does not swap modules: a swapped
 module would run other aten ops (slices, several convolutions) than the traced step, and
 the step program is counted op by op against the trace. Instead the executor runs the
-traced convolution op itself split (`run`, called by memplan.exec.runner at a decided op,
+traced convolution op itself split (`run`, called by memplan.exec.interpreted at a decided op,
 and by the replayer when a recomputation replays one): one traced op in, its outputs out,
 nothing else changes. Without the executor, `MicroBatchConv2d` (an nn.Conv2d whose forward
 and backward are the same split kernels, through an autograd Function) can be swapped in

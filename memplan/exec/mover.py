@@ -5,12 +5,13 @@ runs the program's actions on it: a swap-out copies a storage into its host regi
 device bytes at the release (resizing the storage to 0: every holder of it sees the change), a
 prefetch allocates it again and copies it back, a wait joins that copy, a drop frees a storage to
 be recomputed. How a storage is found and how a recomputation runs is the executor's own: op by
-op in a dispatch mode (memplan.exec.runner) or at autograd's hooks (memplan.exec.hooked).
+op in a dispatch mode (memplan.exec.interpreted) or at autograd's hooks (memplan.exec.hooked).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -20,9 +21,11 @@ from ..model.program import Action, ActionKind, StepProgram
 from .engine import CopyEngine, blocked_s
 from .hostcopy import fits, load, store, store_whole, typed_bytes
 from .locate import StorageFinder
-from .op_replay import byte_view
 from .residency import ExecStats, MovedStorage, Residency
 from .slab import HostSlab
+from .storage_views import byte_view
+
+log = logging.getLogger(__name__)
 
 # The method that runs each kind of action, looked up at every action (a test may replace one).
 ACTION_METHODS = {ActionKind.SWAP_OUT: "_swap_out", ActionKind.RELEASE: "_release", ActionKind.PREFETCH: "_prefetch",
@@ -49,9 +52,11 @@ class Mover:
         self.entries = {d.storage: MovedStorage(sid=d.storage, nbytes=trace.storages[d.storage].nbytes,
                                                 dtype=trace.storages[d.storage].dtype) for d in program.decisions}
         self.away: dict[int, MovedStorage] = {}  # storage address -> entry, for every storage not resident
-        self.moving = False  # the mover's own copies run: their ops are not the step's (memplan.exec.runner)
+        self.moving = False  # the mover's own copies run: their ops are not the step's (memplan.exec.interpreted)
         self.stats = ExecStats()
         self.finder = StorageFinder(trace, self.stats, model, optimizer)
+        self.active = False  # a step is running
+        self.off = False  # the step left its program (`diverge`): the rest of it runs unplanned
 
     def settle(self) -> None:
         """Put storages where a step starts with them: on the host for gaps across the boundary."""
@@ -64,6 +69,15 @@ class Mover:
             if entry.state != Residency.RESIDENT:
                 self.stats.restored += 1
                 self._bring_back(entry)
+
+    def diverge(self, reason: str) -> None:
+        """Leave the program for the rest of the step: bring every storage back (the run is not the
+        traced one: memplan.exec.hooked's rule 2, memplan.exec.resync's rules)."""
+        if not self.off:
+            self.stats.diverged_steps += 1
+            log.warning("step left the planned trace (%s): the rest of it runs unplanned", reason)
+        self.off = True
+        self.restore()
 
     def abort(self) -> None:
         """An exception cut the step short: its graph is gone, so storages dropped to be recomputed

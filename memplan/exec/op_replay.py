@@ -22,6 +22,7 @@ memory that way; replaying single ops is the same mechanism as selective checkpo
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -30,6 +31,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..model import Trace
 from ..model.program import ReplayStep
 from ..tracing.opinfo import distinct, leaves, split_tensors, storage_key
+from .residency import ExecStats
+from .run_state import RngState
+from .storage_views import adopt
+
+_NO_RNG = contextlib.nullcontext()  # what a replay of an op that draws no random numbers runs under
 
 
 # Named tuples, not frozen dataclasses: a replayed op makes several, and a tuple is built
@@ -52,37 +58,37 @@ class _Call(NamedTuple):
     args: tuple  # arguments, tensors as _Ref
     kwargs: dict
     written: frozenset  # storages it writes in place (the others it writes are new outputs)
-    rng: torch.Tensor | None  # generator state before the call (random ops only)
+    rng: RngState | None  # the generators' states before the call (random ops only)
     outputs: tuple  # (position among the output's tensors, storage id) of each new output storage
 
 
 class Replayer:
-    """Records the calls of `ops` during a step and replays them on demand."""
+    """Records the calls of `ops` during a step and replays them on demand (counted in `stats`)."""
 
-    def __init__(self, trace: Trace, ops: frozenset, adopt=None, call=None):
+    def __init__(self, trace: Trace, ops: frozenset, stats: ExecStats, adopt=None, call=None):
         self.trace = trace
         self.ops = ops
+        self.stats = stats
         self.adopt = adopt  # adopt(sid, fresh storage) -> True when another recomputation took the output
         self.call = call or (lambda j, func, args, kwargs: func(*args, **kwargs))  # runs op j (as the step did)
         self.calls: dict[int, _Call] = {}
         self.temporaries: dict[int, torch.UntypedStorage] = {}  # inputs rebuilt for the current op's chains
         self._weak: dict[int, StorageWeakRef] = {}
         self._random: dict = {}  # aten overload -> whether it draws from the generator
-        self.replayed_ops = 0  # over all steps
 
     def begin_step(self) -> None:
         """Forget the previous step's calls."""
         self.calls.clear()
         self._weak.clear()
 
-    def rng_before(self, func, args: tuple) -> torch.Tensor | None:
-        """The generator state a random op is about to use (None for other ops)."""
+    def rng_before(self, func, args: tuple) -> RngState | None:
+        """The generators' states a random op is about to use (None for other ops)."""
         random = self._random.get(func)
         if random is None:
             random = self._random[func] = torch.Tag.nondeterministic_seeded in func.tags
         if not random:
             return None
-        return _rng_state(_device_of(args))
+        return RngState.of(_device_of(args))
 
     def record(self, index: int, func, args: tuple, kwargs: dict, out, rng) -> None:
         """Remember op `index`'s call (after it ran: its storages are all known then)."""
@@ -146,9 +152,9 @@ class Replayer:
             return t.clone() if r.sid in call.written and r.sid != sid else t
 
         args, kwargs = _map(tensor, call.args), _map(tensor, call.kwargs)
-        with _rng(call.rng, args):
+        with call.rng.restored() if call.rng is not None else _NO_RNG:
             out = self.call(j, call.func, args, kwargs)
-        self.replayed_ops += 1
+        self.stats.replayed_ops += 1
         results = leaves(out)
         for position, w in call.outputs:  # new outputs only: what it writes in place stays as it is
             t = results[position]
@@ -181,21 +187,6 @@ def _map(fn, value):
     return fn(value)
 
 
-def adopt(home: torch.UntypedStorage, fresh: torch.UntypedStorage) -> None:
-    """Move `fresh`'s bytes into `home` (empty): every tensor over `home` sees them."""
-    if hasattr(home, "_swap_data_ptr_"):
-        home._swap_data_ptr_(fresh)
-        return
-    home.resize_(fresh.nbytes())  # older PyTorch: one extra copy of the bytes
-    byte_view(home).copy_(byte_view(fresh))
-
-
-def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A uint8 tensor over all of `storage`, with a version counter of its own."""
-    view = torch.empty(0, dtype=torch.uint8, device=storage.device)
-    return view.set_(storage, 0, (storage.nbytes(),), (1,))
-
-
 def _view(storage: torch.UntypedStorage, r: _Ref) -> torch.Tensor:
     return torch.empty(0, dtype=r.dtype, device=r.device).set_(storage, r.offset, r.size, r.stride)
 
@@ -205,30 +196,3 @@ def _device_of(args) -> torch.device:
         if isinstance(t, torch.Tensor):
             return t.device
     return torch.device("cpu")
-
-
-def _rng_state(device: torch.device) -> torch.Tensor:
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    return torch.get_rng_state()
-
-
-class _rng:
-    """Run a replayed random op under the generator state it first saw; restore after."""
-
-    def __init__(self, state, args):
-        self.state = state
-        self.device = _device_of(args) if state is not None else None
-
-    def __enter__(self):
-        if self.state is None:
-            return
-        self.saved = _rng_state(self.device)
-        (torch.cuda.set_rng_state(self.state, self.device) if self.device.type == "cuda"
-         else torch.set_rng_state(self.state))
-
-    def __exit__(self, *exc):
-        if self.state is None:
-            return
-        (torch.cuda.set_rng_state(self.saved, self.device) if self.device.type == "cuda"
-         else torch.set_rng_state(self.saved))

@@ -3,7 +3,7 @@
 The allocator (memplan.pool.replay_allocator) is armed for exactly the span of a planned step, on the
 stream the step computes on, and disarmed after it: what runs between steps (inputs made for
 the next step, the loss read back) is served by its heap and is not the plan's business. The
-step runner publishes the op it runs in the allocator's op clock, which is how requests find
+interpreted runner publishes the op it runs in the allocator's op clock, which is how requests find
 their slots (`attach`). Per
 step the session records the allocator's counters: requests served at their planned slot,
 fallbacks (by cause), slots never requested, the most bytes live, the reserved bytes (the pool

@@ -2,17 +2,19 @@
 
 As torch.utils.checkpoint's non-reentrant recompute does: the call's arguments are held from its
 forward (`Held.of`, at the module's forward pre-hook), with the RNG and autocast states it ran
-under; `run_again` runs it from them under saved-tensor hooks of its own, hands over the storages
-wanted by their pack index and stops once it has them all, and puts back the module buffers the
-run updated (batch norm's running statistics).
+under (memplan.exec.run_state); `run_again` runs it from them under saved-tensor hooks of its own,
+hands over the storages wanted by their pack index and stops once it has them all, and puts back
+the module buffers the run updated (batch norm's running statistics).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
+
+from .run_state import AutocastState, RngState
+from .saved import detached
 
 
 @dataclass(frozen=True)
@@ -22,16 +24,14 @@ class Held:
     module: torch.nn.Module  # the module called
     args: tuple  # its positional arguments
     kwargs: dict  # its keyword arguments
-    rng: tuple  # (CPU generator state, (device, CUDA generator state) or None)
-    autocast: tuple  # (device type, enabled, dtype)
+    rng: RngState  # the generators' states it ran under
+    autocast: AutocastState  # autocast's state it ran under
 
     @classmethod
     def of(cls, module: torch.nn.Module, args: tuple, kwargs: dict, device: torch.device) -> Held:
         """What a run of this call needs, as its forward begins on `device`."""
-        cuda = (device, torch.cuda.get_rng_state(device)) if device.type == "cuda" else None
-        return cls(module=module, args=args, kwargs=kwargs, rng=(torch.get_rng_state(), cuda),
-                   autocast=(device.type, torch.is_autocast_enabled(device.type),
-                             torch.get_autocast_dtype(device.type)))
+        return cls(module=module, args=args, kwargs=kwargs, rng=RngState.of(device),
+                   autocast=AutocastState.of(device))
 
 
 class _RegionDone(Exception):
@@ -52,17 +52,14 @@ def run_again(held: Held, first_saved: int, wanted: dict[int, int], restores: bo
             fresh[sid] = t.untyped_storage()
             if len(fresh) == len(wanted):
                 raise _RegionDone
-        # held by the run's graph until the run ends, as the simulator counts it; detached, as
-        # torch.utils.checkpoint's recompute does: a saved output would hold its own node (a
-        # cycle only the garbage collector frees, for a graph no backward releases)
-        return t.detach()
+        return detached(t)  # held by the run's graph until the run ends, as the simulator counts it
 
     buffers = [(b, b.detach().clone()) for b in held.module.buffers()] if restores else []
     # arguments cut from the step's graph (as torch.utils.checkpoint's are): a run stopped midway may
     # leave a node behind, which must not hold the step's graph alive
     args, kwargs = _cut((held.args, held.kwargs))
     try:
-        with _rng_restored(held.rng), torch.enable_grad(), _autocast(held.autocast), \
+        with held.rng.restored(), torch.enable_grad(), held.autocast.entered(), \
                 torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
             held.module(*args, **kwargs)
     except _RegionDone:
@@ -72,22 +69,6 @@ def run_again(held: Held, first_saved: int, wanted: dict[int, int], restores: bo
             for b, value in buffers:
                 b.copy_(value)
     return fresh
-
-
-@contextlib.contextmanager
-def _rng_restored(rng: tuple):
-    """Run under the generator states `rng` (a region's, from its forward); the current ones after."""
-    cpu, cuda = rng
-    with torch.random.fork_rng(devices=[cuda[0]] if cuda else []):
-        torch.set_rng_state(cpu)
-        if cuda:
-            torch.cuda.set_rng_state(cuda[1], cuda[0])
-        yield
-
-
-def _autocast(state: tuple):
-    device_type, enabled, dtype = state
-    return torch.autocast(device_type, dtype=dtype, enabled=enabled)
 
 
 def _cut(value, seen: dict | None = None):

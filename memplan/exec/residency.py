@@ -69,3 +69,4 @@ class ExecStats:
     late_unpacks: int = 0  # saved tensors autograd unpacked before the program brought them back
     host_s: float = 0.0  # seconds the hooked runner's hooks took (its host work)
     hook_calls: int = 0  # calls of the hooked runner's hooks in steps (packs, unpacks, module calls, marks)
+    replayed_ops: int = 0  # ops replayed one by one to recompute storages (interpreted runner: memplan.exec.op_replay)

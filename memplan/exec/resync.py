@@ -1,6 +1,6 @@
 """How a run stays in sync with a trace made elsewhere (a fake trace, another device).
 
-The runner (memplan.exec.runner) matches the step's ops against the trace by name, in order.
+The runner (memplan.exec.interpreted) matches the step's ops against the trace by name, in order.
 NOTE the rules for an op that is not the trace's next one:
  1. Ops that move no data and come and go between runs (`OPTIONAL_OPS`: lift_fresh, detach,
     `.item()`) pass without being matched.

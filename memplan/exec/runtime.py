@@ -1,9 +1,10 @@
 """PlanRuntime: everything that runs one step program on one model, installed and removed as a unit.
 
-It owns the copy lanes, the host slab (laid out offline from the program), the step runner
-(at autograd's saved-tensor hooks for a hooked program, memplan.exec.hooked; else a dispatch
-mode that runs the program's actions at every op, memplan.exec.runner) and the memory meter
-that measures every step. `installed()` enters the meter and the runner (in that order: the
+It owns the copy lanes, the host slab (laid out offline from the program), the step runner of
+the program's level (`StepProgram.level`: at autograd's hooks, memplan.exec.hooked; else the
+interpreted one, a dispatch mode that runs the program's actions at every op,
+memplan.exec.interpreted; both are memplan.exec.mover's Movers and count in its ExecStats) and
+the memory meter that measures every step. `installed()` enters the meter and the runner (in that order: the
 meter sees what the runner does) and any hooks; leaving it removes all of them.
 
 Storages whose gap crosses the iteration boundary stay on the host between two steps.
@@ -28,7 +29,7 @@ from ..model.program import HOOKED, StepProgram
 from .engine import CopyEngine, engine_for
 from .hooked import HookedRunner
 from .meter import MemoryMeter
-from .runner import StepRunner
+from .interpreted import InterpretedRunner
 from .slab import HostSlab, host_layout
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class PlanRuntime:
         if program.level == HOOKED:
             self.runner = HookedRunner(trace, program, self.engine, self.slab, model, optimizer, self.device)
         else:
-            self.runner = StepRunner(trace, program, self.engine, self.slab, model, optimizer)
+            self.runner = InterpretedRunner(trace, program, self.engine, self.slab, model, optimizer)
         if measure not in MEASURE_CHOICES:
             raise MemplanError(f"measure must be one of {', '.join(map(repr, MEASURE_CHOICES))}, got {measure!r}")
         self.measure = measure
@@ -90,9 +91,8 @@ class PlanRuntime:
     def _counters(self) -> dict:
         """The runner's counts that each step reports (what this step added to them)."""
         stats = self.runner.stats
-        replayer = getattr(self.runner, "replayer", None)
         return {"diverged_steps": stats.diverged_steps, "unresolved": stats.unresolved,
-                "ops_in_mode": stats.ops_in_mode, "replayed_ops": replayer.replayed_ops if replayer else 0,
+                "ops_in_mode": stats.ops_in_mode, "replayed_ops": stats.replayed_ops,
                 "regions_recomputed": stats.regions_recomputed, "host_s": stats.host_s,
                 "hook_calls": stats.hook_calls}
 
@@ -225,9 +225,7 @@ class PlanRuntime:
     def stats(self) -> dict:
         """Counters, host memory, and the measured against the simulated peak per step."""
         measured = [s for s in self.steps if s.get("measured_peak_bytes") is not None]
-        replayer = getattr(self.runner, "replayer", None)
-        return {**asdict(self.runner.stats), "replayed_ops": replayer.replayed_ops if replayer else 0,
-                "level": self.program.level,
+        return {**asdict(self.runner.stats), "level": self.program.level,
                 "decisions": len(self.program.decisions), "slab_bytes": self.slab.nbytes,
                 "pinned_host_bytes": self.slab.nbytes if self.slab.pin else 0,
                 "budget_bytes": bytes_to_json(self.program.budget_bytes),

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from .. import calibrate, get_profile, max_batch, plan, run_workload, trace_workload
+from .. import RunOptions, calibrate, get_profile, max_batch, plan, run_workload, trace_workload
 from ..services import (calibrate_cpu, check_baseline, check_model_name, get_planner, profile_to_json,
                         with_executor_costs)
 from ..budget import UNLIMITED, parse_budget
@@ -235,11 +235,11 @@ def _measured(task: Task, s: CompareSettings) -> dict:
     budget = UNLIMITED if task.budget == NO_BUDGET else task.budget
     # Peaks from metered steps; times from unmetered ones (the CPU meter's bookkeeping on every
     # op would weigh more on plans that run more ops).
-    metered = min(s.steps, METERED_STEPS)
+    options = RunOptions(steps=min(s.steps, METERED_STEPS), timed_steps=max(s.steps - 1, 1), device=s.device,
+                         profile=s.run_profile, seed=s.seed, baseline=baseline, memory_cap=s.memory_cap)
     try:
         out = run_workload(task.model, task.batch, planner="none" if baseline else task.method, budget=budget,
-                           steps=metered, timed_steps=max(s.steps - 1, 1), device=s.device, profile=s.run_profile,
-                           seed=s.seed, baseline=baseline, memory_cap=s.memory_cap)
+                           options=options)
     finally:
         _release_cached_memory(s.device)
     return {"peak_bytes": out["measured_peak_bytes"], "step_s": out["measured_step_s"],

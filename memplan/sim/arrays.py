@@ -35,7 +35,7 @@ def host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
     points = [s.packed_at for s in trace.saved] + [s.unpacked_at for s in trace.saved if s.unpacked_at is not None]
     if n and points and cost.executor_s("hook"):
         np.add.at(every, np.minimum(points, n - 1), cost.executor_s("hook"))
-    # the interpreted runner counts every op in its mode, under identity saved-tensor hooks (memplan.exec.runner)
+    # the interpreted runner counts every op in its mode, under identity saved-tensor hooks (memplan.exec.interpreted)
     return {PLAIN: plain, HOOKED: plain, INTERPRETED: every + cost.executor_s("mode_op")}
 
 

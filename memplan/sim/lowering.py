@@ -15,7 +15,7 @@ levels, fixed by its decisions alone (and by its planner where it chose the inte
   stays). Recompute decisions due at one point are run by module calls as memplan.sim.regions
   chooses them; a decision none can run is dropped (kept resident): `dropped` counts them. The
   sites its program needs, and what their hooks cost the host, are `Lowered.sites`.
-- interpreted: the dispatch-mode runner (memplan.exec.runner) acts before and after every op and
+- interpreted: the dispatch-mode runner (memplan.exec.interpreted) acts before and after every op and
   recomputes by replaying ops (memplan.sim.chains): for micro-batched convolutions, a trace without
   hook records, and where the planner chose it (`Plan.level`: no plan of its hooked form fits, or
   it runs slower; memplan.planners.base.hooks_fit).

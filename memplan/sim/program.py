@@ -97,7 +97,7 @@ def _intervals(s, actions, n: int, away_at_start: bool) -> list[tuple[int, int, 
     """The residency intervals of one storage, walking its actions in program order.
 
     A prefetch due while its swap-out is still in flight keeps the bytes where they are (the
-    executor cancels the swap: see StepRunner._prefetch), so that gap has no interval break.
+    executor cancels the swap: see InterpretedRunner._prefetch), so that gap has no interval break.
     """
     out, open_at, how, kept = [], (None if away_at_start else s.alloc_op), "plain", set()
     for a in actions:

@@ -1,7 +1,7 @@
 """The allocation requests of a real planned step on the CPU, replayed through the host pool.
 
 PyTorch's CPU allocator cannot be replaced, but `torch.profiler` (with `profile_memory`)
-records every allocation and free it makes, with the time. The step runner's op clock is
+records every allocation and free it makes, with the time. The interpreted runner's op clock is
 swapped for one that remembers when each op began, so every request gets the op it was made
 at -- what the CUDA allocator reads from the clock directly. Replaying that stream through the
 host backend of the replay allocator shows, without a GPU, whether a real step's requests find

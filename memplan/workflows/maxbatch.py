@@ -21,6 +21,7 @@ from ..planners.base import get_planner
 from ..planners.base import plan as make_plan
 from ..problem import DEFAULT_PROFILE
 from ..progress import progress_bar
+from ..run_options import RunOptions
 from ..zoo.registry import check_model_name
 from .run import run_workload
 from .workloads import trace_workload
@@ -108,11 +109,11 @@ def _gpu_probe(name, memory_bytes, planner, device, profile, config):
     if memory_bytes > total:
         raise MemplanError(f"--memory {memory_bytes} bytes is more than the GPU's {total}")
     torch.cuda.set_per_process_memory_fraction(memory_bytes / total, dev)
+    options = RunOptions(steps=GPU_STEPS, device=device, profile=profile)
 
     def fits(batch: int) -> tuple[bool, dict]:
         try:
-            out = run_workload(name, batch, planner=planner, budget=int(memory_bytes), steps=GPU_STEPS,
-                               device=device, profile=profile, config=config)
+            out = run_workload(name, batch, planner=planner, budget=int(memory_bytes), options=options, config=config)
         except (torch.cuda.OutOfMemoryError, InfeasibleBudgetError) as exc:
             return False, {"reason": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
         finally:

@@ -262,7 +262,7 @@ def optimize(step_fn: Callable, *example_inputs, budget: Budget | str | int | fl
             fake: trace fake copies of the model, its state and inputs, allocating nothing (None: on
                 a GPU, where the unplanned step may not fit).
             executor: "auto": the plan runs at autograd's hooks where it can (memplan.exec.hooked), else
-                interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.runner).
+                interpreted; "interpreted": always the dispatch-mode runner (memplan.exec.interpreted).
             cuda_graph: "auto": on CUDA, after warm-up steps, the step is captured as one CUDA graph and
                 replayed where it can be (memplan.workflows.cuda_graph; a warning says why not); "on": that
                 is an error, as is a step off CUDA; "off" (the default until a GPU run shows captures work).

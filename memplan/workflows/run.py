@@ -96,7 +96,7 @@ def run_workload(name: str, batch: int, *, planner: str = "none", budget: Budget
     if options.baseline:
         options = replace(options, cuda_graph=GraphMode.OFF)  # a PyTorch tool runs, never captured
     run = _Run(name=name, batch=batch, planner=planner, config=config or {}, options=options,
-               budget=_run_budget(budget, planner, options))
+               budget=_run_budget(parse_budget(budget), planner, options))  # parsed here, the Python edge
     run, mode = _prepare(run)
     w = get_workload(name, batch, device=run.options.device, seed=run.options.seed, **run.config)
     step = _planned_step(run, w, trace, planner_params or {})
@@ -107,7 +107,7 @@ def _trained(run: _Run, w, step, mode: AllocatorMode) -> dict:
     """`run_workload`'s steps of workload `w` under `step` (an OptimizedStep), measured and reported."""
     o = run.options
     pool = _serve_allocator(run, step, mode)
-    budget_bytes = _measured_against(run.budget, step.trace)
+    budget_bytes = _measured_against(run, step)
     model = _model_for(run, step)
     make_inputs = lambda i: w.make_inputs(run.batch, seed=o.seed + 1 + i)  # noqa: E731
     release_cache(o.device)
@@ -131,10 +131,10 @@ class _Run:
     options: RunOptions  # how it runs
 
 
-def _run_budget(budget, planner: str, options: RunOptions) -> Budget:
+def _run_budget(budget: Budget, planner: str, options: RunOptions) -> Budget:
     """The run's budget: as given; without one, under a memory cap, what the cap leaves a plan
     (segments included)."""
-    budget, memory_cap = parse_budget(budget), options.memory_cap
+    memory_cap = options.memory_cap
     if memory_cap is not None and budget.unlimited and planner != "none" and not options.baseline:
         return Budget.of_bytes(int(memory_cap / (1 + RESERVED_TOLERANCE)))
     if memory_cap is not None and budget.nbytes is not None and budget.nbytes > memory_cap:
@@ -146,11 +146,13 @@ def _run_budget(budget, planner: str, options: RunOptions) -> Budget:
     return budget
 
 
-def _measured_against(budget: Budget, trace) -> int:
-    """The bytes a run is checked against: its budget, or without one the unplanned peak
+def _measured_against(run: _Run, step) -> int:
+    """The bytes a run is checked against: its budget in bytes (the plan's problem resolved it; a
+    baseline's plan is unlimited, so its budget is resolved here), or without one the unplanned peak
     (what plain training holds)."""
-    budget_bytes = budget.bytes_for(trace.peak_load_bytes)
-    return budget_bytes if limited(budget_bytes) else trace.peak_load_bytes
+    peak = step.trace.peak_load_bytes
+    budget_bytes = run.budget.bytes_for(peak) if run.options.baseline else step.problem.budget_bytes
+    return budget_bytes if limited(budget_bytes) else peak
 
 
 def _prepare(run: _Run) -> tuple[_Run, AllocatorMode]:

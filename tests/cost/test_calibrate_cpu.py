@@ -12,7 +12,7 @@ from memplan.cli import main
 from memplan.cost import calibrate as cal
 from memplan.cost.model import Cost
 from memplan.cost.profiles import get_profile, profile_to_json
-from memplan.exec.runner import StepRunner
+from memplan.exec.interpreted import InterpretedRunner
 from memplan.tracing.io import write_trace
 from memplan.tracing.optimes import time_ops
 from memplan.tracing.tracer import trace
@@ -113,7 +113,7 @@ def test_run_cli_json_has_the_step_times(cpu_profile, capsys):
 
 
 # --- the meter (acceptance) ---------------------------------------------------------------------
-# tests/exec/test_runner.py::test_the_meter_measures_the_traced_peak_of_plain_training covers TinyNet.
+# tests/exec/test_interpreted.py::test_the_meter_measures_the_traced_peak_of_plain_training covers TinyNet.
 
 @pytest.mark.parametrize("name", ["vgg11-cifar", "transformer-encoder"])
 def test_the_meter_measures_the_traced_peak_of_plain_zoo_training(name):
@@ -135,13 +135,13 @@ def test_a_swap_the_executor_skips_is_caught_by_the_meter(monkeypatch):
     simulated = step.program.predicted.peak_load_bytes
     assert honest == simulated
     largest = max(step.program.decisions, key=lambda d: t.storages[d.storage].nbytes).storage
-    swap_out = StepRunner._swap_out
+    swap_out = InterpretedRunner._swap_out
 
     def keeps_one(self, entry, k, found):
         if entry.sid != largest:
             swap_out(self, entry, k, found)
 
-    monkeypatch.setattr(StepRunner, "_swap_out", keeps_one)
+    monkeypatch.setattr(InterpretedRunner, "_swap_out", keeps_one)
     assert _measured_peak(step, w) > simulated
     step.close()
 

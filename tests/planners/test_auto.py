@@ -112,7 +112,7 @@ def test_bad_parameters_are_one_error_line(capsys, tmp_path, param, message):
 def test_an_auto_plan_trains_exactly_within_its_budget():
     """Executed for real on CPU: the same parameters as plain training, bit for bit, and the
     measured peak within the budget (test_exec's oracle: plain training from the same seed)."""
-    from tests.exec.test_runner import _kept_budget, _plain, _planned, _same_state, tiny_workload, trace_step  # noqa: I001
+    from tests.exec.test_interpreted import _kept_budget, _plain, _planned, _same_state, tiny_workload, trace_step  # noqa: I001
 
     w = tiny_workload()
     trace = trace_step(w.step, w.inputs, w.model, w.optimizer)

@@ -389,7 +389,7 @@ def test_the_cli_refuses_any_damaged_weights_in_one_line(tmp_path_factory, capsy
 
 @pytest.mark.slow
 def test_a_dqn_plan_trains_vgg11_exactly_within_its_budget_on_cpu():
-    from tests.exec.test_runner import _kept_budget, _plain, _planned, _same_state
+    from tests.exec.test_interpreted import _kept_budget, _plain, _planned, _same_state
     from tests.exec.helpers import workload
 
     from memplan.errors import InfeasibleBudgetError

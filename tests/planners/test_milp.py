@@ -283,7 +283,7 @@ def test_a_time_limit_still_gives_a_valid_plan_within_the_budget():
 def test_a_milp_plan_mixing_swaps_and_recomputes_trains_exactly_within_its_budget():
     """Executed for real on CPU: the same parameters as plain training, bit for bit, and the
     measured peak within the budget (test_exec's oracle: plain training from the same seed)."""
-    from tests.exec.test_runner import _kept_budget, _plain, _planned, _same_state, tiny_workload, trace_step  # noqa: I001
+    from tests.exec.test_interpreted import _kept_budget, _plain, _planned, _same_state, tiny_workload, trace_step  # noqa: I001
 
     import dataclasses
 

@@ -106,7 +106,6 @@ COMPONENT_BENCHMARKS = {
         "memplan.model": "CONV_KERNELS: the kernel kinds of Fig. 9",
     },
     "vdnn.py": {
-        "memplan.exec.hostzvc": "host compression, measured",
         "memplan.planners.vdnn": "mode_plan: each vDNN mode planned alone (Table III, Fig. 9)",
         "memplan.pool.poolsize": "smallest_pool: pool size by order and heuristic",
         "memplan.zoo.vgg": "VGG's blocks, for the constructed network and the VGG variants",

@@ -99,8 +99,8 @@ def test_a_pytorch_tool_named_like_a_planner_runs_as_the_tool(monkeypatch):
     # must run PyTorch's save_on_cpu (baseline=...), the planner's point memplan's plan.
     calls = []
 
-    def fake_run(model, batch, *, planner, baseline, **_):
-        calls.append((planner, baseline))
+    def fake_run(model, batch, *, planner, options, **_):
+        calls.append((planner, options.baseline))
         return {"measured_peak_bytes": 1, "measured_step_s": 1.0, "simulated_peak_bytes": None,
                 "trace_peak_bytes": 1, "budget_bytes": None}
 
@@ -140,8 +140,8 @@ def test_gpu_points_are_measured_on_the_gpu_under_other_keys(monkeypatch, tmp_pa
 
     runs = []
 
-    def fake_run(model, batch, *, planner, baseline, device, profile, **_):
-        runs.append((planner, baseline, device, profile))
+    def fake_run(model, batch, *, planner, options, **_):
+        runs.append((planner, options.baseline, options.device, options.profile))
         return {"measured_peak_bytes": 1, "measured_step_s": 1.0, "simulated_peak_bytes": None,
                 "trace_peak_bytes": 1, "budget_bytes": None}
 

@@ -31,27 +31,28 @@ TIME_FACTOR = 3.0  # ... and for at most this many times the first plan's planni
 
 
 def fit_hooked(plan_at, problem: Problem, first: Plan, first_s: float) -> Plan:
-    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits the cap.
+    """`first`, or a plan `plan_at(load)` made under a smaller load whose hooked form fits the budget.
 
     Args:
         plan_at: load -> the planner's plan there (raises InfeasibleBudgetError when it has none).
-        first: the plan made under the problem's cap, which took `first_s` seconds.
+        first: the plan made under the problem's budget, which took `first_s` seconds.
     """
-    cap = problem.budget_bytes
+    budget_bytes = problem.budget_bytes
     sim = simulator_of(problem)
-    result = sim.hooked(first, cap)
+    result = sim.hooked(first, budget_bytes)
     if result is None or result.feasible:
         return first
-    plan, load, cut, previous, started = swapped_where_dropped(first, sim), cap, 0, first.decisions, time.perf_counter()
+    plan, load, cut, previous = swapped_where_dropped(first, sim), budget_bytes, 0, first.decisions
+    started = time.perf_counter()
     for tries in range(MAX_TRIES + 1):
-        result = sim.hooked(plan, cap)
+        result = sim.hooked(plan, budget_bytes)
         if result is None:
             break
         if result.feasible:
-            own = sim.run(first, cap)
+            own = sim.run(first, budget_bytes)
             if own.feasible and result.time_s >= own.time_s:
                 break  # interpreted, the planner's own plan is the faster
-            log.info("planned under %d bytes: its hooked form fits %d", load, cap)
+            log.info("planned under %d bytes: its hooked form fits %d", load, budget_bytes)
             return plan
         if plan.decisions == previous:
             cut *= 2

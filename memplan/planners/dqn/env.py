@@ -260,7 +260,7 @@ class Env:
 
         A decision taken at node c is recorded after the activation's last forward access
         (at or before c): the executor acts on a storage only at an op that touches it
-        (`memplan.exec.runner`). It leaves at most earlier than the agent decided, so the
+        (`memplan.exec.interpreted`). It leaves at most earlier than the agent decided, so the
         load never rises; the plan's rewards come from simulating it as recorded. The
         environment's own clock follows the decisions as taken, so after the first decision
         recorded earlier its op start times can differ from the plan's simulated ones.

@@ -397,9 +397,9 @@ def test_runtime_on_a_fake_trace_plan_runs_real_training(tiny_reference):
 
 def test_the_meter_catches_an_executor_that_keeps_what_its_program_frees(tiny_trace, monkeypatch):
     # A deliberately wrong executor: swap-outs are copied but their memory is never released.
-    import memplan.exec.runner as runner
+    from memplan.exec.interpreted import InterpretedRunner
 
-    monkeypatch.setattr(runner.StepRunner, "_release", lambda self, entry, k, found=None: None)
+    monkeypatch.setattr(InterpretedRunner, "_release", lambda self, entry, k, found=None: None)
     plan = swap_all_plan(tiny_trace)
     _, stats = _planned(tiny_workload, plan=plan, trace=tiny_trace, executor="interpreted")
     assert all(s["measured_peak_bytes"] > stats["simulated_peak_bytes"] for s in stats["steps_measured"])

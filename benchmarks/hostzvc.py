@@ -1,10 +1,16 @@
-"""Zero-value compression of offloaded data on the host, on N threads (paper 001 §IV-C).
+"""Zero-value compression of offloaded data on the host, on N threads (paper 001 §IV-C), as
+benchmarks/vdnn.py measures it.
 
 vDNN++ compresses an offloaded layer in pinned memory with the CPU cores the training
 leaves idle: the tensor is cut into `threads` equal parts, each compressed by its own
 thread into a bitmask of its non-zero elements plus those elements (numpy releases the
 GIL, so the parts run in parallel). Decompression writes every part back in place.
 Elements are compared as raw bits, so -0.0 and NaN payloads survive bit-exactly.
+
+The executor does not run this: it compresses on the tensor's own device before the copy
+(memplan.exec.compress, the same format per part but packed least significant bit first), so
+the link carries the compressed bytes too. This is the paper's host-side form, kept beside the
+benchmark that measures its throughput per thread count.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step runner: a dispatch mode that runs the step program at every op of a step.
+"""The interpreted executor: a dispatch mode that runs the step program at every op of a step.
 
 It counts the step's ops as the tracer numbered them (`counts_as_op`) and matches each one
 against the trace by name, in order; before and after op i it runs the program's actions for
@@ -23,7 +23,6 @@ step's end or abort). A convolution op the plan splits runs in micro-batches, as
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import torch
@@ -36,25 +35,17 @@ from . import microconv
 from .engine import CopyEngine
 from .locate import touched_entries
 from .mover import Mover
-from .op_replay import Replayer, adopt
+from .op_replay import Replayer
 from .points import ProgramPoints
 from .residency import MovedStorage, Residency
 from .resync import INSERTED_LIMIT, RESYNC_WINDOW, op_ahead
+from .saved import detached_unseen, same
 from .slab import HostSlab
+from .storage_views import adopt
 
-log = logging.getLogger(__name__)
 
-
-class StepRunner(Mover, TorchDispatchMode):
-    """Runs `program` for `trace` at every op of a step.
-
-    Args:
-        trace: the traced iteration.
-        program: its compiled step program.
-        engine: the copy lanes.
-        slab: the host slab (one region per swap decision).
-        model, optimizer: where owned storages are found (wrap-around gaps).
-    """
+class InterpretedRunner(Mover, TorchDispatchMode):
+    """Runs `program` for `trace` at every op of a step (arguments: as a Mover's)."""
 
     def __init__(self, trace: Trace, program: StepProgram, engine: CopyEngine, slab: HostSlab,
                  model: torch.nn.Module | None, optimizer: torch.optim.Optimizer | None):
@@ -63,14 +54,12 @@ class StepRunner(Mover, TorchDispatchMode):
         self.names = [op.name for op in trace.ops]
         self._named: dict = {}  # OpOverload -> its name (str() of an overload formats it every time)
         self.points = ProgramPoints(program)
-        self.replayer = Replayer(trace, program.captured_ops, adopt=self._adopt, call=self._call)
+        self.replayer = Replayer(trace, program.captured_ops, self.stats, adopt=self._adopt, call=self._call)
         # ops the program does nothing at: while nothing is away they run without the executor's work
         busy = self.points.busy_ops() | set(self.replayer.ops)
         self.plain = [i not in busy for i in range(len(self.names))]
         self.idle = not busy and not program.start_away  # nothing to do at any op: the mode need not be entered
         self.pos = 0
-        self.active = False
-        self.off = False
         self._inserted_in_a_row = 0
         # Where the trace index of the op being run is published (its `value`): the pool
         # allocator (memplan.exec.pooled) matches allocation requests to planned slots by it.
@@ -79,7 +68,7 @@ class StepRunner(Mover, TorchDispatchMode):
     def __enter__(self):
         # The trace was recorded under saved-tensor hooks (memplan.tracing.tracer), which change
         # which detaches autograd makes: hooks that hand back the same storage make the same op sequence.
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(_detached, _same)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(detached_unseen, same)
         self._hooks.__enter__()
         return super().__enter__()
 
@@ -113,14 +102,6 @@ class StepRunner(Mover, TorchDispatchMode):
             else:
                 self.diverge(f"the step ended after {self.pos} of the trace's {len(self.names)} ops")
         self.active = False
-
-    def diverge(self, reason: str) -> None:
-        """Leave the program for the rest of the step: bring every storage back."""
-        if not self.off:
-            self.stats.diverged_steps += 1
-            log.warning("step left the planned trace (%s): the rest of it runs unplanned", reason)
-        self.off = True
-        self.restore()
 
     # --- the mode -------------------------------------------------------------------------------
 
@@ -275,20 +256,3 @@ class StepRunner(Mover, TorchDispatchMode):
         adopt(entry.storage, fresh)
         self._resident(entry)
         self.stats.recomputed += 1
-
-
-
-def _same(t):
-    return t
-
-
-_PYTHON_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.Python)
-
-
-def _detached(t):
-    """A saved tensor as autograd keeps it: an alias without its history. A saved output returned
-    as itself would hold its own node, a cycle through autograd that no collector frees when no
-    backward releases the graph (a step an exception cut short). Out of the mode's sight: it is
-    not an op of the step."""
-    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEY):
-        return t.detach()

@@ -97,6 +97,13 @@ def train_step_of(model: nn.Module, opt: torch.optim.Optimizer) -> Callable:
     return step
 
 
+def traced(w) -> Trace:
+    """A real trace of workload `w`'s step (its state restored after)."""
+    from memplan.workflows.optimize import trace_step
+
+    return trace_step(w.step, w.inputs, w.model, w.optimizer)
+
+
 def tiny_workload(batch: int = 2, seed: int = 0) -> TinyWorkload:
     """A fresh TinyNet workload: same seed, same parameters."""
     torch.manual_seed(seed)

@@ -18,10 +18,11 @@ from memplan.model.program import HOOKED
 from memplan.planners.base import plan as make_plan
 from memplan.problem import Problem
 from memplan.sim.simulate import Simulator
-from memplan.workflows.optimize import optimize, trace_step
+from memplan.workflows.optimize import optimize
 from memplan.workflows.run import BUDGET_TOLERANCE
 
-from tests.exec.helpers import STEPS, batches, gap, saved_activations, state_diffs, swap_all_plan, tiny_workload, train_plain
+from tests.exec.helpers import (STEPS, batches, gap, saved_activations, state_diffs, swap_all_plan, tiny_workload, traced,
+                                train_plain)
 
 # A GPT-2 of short ops (the CPU proxy of a GPU's host-bound step), at batch 1
 GPT2 = {"n_layer": 6, "n_embd": 64, "n_head": 2, "vocab_size": 256, "seq_len": 64}
@@ -58,14 +59,12 @@ def _plain(make, steps: int = STEPS):
 
 @pytest.fixture(scope="module")
 def tiny():
-    w = tiny_workload()
-    return trace_step(w.step, w.inputs, w.model, w.optimizer)
+    return traced(tiny_workload())
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    w = gpt2_workload()
-    return trace_step(w.step, w.inputs, w.model, w.optimizer)
+    return traced(gpt2_workload())
 
 
 def _at_checkpoint_memory(trace, planner: str) -> Plan:

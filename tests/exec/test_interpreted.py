@@ -24,7 +24,7 @@ from memplan.sim.program import compile_program
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.run import BUDGET_TOLERANCE, run_workload
 
-from tests.exec.helpers import plain_step_meter_peak, recompute_plan, swap_all_plan, tiny_workload, workload
+from tests.exec.helpers import plain_step_meter_peak, recompute_plan, swap_all_plan, tiny_workload, traced, workload
 
 SEED = 5
 STEPS = 3
@@ -104,8 +104,7 @@ def _plans(trace, name, **params) -> list:
 
 @pytest.fixture(scope="module")
 def tiny_trace():
-    w = tiny_workload()
-    return trace_step(w.step, w.inputs, w.model, w.optimizer)
+    return traced(tiny_workload())
 
 
 @pytest.fixture(scope="module")

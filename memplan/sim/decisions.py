@@ -63,3 +63,58 @@ class DecisionArrays:
     def wraps(self) -> np.ndarray:
         """bool: a gap across the iteration boundary (Decision.wraps)."""
         return self.back_before <= self.out_after
+
+
+READ_KEPT = 1 << 17  # Decision objects whose columns a reader keeps (bounds its memory: it starts over when full)
+_INT_COLUMNS = 6  # storage, recompute, out_after, back_before, prefetch_at, sync: DecisionArrays's integer columns
+
+
+class DecisionReader:
+    """Reads plans' decisions into columns (DecisionArrays), each Decision object once while it is kept.
+
+    A search builds its plans from the same Decision objects (HOME's decoder makes one per feature map,
+    action and trigger and reuses it; a local search's move replaces one decision of its plan), and
+    reading a few hundred Decisions' fields in Python cost as much as lowering the plan. A Decision is
+    frozen, so its row is read once and then found by the object's identity (the reader holds the
+    object, so that identity is not reused while the row is kept).
+    """
+
+    def __init__(self, limit: int = READ_KEPT):
+        self._limit = limit
+        self._slot: dict[int, int] = {}  # id(decision) -> its column in the tables
+        self._kept: list = []  # the decisions read, by column (alive while their identity is a key)
+        self._ints = np.zeros((_INT_COLUMNS, 256), dtype=np.int64)
+        self._ratio = np.zeros(256)
+
+    def of(self, decisions) -> DecisionArrays:
+        """The columns of `decisions` (a sequence of memplan.model.Decision): DecisionArrays.of's."""
+        slots = list(map(self._slot.get, map(id, decisions)))
+        if None in slots:
+            slots = self._read(decisions, slots)
+        index = np.fromiter(slots, dtype=np.int64, count=len(slots))
+        ints = self._ints[:, index]  # one contiguous row a column
+        return DecisionArrays(storage=ints[0], recompute=ints[1].astype(np.bool_), out_after=ints[2],
+                              back_before=ints[3], prefetch_at=ints[4], sync=ints[5], ratio=self._ratio[index])
+
+    def _read(self, decisions, slots: list) -> list:
+        """`slots` with the decisions not read yet read into new columns."""
+        new = [j for j, slot in enumerate(slots) if slot is None]
+        if len(self._kept) + len(new) > self._limit:  # start over
+            self._slot.clear()
+            self._kept.clear()
+            slots, new = [None] * len(decisions), list(range(len(decisions)))
+        start, end = len(self._kept), len(self._kept) + len(new)
+        if end > self._ratio.shape[0]:
+            size = max(end, 2 * self._ratio.shape[0])
+            self._ints = np.concatenate([self._ints, np.zeros((_INT_COLUMNS, size - self._ints.shape[1]),
+                                                              dtype=np.int64)], axis=1)
+            self._ratio = np.concatenate([self._ratio, np.zeros(size - self._ratio.shape[0])])
+        a = DecisionArrays.of([decisions[j] for j in new])
+        for row, column in enumerate((a.storage, a.recompute, a.out_after, a.back_before, a.prefetch_at, a.sync)):
+            self._ints[row, start:end] = column
+        self._ratio[start:end] = a.ratio
+        for slot, j in enumerate(new, start):
+            slots[j] = slot
+            self._slot[id(decisions[j])] = slot
+            self._kept.append(decisions[j])
+        return slots

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..budget import limited
+from .decisions import DecisionArrays
 from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Placed, as_given
 from .prepare import KernelInputs
 
@@ -32,7 +33,7 @@ class Prepared:
     def __init__(self, decisions: tuple, sim):
         self.decisions = decisions  # the plan's decisions (the key is their identity: kept alive here)
         self._sim = sim
-        self.arrays = sim.reader.of(decisions)  # memplan.sim.decisions.DecisionReader
+        self.arrays = DecisionArrays.of(decisions)
         self.priced = sim._prepare.priced(self.arrays)  # what each decision moves, at each level
 
     @cached_property

@@ -66,7 +66,6 @@ from . import _codes as K
 from .kernel_loader import compiled
 from .arrays import host_peak
 from .convview import conv_view
-from .decisions import DecisionReader
 from .levels import Level, Prepared
 from .lowering import HOOKED, INTERPRETED, Lowered, Lowering
 from .prepare import KernelInputs, Preparer
@@ -102,7 +101,6 @@ class Simulator:
         self.lowering = Lowering(trace, self._durations, self._kernel.place_decisions) if hooks and trace.ops else None
         self._prepare = Preparer(trace, cost, self._durations, self.lowering, self._kernel)
         self._plans: OrderedDict[int, Prepared] = OrderedDict()  # by id of the decisions tuple
-        self.reader = DecisionReader()  # the plans' decisions as columns, each Decision object read once
         self.evaluations = 0  # plans evaluated (simulated, or found not to fit without simulating)
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
         self.baseline_time_s = float(self._run_prepared(self._prepared(()).first, NO_LIMIT, False, False)[1][K.R_TIME])

@@ -126,11 +126,8 @@ class _Away:
             for sid, lo, hi in zip(storages, arrays.out_after.tolist(), arrays.back_before.tolist()):
                 self.gaps.setdefault(sid, []).append((lo, hi))
 
-    def at(self, storages: frozenset, op: int) -> frozenset:
-        """Those of `storages` away at `op`."""
-        found = storages & self.decided
-        if not found:
-            return found
+    def at(self, found: frozenset, op: int) -> frozenset:
+        """Those of `found` (storages of `decided`) away at `op`."""
         if self.single:
             return frozenset(r for r in found if self.lo[r] < op < self.hi[r])
         return frozenset(r for r in found if any(lo < op < hi for lo, hi in self.gaps[r]))
@@ -159,17 +156,16 @@ class Regions:
             return NOTHING
         backs = arrays.back_before[rec]
         order = np.argsort(backs, kind="stable")
-        ks, ats = rec[order].tolist(), backs[order].tolist()
+        ks, ats, sids = rec[order].tolist(), backs[order].tolist(), arrays.storage[rec[order]].tolist()
         starts = [0, *(np.flatnonzero(np.diff(backs[order])) + 1).tolist(), len(ks)]
-        sids = arrays.storage.tolist()
         away = _Away(arrays, len(self.trace.storages))
-        parts = []
-        for lo, hi in zip(starts, starts[1:]):
-            at, members = ats[lo], ks[lo:hi]
-            storages = tuple(map(sids.__getitem__, members))
-            choices = self._groups.get((at, storages)) or self._choices(at, storages)
-            gone = away.at(choices.reads, at)
-            parts.append((members, choices.by_gone.get(gone) or self._group(at, storages, gone, choices)))
+        parts, groups, decided = [], self._groups, away.decided
+        for lo, hi in zip(starts, starts[1:]):  # the loop a search runs for every plan: kept lean
+            at, storages = ats[lo], tuple(sids[lo:hi])
+            choices = groups.get((at, storages)) or self._choices(at, storages)
+            found = choices.reads & decided
+            gone = away.at(found, at) if found else found
+            parts.append((ks[lo:hi], choices.by_gone.get(gone) or self._group(at, storages, gone, choices)))
         return Assigned(parts)
 
     def holds(self, arrays: DecisionArrays, regions: dict[int, RegionRun]) -> dict[int, int]:

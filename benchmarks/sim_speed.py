@@ -7,6 +7,11 @@ evaluation lowers and prepares its plan (`evals_per_s`). Also timed: one plan si
 (`repeat_evals_per_s`: a bisection over caps, where the plan is prepared once and only the kernel
 runs).
 
+Every figure is wall-clock time (`*_per_s`) and, beside it, the process's CPU time (`cpu_*_per_s`):
+on a loaded host the wall figure counts the time other processes took the core. The old revision's
+figure is taken both ways too (its CPU figure by running its script with the process clock as its
+timer).
+
 With --against REV (e.g. 1a3f010, before the host was priced) the same measurement runs, in a
 checkout of that revision in a temporary git worktree, before and after this one, and its figure
 is recorded beside this one's (its own trace of resnet50: the tracer changed since).
@@ -61,13 +66,17 @@ def random_plan(trace, rng: random.Random, share: float = 0.5) -> Plan:
     return Plan(decisions=tuple(decisions))
 
 
-def _rate(sim: Simulator, plans: list[Plan], budget: int, seconds: float) -> float:
-    """Evaluations per second over `seconds`, cycling through `plans`."""
-    runs, started = 0, time.perf_counter()
+def _rate(sim: Simulator, plans: list[Plan], budget: int, seconds: float) -> tuple[float, float]:
+    """Evaluations per second of wall time and of CPU time over `seconds` (wall), cycling through `plans`."""
+    runs, started, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - started < seconds:
         sim.run(plans[runs % len(plans)], budget)
         runs += 1
-    return runs / (time.perf_counter() - started)
+    return runs / (time.perf_counter() - started), runs / (time.process_time() - cpu)
+
+
+def _medians(rates: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(r[0] for r in rates), statistics.median(r[1] for r in rates)
 
 
 def measure(trace_path: str | None, n_plans: int, seconds: float) -> dict:
@@ -87,44 +96,56 @@ def measure(trace_path: str | None, n_plans: int, seconds: float) -> dict:
     for plan in plans:  # warm-up: numba compilation and per-chain caches
         sim.run(plan, budget)
     rates = [_rate(sim, plans, budget, seconds / ROUNDS) for _ in range(ROUNDS)]
-    median = statistics.median(rates)
-    repeat = statistics.median(_rate(sim, plans[:1], budget, seconds / ROUNDS / 2) for _ in range(ROUNDS))
+    median, cpu = _medians(rates)
+    repeat = _medians([_rate(sim, plans[:1], budget, seconds / ROUNDS / 2) for _ in range(ROUNDS)])
     levels = [sim.run(plan, budget) for plan in plans]
-    return {"evals_per_s": median, "ms_per_eval": 1e3 / median, "rounds_evals_per_s": rates,
-            "repeat_evals_per_s": repeat, "trace": name, "ops": len(trace.ops), "storages": len(trace.storages),
-            "decisions_per_plan": sum(len(p.decisions) for p in plans) / len(plans),
+    return {"evals_per_s": median, "cpu_evals_per_s": cpu, "ms_per_eval": 1e3 / median,
+            "rounds_evals_per_s": [r[0] for r in rates], "rounds_cpu_evals_per_s": [r[1] for r in rates],
+            "repeat_evals_per_s": repeat[0], "cpu_repeat_evals_per_s": repeat[1], "trace": name, "ops": len(trace.ops),
+            "storages": len(trace.storages), "decisions_per_plan": sum(len(p.decisions) for p in plans) / len(plans),
             "plans_feasible": sum(r.feasible for r in levels), "plans_hooked": sum(r.level == "hooked" for r in levels)}
 
 
+# Runs a script with the process's CPU clock as its timer (time.perf_counter): an old revision's
+# script times itself with perf_counter, and this gives its CPU-time figure.
+CPU_CLOCK = ("import runpy, sys, time; time.perf_counter = time.process_time; sys.argv = sys.argv[1:]; "
+             "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def measure_at(rev: str, seconds: float) -> dict:
-    """The same benchmark at revision `rev` (its own script and tracer), in a temporary git worktree."""
+    """The same benchmark at revision `rev` (its own script and tracer), in a temporary git worktree, timed
+    by the wall clock and then by the CPU clock."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True,
                        capture_output=True)
         try:
             env = {**os.environ, "PYTHONPATH": str(tree)}
-            out = subprocess.run([sys.executable, str(tree / "benchmarks" / "sim_speed.py"), "--json",
-                                  "--seconds", str(seconds)], cwd=tree, env=env, check=True, capture_output=True,
-                                 text=True).stdout
+            script = [str(tree / "benchmarks" / "sim_speed.py"), "--json", "--seconds", str(seconds)]
+            found = [json.loads(subprocess.run([sys.executable, *clock, *script], cwd=tree, env=env, check=True,
+                                               capture_output=True, text=True).stdout.strip().splitlines()[-1])
+                     for clock in ((), ("-c", CPU_CLOCK))]
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=True,
                            capture_output=True)
-    found = json.loads(out.strip().splitlines()[-1])
-    return {"rev": rev, "evals_per_s": found["evals_per_s"], "ops": found["ops"],
-            "decisions_per_plan": found["decisions_per_plan"]}
+    return {"rev": rev, "evals_per_s": found[0]["evals_per_s"], "cpu_evals_per_s": found[1]["evals_per_s"],
+            "ops": found[0]["ops"], "decisions_per_plan": found[0]["decisions_per_plan"]}
 
 
 def to_markdown(out: dict) -> str:
-    lines = ["| revision | evaluations/s | ms each | trace | plans feasible / hooked |", "|---|---|---|---|---|",
-             f"| this one | {out['evals_per_s']:,.0f} (again the same plan: {out['repeat_evals_per_s']:,.0f}) | "
-             f"{out['ms_per_eval']:.3f} | {out['ops']} ops, {out['decisions_per_plan']:.0f} decisions a plan | "
-             f"{out['plans_feasible']} / {out['plans_hooked']} of 50 |"]
+    lines = ["| revision | evaluations/s (wall) | evaluations/s (CPU time) | ms each (wall) | trace | "
+             "plans feasible / hooked |", "|---|---|---|---|---|---|",
+             f"| this one | {out['evals_per_s']:,.0f} | {out['cpu_evals_per_s']:,.0f} | {out['ms_per_eval']:.3f} | "
+             f"{out['ops']} ops, {out['decisions_per_plan']:.0f} decisions a plan | "
+             f"{out['plans_feasible']} / {out['plans_hooked']} of 50 |",
+             f"| this one, the same plan again | {out['repeat_evals_per_s']:,.0f} | "
+             f"{out['cpu_repeat_evals_per_s']:,.0f} | {1e3 / out['repeat_evals_per_s']:.3f} | | |"]
     for old in out.get("against", []):
-        lines.append(f"| {old['rev']} (before, then after) | {old['evals_per_s']:,.0f} | "
+        lines.append(f"| {old['rev']} (before, then after) | {old['evals_per_s']:,.0f} | {old['cpu_evals_per_s']:,.0f} | "
                      f"{1e3 / old['evals_per_s']:.3f} | {old['ops']} ops, {old['decisions_per_plan']:.0f} "
                      f"decisions a plan | |")
-    return "\n".join(lines) + f"\n\nTarget: {TARGET:,.0f} evaluations/s; load average {os.getloadavg()[0]:.1f}.\n"
+    return "\n".join(lines) + (f"\n\nTarget: {TARGET:,.0f} evaluations/s; load average {out['load_average']:.1f} "
+                               "(wall-clock figures count the time other processes took the core).\n")
 
 
 def main() -> None:
@@ -141,8 +162,10 @@ def main() -> None:
            "home_evaluator_ms": HOME_EVALUATOR_MS, "budget_share": BUDGET_SHARE}
     if args.against:
         after = measure_at(args.against, args.seconds)
-        out["against"] = [{**before, "evals_per_s": statistics.mean([before["evals_per_s"], after["evals_per_s"]]),
-                           "runs_evals_per_s": [before["evals_per_s"], after["evals_per_s"]]}]
+        out["against"] = [{**before, **{key: statistics.mean([before[key], after[key]])
+                                        for key in ("evals_per_s", "cpu_evals_per_s")},
+                           "runs_evals_per_s": [before["evals_per_s"], after["evals_per_s"]],
+                           "runs_cpu_evals_per_s": [before["cpu_evals_per_s"], after["cpu_evals_per_s"]]}]
     out["load_average"] = os.getloadavg()[0]
     if args.write:
         atomic_write_text(RESULTS / "sim_speed.json", json.dumps(out, indent=1) + "\n")

@@ -31,6 +31,7 @@ every other point an action runs at, the cheapest site there. The executor insta
 from __future__ import annotations
 
 import bisect
+from itertools import repeat
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +85,11 @@ class HookSites:
         for m in trace.marks:
             self._mark_points.setdefault((m.kind, m.key), []).append(m.point)
         self._candidates = self._sites_by_point()
+        # Per storage the windows of its packs, and the points of each module and mark as arrays: a
+        # search asks for the sites of many plans (memplan.sim.lowering).
+        self._windows_of = {sid: frozenset(int(self.window_of[k]) for k in packs) for sid, packs in self._packs_of.items()}
+        self._module_array = {m: np.array(p, dtype=np.int64) for m, p in self._module_points.items()}
+        self._mark_array = {k: np.array(p, dtype=np.int64) for k, p in self._mark_points.items()}
 
     # --- points ------------------------------------------------------------------------------
 
@@ -128,12 +134,11 @@ class HookSites:
         `regions` (calls run again: their modules hold a region's arguments, and what such a call saves
         must not meet autograd's version check after a run updated module buffers in place), and at
         each of `points` where no site fires yet, the cheapest one there."""
-        windows = {int(self.window_of[k]) for sid in moved for k in self._packs_of.get(int(sid), ())}
-        windows |= set(regions)
+        windows = set(regions).union(*map(self._windows_of.get, _ints(moved), repeat(())))
         modules, marks = self._window_modules(windows), set()
         hooked = self._hooked_packs(windows)
         covered = self._covered(hooked, modules, marks)
-        for p in sorted(set(int(p) for p in points) - covered):
+        for p in sorted(set(_ints(points)) - covered):
             if p in covered:  # a site chosen for an earlier point fires here too
                 continue
             kind, site = min(self._candidates[p], key=lambda c: self._price(c, windows, modules, marks))
@@ -160,8 +165,8 @@ class HookSites:
         the end at the last op)."""
         n = max(self.n_ops, 1)
         at = [self.packed_at[sites.hooked_packs], self.unpacked_at[sites.hooked_packs & (self.unpacked_at >= 0)]]
-        at += [np.array(self._module_points[m], dtype=np.int64) for m in sites.modules if m in self._module_points]
-        at += [np.array(self._mark_points[k], dtype=np.int64) for k in sites.marks]
+        at += [self._module_array[m] for m in sites.modules if m in self._module_array]
+        at += [self._mark_array[k] for k in sites.marks]
         return np.bincount(np.minimum(np.concatenate([np.zeros(0, dtype=np.int64), *at]), n - 1), minlength=n)
 
     def _hooked_packs(self, windows) -> np.ndarray:
@@ -211,6 +216,11 @@ class HookSites:
                 if p >= 0:
                     out.setdefault(p, []).append(("window", int(self.window_of[k])))
         return {p: list(dict.fromkeys(sites)) for p, sites in out.items()}
+
+
+def _ints(values) -> list[int]:
+    """`values` (an array or an iterable of integers) as Python ints."""
+    return values.tolist() if isinstance(values, np.ndarray) else [int(v) for v in values]
 
 
 def _innermost_calls(calls, n_saved: int) -> np.ndarray:

@@ -28,7 +28,7 @@ are lowered as columns (memplan.sim.decisions); the moved Decisions are made onl
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -39,7 +39,7 @@ from ..model.program import HOOKED, INTERPRETED, PLAIN, RegionRun
 from .chains import Chain
 from .decisions import DecisionArrays
 from .arrays import producer_ids
-from .regions import Regions
+from .regions import NOTHING, Assigned, Regions
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -50,14 +50,25 @@ class Lowered:
     arrays: DecisionArrays  # the decisions as columns; hooked: moved onto hook points
     source: tuple[Decision, ...]  # the plan's decisions
     kept: np.ndarray | None = None  # hooked: the positions in `source` of the decisions run (None: all, unmoved)
-    regions: dict[int, RegionRun] = field(default_factory=dict)  # hooked: recompute decision -> its run
-    carriers: tuple[tuple[int, Chain], ...] = ()  # hooked: (decision, chain) of the decision that carries
-    # each run's time and memory (memplan.sim.regions)
-    read_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # hooked: sorted
-    # op * storages + storage of what the runs due at op read
+    assigned: Assigned = NOTHING  # hooked: the region runs of its recompute decisions (memplan.sim.regions)
     runs_of: Regions | None = None  # hooked: the regions it was lowered with (its `holds` come from them)
     dropped: int = 0  # hooked: decisions left out (kept resident): no hook point or region runs them
     reason: str = ""  # why the first dropped decision was, or why the plan is interpreted
+
+    @property
+    def regions(self) -> dict[int, RegionRun]:
+        """Hooked: recompute decision -> its run."""
+        return self.assigned.regions
+
+    @property
+    def carriers(self) -> list[tuple[int, Chain]]:
+        """Hooked: (decision, chain) of the decision that carries each run's time and memory."""
+        return self.assigned.carriers
+
+    @property
+    def read_codes(self) -> np.ndarray:
+        """Hooked: sorted op * storages + storage of what the runs due at op read."""
+        return self.assigned.read_codes
 
     @cached_property
     def sites(self) -> Installed | None:
@@ -155,23 +166,19 @@ class Lowering:
         run (memplan.sim.regions), those none can run dropped."""
         candidates, index = placed.arrays, placed.index
         runs = self.regions.assign(candidates)
-        regions, unmade, carriers = runs.regions, runs.unmade, runs.carriers
+        unmade = runs.unmade
         why = placed.reason or (f"no module call can recompute storage {candidates.storage[unmade[0]]}"
                                 if unmade else "")
         if unmade:
             made = np.ones(len(index), dtype=np.bool_)
             made[unmade] = False
-            position = (np.cumsum(made) - 1).tolist()
-            regions = {position[k]: run for k, run in regions.items()}
-            carriers = [(position[k], chain) for k, chain in carriers]
+            runs = runs.without_unmade(len(index))
             index, candidates = index[made], candidates.take(made)
         if not len(index):  # nothing left to act on
             return Lowered(level=PLAIN, arrays=candidates, source=decisions, kept=index,
                            dropped=len(decisions), reason=why)
-        return Lowered(level=HOOKED, arrays=candidates, source=decisions, kept=index, regions=regions,
-                       carriers=tuple(carriers), read_codes=runs.read_codes,
-                       runs_of=self.regions, dropped=len(decisions) - len(index),
-                       reason=why)
+        return Lowered(level=HOOKED, arrays=candidates, source=decisions, kept=index, assigned=runs,
+                       runs_of=self.regions, dropped=len(decisions) - len(index), reason=why)
 
     def unhookable(self, a: DecisionArrays) -> np.ndarray:
         """Per decision of `a`: it cannot run at hook points at all (memplan.model.hooksites says why)."""

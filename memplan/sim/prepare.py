@@ -167,7 +167,7 @@ class Preparer:
         recent one."""
         a = lowered.arrays
         if lowered.level == HOOKED:
-            if not lowered.regions:
+            if not lowered.carriers:  # a run's first decision carries it: none, no runs
                 return NO_CHAINS
             return ChainArrays.of(lowered.carriers, lowered.read_codes, len(self.trace.storages))
         return self._replays(a)[1]

@@ -18,6 +18,7 @@ thousands of plans that differ in a few decisions).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -59,37 +60,74 @@ class _Choices:
     by_gone: dict  # those of `reads` away -> _Group
 
 
-@dataclass(frozen=True, kw_only=True)
 class Assigned:
-    """The region runs of a plan's recompute decisions (positions in its columns)."""
+    """The region runs of a plan's recompute decisions (positions in its columns), put together when
+    first asked for: a plan whose hooked form cannot fit needs only its `unmade` and `carriers`
+    (memplan.sim.levels), and a search mostly meets such plans."""
 
-    regions: dict[int, RegionRun]  # recompute decision -> its run
-    unmade: list[int]  # recompute decisions no call can run, ascending
-    carriers: list[tuple[int, Chain]]  # (decision, chain) of the decision that carries each run at its op
-    read_codes: np.ndarray  # int64, sorted: op * storages + storage of each storage a run due at op reads
+    def __init__(self, parts: list, position: list[int] | None = None):
+        self._parts = parts  # (members, _Group) of each op with recompute decisions, ops ascending
+        self._position = position  # made decisions' new positions once the unmade are left out (None: same)
+
+    def without_unmade(self, n: int) -> Assigned:
+        """The same runs, positions among `n` decisions counted without the unmade ones (memplan.sim.lowering
+        drops them)."""
+        made = np.ones(n, dtype=np.bool_)
+        made[self.unmade] = False
+        return Assigned(self._parts, (np.cumsum(made) - 1).tolist())
+
+    @cached_property
+    def unmade(self) -> list[int]:
+        """Recompute decisions no call can run, ascending (positions before any are left out)."""
+        return sorted(members[j] for members, group in self._parts if group.unmade for j in group.unmade)
+
+    @cached_property
+    def carriers(self) -> list[tuple[int, Chain]]:
+        """(decision, chain) of the decision that carries each run at its op."""
+        return [(members[j], chain) for members, group in self._placed()
+                for j, chain in zip(group.carriers, group.chains)]
+
+    @cached_property
+    def regions(self) -> dict[int, RegionRun]:
+        """Recompute decision -> its run."""
+        return {members[j]: run for members, group in self._placed() for j, run in zip(group.made, group.runs)}
+
+    @cached_property
+    def read_codes(self) -> np.ndarray:
+        """int64, sorted: op * storages + storage of each storage a run due at op reads (the ops ascend,
+        each group's codes in its own range)."""
+        return np.concatenate([group.read_codes for _, group in self._parts]) if self._parts else _NO_CODES
+
+    def _placed(self) -> list:
+        if self._position is None:
+            return self._parts
+        at = self._position.__getitem__
+        return [(list(map(at, members)), group) for members, group in self._parts]
 
 
-NOTHING = Assigned(regions={}, unmade=[], carriers=[], read_codes=np.zeros(0, dtype=np.int64))
+_NO_CODES = np.zeros(0, dtype=np.int64)
+NOTHING = Assigned([])
 
 
 class _Away:
     """Where a plan keeps storages away: the open intervals (out_after, back_before) of its decisions."""
 
-    def __init__(self, storages: list[int], outs: list[int], backs: list[int]):
+    def __init__(self, arrays: DecisionArrays, n_storages: int):
+        storages = arrays.storage.tolist()
         self.decided = frozenset(storages)
-        self.single = len(self.decided) == len(storages)  # one decision a storage: its gap by storage
+        # One decision a storage (the usual plan): its gap by storage, in arrays (a few of them are read
+        # per op, so building dicts of every decision cost more than the reads).
+        self.single = len(self.decided) == len(storages)
         if self.single:
-            self.lo, self.hi = dict(zip(storages, outs)), dict(zip(storages, backs))
+            self.lo, self.hi = np.zeros(n_storages, dtype=np.int64), np.zeros(n_storages, dtype=np.int64)
+            self.lo[arrays.storage], self.hi[arrays.storage] = arrays.out_after, arrays.back_before
         else:
             self.gaps: dict[int, list[tuple[int, int]]] = {}
-            for sid, lo, hi in zip(storages, outs, backs):
+            for sid, lo, hi in zip(storages, arrays.out_after.tolist(), arrays.back_before.tolist()):
                 self.gaps.setdefault(sid, []).append((lo, hi))
 
-    def at(self, storages: frozenset, op: int) -> frozenset:
-        """Those of `storages` away at `op`."""
-        found = storages & self.decided
-        if not found:
-            return found
+    def at(self, found: frozenset, op: int) -> frozenset:
+        """Those of `found` (storages of `decided`) away at `op`."""
         if self.single:
             return frozenset(r for r in found if self.lo[r] < op < self.hi[r])
         return frozenset(r for r in found if any(lo < op < hi for lo, hi in self.gaps[r]))
@@ -118,23 +156,17 @@ class Regions:
             return NOTHING
         backs = arrays.back_before[rec]
         order = np.argsort(backs, kind="stable")
-        ks, ats = rec[order].tolist(), backs[order].tolist()
+        ks, ats, sids = rec[order].tolist(), backs[order].tolist(), arrays.storage[rec[order]].tolist()
         starts = [0, *(np.flatnonzero(np.diff(backs[order])) + 1).tolist(), len(ks)]
-        sids = arrays.storage.tolist()
-        away = _Away(sids, arrays.out_after.tolist(), arrays.back_before.tolist())
-        regions, unmade, carriers, codes = {}, [], [], []
-        for lo, hi in zip(starts, starts[1:]):
-            at, members = ats[lo], ks[lo:hi]
-            storages = tuple(map(sids.__getitem__, members))
-            choices = self._groups.get((at, storages)) or self._choices(at, storages)
-            gone = away.at(choices.reads, at)
-            group = choices.by_gone.get(gone) or self._group(at, storages, gone, choices)
-            regions.update(zip(map(members.__getitem__, group.made), group.runs))
-            unmade.extend(map(members.__getitem__, group.unmade))
-            carriers.extend(zip(map(members.__getitem__, group.carriers), group.chains))
-            codes.append(group.read_codes)
-        # the codes are sorted: the ops ascend, each in its own range
-        return Assigned(regions=regions, unmade=sorted(unmade), carriers=carriers, read_codes=np.concatenate(codes))
+        away = _Away(arrays, len(self.trace.storages))
+        parts, groups, decided = [], self._groups, away.decided
+        for lo, hi in zip(starts, starts[1:]):  # the loop a search runs for every plan: kept lean
+            at, storages = ats[lo], tuple(sids[lo:hi])
+            choices = groups.get((at, storages)) or self._choices(at, storages)
+            found = choices.reads & decided
+            gone = away.at(found, at) if found else found
+            parts.append((ks[lo:hi], choices.by_gone.get(gone) or self._group(at, storages, gone, choices)))
+        return Assigned(parts)
 
     def holds(self, arrays: DecisionArrays, regions: dict[int, RegionRun]) -> dict[int, int]:
         """Arguments of calls run again that the trace frees before their last run: held until it."""

@@ -246,17 +246,67 @@ def test_where_only_the_interpreted_executor_can_fit_the_bound_counts_its_host_w
 
 def test_no_hook_moves_a_weight_at_the_optimizers_step_nor_a_storage_before_autograd_saves_it():
     """Weights are saved tensors in forward, but at the optimizer's step, after the last backward
-    op, every weight and its state is resident whatever a hooked plan does: where that step is
-    over the budget, no hooked plan fits (the rule once counted the weights as movable there)."""
-    from memplan.planners.bound import hook_movable, hooks_cannot_fit
+    op, every weight and its state is resident whatever a hooked plan does (the step reads them all
+    between two hook points): where that step is over the budget, no hooked plan fits (the rule once
+    counted the weights as movable there; after the step's last hook point they may leave again). A storage no owner holds leaves no earlier than its first
+    pack; an owned one (a weight, its gradient or state, swapped through its owner) is left to the
+    hook points alone (the rule once left such swaps out: not a superset of what hooks move)."""
+    from memplan.planners.bound import hooks_cannot_fit
+    from memplan.planners.bound.levels import HookedAway
     from memplan.workflows.workloads import trace_workload
 
     trace = trace_workload("hf:gpt2", 1, fake=True, n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq_len=32)
-    movable = hook_movable(trace)
+    hooked = HookedAway(trace)
+    every = np.arange(len(trace.storages))
     last_backward = max(op.index for op in trace.ops if op.phase == "backward")
     step = np.arange(last_backward + 1, len(trace.ops))
-    assert len(step) and not any(movable(int(i)).any() for i in step)
+    assert len(step) and not hooked.at(int(step[np.argmax(trace.load[step])]), every).any()
     first_pack = min(s.packed_at for s in trace.saved)
-    assert not movable(first_pack - 1).any() and movable(first_pack).any()
+    unowned = every[~hooked.owned]
+    movable = [i for i in range(len(trace.ops)) if hooked.at(i, unowned).any()]
+    assert movable and movable[0] >= first_pack
     budget = int(trace.load[step].max()) - 1
     assert budget < trace.peak_load_bytes and hooks_cannot_fit(trace, budget)
+
+
+TINY_GPT2 = {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 64, "seq_len": 64}
+
+
+def _over_every_unit(trace, budget, cost) -> float:
+    """The bound as one LP over every unit with the hooked executor's host work (before the plans run
+    hooked and interpreted were bounded apart)."""
+    from memplan.model.program import HOOKED
+    from memplan.planners.bound import MS, _bound, _with_host, host_floor
+
+    baseline_ms, host = MS * float(np.sum(cost.durations)), host_floor(trace, cost, HOOKED)
+    found = _bound(trace, budget, cost, 32, 60.0, baseline_ms, host)
+    return _with_host(found, trace, cost, budget, baseline_ms, host).overhead
+
+
+@pytest.mark.parametrize("share, tighter", [(0.8, False), (0.68, True)])
+def test_bounding_hooked_and_interpreted_plans_apart_is_tighter_and_below_every_plan_that_fits(share, tighter):
+    """A traced step (hook records; the host priced): the least of the bounds of the plans run hooked
+    (only where a site can have a storage away) and of those run interpreted (the dispatch mode's work
+    on every op) is never below the single LP's, strictly above it at 68% of the peak, and never above
+    a plan that fits, hooked (save-on-cpu's) or interpreted (tflms')."""
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("hf:gpt2", 8, fake=True, **TINY_GPT2)
+    cost = Cost.for_trace(trace, "h100")
+    assert cost.priced_host and trace.saved
+    budget = int(share * trace.peak_load_bytes)
+    bound = lower_bound(trace, budget, cost, time_limit_s=60.0).overhead
+    before = _over_every_unit(trace, budget, cost)
+    assert bound >= before - TOLERANCE and (bound > before + 1e-3) == tighter
+    simulator = Simulator(trace, cost)
+    levels = set()
+    for name in ("save-on-cpu", "tflms", "capuchin", "checkpoint-all"):
+        try:
+            p = make_plan(trace, budget, planner=name, cost=cost, simulate_result=False)
+        except InfeasibleBudgetError:
+            continue
+        overhead = _fits(simulator, p, budget)
+        if overhead is not None:
+            levels.add(simulator.run(p, budget).level)
+            assert bound <= overhead + TOLERANCE, name
+    assert levels == {"hooked", "interpreted"}

@@ -78,6 +78,23 @@ def random_plan(trace, rng: random.Random) -> Plan:
     return Plan(decisions=tuple(decisions))
 
 
+def two_gap_plan(trace, rng: random.Random) -> Plan:
+    """`random_plan`'s decisions plus, on some storages with two gaps between accesses, a decision for
+    each of the last two (in backward, both can run hooked: the lowering reads such a storage's gaps as
+    a list)."""
+    decisions = list(random_plan(trace, rng).decisions)
+    decided = {d.storage for d in decisions}
+    for sid, acc in enumerate(trace.accesses):
+        if sid in decided or trace.storages[sid].persistent or len(acc) < 3 or rng.random() > 0.5:
+            continue
+        for k in (len(acc) - 3, len(acc) - 2):
+            out, back = acc[k], acc[k + 1]
+            if back - out >= 2:
+                action = "recompute" if trace.recomputable(sid) and rng.random() < 0.5 else "swap"
+                decisions.append(Decision(storage=sid, action=action, out_after=out, back_before=back))
+    return Plan(decisions=tuple(decisions))
+
+
 SEEDS = st.integers(0, 2**32 - 1)
 
 
@@ -122,6 +139,15 @@ def _same_everywhere(trace, plan, profile):
 def test_traced_models_simulate_as_the_reference_prepares_them(traced, model, seed, profile):
     trace = traced[model]
     _same_everywhere(trace, random_plan(trace, random.Random(seed)), profile)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "resnet"])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                       HealthCheck.too_slow])
+@given(seed=SEEDS)
+def test_plans_with_two_gaps_a_storage_simulate_as_the_reference_prepares_them(traced, model, seed):
+    trace = traced[model]
+    _same_everywhere(trace, two_gap_plan(trace, random.Random(seed)), "gpu-host")
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

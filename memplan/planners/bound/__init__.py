@@ -19,17 +19,19 @@ What the LP knows of the simulator (each a consequence of its semantics, `mempla
 - every op runs for its duration, in order; every wait and replay delays all later ops.
 Where the cost model prices the host's work (a traced PyTorch step: `Cost.priced_host`), the host
 issues every op and action one after another, ahead of the device (`host_floor`: the least work
-every plan that fits pays, the hooked executor's per op, the interpreted one's where no hooked plan
-fits). The LP then also knows (`memplan.planners.bound.lp`, its host rows) that no op starts
-before the host has issued it and every op before it, and that the step ends no earlier than the
-host's work for every op plus the actions of every storage away at some check op (four a swap,
-two a recomputation) and a recomputation's run where any storage is recomputed. Where no plan
-that moves only what autograd saves can fit (`hooks_cannot_fit`: at some op, even with every
-storage a hook could move there away, the load is over the budget: a saved storage from its
-first pack until the last backward op, wherever that op does not touch it), every plan that fits
-moves something no hook moves and runs interpreted. The bound is the larger of the LP's step and
-the host's work with two actions for each of the `fewest_away` storages the neediest check op
-needs away (integral, where the LP's shares are not), over the plain step with the host's work.
+every plan that fits at a level pays: that executor's per op). Every plan that fits runs hooked or
+interpreted, so the plans of each level are bounded apart and the bound is the lesser
+(memplan.planners.bound.levels): the interpreted ones with every storage movable and the dispatch
+mode's work on every op, the hooked ones with the hooked executor's work and a storage away only
+where a hook point can run its decision (`HookedAway`); only the interpreted ones where even with
+everything a hooked plan could have away at some op over the budget it stays over it
+(`hooks_cannot_fit`). The LP then also knows (`memplan.planners.bound.lp`, its host rows) that no
+op starts before the host has issued it and every op before it, and that the step ends no earlier
+than the host's work for every op plus the actions of every storage away at some check op (four a
+swap, two a recomputation) and a recomputation's run where any storage is recomputed. Each level's
+bound is the larger of its LP's step and the host's work with two actions for each of the
+`fewest_away` storages the neediest check op needs away (integral, where the LP's shares are
+not), over the plain step with the host's work.
 What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
 can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
 replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
@@ -51,11 +53,11 @@ from scipy.sparse import vstack
 
 from ...cost.model import Cost
 from ...model import Trace
-from ...model.hookpoints import first_packs
 from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
 from .absences import MS, absences
+from .levels import HookedAway
 from .lp import BoundLP, HostFloor
 from ..kit.linear import MIB
 
@@ -107,31 +109,61 @@ def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: fl
         max_checks: at most this many ops get memory rows and lane cuts.
     """
     started = time.perf_counter()
-    deadline = started + time_limit_s
     baseline_ms = MS * float(np.sum(cost.durations))
     if not (trace.load > budget_bytes).any() or baseline_ms <= 0:
         return Bound(overhead=0.0, status="nothing to move", seconds=time.perf_counter() - started, check_ops=0,
                      units=0, variables=0, constraints=0)
-    host = host_floor(trace, budget_bytes, cost)
+    host_levels = _levels(trace, budget_bytes, cost)
+    if len(host_levels) == 1:  # one LP bounds every plan
+        found = _level_bound(trace, budget_bytes, cost, host_levels[0], None, time_limit_s, max_checks, baseline_ms)
+        return replace(found, seconds=time.perf_counter() - started)
+    # Every plan, with every storage movable and the hooked executor's work (the lesser), in half the
+    # time: the bound where the levels' LPs do not both finish in the rest.
+    every = _level_bound(trace, budget_bytes, cost, HOOKED, None, time_limit_s / 2, max_checks, baseline_ms)
+    apart = []
+    for level, hooked in ((HOOKED, HookedAway(trace)), (INTERPRETED, None)):
+        left = (started + time_limit_s - time.perf_counter()) / (2 - len(apart))
+        apart.append(_level_bound(trace, budget_bytes, cost, level, hooked, left, max_checks, baseline_ms))
+    if every.overhead is not None and all(b.overhead is not None for b in apart):
+        least = min(apart, key=lambda b: b.overhead)
+        every = least if least.overhead > every.overhead else every
+    return replace(every, seconds=time.perf_counter() - started)
+
+
+def _levels(trace: Trace, budget_bytes: int, cost: Cost) -> list[str | None]:
+    """The executors whose host work bounds the plans that fit (memplan.planners.bound.levels): none
+    where the host's work is not priced (the levels then differ only in what the hooked one can move,
+    so one LP over every storage is the lesser), only the interpreted one where no hooked plan fits."""
+    if not cost.priced_host:
+        return [None]
+    return [INTERPRETED] if not trace.saved or hooks_cannot_fit(trace, budget_bytes) else [HOOKED, INTERPRETED]
+
+
+def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None, hooked: HookedAway | None,
+                 time_limit_s: float, max_checks: int, baseline_ms: float) -> Bound:
+    """The best bound that the LPs solved within `time_limit_s` give, with `level`'s host work (None:
+    none priced) and storages away only where `hooked` lets them be (None: anywhere): with
+    FIRST_CHECKS check ops, then twice as many while time is left (up to `max_checks`)."""
+    deadline = time.perf_counter() + time_limit_s
+    host = host_floor(trace, cost, level)
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
-        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host)
-        log.info("bound with %d check ops: %s (%s) in %.1f s", found.check_ops, found.overhead, found.status,
-                 found.seconds)
+        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked)
+        log.info("bound (%s host, %s) with %d check ops: %s (%s) in %.1f s", level or "no", "hooked moves" if hooked
+                 else "every move", found.check_ops, found.overhead, found.status, found.seconds)
         best = found if best is None or _better(found, best) else best
         if found.overhead in (None, float("inf")) or checks >= max_checks or found.check_ops < checks or \
                 time.perf_counter() >= deadline:
             break
         checks = min(2 * checks, max_checks)
-    return replace(_with_host(best, trace, cost, budget_bytes, baseline_ms, host), seconds=time.perf_counter() - started)
+    return _with_host(best, trace, cost, budget_bytes, baseline_ms, host)
 
 
-def host_floor(trace: Trace, budget_bytes: int, cost: Cost) -> HostFloor | None:
-    """The least host work of every plan that fits (None where the cost model prices no host work):
-    the hooked executor's per op, or the interpreted one's where no hooked plan fits."""
+def host_floor(trace: Trace, cost: Cost, level: str | None) -> HostFloor | None:
+    """The least host work of every plan that fits at `level` (None where the cost model prices no
+    host work): the executor's per op there, its actions, and a recomputation's run."""
     if not cost.priced_host:
         return None
-    level = INTERPRETED if hooks_cannot_fit(trace, budget_bytes) else HOOKED
     run_s = min(cost.executor_s("region"), cost.executor_s("replay_op")) + cost.host_op_s  # either level
     return HostFloor(per_op_ms=MS * host_per_op(trace, cost)[level], action_ms=MS * cost.executor_s("action"),
                      run_ms=MS * run_s)
@@ -153,27 +185,16 @@ def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseli
 def hooks_cannot_fit(trace: Trace, budget_bytes: int) -> bool:
     """Whether every plan that fits must move a storage no hook moves there (which only the
     interpreted executor does): at some op over the budget, the load is still over it with every
-    storage a hooked plan could have away there away (`hook_movable`)."""
-    movable = hook_movable(trace)
+    storage a hooked plan could have away there away (memplan.planners.bound.levels.HookedAway)."""
+    hooked = HookedAway(trace)
     for i in np.flatnonzero(trace.load > budget_bytes):
-        away = movable(int(i)) & (trace.alloc_ops <= i) & (trace.free_ops > i)
+        alive = np.flatnonzero((trace.alloc_ops <= i) & (trace.free_ops > i))
+        away = alive[hooked.at(int(i), alive)]
         op = trace.ops[i]
-        away[list(op.reads) + list(op.writes)] = False
+        away = away[~np.isin(away, list(op.reads) + list(op.writes))]
         if int(trace.load[i]) - int(trace.nbytes[away].sum()) > budget_bytes:
             return True
     return False
-
-
-def hook_movable(trace: Trace):
-    """op -> the storages a hooked plan may have away while that op runs (a superset): the hooked
-    executor moves a storage autograd saved, from its first pack on (memplan.sim.lowering takes it
-    no earlier), until backward needs it, so never at an op after the last backward op (the
-    optimizer's step, say, where every weight and its state is resident whatever the plan)."""
-    first_pack = np.full(len(trace.storages), np.iinfo(np.int64).max, dtype=np.int64)
-    for sid, k in first_packs(trace.saved).items():
-        first_pack[sid] = trace.saved[k].packed_at
-    last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)
-    return lambda i: (first_pack <= i) & (i < last_backward)
 
 
 def fewest_away(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
@@ -194,11 +215,12 @@ def _better(a: Bound, b: Bound) -> bool:
 
 
 def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_s: float, baseline_ms: float,
-           host: HostFloor | None) -> Bound:
-    """The LP's bound with `checks` check ops, tightened by branch and bound when the LP is small."""
+           host: HostFloor | None, hooked: HookedAway | None = None) -> Bound:
+    """The LP's bound with `checks` check ops (units where `hooked` lets them be away, when given),
+    tightened by branch and bound when the LP is small."""
     started = time.perf_counter()
     check = check_ops(trace.load, budget_bytes, checks)
-    units = absences(trace, cost, check)
+    units = absences(trace, cost, check, hooked=hooked)
     lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units,
                  host)
     result = _solve(lp, time_limit_s)

@@ -28,6 +28,7 @@ import numpy as np
 from ...cost.model import Cost
 from ...model import Trace
 from ..kit.gaps import alive_at
+from .levels import HookedAway
 
 MS = 1e3  # the LP's time unit: milliseconds per second
 MERGE_BELOW = 2**20  # smaller storages with the same gap are one unit
@@ -50,21 +51,24 @@ class Absence:
     storages: tuple[int, ...] = ()  # the storages merged into it
 
 
-def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW) -> list[Absence]:
-    """The units over every storage that may move, restricted to `check_ops` (ascending); storages
-    smaller than `merge_below` are merged by gap."""
+def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW,
+              hooked: HookedAway | None = None) -> list[Absence]:
+    """The units over every storage that may move, restricted to `check_ops` (ascending) and, for the
+    plans that run hooked, to where `hooked` lets each storage be away; storages smaller than
+    `merge_below` are merged by gap (and by the ops they may be away at)."""
     groups: dict[tuple, list[tuple[int, bool]]] = {}
     for sid, lo, hi, release, due in _gaps(trace):
+        ops = check_ops[(check_ops >= lo) & (check_ops < hi)]
+        if hooked is not None:
+            ops = hooked.ops(sid, ops)
+        if not len(ops):
+            continue
         recomputable = release is not None and due is not None and trace.recomputable(sid)
         alone = sid if trace.nbytes[sid] >= merge_below else None
-        groups.setdefault((lo, hi, release, due, alone), []).append((sid, recomputable))
+        groups.setdefault((lo, hi, tuple(ops.tolist()), release, due, alone), []).append((sid, recomputable))
     rate = _recompute_ms_per_byte(trace, cost)
-    out = []
-    for (lo, hi, release, due, _), members in groups.items():
-        ops = check_ops[(check_ops >= lo) & (check_ops < hi)]
-        if len(ops):
-            out.append(_unit(trace, cost, rate, members, ops, release, due))
-    return out
+    return [_unit(trace, cost, rate, members, np.array(ops, dtype=np.int64), release, due)
+            for (_, _, ops, release, due, _), members in groups.items()]
 
 
 def _unit(trace: Trace, cost: Cost, rate: np.ndarray, members, ops, release, due) -> Absence:

@@ -1,0 +1,61 @@
+"""What a plan can have away at each level it may run at, for the lower bound (`memplan.planners.bound`).
+
+Every plan that fits runs hooked or interpreted (memplan.sim.lowering; plain runs nothing, and
+nothing away fits no budget below the trace's load). So the least overhead of all plans is the
+least of two: that of the plans run hooked and that of the plans run interpreted, and a lower
+bound of each bounds the whole. The interpreted executor acts anywhere but pays its dispatch mode
+on every op (memplan.sim.arrays.host_per_op); the hooked executor pays only its hooks but can have
+a storage away only where a site can run its decision (memplan.model.hooksites), which
+`HookedAway` over-approximates per storage and op:
+
+- a storage no owner holds, only from its first pack on and before the last backward op (its
+  decision ends at a backward op: memplan.model.hooksites' rule, `hook_movable` before);
+- an owned storage (a parameter, gradient or optimizer state, swapped through its owner) at any op;
+- either, never at an op between two consecutive hook points that also holds an access of it: its
+  swap-out is moved to the first point after its last access before the gap, its prefetch to the
+  last point at or before its trigger (memplan.sim._events.place_decisions), so it is resident
+  from the point before such an access to the point after.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...model import Trace
+from ...model.hookpoints import first_packs
+from ...model.hooksites import HookSites
+
+
+class HookedAway:
+    """Where a hooked plan may have each storage away (a superset: see the module docstring)."""
+
+    def __init__(self, trace: Trace):
+        n_storages = len(trace.storages)
+        self.first_pack = np.full(n_storages, np.iinfo(np.int64).max, dtype=np.int64)
+        for sid, k in first_packs(trace.saved).items():
+            self.first_pack[sid] = trace.saved[k].packed_at
+        self.last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)
+        self.owned = np.zeros(n_storages, dtype=np.bool_)
+        self.owned[[o.storage for o in trace.owners]] = True
+        self.points = np.asarray(HookSites(trace).points, dtype=np.int64)
+        # per storage, the stretches between consecutive points that hold an access of it
+        self.blocked = [frozenset(self.stretch(np.asarray(acc, dtype=np.int64)).tolist()) for acc in trace.accesses]
+
+    def stretch(self, ops: np.ndarray) -> np.ndarray:
+        """Per op, the index of the stretch between consecutive hook points it lies in."""
+        return np.searchsorted(self.points, ops, side="right") - 1
+
+    def ops(self, sid: int, ops: np.ndarray) -> np.ndarray:
+        """Those of `ops` at which a hooked plan may have storage `sid` away."""
+        if not self.owned[sid]:
+            ops = ops[(ops >= self.first_pack[sid]) & (ops < self.last_backward)]
+        blocked = self.blocked[sid]
+        if not blocked or not len(ops):
+            return ops
+        return ops[[k not in blocked for k in self.stretch(ops).tolist()]]
+
+    def at(self, i: int, storages: np.ndarray) -> np.ndarray:
+        """bool per storage of `storages`: a hooked plan may have it away at op `i`."""
+        stretch = int(self.stretch(np.array([i]))[0])
+        base = self.owned[storages] | ((self.first_pack[storages] <= i) & (i < self.last_backward))
+        return base & np.array([stretch not in self.blocked[s] for s in storages.tolist()], dtype=np.bool_)

@@ -59,12 +59,6 @@ def csr(keys: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
     return _pointers(keys, n), np.ascontiguousarray(values[order], dtype=np.int64)
 
 
-def event_csr(ops: np.ndarray, rank: np.ndarray, ids: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Decision `ids` grouped by op as a CSR, ordered by (op, rank, id) within the list."""
-    order = np.lexsort((ids, rank, ops))
-    return _pointers(ops, n), np.ascontiguousarray(ids[order], dtype=np.int64)
-
-
 def _pointers(keys: np.ndarray, n: int) -> np.ndarray:
     """CSR row pointers of integer `keys` in [0, n): where each key's entries start, and the end."""
     ptr = np.zeros(n + 1, dtype=np.int64)

@@ -279,9 +279,10 @@ def _profile_rows(data: dict) -> list[tuple[str, object]]:
             ("copy latency", f"{data['copy_latency_s'] * 1e6:.1f} us"),
             ("host per op", f"{data.get('host_op_s', 0.0) * 1e6:.1f} us"),
             ("per saved-tensor hook", f"{data.get('hook_s', 0.0) * 1e6:.1f} us"),
-            ("per executor hook call", f"{(data.get('hook_call_s') or data.get('hook_s', 0.0)) * 1e6:.1f} us"),
+            ("per executor hook call", f"{data['hook_call_s'] * 1e6:.1f} us"),
             ("per op in a dispatch mode", f"{data.get('mode_op_s', 0.0) * 1e6:.1f} us"),
             ("per replayed op", f"{data.get('replay_op_s', 0.0) * 1e6:.1f} us"),
             ("per executor action", f"{data.get('action_s', 0.0) * 1e6:.1f} us"),
             ("per region run", f"{data.get('region_s', 0.0) * 1e6:.1f} us"),
             ("memory", format_bytes(data["memory_bytes"])), ("kind", data.get("kind", "gpu"))]
+

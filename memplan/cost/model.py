@@ -37,10 +37,7 @@ class Cost:
     def executor_s(self, what: str) -> float:
         """The executor's host work per `what` ("hook", "hook_call", "mode_op", "replay_op", "action" or
         "region"), if priced."""
-        if not self.priced_host:
-            return 0.0
-        seconds = getattr(self.profile, f"{what}_s")
-        return self.profile.hook_s if seconds is None else seconds  # hook_call_s of a file before it
+        return getattr(self.profile, f"{what}_s") if self.priced_host else 0.0
 
     def carried(self, durations: np.ndarray) -> "Cost":
         """This cost model with other durations (a view of the trace), pricing the host as this one does."""

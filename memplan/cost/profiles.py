@@ -56,12 +56,17 @@ class DeviceProfile:
     host_op_s: float = 0.0  # per op of plain eager training: Python, autograd, dispatch, launch
     hook_s: float = 0.0  # per saved-tensor pack or unpack under the interpreted executor's identity hooks
     # per Python call of a hook the hooked executor installs (a module's, a saved-tensor window's pack or
-    # unpack, an optimizer step's), beside the actions it takes there; None: as hook_s (files before it)
+    # unpack, an optimizer step's), beside the actions it takes there; None: as hook_s (files before it
+    # was kept), resolved when the profile is made
     hook_call_s: float | None = None
     mode_op_s: float = 0.0  # per op through the interpreted executor's dispatch mode, beyond host_op_s
     replay_op_s: float = 0.0  # per op the interpreted executor replays, beyond host_op_s
     action_s: float = 0.0  # per executor action (swap-out, release, prefetch, wait, drop, recomputation)
     region_s: float = 0.0  # per module call the hooked executor runs again, beside its ops (arguments, RNG, hooks)
+
+    def __post_init__(self):
+        if self.hook_call_s is None:
+            object.__setattr__(self, "hook_call_s", self.hook_s)
 
     def peak_flops(self, dtype: str | None, allow_tf32: bool = False) -> float:
         """Peak FLOP/s for ops of `dtype`: BF16 or FP16 rate for 16-bit types; for the rest the

@@ -198,6 +198,12 @@ class Regions:
             out[k] = replace(chain, steps=(replace(chain.steps[0], storage=mine),), adopted=others)
         return out
 
+    def can_rebuild(self, sid: int, at: int) -> bool:
+        """Whether some module call can rebuild `sid` for op `at` in some plan: a fact of the trace (the
+        plan only takes calls away, by keeping their inputs away), which the lower bound reads."""
+        writers = self.trace.writers[sid]
+        return sid in self.first_pack and bool(writers) and writers[0] < at and bool(self._candidates(sid, at))
+
     def run_ops(self, c: int, sids) -> int:
         """Ops a run of call `c` takes to save every storage of `sids`."""
         return max(self.trace.saved[self.first_pack[s]].packed_at for s in sids) - self.calls[c].first_op

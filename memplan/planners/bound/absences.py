@@ -63,7 +63,8 @@ def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int =
             ops = hooked.ops(sid, ops)
         if not len(ops):
             continue
-        recomputable = release is not None and due is not None and trace.recomputable(sid)
+        recomputable = release is not None and due is not None and trace.recomputable(sid) and (
+            hooked is None or hooked.rebuildable(sid, due))
         alone = sid if trace.nbytes[sid] >= merge_below else None
         groups.setdefault((lo, hi, tuple(ops.tolist()), release, due, alone), []).append((sid, recomputable))
     rate = _recompute_ms_per_byte(trace, cost)

@@ -14,7 +14,9 @@ a storage away only where a site can run its decision (memplan.model.hooksites),
 - either, never at an op between two consecutive hook points that also holds an access of it: its
   swap-out is moved to the first point after its last access before the gap, its prefetch to the
   last point at or before its trigger (memplan.sim._events.place_decisions), so it is resident
-  from the point before such an access to the point after.
+  from the point before such an access to the point after;
+- recomputed only where some module call can run again to rebuild it (memplan.sim.regions: the
+  lowering drops a recomputation no call can run, so a hooked plan has it resident there).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import numpy as np
 from ...model import Trace
 from ...model.hookpoints import first_packs
 from ...model.hooksites import HookSites
+from ...sim.arrays import producer_ids
+from ...sim.regions import Regions
 
 
 class HookedAway:
@@ -37,7 +41,10 @@ class HookedAway:
         self.last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)
         self.owned = np.zeros(n_storages, dtype=np.bool_)
         self.owned[[o.storage for o in trace.owners]] = True
-        self.points = np.asarray(HookSites(trace).points, dtype=np.int64)
+        sites = HookSites(trace)
+        self.points = np.asarray(sites.points, dtype=np.int64)
+        # which calls can run again is a fact of the trace (op times only price the runs: not read here)
+        self.regions = Regions(trace, np.zeros(len(trace.ops)), sites, producer_ids(trace))
         # per storage, the stretches between consecutive points that hold an access of it
         self.blocked = [frozenset(self.stretch(np.asarray(acc, dtype=np.int64)).tolist()) for acc in trace.accesses]
 
@@ -53,6 +60,11 @@ class HookedAway:
         if not blocked or not len(ops):
             return ops
         return ops[[k not in blocked for k in self.stretch(ops).tolist()]]
+
+    def rebuildable(self, sid: int, due: int) -> bool:
+        """Whether a hooked plan can recompute storage `sid` for op `due` (its gap's end: a rebuild
+        before any op of the gap finds the same calls, none of them accessing it in between)."""
+        return self.regions.can_rebuild(sid, due)
 
     def at(self, i: int, storages: np.ndarray) -> np.ndarray:
         """bool per storage of `storages`: a hooked plan may have it away at op `i`."""

@@ -52,11 +52,11 @@ from .base import get_planner, infeasible, register
 from .dtr import dtr_within
 from .bound import Bound, lower_bound
 from .kit.cover import largest_first
-from .kit.featuremaps import DEFAULT_MIN_BYTES, feature_maps
+from .kit.featuremaps import DEFAULT_MIN_BYTES
 from .kit.fitting import smallest_fitting_budget
-from .kit.plan_search import PlanSearch
-from .kit.policy import CAP_RESOLUTION, PolicyEvaluator
-from .kit.refine import Refiner, policy_of, policy_of_bound
+from .kit.policy import CAP_RESOLUTION
+from .kit.polish import Polisher
+from .kit.refine import policy_of_bound
 from .kit.searched import search_report
 from .milp import MAX_DIRECT_GROUPS, solve_milp
 from .milp.layers import MOVES, layer_problem
@@ -233,16 +233,13 @@ class _Search:
         self.add("milp", plan)
 
     def refine(self) -> None:
-        """Step 5: from each of the best REFINED candidates, sharing the time left: the local search over
-        policies (`memplan.planners.kit.refine`: one feature map's action at a time, decoded with the
-        decoder's own prefetch ops and recompute chains) for half of its share, then the local search
-        on the better of the two plans itself (`memplan.planners.kit.plan_search`: its own prefetch
-        ops kept) for the rest; never slower than the candidate it starts from."""
-        fm = feature_maps(self.trace, self.min_bytes)
-        if not len(fm):
+        """Step 5: from each of the best REFINED candidates and the bound's plan, sharing the time left:
+        the local searches of `memplan.planners.kit.polish` (over policies for half of its share, then
+        on the better plan itself); never slower than the candidate it starts from."""
+        polisher = Polisher.of(self.trace, self.cost, self.budget, self.simulator, self.min_bytes)
+        if polisher is None:
             return
-        evaluator = PolicyEvaluator(fm, self.cost, self.budget, simulator=self.simulator)
-        search = PlanSearch(fm, self.simulator, self.budget)
+        fm, evaluator = polisher.fm, polisher.evaluator
         starts = [(c.name, c.plan) for c in self.ranked()[:REFINED]]
         away = self.bound.away if self.bound is not None else {}
         # the LP's plan at the share away that scores best (one that fits, else the least over the budget)
@@ -253,11 +250,7 @@ class _Search:
             share = self.left() / (len(starts) - i)
             if share <= 0:
                 break
-            policy, extras = policy_of(fm, plan.decisions)
-            refiner = Refiner(evaluator, extras)
-            best, _ = refiner.polish(policy, time.monotonic() + share / 2)
-            start = min((plan, refiner.plan(best)), key=lambda p: search.time_s(p.decisions))
-            polished = search.polish(start, time.monotonic() + self.left() / (len(starts) - i))
+            polished = polisher.polish(plan, time.monotonic() + share)
             if polished is not plan or name == BOUND_START:
                 self.add(f"refined:{name}", polished)
 

@@ -377,3 +377,25 @@ def test_the_model_prices_the_hosts_work_as_the_simulator_does(asynchronous):
         host_ms = plain_ms - base_ms  # the CPU: the plain step is the device's and the host's work together
         assert objective["kept"] == pytest.approx(host_ms, abs=1e-6)
         assert objective["swapped"] >= objective["kept"] + mode_ms + 4 * 1e3 * 2e-4 - 1e-6
+
+
+def test_the_plans_milp_falls_back_on_are_polished_to_a_local_optimum_in_the_simulator():
+    """The fast planners' plans are made for no executor in particular: milp's fallback (and the start of its
+    decomposition) is the best of them after the local search `auto` runs, so faster than every one of
+    them raw on a traced ResNet, and a local optimum (polishing it again finds nothing)."""
+    from memplan.planners.kit.candidates import DEFAULT_MIN_BYTES
+    from memplan.planners.kit.fitting import fitting_plans
+    from memplan.planners.kit.polish import Polisher
+    from memplan.planners.milp.finish import START_PLANNERS, fast_start
+    from memplan.problem import Problem
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("resnet18-cifar", 8, fake=True)
+    cost = Cost.for_trace(trace, "h100")
+    simulator, budget = Simulator(trace, cost), int(0.6 * trace.peak_load_bytes)
+    raw = fitting_plans(Problem(trace, cost, budget), START_PLANNERS, simulator)
+    fallback = Plan(decisions=fast_start(trace, budget, cost, simulator))
+    time_s = simulator.time_if_fits(fallback, budget)
+    assert raw and time_s < min(simulator.run(p, budget).time_s for p in raw)
+    polisher = Polisher.of(trace, cost, budget, simulator, DEFAULT_MIN_BYTES)
+    assert simulator.time_if_fits(polisher.polish(fallback, float("inf")), budget) == pytest.approx(time_s)

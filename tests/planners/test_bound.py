@@ -310,3 +310,33 @@ def test_bounding_hooked_and_interpreted_plans_apart_is_tighter_and_below_every_
             levels.add(simulator.run(p, budget).level)
             assert bound <= overhead + TOLERANCE, name
     assert levels == {"hooked", "interpreted"}
+
+
+def test_a_recomputation_replays_at_least_its_closure_and_hooks_recompute_only_saved_storages():
+    """What the LP charges a recomputation (memplan.planners.bound.absences, issue 49): interpreted, a
+    chain replays the ops of every input the trace itself frees before the recomputation can run (a
+    gradient's reach back through the backward: on vgg16@64 the LP priced the classifier's 392 MiB
+    gradient at its one matrix product); an activation whose inputs stay alive replays its writers
+    only; hooked, only storages autograd saves are recomputed (a gradient never is)."""
+    from memplan.model.hookpoints import first_packs
+    from memplan.planners.bound.absences import HOOKED_RUNS, _closure, absences
+    from memplan.workflows.workloads import trace_workload
+
+    trace = chain_trace(3)
+    ids = {s.name: s.id for s in trace.storages}
+    dw = trace.storages[ids["dw2"]]  # made by layer 2's backward, read by the optimizer
+    producer = trace.producer(dw.id)
+    due = next(a for a in trace.accesses[dw.id] if a > producer)
+    closure = _closure(trace, dw.id, due, due, {})
+    assert producer in closure and max(closure) < due
+    assert trace.producer(ids["a2"]) in closure  # the activation layer 2's backward read, freed since
+    a0 = trace.storages[ids["a0"]]
+    assert _closure(trace, a0.id, a0.alloc_op + 1, a0.alloc_op + 2, {}) == frozenset(trace.writers[a0.id])
+
+    gpt2 = trace_workload("hf:gpt2", 8, fake=True, **TINY_GPT2)
+    cost = Cost.for_trace(gpt2, "h100")
+    budget = int(0.7 * gpt2.peak_load_bytes)
+    packed = first_packs(gpt2.saved)
+    units = absences(gpt2, cost, check_ops(gpt2.load, budget, 8), replays=HOOKED_RUNS)
+    assert any(u.recompute_share > 0 for u in units)
+    assert all(u.recompute_share == 0 for u in units if not any(s in packed for s in u.storages))

@@ -56,7 +56,7 @@ from ...model import Trace
 from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
-from .absences import MS, absences
+from .absences import CHAINS, EITHER, HOOKED_RUNS, MS, absences
 from .levels import HookedAway
 from .lp import BoundLP, HostFloor
 from ..kit.linear import MIB
@@ -148,7 +148,8 @@ def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None,
     host = host_floor(trace, cost, level)
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
-        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked)
+        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked,
+                       replays=HOOKED_RUNS if hooked is not None else CHAINS if level == INTERPRETED else EITHER)
         log.info("bound (%s host, %s) with %d check ops: %s (%s) in %.1f s", level or "no", "hooked moves" if hooked
                  else "every move", found.check_ops, found.overhead, found.status, found.seconds)
         best = found if best is None or _better(found, best) else best
@@ -215,12 +216,13 @@ def _better(a: Bound, b: Bound) -> bool:
 
 
 def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_s: float, baseline_ms: float,
-           host: HostFloor | None, hooked: HookedAway | None = None) -> Bound:
-    """The LP's bound with `checks` check ops (units where `hooked` lets them be away, when given),
-    tightened by branch and bound when the LP is small."""
+           host: HostFloor | None, hooked: HookedAway | None = None, replays: str = EITHER) -> Bound:
+    """The LP's bound with `checks` check ops (units where `hooked` lets them be away, when given; a
+    recomputation replaying what `replays` says: memplan.planners.bound.absences), tightened by branch
+    and bound when the LP is small."""
     started = time.perf_counter()
     check = check_ops(trace.load, budget_bytes, checks)
-    units = absences(trace, cost, check, hooked=hooked)
+    units = absences(trace, cost, check, hooked=hooked, replays=replays)
     lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units,
                  host)
     result = _solve(lp, time_limit_s)

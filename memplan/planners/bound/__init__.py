@@ -29,9 +29,10 @@ everything a hooked plan could have away at some op over the budget it stays ove
 op starts before the host has issued it and every op before it, and that the step ends no earlier
 than the host's work for every op plus the actions of every storage away at some check op (four a
 swap, two a recomputation) and a recomputation's run where any storage is recomputed. Each level's
-bound is the larger of its LP's step and the host's work with two actions for each of the
-`fewest_away` storages the neediest check op needs away (integral, where the LP's shares are
-not), over the plain step with the host's work.
+bound is the larger of its LP's step and the host's work with the `least_actions` of what the
+neediest check op needs away (integral, where the LP's shares are not: four actions a storage only
+a swap can take away, two one a recomputation can; of the storages the op does not access), over
+the plain step with the host's work.
 What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
 can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
 replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
@@ -178,7 +179,7 @@ def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseli
         return found
     plain_ms = MS * Simulator(trace, cost).run(None).time_s
     ops = np.append(check_ops(trace.load, budget_bytes, DEFAULT_CHECKS), trace.peak_op)
-    host_ms = float(host.per_op_ms.sum()) + 2 * host.action_ms * fewest_away(trace, budget_bytes, ops) - SAFETY_MS
+    host_ms = float(host.per_op_ms.sum()) + host.action_ms * least_actions(trace, budget_bytes, ops) - SAFETY_MS
     step_ms = max((1.0 + found.overhead) * baseline_ms, host_ms)
     return replace(found, overhead=max(0.0, step_ms / plain_ms - 1.0))
 
@@ -200,15 +201,49 @@ def hooks_cannot_fit(trace: Trace, budget_bytes: int) -> bool:
 
 def fewest_away(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
     """The fewest storages any plan that fits has away at one of `ops`: as many of the largest ones
-    alive there as it takes to bring the op's load within the budget."""
+    alive there that the op does not access (those it reads or writes are resident while it runs: no
+    decision's gap holds an access) as it takes to bring the op's load within the budget."""
     fewest = 0
     for i in ops:
         need = int(trace.load[i]) - budget_bytes
         if need > 0:
             alive = (trace.alloc_ops <= i) & (trace.free_ops > i)
+            op = trace.ops[int(i)]
+            alive[list(op.reads) + list(op.writes)] = False
             largest_first = np.cumsum(np.sort(trace.nbytes[alive])[::-1])
             fewest = max(fewest, int(np.searchsorted(largest_first, need)) + 1)
     return fewest
+
+
+def least_actions(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
+    """The fewest executor actions any plan that fits takes for what it has away at one of `ops`: each
+    storage away there is a decision's, two actions a recomputation and four a swap (memplan.sim._events),
+    and one the trace cannot recompute is swapped. Exact per op: for each number of the storages that
+    only swap, the largest of them and as few of the largest recomputable ones as bring the op within the
+    budget (of the storages alive there that it does not access: those are resident while it runs)."""
+    least = 0
+    for i in ops:
+        need = int(trace.load[i]) - budget_bytes
+        if need <= 0:
+            continue
+        alive = (trace.alloc_ops <= i) & (trace.free_ops > i)
+        op = trace.ops[int(i)]
+        alive[list(op.reads) + list(op.writes)] = False
+        ids = np.flatnonzero(alive)
+        again = np.array([trace.recomputable(int(s)) for s in ids], dtype=np.bool_)
+        swapped = np.concatenate([[0], np.cumsum(np.sort(trace.nbytes[ids[~again]])[::-1])])
+        rebuilt = np.cumsum(np.sort(trace.nbytes[ids[again]])[::-1])
+        best = None
+        for k, covered in enumerate(swapped.tolist()):
+            left = need - covered
+            m = 0 if left <= 0 else int(np.searchsorted(rebuilt, left)) + 1
+            if m <= len(rebuilt):
+                best = min(best if best is not None else 4 * k + 2 * m, 4 * k + 2 * m)
+            if left <= 0:
+                break
+        # no set of them covers the op: no plan fits (the LP says so); count them all
+        least = max(least, best if best is not None else 4 * len(swapped) + 2 * len(rebuilt))
+    return least
 
 
 def _better(a: Bound, b: Bound) -> bool:

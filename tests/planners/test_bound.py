@@ -78,7 +78,8 @@ def test_where_the_host_is_priced_the_bound_is_at_least_the_device_or_the_hosts_
 def test_fewest_away_is_the_least_number_of_storages_that_bring_an_op_within_the_budget(trace, budget):
     budget_bytes = max(1, parse_budget(budget).bytes_for(trace.peak_load_bytes))
     i = trace.peak_op
-    alive = [int(s) for s in np.flatnonzero((trace.alloc_ops <= i) & (trace.free_ops > i))]
+    accessed = set(trace.ops[i].reads) | set(trace.ops[i].writes)  # resident while op i runs
+    alive = [int(s) for s in np.flatnonzero((trace.alloc_ops <= i) & (trace.free_ops > i)) if int(s) not in accessed]
     assume(len(alive) <= 12)  # brute force over every group of them
     need = int(trace.load[i]) - budget_bytes
     least = 0 if need <= 0 else next(
@@ -368,3 +369,52 @@ def test_the_bound_is_below_random_hooked_plans_of_a_traced_step():
         if checked.count(HOOKED) >= 2:
             break
     assert checked.count(HOOKED) >= 2
+
+
+def test_a_recomputation_replays_at_least_its_closure_and_hooks_recompute_only_saved_storages():
+    """What the LP charges a recomputation (memplan.planners.bound.absences, issue 49): interpreted, a
+    chain replays the ops of every input the trace itself frees before the recomputation can run (a
+    gradient's reach back through the backward: on vgg16@64 the LP priced the classifier's 392 MiB
+    gradient at its one matrix product); an activation whose inputs stay alive replays its writers
+    only; hooked, only storages autograd saves are recomputed (a gradient never is)."""
+    from memplan.model.hookpoints import first_packs
+    from memplan.planners.bound.absences import HOOKED_RUNS, _closure, absences
+    from memplan.workflows.workloads import trace_workload
+
+    trace = chain_trace(3)
+    ids = {s.name: s.id for s in trace.storages}
+    dw = trace.storages[ids["dw2"]]  # made by layer 2's backward, read by the optimizer
+    producer = trace.producer(dw.id)
+    due = next(a for a in trace.accesses[dw.id] if a > producer)
+    closure = _closure(trace, dw.id, due, due, {})
+    assert producer in closure and max(closure) < due
+    assert trace.producer(ids["a2"]) in closure  # the activation layer 2's backward read, freed since
+    a0 = trace.storages[ids["a0"]]
+    assert _closure(trace, a0.id, a0.alloc_op + 1, a0.alloc_op + 2, {}) == frozenset(trace.writers[a0.id])
+
+    gpt2 = trace_workload("hf:gpt2", 8, fake=True, **TINY_GPT2)
+    cost = Cost.for_trace(gpt2, "h100")
+    budget = int(0.7 * gpt2.peak_load_bytes)
+    packed = first_packs(gpt2.saved)
+    units = absences(gpt2, cost, check_ops(gpt2.load, budget, 8), replays=HOOKED_RUNS)
+    assert any(u.recompute_share > 0 for u in units)
+    assert all(u.recompute_share == 0 for u in units if not any(s in packed for s in u.storages))
+
+
+@given(trace=training_traces(), budget=budget_shares())
+def test_least_actions_is_the_fewest_actions_of_what_brings_an_op_within_the_budget(trace, budget):
+    """Brute force over every group of the storages alive at the peak op that it does not access:
+    four actions each one the trace cannot recompute (a swap), two each other (issue 49)."""
+    from memplan.planners.bound import least_actions
+
+    budget_bytes = max(1, parse_budget(budget).bytes_for(trace.peak_load_bytes))
+    i = trace.peak_op
+    accessed = set(trace.ops[i].reads) | set(trace.ops[i].writes)
+    alive = [int(s) for s in np.flatnonzero((trace.alloc_ops <= i) & (trace.free_ops > i)) if int(s) not in accessed]
+    assume(len(alive) <= 10)
+    need = int(trace.load[i]) - budget_bytes
+    price = {s: 2 if trace.recomputable(s) else 4 for s in alive}
+    groups = [g for k in range(len(alive) + 1) for g in itertools.combinations(alive, k)
+              if sum(int(trace.nbytes[s]) for s in g) >= need]
+    assume(groups)
+    assert least_actions(trace, budget_bytes, [i]) == min(sum(price[s] for s in g) for g in groups)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from memplan.cost.model import Cost
+from memplan.model import Plan
 from memplan.planners.base import plan as make_plan
 from memplan.planners.kit.featuremaps import feature_maps
 from memplan.planners.kit.plan_search import PlanSearch
@@ -39,3 +40,27 @@ def test_the_search_never_slows_a_plan_down(factory, share, start, faster):
     assert (after.time_s < before.time_s * (1 - 1e-6)) == faster
     if not faster:
         assert polished is begun  # nothing improved: the plan itself, its prefetch ops untouched
+
+
+def test_a_recomputation_is_tried_with_its_inputs_swaps_dropped():
+    """Swapping a recomputation's input away keeps the recomputation out (the validator refuses it
+    beside that swap), so the search also tries it without the swap: on vgg16@64 at 50% the input
+    image's swap kept the 784 MiB first convolution's output swapped (issue 49)."""
+    from memplan.model import Decision
+
+    trace = chain_trace(4)
+    ids = {s.name: s.id for s in trace.storages}
+    fm = feature_maps(trace)
+    k = [int(s) for s in fm.storage].index(ids["a0"])
+    out, back = int(fm.out_after[k]), int(fm.back_before[k])
+    x = trace.storages[ids["x"]]
+    accesses = trace.accesses[ids["x"]]
+    swap_x = Decision(storage=x.id, action="swap", out_after=accesses[0], back_before=accesses[-1],
+                      trigger=accesses[-1])
+    swap_a0 = Decision(storage=ids["a0"], action="swap", out_after=out, back_before=back, trigger=back)
+    search = PlanSearch(fm, Simulator(trace, Cost.for_trace(trace, "h100")), trace.peak_load_bytes)
+    trials = list(search._sweep([swap_x, swap_a0]))
+    recompute = Decision(storage=ids["a0"], action="recompute", out_after=out, back_before=back)
+    assert [swap_x, recompute] in trials  # the plain move (the validator refuses it)
+    assert [recompute] in trials  # ... and with x resident
+    assert validate(trace, Plan(decisions=(recompute,))) == []

@@ -29,9 +29,10 @@ everything a hooked plan could have away at some op over the budget it stays ove
 op starts before the host has issued it and every op before it, and that the step ends no earlier
 than the host's work for every op plus the actions of every storage away at some check op (four a
 swap, two a recomputation) and a recomputation's run where any storage is recomputed. Each level's
-bound is the larger of its LP's step and the host's work with two actions for each of the
-`fewest_away` storages the neediest check op needs away (integral, where the LP's shares are
-not), over the plain step with the host's work.
+bound is the larger of its LP's step and the host's work with the `least_actions` of what the
+neediest check op needs away (integral, where the LP's shares are not: four actions a storage only
+a swap can take away, two one a recomputation can; of the storages the op does not access), over
+the plain step with the host's work.
 What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
 can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
 replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
@@ -56,7 +57,7 @@ from ...model import Trace
 from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
-from .absences import MS, absences
+from .absences import CHAINS, EITHER, HOOKED_RUNS, MS, absences
 from .levels import HookedAway
 from .lp import BoundLP, HostFloor
 from ..kit.linear import MIB
@@ -148,7 +149,8 @@ def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None,
     host = host_floor(trace, cost, level)
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
-        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked)
+        found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked,
+                       replays=HOOKED_RUNS if hooked is not None else CHAINS if level == INTERPRETED else EITHER)
         log.info("bound (%s host, %s) with %d check ops: %s (%s) in %.1f s", level or "no", "hooked moves" if hooked
                  else "every move", found.check_ops, found.overhead, found.status, found.seconds)
         best = found if best is None or _better(found, best) else best
@@ -177,7 +179,7 @@ def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseli
         return found
     plain_ms = MS * Simulator(trace, cost).run(None).time_s
     ops = np.append(check_ops(trace.load, budget_bytes, DEFAULT_CHECKS), trace.peak_op)
-    host_ms = float(host.per_op_ms.sum()) + 2 * host.action_ms * fewest_away(trace, budget_bytes, ops) - SAFETY_MS
+    host_ms = float(host.per_op_ms.sum()) + host.action_ms * least_actions(trace, budget_bytes, ops) - SAFETY_MS
     step_ms = max((1.0 + found.overhead) * baseline_ms, host_ms)
     return replace(found, overhead=max(0.0, step_ms / plain_ms - 1.0))
 
@@ -199,15 +201,49 @@ def hooks_cannot_fit(trace: Trace, budget_bytes: int) -> bool:
 
 def fewest_away(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
     """The fewest storages any plan that fits has away at one of `ops`: as many of the largest ones
-    alive there as it takes to bring the op's load within the budget."""
+    alive there that the op does not access (those it reads or writes are resident while it runs: no
+    decision's gap holds an access) as it takes to bring the op's load within the budget."""
     fewest = 0
     for i in ops:
         need = int(trace.load[i]) - budget_bytes
         if need > 0:
             alive = (trace.alloc_ops <= i) & (trace.free_ops > i)
+            op = trace.ops[int(i)]
+            alive[list(op.reads) + list(op.writes)] = False
             largest_first = np.cumsum(np.sort(trace.nbytes[alive])[::-1])
             fewest = max(fewest, int(np.searchsorted(largest_first, need)) + 1)
     return fewest
+
+
+def least_actions(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
+    """The fewest executor actions any plan that fits takes for what it has away at one of `ops`: each
+    storage away there is a decision's, two actions a recomputation and four a swap (memplan.sim._events),
+    and one the trace cannot recompute is swapped. Exact per op: for each number of the storages that
+    only swap, the largest of them and as few of the largest recomputable ones as bring the op within the
+    budget (of the storages alive there that it does not access: those are resident while it runs)."""
+    least = 0
+    for i in ops:
+        need = int(trace.load[i]) - budget_bytes
+        if need <= 0:
+            continue
+        alive = (trace.alloc_ops <= i) & (trace.free_ops > i)
+        op = trace.ops[int(i)]
+        alive[list(op.reads) + list(op.writes)] = False
+        ids = np.flatnonzero(alive)
+        again = np.array([trace.recomputable(int(s)) for s in ids], dtype=np.bool_)
+        swapped = np.concatenate([[0], np.cumsum(np.sort(trace.nbytes[ids[~again]])[::-1])])
+        rebuilt = np.cumsum(np.sort(trace.nbytes[ids[again]])[::-1])
+        best = None
+        for k, covered in enumerate(swapped.tolist()):
+            left = need - covered
+            m = 0 if left <= 0 else int(np.searchsorted(rebuilt, left)) + 1
+            if m <= len(rebuilt):
+                best = min(best if best is not None else 4 * k + 2 * m, 4 * k + 2 * m)
+            if left <= 0:
+                break
+        # no set of them covers the op: no plan fits (the LP says so); count them all
+        least = max(least, best if best is not None else 4 * len(swapped) + 2 * len(rebuilt))
+    return least
 
 
 def _better(a: Bound, b: Bound) -> bool:
@@ -215,12 +251,13 @@ def _better(a: Bound, b: Bound) -> bool:
 
 
 def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_s: float, baseline_ms: float,
-           host: HostFloor | None, hooked: HookedAway | None = None) -> Bound:
-    """The LP's bound with `checks` check ops (units where `hooked` lets them be away, when given),
-    tightened by branch and bound when the LP is small."""
+           host: HostFloor | None, hooked: HookedAway | None = None, replays: str = EITHER) -> Bound:
+    """The LP's bound with `checks` check ops (units where `hooked` lets them be away, when given; a
+    recomputation replaying what `replays` says: memplan.planners.bound.absences), tightened by branch
+    and bound when the LP is small."""
     started = time.perf_counter()
     check = check_ops(trace.load, budget_bytes, checks)
-    units = absences(trace, cost, check, hooked=hooked)
+    units = absences(trace, cost, check, hooked=hooked, replays=replays)
     lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units,
                  host)
     result = _solve(lp, time_limit_s)

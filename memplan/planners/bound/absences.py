@@ -9,6 +9,21 @@ away at `i` copied it out after that last access started (an `overlap` copy star
 before `i` started, and copies it back after `i` ended and before that next access starts; a
 recomputation making it away at `i` replays at least its producer op between `i` and that access.
 
+What a recomputation replays at least depends on the level (`Replays`):
+- interpreted (a chain of ops, memplan.sim.chains): its lineage's ops, and recursively those of
+  every input the trace itself holds at no op of the gap (freed before it, or made after it: no plan
+  makes such an input resident, so the chain rebuilds it), to the depth the simulator follows: its
+  *closure*. A gradient's closure reaches back through the backward (and the forward where an input
+  of it was freed): on vgg16@64 the LP priced recomputing the classifier's 392 MiB gradient at its
+  one matrix product, 0.3 ms;
+- hooked (a module call run again, memplan.sim.regions): at least its producer, and only storages
+  autograd saves (a site finds a storage to recompute by its first pack: memplan.model.hooksites);
+- both (one LP over every plan): the producer where a saved storage may be run again by a module
+  call, its closure where it is never saved (only the interpreted executor recomputes it).
+The storages rebuilt before one op replay each op once however many of them need it, so each op's
+duration is shared out over every storage that counts it, by bytes: the storages rebuilt at one op
+pay at most the ops they replay together.
+
 A persistent storage's gap across the iteration boundary is two units: its *tail* (after its last
 access: a swap-out in this iteration, its prefetch in the next one's head or in this tail) and its
 *head* (before its first access: the prefetch of a storage that starts the iteration on the host;
@@ -27,11 +42,15 @@ import numpy as np
 
 from ...cost.model import Cost
 from ...model import Trace
+from ...model.hookpoints import first_packs
+from ...sim.chains import MAX_CHAIN_DEPTH
 from ..kit.gaps import alive_at
 from .levels import HookedAway
 
 MS = 1e3  # the LP's time unit: milliseconds per second
 MERGE_BELOW = 2**20  # smaller storages with the same gap are one unit
+# What a recomputation replays at least (module docstring): for plans run hooked, interpreted, or either
+HOOKED_RUNS, CHAINS, EITHER = "hooked", "interpreted", "either"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -46,17 +65,22 @@ class Absence:
     d2h_ms: float  # copying all of them out, at least
     h2d_ms: float  # copying all of them back, at least
     recompute_share: float  # share of `nbytes` that can be recomputed (0: none)
-    recompute_ms: float  # recomputing all `nbytes` at their cheapest rate (scaled by the share taken)
+    recompute_ms: np.ndarray  # per op of `ops`: recomputing all `nbytes` away there (or later) at their
+    # cheapest rate, at least (scaled by the share taken)
     fewest: float  # storages away per whole share away, at least (its bytes over its largest storage's)
     storages: tuple[int, ...] = ()  # the storages merged into it
 
 
 def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW,
-              hooked: HookedAway | None = None) -> list[Absence]:
+              hooked: HookedAway | None = None, replays: str = EITHER) -> list[Absence]:
     """The units over every storage that may move, restricted to `check_ops` (ascending) and, for the
     plans that run hooked, to where `hooked` lets each storage be away; storages smaller than
-    `merge_below` are merged by gap (and by the ops they may be away at)."""
-    groups: dict[tuple, list[tuple[int, bool]]] = {}
+    `merge_below` are merged by gap (and by the ops they may be away at). `replays`: the plans bounded
+    run hooked (HOOKED_RUNS), interpreted (CHAINS) or either (EITHER), which says what a recomputation
+    replays at least (module docstring)."""
+    groups: dict[tuple, list[tuple[int, tuple | None]]] = {}
+    packed = first_packs(trace.saved)
+    closures: dict = {}
     for sid, lo, hi, release, due in _gaps(trace):
         ops = check_ops[(check_ops >= lo) & (check_ops < hi)]
         if hooked is not None:
@@ -64,25 +88,34 @@ def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int =
         if not len(ops):
             continue
         recomputable = release is not None and due is not None and trace.recomputable(sid) and (
-            hooked is None or hooked.rebuildable(sid, due))
+            replays != HOOKED_RUNS or sid in packed) and (hooked is None or hooked.rebuildable(sid, due))
         alone = sid if trace.nbytes[sid] >= merge_below else None
-        groups.setdefault((lo, hi, tuple(ops.tolist()), release, due, alone), []).append((sid, recomputable))
-    rate = _recompute_ms_per_byte(trace, cost)
-    return [_unit(trace, cost, rate, members, np.array(ops, dtype=np.int64), release, due)
+        replayed = None  # per op of `ops`: the ops a recomputation away there replays at least
+        if recomputable:
+            if replays == CHAINS or (replays == EITHER and sid not in packed):
+                replayed = tuple(_closure(trace, sid, int(i) + 1, hi, closures) for i in ops.tolist())
+            else:
+                replayed = (frozenset({trace.producer(sid)}),) * len(ops)
+        groups.setdefault((lo, hi, tuple(ops.tolist()), release, due, alone), []).append((sid, replayed))
+    shared = _shared_ms(trace, cost, [m for members in groups.values() for m in members])
+    return [_unit(trace, cost, shared, members, np.array(ops, dtype=np.int64), release, due)
             for (_, _, ops, release, due, _), members in groups.items()]
 
 
-def _unit(trace: Trace, cost: Cost, rate: np.ndarray, members, ops, release, due) -> Absence:
+def _unit(trace: Trace, cost: Cost, shared: dict, members, ops, release, due) -> Absence:
     sizes = np.array([int(trace.nbytes[s]) for s, _ in members], dtype=np.float64)
     total, largest = float(sizes.sum()), float(sizes.max())
     copies = total / largest  # at least this share of a copy per member swapped (whole: one per member)
-    rec = [(int(trace.nbytes[s]), rate[s]) for s, ok in members if ok]
+    rec = [(int(trace.nbytes[s]), replayed) for s, replayed in members if replayed is not None]
     rec_bytes = sum(b for b, _ in rec)
+    # per op, all of its bytes recomputed at the cheapest member's rate (ms per byte)
+    per_op = [min(sum(shared[j] for j in replayed[t]) for _, replayed in rec) for t in range(len(ops))] \
+        if rec else [0.0] * len(ops)
     return Absence(nbytes=int(total), members=len(members), ops=ops, release=release, due=due,
                    d2h_ms=MS * (cost.d2h_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    h2d_ms=MS * (cost.h2d_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    recompute_share=rec_bytes / total,
-                   recompute_ms=MS * total * min((r for _, r in rec), default=0.0), fewest=copies,
+                   recompute_ms=MS * total * np.asarray(per_op, dtype=np.float64), fewest=copies,
                    storages=tuple(s for s, _ in members))
 
 
@@ -108,18 +141,39 @@ def _gaps(trace: Trace):
                 yield s.id, p + 1, q, p, q
 
 
-def _recompute_ms_per_byte(trace: Trace, cost: Cost) -> np.ndarray:
-    """Per storage, its producer's duration over the bytes of every recomputable storage that op
-    makes: recomputations before one op replay each producer once at least, so the storages
-    rebuilt there from one producer pay at most its duration in all."""
+def _closure(trace: Trace, sid: int, lo: int, hi: int, memo: dict) -> frozenset:
+    """The ops a chain rebuilding `sid` replays wherever it runs from op lo to op hi (before op b,
+    lo <= b <= hi): the ops writing it before lo (its lineage before every such b), and recursively
+    those of each input the trace holds at no op of [lo, hi] (no plan makes it resident then), to the
+    depth memplan.sim.chains follows; a subset of what the simulator's chain replays at every b."""
+    key = (sid, lo, hi)
+    if key in memo:
+        return memo[key]
+    storages, ops, seen = trace.storages, set(), {sid}
+
+    def visit(s: int, depth: int) -> None:
+        writes = [i for i in trace.writers[s] if i < lo]
+        ops.update(writes)
+        if depth >= MAX_CHAIN_DEPTH:
+            return
+        for r in sorted({r for i in writes for r in trace.ops[i].reads if r != s}):
+            if (storages[r].free_op <= lo or storages[r].alloc_op > hi) and r not in seen:
+                seen.add(r)
+                visit(r, depth + 1)
+
+    visit(sid, 0)
+    memo[key] = frozenset(ops)
+    return memo[key]
+
+
+def _shared_ms(trace: Trace, cost: Cost, members) -> dict:
+    """Op -> its duration (ms) per byte of every storage that counts it (each storage once, whatever
+    its gaps and ops): recomputations before one op replay each op once at least, so the storages
+    rebuilt there pay at most the ops they replay in all."""
     durations = np.asarray(cost.durations, dtype=np.float64)
-    made: dict[int, int] = {}
-    producer = {}
-    for s in trace.storages:
-        if s.nbytes > 0 and trace.recomputable(s.id):
-            producer[s.id] = trace.producer(s.id)
-            made[producer[s.id]] = made.get(producer[s.id], 0) + s.nbytes
-    out = np.zeros(len(trace.storages))
-    for sid, op in producer.items():
-        out[sid] = durations[op] / made[op]
-    return out
+    counted: dict[int, set] = {}
+    for sid, replayed in members:
+        for ops in replayed or ():
+            for j in ops:
+                counted.setdefault(j, set()).add(sid)
+    return {j: float(durations[j]) / float(sum(int(trace.nbytes[s]) for s in sids)) for j, sids in counted.items()}

@@ -144,7 +144,7 @@ class BoundLP:
                 if u.due is not None:
                     back.setdefault(u.due, []).append((self.w[k][t], u.h2d_ms))
                 if self.r[k] is not None:
-                    replay.setdefault(u.due, []).append((self.r[k][t], u.recompute_ms))
+                    replay.setdefault(u.due, []).append((self.r[k][t], float(u.recompute_ms[t])))
         d_i = self.delta[i]
         for v, total in self._running_sums(out, descending=True):  # copies out in [start of v, start of i]
             self.c.ge([(d_i, 1), (self.delta[v], -1), (total, -1)], -(self.start[i] - self.start[v]))

@@ -19,8 +19,10 @@ Rules (one `Violation.kind` constant each):
   buckets, collective buffers, unsharded parameters);
 - RECOMPUTE_INPUT_ABSENT: the lineage inputs of a recompute are resident at back_before,
   or can themselves be rebuilt there from resident storages;
-- RECOMPUTE_INPUT_OVERWRITTEN: no input of an op that rebuilds a recomputed storage is
-  written again between that op and back_before (replaying the op would read the new value);
+- RECOMPUTE_INPUT_OVERWRITTEN: no input of an op that rebuilds a recomputed storage, or an
+  input its chain rebuilds on the way, is written again between that op and back_before
+  (replaying the op would read the new value: a gradient rebuilt after the optimizer updated a
+  weight its chain's backward ops read);
 - pool (when the plan has one): every residency interval has a slot (POOL_MISSING_SLOT),
   no slot names an interval that does not exist (POOL_STRAY_SLOT), slots lie inside
   `pool_bytes` (POOL_OUT_OF_RANGE), and slots of intervals alive at once do not share
@@ -224,11 +226,13 @@ def _check_recomputes(trace: Trace, good: list[Decision], by_storage: dict[int, 
                                          f"producer in the trace and cannot be recomputed"))
             continue
         missing = rebuild.missing_inputs(d.storage, d.back_before)
-        if missing is not None:
+        # an input the chain would rebuild but whose own replay reads data written since is missing too
+        nested = None if missing is None else _overwritten_input(trace, missing, d.back_before)
+        if missing is not None and nested is None:
             out.append(Violation(kind=RECOMPUTE_INPUT_ABSENT, storage=d.storage, op=d.back_before,
                                  message=f"recomputing storage {d.storage} before op {d.back_before} needs "
                                          f"storage {missing}, which is neither resident nor rebuildable there"))
-        overwritten = _overwritten_input(trace, d.storage, d.back_before)
+        overwritten = _overwritten_input(trace, d.storage, d.back_before) or nested
         if overwritten is not None:
             r, j, w = overwritten
             out.append(Violation(kind=RECOMPUTE_INPUT_OVERWRITTEN, storage=d.storage, op=w,
@@ -290,7 +294,8 @@ class _Rebuilder:
     def _quick(self, r: int, t: int, on_path: set[int]) -> str:
         if self.resident(r, t) or (r, t) in self.memo and self.memo[(r, t)] is None:
             return "ok"
-        if r in on_path or (r, t) in self.memo or not self.trace.recomputable(r) or not self._rebuild_allowed(r, t):
+        if r in on_path or (r, t) in self.memo or not self.trace.recomputable(r) or not self._rebuild_allowed(r, t) \
+                or _overwritten_input(self.trace, r, t) is not None:
             return "bad"
         return "descend"
 

@@ -258,3 +258,22 @@ def test_a_recompute_whose_input_is_written_again_before_it_runs_is_rejected():
     assert kinds(trace, Plan(decisions=(recompute(1, 0, 2),))) == [v.RECOMPUTE_INPUT_OVERWRITTEN]
     assert v.validate(Trace(storages=storages, ops=(ops[0], Op(index=1, name="h", phase="forward", reads=(0,)),
                                                    ops[2])), Plan(decisions=(recompute(1, 0, 2),))) == []
+
+
+def test_a_recompute_whose_chain_rebuilds_an_input_from_data_written_since_is_rejected():
+    # chain_trace(3) with its input kept: rebuilding dw1 before the optimizer's op 8 replays op 5,
+    # whose input g2 the trace freed, so op 4 runs again too, and op 4 reads w2, which the
+    # optimizer's op 7 updated: the chain would compute dw1 from the new weight.
+    import dataclasses
+
+    trace = chain_trace(3)
+    ids = {s.name: s.id for s in trace.storages}
+    storages = list(trace.storages)
+    storages[ids["x"]] = dataclasses.replace(storages[ids["x"]], free_op=len(trace.ops))
+    trace = dataclasses.replace(trace, storages=tuple(storages))
+    assert trace.writers[ids["w2"]] and trace.storages[ids["g2"]].free_op < 8
+    violations = v.validate(trace, Plan(decisions=(recompute(ids["dw1"], 5, 8),)))
+    assert [x.kind for x in violations] == [v.RECOMPUTE_INPUT_OVERWRITTEN]
+    assert f"input storage {ids['w2']} is written again by op 7" in violations[0].message
+    # before the optimizer writes w2, the same chain reads what the step read
+    assert v.validate(trace, Plan(decisions=(recompute(ids["dw1"], 5, 7),))) == []

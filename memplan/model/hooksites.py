@@ -23,7 +23,8 @@ early brings it back: memplan.exec.hooked, rule 3). The simulator's lowering
 the simulator lowered.
 
 Which sites a plan's program needs is `HookSites.installed`: a window around every pack of a
-storage the plan moves (the executor takes the storage there, and guards its unpacks), and at
+storage the plan moves (the executor takes the storage there, and guards its unpacks; the outermost
+such call only, so that the modules inside a region run again cost no hook calls), and at
 every other point an action runs at, the cheapest site there. The executor installs exactly these
 (memplan.exec.hooked), and the simulator charges the host one hook call per firing (`firings`).
 """
@@ -134,8 +135,9 @@ class HookSites:
         `regions` (calls run again: their modules hold a region's arguments, and what such a call saves
         must not meet autograd's version check after a run updated module buffers in place), and at
         each of `points` where no site fires yet, the cheapest one there."""
-        windows = set(regions).union(*map(self._windows_of.get, _ints(moved), repeat(())))
-        modules, marks = self._window_modules(windows), set()
+        windows = self._outermost(set(regions).union(*map(self._windows_of.get, _ints(moved), repeat(()))))
+        # a region's module is hooked even where an outer window sees its packs: its call's arguments are held
+        modules, marks = self._window_modules(windows) | self._window_modules(regions), set()
         hooked = self._hooked_packs(windows)
         covered = self._covered(hooked, modules, marks)
         for p in sorted(set(_ints(points)) - covered):
@@ -155,6 +157,18 @@ class HookSites:
                 covered = self._covered(hooked, modules, marks)
         return Installed(windows=frozenset(windows), modules=frozenset(modules), marks=frozenset(marks),
                          hooked_packs=hooked)
+
+    def _outermost(self, windows: set) -> set:
+        """`windows` less those inside another (a window sees every pack of the calls within it: an inner
+        one would add only its module's hook calls; the whole step's holds every other)."""
+        if WHOLE_STEP in windows:
+            return {WHOLE_STEP}
+        calls, out, reach = self.trace.calls, set(), -1
+        for c in sorted(windows, key=lambda c: (calls[c].first_op, -calls[c].end_op, c)):
+            if calls[c].end_op > reach:
+                out.add(c)
+                reach = calls[c].end_op
+        return out
 
     def _window_modules(self, windows) -> set:
         """The modules whose hooks open and close `windows`."""

@@ -14,7 +14,7 @@ import numpy as np
 from ..cost.model import Cost
 from ..model import Trace
 from ..model.program import HOOKED, INTERPRETED
-from .arrays import csr, host_per_op, hooked_host, producer_ids
+from .arrays import csr, host_per_op, hooked_host, interpreted_host, producer_ids
 from .chains import Chain, chains_of
 from .decisions import DecisionArrays
 from .lowering import Lowered, Lowering
@@ -154,6 +154,9 @@ class Preparer:
 
     def _host_of(self, lowered: Lowered) -> np.ndarray:
         """The host's work per op at `lowered`'s level, before its actions (a hooked program: with its hooks)."""
+        if lowered.level == INTERPRETED:
+            a = lowered.arrays
+            return interpreted_host(self._host[INTERPRETED], self.cost, a.out_after, a.back_before)
         if lowered.level != HOOKED:
             return self._host[lowered.level]
         priced = self.cost.executor_s("hook_call") != 0.0

@@ -13,8 +13,11 @@ interpreted keeps a storage away at every op of forward and backward, and a para
 shortest gap between two of its uses keeps one away at a few: what each step costs beyond plain
 training, its identity hooks', its actions' and its copies, is its ops at the executor's price per op
 in its mode (`mode_op_s`, the executor's own: its mode does more than one that only calls each op)
-plus its ops guarded at `guard_op_s` (two equations, two unknowns). Each figure is the median of a few
-rounds.
+plus its ops guarded at `guard_op_s` (two equations, two unknowns). Last, with every block recomputed
+by the interpreted executor (sqrt-n, run op by op), the executor's own clock on its recording of the ops
+it may replay, per op recorded, is `record_op_s` (a residual of the step would carry the other prices'
+errors: on this chain it came out at a fifth of the recording's measured 15 us). Each figure is the
+median of a few rounds.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ STEPS, ROUNDS = 5, 3
 
 
 def with_executor_costs(profile: DeviceProfile, device: str = "cpu") -> DeviceProfile:
-    """`profile` with `hook_call_s`, `action_s`, `region_s`, and the interpreted executor's `mode_op_s` and
-    `guard_op_s`, measured on `device`."""
+    """`profile` with `hook_call_s`, `action_s`, `region_s`, and the interpreted executor's `mode_op_s`,
+    `guard_op_s` and `record_op_s`, measured on `device`."""
     model, step, inputs = _chain(device)
     plain = _step_s(lambda: step(*inputs), device)
     swap, swaps = _planned_s(model, step, inputs, profile, device, planner="save-on-cpu")
@@ -52,8 +55,11 @@ def with_executor_costs(profile: DeviceProfile, device: str = "cpu") -> DevicePr
     few_s, few = _planned_s(model, step, inputs, profile, device, plan=_param_briefly_away)
     all_s, every = _planned_s(model, step, inputs, profile, device, plan=_state_interpreted)
     mode_op, guard = _per_op_and_guard(few_s - plain, few, all_s - plain, every, profile.hook_s, action)
+    _, replays = _planned_s(model, step, inputs, profile, device, planner="sqrt-n", segments=BLOCKS,
+                            executor="interpreted")
+    record = replays["record_s"] / max(1, replays["captured"])
     return replace(profile, hook_call_s=hook_call, action_s=action, region_s=region, mode_op_s=mode_op,
-                   guard_op_s=guard)
+                   guard_op_s=guard, record_op_s=record)
 
 
 def _per_op_and_guard(extra_a: float, a: dict, extra_b: float, b: dict, hook_s: float,
@@ -149,7 +155,8 @@ def _planned_s(model, step, inputs, profile: DeviceProfile, device: str, plan=No
                      "rerun_ops": sum(r.stop - trace.calls[r.call].first_op for r in set(program.regions.values())),
                      "ops": len(trace.ops),
                      "hooks": len(trace.saved) + sum(s.unpacked_at is not None for s in trace.saved),
-                     "guarded_ops": int(guarded_ops(len(trace.ops), *_gaps(program)).sum())}
+                     "guarded_ops": int(guarded_ops(len(trace.ops), *_gaps(program)).sum()),
+                     "record_s": stats["record_s"] / n, "captured": len(program.captured_ops)}
 
 
 def _gaps(program) -> tuple[np.ndarray, np.ndarray]:

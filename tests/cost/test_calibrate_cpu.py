@@ -53,6 +53,7 @@ def test_calibrate_cpu_writes_a_sane_profile(tmp_path, capsys):
     assert 0 <= profile.hook_call_s < 1e-3 and 0 <= profile.action_s < 1e-3 and profile.hook_call_s + profile.action_s > 0
     # the interpreted executor's, fitted on its runs: microseconds an op, not zero both
     assert 0 <= profile.mode_op_s < 1e-3 and 0 <= profile.guard_op_s < 1e-3 and profile.mode_op_s + profile.guard_op_s > 0
+    assert 0 < profile.record_op_s < 1e-3  # the executor's own clock on its recording of ops to replay
 
 
 @pytest.mark.parametrize("call, action", [(5e-6, 2e-6), (1e-6, 9e-6)])

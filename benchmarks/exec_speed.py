@@ -14,6 +14,10 @@ same timed steps are read on the wall clock too (a column beside: on a loaded ho
 other work; on a quiet one it adds time spent waiting, which the thread clock leaves out).
 
     python benchmarks/exec_speed.py --out benchmarks/results/exec_speed [--rounds 3] [--timed 15] [--clock cpu]
+        [--cases gpt2-tiny@1] [--configs plain,torch-checkpoint,sqrt-n] [--profile PROFILE.json]
+
+A subset (`--cases`, `--configs`) re-measures a few rows with the same alternating rounds; the
+table leaves out what it did not run. `--profile` reuses a calibrated profile (else one is made).
 
 Writes OUT.json and OUT.md.
 """
@@ -79,17 +83,19 @@ def child(case: str, config: str, budget, profile: str, timed: int, clock: str) 
     return run_child(__file__, [case, config, budget, profile, timed, clock], {"case": case, "config": config})
 
 
-def bench(rounds: int, timed: int, out: Path, clock: str) -> dict:
+def bench(rounds: int, timed: int, out: Path, clock: str, cases=None, configs=None, profile=None) -> dict:
+    """`cases`, `configs`: the subset to run (None: all); `profile`: a calibrated profile to reuse."""
     from memplan import UNLIMITED
 
-    profile = calibrate(out)
+    profile = profile or calibrate(out)
     runs: list[dict] = []
     budgets: dict[str, int] = {}
-    for case in CASES:
+    chosen = list(configs) if configs else [PLAIN, CHECKPOINT, *PLANNERS]
+    for case in cases or CASES:
         first = child(case, CHECKPOINT, UNLIMITED, profile, timed, clock)
         runs.append({**first, "round": 0})
         budgets[case] = first["peak_bytes"]
-        configs = [PLAIN, CHECKPOINT, *PLANNERS]
+        configs = chosen
         for r in range(rounds):
             order = configs[r % len(configs):] + configs[:r % len(configs)]  # alternate who goes first
             for config in order:
@@ -98,6 +104,7 @@ def bench(rounds: int, timed: int, out: Path, clock: str) -> dict:
                 runs.append({**rec, "round": r + 1})
                 print(json.dumps(runs[-1]), flush=True)
     return {"rounds": rounds, "timed_steps": timed, "clock": clock, "profile": profile, "budgets": budgets, "runs": runs,
+            "cases": list(cases or CASES), "configs": chosen,
             "host": os.uname().nodename, "cpus": os.cpu_count(), "load": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M")}
 
@@ -105,11 +112,12 @@ def bench(rounds: int, timed: int, out: Path, clock: str) -> dict:
 def summarize(result: dict) -> list[dict]:
     """One row per (case, configuration): medians over the rounds after the first."""
     rows = []
-    for case in CASES:
+    configs = result.get("configs") or (PLAIN, CHECKPOINT, *PLANNERS)  # results before the subset options: all
+    for case in result.get("cases") or CASES:
         mine = [r for r in result["runs"] if r["case"] == case and r["round"] > 0]
         median = _medians(mine, "step_s")
         wall = _medians(mine, "wall_step_s")
-        for config in (PLAIN, CHECKPOINT, *PLANNERS):
+        for config in configs:
             recs = [r for r in mine if r["config"] == config]
             ok = [r for r in recs if "error" not in r]
             if not ok:
@@ -119,8 +127,8 @@ def summarize(result: dict) -> list[dict]:
             sims = [r["simulated_step_s"] for r in ok if r.get("simulated_step_s")]
             sim = statistics.median(sims) if sims else None
             rows.append({"case": case, "config": config, "budget": last["budget_bytes"], "step_s": median[config],
-                         "x_plain": median[config] / median[PLAIN], "x_checkpoint": median[config] / median[CHECKPOINT],
-                         "wall_step_s": wall[config], "wall_x_checkpoint": wall[config] / wall[CHECKPOINT],
+                         "x_plain": _ratio(median, config, PLAIN), "x_checkpoint": _ratio(median, config, CHECKPOINT),
+                         "wall_step_s": wall[config], "wall_x_checkpoint": _ratio(wall, config, CHECKPOINT),
                          "peak_bytes": last["peak_bytes"], "checkpoint_peak_bytes": result["budgets"][case],
                          "at_checkpoint_memory": last["peak_bytes"] <= (1 + PEAK_SLACK) * result["budgets"][case],
                          "level": last.get("level"), "ops": last.get("ops"), "ops_in_mode": last.get("ops_in_mode"),
@@ -130,10 +138,15 @@ def summarize(result: dict) -> list[dict]:
     return rows
 
 
+def _ratio(medians: dict, config: str, base: str) -> float:
+    """medians[config] / medians[base] (NaN where the subset left `base` out)."""
+    return medians[config] / medians.get(base, float("nan"))
+
+
 def _medians(runs: list[dict], key: str) -> dict:
     """Per configuration, the median of `key` over its runs that did not fail (NaN where none did)."""
     return {c: statistics.median([r[key] for r in runs if r["config"] == c and r.get(key) is not None] or [float("nan")])
-            for c in (PLAIN, CHECKPOINT, *PLANNERS)}
+            for c in {r["config"] for r in runs}}
 
 
 def markdown(result: dict, rows: list[dict]) -> str:
@@ -154,7 +167,7 @@ def markdown(result: dict, rows: list[dict]) -> str:
         # "none": no limit (null in results written before issue 38)
         budget = r["budget"] if isinstance(r["budget"], str) or r["budget"] is None else f"{r['budget'] / 1e6:.3f} MB"
         lines.append(f"| {r['case']} | {r['config']} | {budget or '-'} | {r['level'] or '-'} | {1e3 * r['step_s']:.2f} | "
-                     f"{r['x_plain']:.2f} | {r['x_checkpoint']:.2f} | {_ms(r.get('wall_step_s'))} | "
+                     f"{_x(r['x_plain'])} | {_x(r['x_checkpoint'])} | {_ms(r.get('wall_step_s'))} | "
                      f"{_x(r.get('wall_x_checkpoint'))} | {r['peak_bytes'] / 1e6:.3f} | "
                      f"{'yes' if r['at_checkpoint_memory'] else 'no'} | {_n(r['ops'])} | {_n(r['ops_in_mode'])} | "
                      f"{_n(r['replayed_ops'])} | {_n(r['regions_recomputed'])} | {sim} | {err} |")
@@ -186,9 +199,26 @@ def main() -> None:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="what steps and op times measure: the thread's CPU time (default: a shared host's "
                              "other work does not inflate it; one thread, copies inline) or wall time")
+    parser.add_argument("--cases", help=f"comma-separated subset of {', '.join(CASES)} (default: all)")
+    parser.add_argument("--configs", help=f"comma-separated subset of {', '.join((PLAIN, CHECKPOINT, *PLANNERS))} "
+                                          "(default: all; checkpoint's first run, which sets the budget, always runs)")
+    parser.add_argument("--profile", help="a calibrated CPU profile to reuse (default: calibrate one beside OUT)")
     args = parser.parse_args()
     out = Path(args.out)
-    write_results(out, bench(args.rounds, args.timed, out, args.clock), summarize, markdown)
+    cases, configs = _subset(args.cases, CASES), _subset(args.configs, (PLAIN, CHECKPOINT, *PLANNERS))
+    write_results(out, bench(args.rounds, args.timed, out, args.clock, cases, configs, args.profile), summarize,
+                  markdown)
+
+
+def _subset(text: str | None, known) -> list[str] | None:
+    """A comma-separated list, each checked against `known` (None: all)."""
+    if not text:
+        return None
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in known]
+    if unknown:
+        raise SystemExit(f"unknown: {', '.join(unknown)} (known: {', '.join(known)})")
+    return chosen
 
 
 if __name__ == "__main__":

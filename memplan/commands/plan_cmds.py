@@ -281,7 +281,9 @@ def _profile_rows(data: dict) -> list[tuple[str, object]]:
             ("per saved-tensor hook", f"{data.get('hook_s', 0.0) * 1e6:.1f} us"),
             ("per executor hook call", f"{data['hook_call_s'] * 1e6:.1f} us"),
             ("per op in a dispatch mode", f"{data.get('mode_op_s', 0.0) * 1e6:.1f} us"),
+            ("per op guarded (a storage away)", f"{data.get('guard_op_s', 0.0) * 1e6:.1f} us"),
             ("per replayed op", f"{data.get('replay_op_s', 0.0) * 1e6:.1f} us"),
+            ("per op recorded to replay", f"{data.get('record_op_s', 0.0) * 1e6:.1f} us"),
             ("per executor action", f"{data.get('action_s', 0.0) * 1e6:.1f} us"),
             ("per region run", f"{data.get('region_s', 0.0) * 1e6:.1f} us"),
             ("memory", format_bytes(data["memory_bytes"])), ("kind", data.get("kind", "gpu"))]

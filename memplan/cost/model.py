@@ -35,8 +35,8 @@ class Cost:
         return 0.0 if self.host_in_durations or not self.priced_host else self.profile.host_op_s
 
     def executor_s(self, what: str) -> float:
-        """The executor's host work per `what` ("hook", "hook_call", "mode_op", "replay_op", "action" or
-        "region"), if priced."""
+        """The executor's host work per `what` ("hook", "hook_call", "mode_op", "guard_op", "replay_op",
+        "record_op", "action" or "region"), if priced."""
         return getattr(self.profile, f"{what}_s") if self.priced_host else 0.0
 
     def carried(self, durations: np.ndarray) -> "Cost":

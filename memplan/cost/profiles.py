@@ -60,7 +60,13 @@ class DeviceProfile:
     # was kept), resolved when the profile is made
     hook_call_s: float | None = None
     mode_op_s: float = 0.0  # per op through the interpreted executor's dispatch mode, beyond host_op_s
+    # per op the interpreted executor runs while a storage is away, beyond mode_op_s: its arguments checked
+    # against the storages away, measured with the executor itself (0.0: not measured, files before it was kept)
+    guard_op_s: float = 0.0
     replay_op_s: float = 0.0  # per op the interpreted executor replays, beyond host_op_s
+    # per op whose call the interpreted executor records in a step to replay it later (its arguments as
+    # storages and views), measured with the executor itself (0.0: not measured, files before it was kept)
+    record_op_s: float = 0.0
     action_s: float = 0.0  # per executor action (swap-out, release, prefetch, wait, drop, recomputation)
     region_s: float = 0.0  # per module call the hooked executor runs again, beside its ops (arguments, RNG, hooks)
 

@@ -1,7 +1,8 @@
 """The hooked executor: a step program run at the hooks PyTorch calls during a step, not at every op.
 
 A hooked program (memplan.sim.lowering) has every action at a site (memplan.model.hooksites): a
-module call's start or end (forward pre-hook and forward hook), a parameter's gradient accumulated
+module call's start or end (forward pre-hook or forward hook; both on a module that opens a window
+or holds a region's arguments), a parameter's gradient accumulated
 (`register_post_accumulate_grad_hook`), the optimizer's step beginning or ending (its step pre-
 and post-hooks), a saved tensor's pack or first unpack inside a window (a module call during which
 the runner's `saved_tensors_hooks` are installed), or the step's start or end. The runner installs
@@ -37,9 +38,9 @@ NOTE why this is safe (cited as "rule N" where relied on):
 from __future__ import annotations
 
 import bisect
-import time
 import weakref
 from functools import partial
+from time import perf_counter
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -51,7 +52,6 @@ from .engine import CopyEngine
 from .mover import Mover
 from .rerun import Held, run_again
 from .residency import MovedStorage, Residency
-from .saved import detached
 from .slab import HostSlab
 from .storage_views import adopt
 
@@ -84,8 +84,11 @@ class HookedRunner(Mover):
         self.when = _points_of(program, sites.points)
         regions = {run.call for run in program.regions.values()}
         self.sites = sites.installed(self.when, {d.storage for d in program.decisions}, regions)
-        self.modules = _hooked_modules(self.sites.modules, model)
-        self.calls = {(c.module, c.occurrence): k for k, c in enumerate(trace.calls) if c.module in self.modules}
+        self.modules = _hooked_modules(self.sites.modules, model)  # windows, regions: both hooks
+        self.starts = _hooked_modules(self.sites.starts, model)  # only a call's start is a site
+        self.ends = _hooked_modules(self.sites.ends, model)  # only a call's end is a site
+        hooked = {**self.modules, **self.starts, **self.ends}
+        self.calls = {(c.module, c.occurrence): k for k, c in enumerate(trace.calls) if c.module in hooked}
         self.marks = {(m.kind, m.key, m.occurrence): m.point for m in trace.marks if (m.kind, m.key) in self.sites.marks}
         self.last_run = {}  # call -> index of the program's last action that runs it (its hold ends there)
         for i, a in enumerate(program.actions):
@@ -95,9 +98,28 @@ class HookedRunner(Mover):
         self.restores = {c: any(w in buffers for i in range(trace.calls[c].first_op, trace.calls[c].end_op)
                                 for w in trace.ops[i].writes) for c in self.last_run}
         self.op_clock = None  # no op clock: a pool needs the interpreted runner's
+        # Per pack, per unpack and per action what its hook needs, looked up once here (the hooks run
+        # hundreds of times a step: memplan.sim prices each call):
+        # a pack's (storage size as traced or None, storage to take from it or None, point)
+        self.pack_facts = [(size, s.storage if s.storage in self.entries and s.storage not in self.finder.owners
+                            else None, s.packed_at) for size, s in zip(self.expected, trace.saved)]
+        self.unpacked_at = [s.unpacked_at for s in trace.saved]
+        # an action's storage, whether it waits for that storage's pack, the call whose hold it ends, its entry
+        self.action_facts = []
+        for i, a in enumerate(program.actions):
+            sid = program.decisions[a.decision].storage
+            ends = program.regions[a.decision].call if a.kind == ActionKind.RECOMPUTE else None
+            self.action_facts.append((sid, a.kind in _TAKES_STORAGE and sid not in self.finder.owners,
+                                      ends if ends is not None and self.last_run.get(ends) == i else None,
+                                      self.entries[sid]))
+        self.calls_of: dict[int, list] = {}  # id of a hooked module -> its calls by occurrence (None: untraced)
+        for (path, occurrence), k in self.calls.items():
+            calls = self.calls_of.setdefault(id(hooked[path]), [])
+            calls.extend([None] * (occurrence + 1 - len(calls)))
+            calls[occurrence] = k
         self.held: dict[int, Held] = {}
         self.found: dict[int, weakref.ref] = {}  # storage id -> its tensor, from its first pack this step
-        self.seen: dict = {}  # module path or (kind, key) of a mark -> its calls so far this step
+        self.seen: dict = {}  # id of a module or (kind, key) of a mark -> its calls so far this step
         self.open: list[tuple[int | None, bool]] = []  # per module call running: (its call, a window pushed)
         self.packs = 0
         self.cursor = 0
@@ -112,6 +134,10 @@ class HookedRunner(Mover):
         for module in self.modules.values():
             handles.append(module.register_forward_pre_hook(self._entered, with_kwargs=True))
             handles.append(module.register_forward_hook(self._left, always_call=True))
+        for module in self.starts.values():
+            handles.append(module.register_forward_pre_hook(self._started))
+        for module in self.ends.values():
+            handles.append(module.register_forward_hook(self._ended))
         for kind, key in self.sites.marks:
             if kind == "accumulated" and self.finder.model is not None:
                 handles.append(self.finder.model.get_parameter(key).register_post_accumulate_grad_hook(
@@ -164,37 +190,42 @@ class HookedRunner(Mover):
 
     def _pack(self, t: torch.Tensor):
         n = self.packs
-        self.packs += 1
-        kept = detached(t)  # no cycle through autograd (memplan.exec.saved)
+        self.packs = n + 1
+        kept = t.detach()  # saved.detached, written out: no cycle through autograd (memplan.exec.saved)
         if not self.active or self.off:
             return n, kept
-        self.stats.hook_calls += 1
-        started = time.perf_counter()
-        expected = self.expected[n] if n < len(self.expected) else -1
-        if expected == -1 or (expected is not None and self.finder.counted(t.untyped_storage().nbytes()) != expected):
-            self.diverge(f"pack {n} is not the traced one")
+        stats = self.stats
+        stats.hook_calls += 1
+        started = perf_counter()
+        if n < len(self.pack_facts):
+            size, sid, point = self.pack_facts[n]
+            if size is not None and self.finder.counted(t.untyped_storage().nbytes()) != size:
+                self.diverge(f"pack {n} is not the traced one")
+            else:
+                if sid is not None and sid not in self.found:
+                    self.found[sid] = weakref.ref(kept)  # alive while autograd holds it
+                if self.cursor < len(self.when) and self.when[self.cursor] <= point:
+                    self._advance(point)
         else:
-            sid = self.saved[n].storage
-            if sid in self.entries and sid not in self.found and sid not in self.finder.owners:
-                self.found[sid] = weakref.ref(kept)  # alive while autograd holds it
-            self._advance(self.saved[n].packed_at)
-        self.stats.host_s += time.perf_counter() - started
+            self.diverge(f"pack {n} is not the traced one")
+        stats.host_s += perf_counter() - started
         return n, kept
 
     def _unpack(self, packed) -> torch.Tensor:
         n, t = packed
         if self.active and not self.off:
-            self.stats.hook_calls += 1
-            started = time.perf_counter()
-            point = self.saved[n].unpacked_at if n < len(self.saved) else None
-            if point is not None:
+            stats = self.stats
+            stats.hook_calls += 1
+            started = perf_counter()
+            point = self.unpacked_at[n] if n < len(self.unpacked_at) else None
+            if point is not None and self.cursor < len(self.when) and self.when[self.cursor] <= point:
                 self._advance(point)
             if self.away:  # rule 3
                 entry = self.away.get(t.untyped_storage()._cdata)
                 if entry is not None:
-                    self.stats.late_unpacks += entry.state != Residency.COMING  # else only its wait comes early
+                    stats.late_unpacks += entry.state != Residency.COMING  # else only its wait comes early
                     self._bring_back(entry)
-            self.stats.host_s += time.perf_counter() - started
+            stats.host_s += perf_counter() - started
         return t
 
     def _entered(self, module, args, kwargs):
@@ -205,11 +236,12 @@ class HookedRunner(Mover):
         c = None
         if self.active and not self.off:
             self.stats.hook_calls += 1
-            started = time.perf_counter()
-            path = self.modules.path(module)
-            occurrence = self.seen.get(path, 0)
-            self.seen[path] = occurrence + 1
-            c = self.calls.get((path, occurrence))
+            started = perf_counter()
+            key = id(module)
+            occurrence = self.seen.get(key, 0)
+            self.seen[key] = occurrence + 1
+            calls = self.calls_of.get(key, ())
+            c = calls[occurrence] if occurrence < len(calls) else None
         self.open.append((c, c in self.sites.windows))
         if c is None:
             return
@@ -219,7 +251,7 @@ class HookedRunner(Mover):
             self._saving.__enter__()
             self.packs = self.trace.calls[c].first_saved
         self._advance(self.trace.calls[c].first_op)
-        self.stats.host_s += time.perf_counter() - started
+        self.stats.host_s += perf_counter() - started
 
     def _left(self, module, args, output):
         """A hooked module's forward ended: its window closes (having saved what its call saved, rule 2),
@@ -234,14 +266,36 @@ class HookedRunner(Mover):
         self.stats.hook_calls += 1
         if c is None:
             return
-        started = time.perf_counter()
+        started = perf_counter()
         call = self.trace.calls[c]
         if pushed and self.packs != call.end_saved:
             self.diverge(f"call {call.occurrence} of {call.module or 'the model'} saved {self.packs - call.first_saved} "
                          f"tensors where the trace's saved {call.end_saved - call.first_saved}")
         else:
             self._advance(call.end_op)
-        self.stats.host_s += time.perf_counter() - started
+        self.stats.host_s += perf_counter() - started
+
+    def _started(self, module, args) -> None:
+        """A call of a module hooked only where calls start began: the step is at its first op."""
+        if self.active and not self.off and not self.rerunning:
+            self._at_edge(id(module), True)
+
+    def _ended(self, module, args, output) -> None:
+        """A call of a module hooked only where calls end ended: the step is past its last op."""
+        if self.active and not self.off and not self.rerunning:
+            self._at_edge(("end", id(module)), False)
+
+    def _at_edge(self, key, start: bool) -> None:
+        self.stats.hook_calls += 1
+        started = perf_counter()
+        occurrence = self.seen.get(key, 0)
+        self.seen[key] = occurrence + 1
+        calls = self.calls_of.get(key if start else key[1], ())
+        c = calls[occurrence] if occurrence < len(calls) else None
+        if c is not None:
+            call = self.trace.calls[c]
+            self._advance(call.first_op if start else call.end_op)
+        self.stats.host_s += perf_counter() - started
 
     def _marked(self, key: tuple, *_) -> None:
         """A mark's hook fired (a gradient accumulated, the optimizer's step began or ended)."""
@@ -252,9 +306,9 @@ class HookedRunner(Mover):
         self.seen[key] = occurrence + 1
         point = self.marks.get((*key, occurrence))
         if point is not None:
-            started = time.perf_counter()
+            started = perf_counter()
             self._advance(point)
-            self.stats.host_s += time.perf_counter() - started
+            self.stats.host_s += perf_counter() - started
 
     # --- the program ----------------------------------------------------------------------------
 
@@ -262,17 +316,21 @@ class HookedRunner(Mover):
         """Run the program's actions due at or before `point`, in order. A swap-out or drop of a storage
         no owner holds waits for its storage's pack when that comes later at the same point (one op
         saves several tensors)."""
-        actions, when = self.program.actions, self.when
+        actions, when, facts, found = self.program.actions, self.when, self.action_facts, self.found
         while self.cursor < len(actions) and when[self.cursor] <= point and not self.off:
             action = actions[self.cursor]
-            sid = self.program.decisions[action.decision].storage
-            ref = self.found.get(sid)
-            if ref is None and action.kind in _TAKES_STORAGE and sid not in self.finder.owners and not force:
+            sid, takes, ends_hold, entry = facts[self.cursor]
+            ref = found.get(sid)
+            if ref is None and takes and not force:
                 return
-            self._act(action, {sid: ref()} if ref is not None else None)
-            if action.kind == ActionKind.RECOMPUTE and self.last_run.get(self.program.regions[action.decision].call) \
-                    == self.cursor:
-                self.held.pop(self.program.regions[action.decision].call, None)
+            if action.kind == ActionKind.RECOMPUTE and entry.state != Residency.DROPPED:
+                pass  # an earlier run of its region made it (what `_recompute` would find)
+            elif action.kind == ActionKind.DROP:
+                self._drop(entry, action.decision, {sid: ref()} if ref is not None else None)
+            else:
+                self._act(action, {sid: ref()} if ref is not None else None)
+            if ends_hold is not None:
+                self.held.pop(ends_hold, None)
             self.cursor += 1
 
     def _can_rebuild(self, k: int) -> bool:
@@ -305,22 +363,11 @@ class HookedRunner(Mover):
         self.stats.regions_recomputed += 1
 
 
-class _Modules(dict):
-    """Hooked modules by path, and each module's path back."""
-
-    def __init__(self, by_path: dict[str, torch.nn.Module]):
-        super().__init__(by_path)
-        self._paths = {id(m): p for p, m in by_path.items()}
-
-    def path(self, module: torch.nn.Module) -> str:
-        return self._paths[id(module)]
-
-
-def _hooked_modules(paths, model: torch.nn.Module | None) -> _Modules:
+def _hooked_modules(paths, model: torch.nn.Module | None) -> dict[str, torch.nn.Module]:
     """The modules the runner hooks (windows, regions, module sites), by path."""
     if paths and model is None:
         raise ValueError("a hooked program that acts at module calls needs the model (its calls are sites)")
-    return _Modules({p: model.get_submodule(p) for p in sorted(paths)})
+    return {p: model.get_submodule(p) for p in sorted(paths)}
 
 
 def _points_of(program: StepProgram, points: list[int]) -> list[int]:

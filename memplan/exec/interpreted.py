@@ -23,6 +23,7 @@ step's end or abort). A convolution op the plan splits runs in micro-batches, as
 
 from __future__ import annotations
 
+from time import perf_counter
 from types import SimpleNamespace
 
 import torch
@@ -190,7 +191,9 @@ class InterpretedRunner(Mover, TorchDispatchMode):
         self.pos = i + 1
         self._inserted_in_a_row = 0
         if captured:
+            started = perf_counter()
             self.replayer.record(i, func, args, kwargs, out, rng)
+            self.stats.record_s += perf_counter() - started
         after = self.points.actions(i, True)
         if after:
             self.op_clock.value = i + 1  # what an action after op i allocates is planned at op i + 1

@@ -70,3 +70,4 @@ class ExecStats:
     host_s: float = 0.0  # seconds the hooked runner's hooks took (its host work)
     hook_calls: int = 0  # calls of the hooked runner's hooks in steps (packs, unpacks, module calls, marks)
     replayed_ops: int = 0  # ops replayed one by one to recompute storages (interpreted runner: memplan.exec.op_replay)
+    record_s: float = 0.0  # seconds the interpreted runner took to record the ops it may replay (memplan.exec.op_replay)

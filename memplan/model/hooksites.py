@@ -6,8 +6,8 @@ completed when it fires):
 - the step's start (point 0) and end (point n): the runtime's own calls, free;
 - a mark: a parameter's gradient accumulated (a hook on that parameter, fired at each of its
   accumulations) or the optimizer's step beginning or ending (its step pre- and post-hooks);
-- a module call's start and end (a forward pre-hook and a forward hook on the module, fired at
-  every call of it);
+- a module call's start or end (a forward pre-hook or a forward hook on the module, fired at
+  every call of it; a module that opens windows or holds a region's arguments gets both);
 - a saved tensor's pack and first unpack, seen only inside a *window*: a module call during which
   the executor's saved-tensor hooks are installed (pushed at its pre-hook, popped at its forward
   hook; the whole step for a tensor saved outside every call). Outside windows autograd saves
@@ -23,7 +23,8 @@ early brings it back: memplan.exec.hooked, rule 3). The simulator's lowering
 the simulator lowered.
 
 Which sites a plan's program needs is `HookSites.installed`: a window around every pack of a
-storage the plan moves (the executor takes the storage there, and guards its unpacks), and at
+storage the plan moves (the executor takes the storage there, and guards its unpacks; the outermost
+such call only, so that the modules inside a region run again cost no hook calls), and at
 every other point an action runs at, the cheapest site there. The executor installs exactly these
 (memplan.exec.hooked), and the simulator charges the host one hook call per firing (`firings`).
 """
@@ -46,7 +47,9 @@ class Installed:
     """The sites a step program needs (what memplan.exec.hooked installs)."""
 
     windows: frozenset  # calls whose packs the executor sees (WHOLE_STEP: every pack of the step)
-    modules: frozenset  # paths of modules given a forward pre-hook and a forward hook
+    modules: frozenset  # paths of modules given a forward pre-hook and a forward hook (windows, regions)
+    starts: frozenset = frozenset()  # paths of other modules given only a forward pre-hook (a call's start)
+    ends: frozenset = frozenset()  # paths of other modules given only a forward hook (a call's end)
     marks: frozenset  # (kind, key) of the marks hooked
     hooked_packs: np.ndarray  # bool per pack: inside a window
 
@@ -79,8 +82,11 @@ class HookSites:
                 self._packs_of.setdefault(s.storage, []).append(k)
         self.window_of = _innermost_calls(calls, len(saved))
         self._module_points = {}  # module path -> the points its hooks fire at (each call's start and end)
+        self._edge_points = {}  # ("start" or "end", module path) -> the points its one hook fires at
         for c in calls:
             self._module_points.setdefault(c.module, []).extend((c.first_op, c.end_op))
+            self._edge_points.setdefault(("start", c.module), []).append(c.first_op)
+            self._edge_points.setdefault(("end", c.module), []).append(c.end_op)
         self._mark_points = {}  # (kind, key) -> the points that mark fires at
         for m in trace.marks:
             self._mark_points.setdefault((m.kind, m.key), []).append(m.point)
@@ -89,6 +95,7 @@ class HookSites:
         # search asks for the sites of many plans (memplan.sim.lowering).
         self._windows_of = {sid: frozenset(int(self.window_of[k]) for k in packs) for sid, packs in self._packs_of.items()}
         self._module_array = {m: np.array(p, dtype=np.int64) for m, p in self._module_points.items()}
+        self._edge_array = {k: np.array(p, dtype=np.int64) for k, p in self._edge_points.items()}
         self._mark_array = {k: np.array(p, dtype=np.int64) for k, p in self._mark_points.items()}
 
     # --- points ------------------------------------------------------------------------------
@@ -134,27 +141,41 @@ class HookSites:
         `regions` (calls run again: their modules hold a region's arguments, and what such a call saves
         must not meet autograd's version check after a run updated module buffers in place), and at
         each of `points` where no site fires yet, the cheapest one there."""
-        windows = set(regions).union(*map(self._windows_of.get, _ints(moved), repeat(())))
-        modules, marks = self._window_modules(windows), set()
+        windows = self._outermost(set(regions).union(*map(self._windows_of.get, _ints(moved), repeat(()))))
+        # a region's module is hooked even where an outer window sees its packs: its call's arguments are held
+        modules, marks, edges = self._window_modules(windows) | self._window_modules(regions), set(), set()
         hooked = self._hooked_packs(windows)
         covered = self._covered(hooked, modules, marks)
         for p in sorted(set(_ints(points)) - covered):
             if p in covered:  # a site chosen for an earlier point fires here too
                 continue
-            kind, site = min(self._candidates[p], key=lambda c: self._price(c, windows, modules, marks))
+            kind, site = min(self._candidates[p], key=lambda c: self._price(c, windows, modules, marks, edges))
             if kind == "mark":
                 marks.add(site)
                 covered.update(self._mark_points[site])
-            elif kind == "module":
-                modules.add(site)
-                covered.update(self._module_points[site])
+            elif kind in ("start", "end"):  # one hook of a module: a call's start or its end
+                edges.add((kind, site))
+                covered.update(self._edge_points[kind, site])
             else:
                 windows.add(site)
                 modules |= self._window_modules({site})
                 hooked = self._hooked_packs(windows)
-                covered = self._covered(hooked, modules, marks)
+                covered = self._covered(hooked, modules, marks, edges)
         return Installed(windows=frozenset(windows), modules=frozenset(modules), marks=frozenset(marks),
-                         hooked_packs=hooked)
+                         starts=frozenset(m for k, m in edges if k == "start" and m not in modules),
+                         ends=frozenset(m for k, m in edges if k == "end" and m not in modules), hooked_packs=hooked)
+
+    def _outermost(self, windows: set) -> set:
+        """`windows` less those inside another (a window sees every pack of the calls within it: an inner
+        one would add only its module's hook calls; the whole step's holds every other)."""
+        if WHOLE_STEP in windows:
+            return {WHOLE_STEP}
+        calls, out, reach = self.trace.calls, set(), -1
+        for c in sorted(windows, key=lambda c: (calls[c].first_op, -calls[c].end_op, c)):
+            if calls[c].end_op > reach:
+                out.add(c)
+                reach = calls[c].end_op
+        return out
 
     def _window_modules(self, windows) -> set:
         """The modules whose hooks open and close `windows`."""
@@ -166,6 +187,7 @@ class HookSites:
         n = max(self.n_ops, 1)
         at = [self.packed_at[sites.hooked_packs], self.unpacked_at[sites.hooked_packs & (self.unpacked_at >= 0)]]
         at += [self._module_array[m] for m in sites.modules if m in self._module_array]
+        at += [self._edge_array[k, m] for k, paths in (("start", sites.starts), ("end", sites.ends)) for m in paths]
         at += [self._mark_array[k] for k in sites.marks]
         return np.bincount(np.minimum(np.concatenate([np.zeros(0, dtype=np.int64), *at]), n - 1), minlength=n)
 
@@ -181,36 +203,38 @@ class HookSites:
             delta[call.end_saved] -= 1
         return np.cumsum(delta[:-1]) > 0
 
-    def _covered(self, hooked: np.ndarray, modules, marks) -> set:
+    def _covered(self, hooked: np.ndarray, modules, marks, edges=()) -> set:
         """The points some installed site fires at."""
         out = {0, self.n_ops, *self.packed_at[hooked].tolist(), *self.unpacked_at[hooked].tolist()}
         for m in modules:
             out.update(self._module_points.get(m, ()))
+        for e in edges:
+            out.update(self._edge_points[e])
         for k in marks:
             out.update(self._mark_points[k])
         return out
 
-    def _price(self, candidate, windows, modules, marks) -> int:
+    def _price(self, candidate, windows, modules, marks, edges=()) -> int:
         """Hook calls a step makes for `candidate` beyond those installed already."""
         kind, site = candidate
         if kind == "mark":
             return 0 if site in marks else len(self._mark_points[site])
-        if kind == "module":
-            return 0 if site in modules else len(self._module_points[site])
+        if kind in ("start", "end"):
+            return 0 if site in modules or candidate in edges else len(self._edge_points[candidate])
         call = self.trace.calls[site] if site != WHOLE_STEP else None
         packs = len(self.trace.saved) if call is None else call.end_saved - call.first_saved
         module = 0 if call is None or call.module in modules else len(self._module_points[call.module])
         return 0 if site in windows else 2 * packs + module
 
     def _sites_by_point(self) -> dict[int, list[tuple[str, object]]]:
-        """Per point, the sites that fire there: marks, modules (a call starts or ends), windows (a pack
-        or an unpack inside them)."""
+        """Per point, the sites that fire there: marks, a module's start or end hook (a call starts or
+        ends), windows (a pack or an unpack inside them)."""
         out: dict[int, list] = {}
         for m in self.trace.marks:
             out.setdefault(m.point, []).append(("mark", (m.kind, m.key)))
         for c in self.trace.calls:
-            for p in (c.first_op, c.end_op):
-                out.setdefault(p, []).append(("module", c.module))
+            out.setdefault(c.first_op, []).append(("start", c.module))
+            out.setdefault(c.end_op, []).append(("end", c.module))
         for k in range(len(self.trace.saved)):
             for p in (int(self.packed_at[k]), int(self.unpacked_at[k])):
                 if p >= 0:

@@ -39,6 +39,34 @@ def host_per_op(trace: Trace, cost: Cost) -> dict[str, np.ndarray]:
     return {PLAIN: plain, HOOKED: plain, INTERPRETED: every + cost.executor_s("mode_op")}
 
 
+def guarded_ops(n: int, out_after: np.ndarray, back_before: np.ndarray) -> np.ndarray:
+    """bool per op of `n`: some storage of the decisions (columns) is away when it runs, so the interpreted
+    runner checks its arguments first (memplan.exec.interpreted, `_guard`): the ops after a decision's
+    `out_after` and before its `back_before` (across the step's boundary for a gap that wraps)."""
+    delta = np.zeros(n + 1, dtype=np.int64)
+    wraps = back_before <= out_after
+    np.add.at(delta, np.minimum(out_after + 1, n), 1)
+    np.add.at(delta, np.where(wraps, n, back_before), -1)
+    delta[0] += int(wraps.sum())  # a wrapping gap is away from the step's start too, until its back_before
+    np.add.at(delta, back_before[wraps], -1)
+    return np.cumsum(delta[:-1]) > 0
+
+
+def interpreted_host(base: np.ndarray, cost: Cost, out_after: np.ndarray, back_before: np.ndarray,
+                     captured: np.ndarray | None = None) -> np.ndarray:
+    """The host's work at each op of an interpreted program: `base` (the mode's and its identity hooks'),
+    plus `guard_op_s` at each op run while a storage is away (`guarded_ops`), plus `record_op_s` at each
+    op whose call it records to replay later (`captured`: StepProgram.captured_ops)."""
+    guard_s, record_s = cost.executor_s("guard_op"), cost.executor_s("record_op")
+    host = base
+    if guard_s and len(out_after):
+        host = host + guard_s * guarded_ops(len(base), out_after, back_before)
+    if record_s and captured is not None and len(captured):
+        host = host.copy() if host is base else host
+        host[captured] += record_s
+    return host
+
+
 def hooked_host(plain: np.ndarray, cost: Cost, firings) -> np.ndarray:
     """The host's work at each op of a hooked program: plain training's, plus `hook_call_s` per call
     its installed hooks make there (`firings`, memplan.model.hooksites; None: none priced)."""

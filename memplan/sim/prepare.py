@@ -14,13 +14,14 @@ import numpy as np
 from ..cost.model import Cost
 from ..model import Trace
 from ..model.program import HOOKED, INTERPRETED
-from .arrays import csr, host_per_op, hooked_host, producer_ids
+from .arrays import csr, host_per_op, hooked_host, interpreted_host, producer_ids
 from .chains import Chain, chains_of
 from .decisions import DecisionArrays
 from .lowering import Lowered, Lowering
 from .memo import ProbeMemo
 
 RECENT = 4096  # chains and frees kept by the decisions they depend on (bounds their memory)
+_NO_OPS = np.zeros(0, dtype=np.int64)  # no op recorded to replay
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +155,10 @@ class Preparer:
 
     def _host_of(self, lowered: Lowered) -> np.ndarray:
         """The host's work per op at `lowered`'s level, before its actions (a hooked program: with its hooks)."""
+        if lowered.level == INTERPRETED:
+            a = lowered.arrays
+            return interpreted_host(self._host[INTERPRETED], self.cost, a.out_after, a.back_before,
+                                    self._replays(a)[2] if self.cost.executor_s("record_op") else None)
         if lowered.level != HOOKED:
             return self._host[lowered.level]
         priced = self.cost.executor_s("hook_call") != 0.0
@@ -178,16 +183,21 @@ class Preparer:
             return self.lowering.regions.chains(lowered.arrays, lowered.regions, lowered.carriers)
         return self._replays(lowered.arrays)[0]
 
-    def _replays(self, a: DecisionArrays) -> tuple[dict[int, Chain], ChainArrays]:
+    def _replays(self, a: DecisionArrays) -> tuple[dict[int, Chain], ChainArrays, np.ndarray]:
+        """The replay chains of `a`'s recompute decisions, their kernel columns, and the ops the executor
+        records in the step to replay them (`StepProgram.captured_ops`)."""
         rec = np.flatnonzero(a.recompute)
         if not len(rec):
-            return {}, NO_CHAINS
+            return {}, NO_CHAINS, _NO_OPS
         key = np.concatenate([rec, a.storage[rec], a.out_after[rec], a.back_before[rec]]).tobytes()
         found = self._recent_chains.get(key)
         if found is None:
             chains = chains_of(self.trace, a, self.durations, self.producers, self._chain_memo)
             n_storages = len(self.trace.storages)
-            found = (chains, ChainArrays.of(chains.items(), read_codes(chains, a.back_before, n_storages), n_storages))
+            captured = np.array(sorted({j for chain in chains.values() for step in chain.steps for j in step.ops}),
+                                dtype=np.int64)
+            found = (chains, ChainArrays.of(chains.items(), read_codes(chains, a.back_before, n_storages), n_storages),
+                     captured)
             if len(self._recent_chains) >= RECENT:
                 self._recent_chains.clear()
             self._recent_chains[key] = found

@@ -18,7 +18,8 @@ from ..model import Plan, Trace
 from .simulate import Simulator
 
 # The profile's host costs (memplan.cost.profiles.DeviceProfile): none is paid by a replay.
-HOST_COSTS = ("host_op_s", "hook_s", "hook_call_s", "mode_op_s", "replay_op_s", "action_s", "region_s")
+HOST_COSTS = ("host_op_s", "hook_s", "hook_call_s", "mode_op_s", "guard_op_s", "replay_op_s", "record_op_s", "action_s",
+              "region_s")
 
 
 def replay_cost(cost: Cost) -> Cost:

@@ -7,7 +7,17 @@ to nothing) trained plainly and under three plans: every saved activation swappe
 calls an action), the momentum swapped between steps (a hundred and ninety actions at two hook calls),
 and every block recomputed by running its call again. The first two fix a hook call's and an action's
 price (two equations, two unknowns: a plan's Python work is its hook calls and its actions); the third,
-less what those and the layers run again cost, a region run's. Each figure is the median of a few rounds.
+less what those and the layers run again cost, a region run's. The interpreted executor's check of every
+op's arguments while a storage is away (`guard_op_s`) is measured the same way: the momentum plan run
+interpreted keeps a storage away at every op of forward and backward, and a parameter away over the
+shortest gap between two of its uses keeps one away at a few: what each step costs beyond plain
+training, its identity hooks', its actions' and its copies, is its ops at the executor's price per op
+in its mode (`mode_op_s`, the executor's own: its mode does more than one that only calls each op)
+plus its ops guarded at `guard_op_s` (two equations, two unknowns). Last, with every block recomputed
+by the interpreted executor (sqrt-n, run op by op), the executor's own clock on its recording of the ops
+it may replay, per op recorded, is `record_op_s` (a residual of the step would carry the other prices'
+errors: on this chain it came out at a fifth of the recording's measured 15 us). Each figure is the
+median of a few rounds.
 """
 
 from __future__ import annotations
@@ -15,13 +25,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ..cost.calibrate_host import host_clock
 from ..cost.profiles import DeviceProfile
 from ..model import Decision, Plan, Trace
-from ..model.program import HOOKED
+from ..model.program import HOOKED, INTERPRETED
 from ..problem import cost_of
+from ..sim.arrays import guarded_ops
 from .optimize import optimize
 
 BLOCKS, WIDTH, BATCH = 12, 16, 4  # blocks of Linear-Tanh-Linear-Tanh: what a block saves inside is recomputed
@@ -29,7 +41,8 @@ STEPS, ROUNDS = 5, 3
 
 
 def with_executor_costs(profile: DeviceProfile, device: str = "cpu") -> DeviceProfile:
-    """`profile` with `hook_call_s`, `action_s` and `region_s` measured on `device`."""
+    """`profile` with `hook_call_s`, `action_s`, `region_s`, and the interpreted executor's `mode_op_s`,
+    `guard_op_s` and `record_op_s`, measured on `device`."""
     model, step, inputs = _chain(device)
     plain = _step_s(lambda: step(*inputs), device)
     swap, swaps = _planned_s(model, step, inputs, profile, device, planner="save-on-cpu")
@@ -39,7 +52,31 @@ def with_executor_costs(profile: DeviceProfile, device: str = "cpu") -> DevicePr
     per_op = plain / max(1, runs["ops"])
     region = max(0.0, recompute - plain - runs["calls"] * hook_call - runs["actions"] * action
                  - runs["rerun_ops"] * per_op) / max(1, runs["regions"])
-    return replace(profile, hook_call_s=hook_call, action_s=action, region_s=region)
+    few_s, few = _planned_s(model, step, inputs, profile, device, plan=_param_briefly_away)
+    all_s, every = _planned_s(model, step, inputs, profile, device, plan=_state_interpreted)
+    mode_op, guard = _per_op_and_guard(few_s - plain, few, all_s - plain, every, profile.hook_s, action)
+    _, replays = _planned_s(model, step, inputs, profile, device, planner="sqrt-n", segments=BLOCKS,
+                            executor="interpreted")
+    record = replays["record_s"] / max(1, replays["captured"])
+    return replace(profile, hook_call_s=hook_call, action_s=action, region_s=region, mode_op_s=mode_op,
+                   guard_op_s=guard, record_op_s=record)
+
+
+def _per_op_and_guard(extra_a: float, a: dict, extra_b: float, b: dict, hook_s: float,
+                      action_s: float) -> tuple[float, float]:
+    """Seconds per op in the interpreted executor's mode and per op guarded, from two interpreted plans'
+    extra seconds a step: each, its identity hooks, actions and copies taken out, is its ops at the first
+    price plus its ops guarded at the second. Where the two plans do not tell them apart (or one comes out
+    negative), the price per op carries what the plan with fewer ops guarded costs, the guard the rest."""
+    ya, yb = ((extra - p["hooks"] * hook_s - p["actions"] * action_s - p["copies_s"]) for extra, p in
+              ((extra_a, a), (extra_b, b)))
+    det = a["ops"] * b["guarded_ops"] - b["ops"] * a["guarded_ops"]
+    if det:
+        per_op, guard = (ya * b["guarded_ops"] - yb * a["guarded_ops"]) / det, (a["ops"] * yb - b["ops"] * ya) / det
+        if per_op >= 0 and guard >= 0:
+            return per_op, guard
+    per_op = max(0.0, ya) / max(1, a["ops"])
+    return per_op, max(0.0, yb - b["ops"] * per_op) / max(1, b["guarded_ops"])
 
 
 def _per_call_and_action(extra_a: float, a: dict, extra_b: float, b: dict) -> tuple[float, float]:
@@ -80,6 +117,22 @@ def _state_between_steps(trace: Trace) -> Plan:
     return Plan(decisions=decisions, level=HOOKED)  # at its hooks, though the dispatch mode would peak lower
 
 
+def _state_interpreted(trace: Trace) -> Plan:
+    """`_state_between_steps` run by the interpreted executor: a storage away at every op of forward and
+    backward, each op's arguments checked against it."""
+    return replace(_state_between_steps(trace), level=INTERPRETED)
+
+
+def _param_briefly_away(trace: Trace) -> Plan:
+    """One parameter away, run interpreted, over the shortest gap between two of its uses that holds an op:
+    few ops run while it is away."""
+    gaps = [(b - a, s.id, a, b) for s in trace.storages if s.kind == "param"
+            for a, b in zip(trace.accesses[s.id], trace.accesses[s.id][1:]) if b - a >= 2]
+    _, sid, out_after, back_before = min(gaps)
+    return Plan(decisions=(Decision(storage=sid, action="swap", out_after=out_after, back_before=back_before),),
+                level=INTERPRETED)
+
+
 def _planned_s(model, step, inputs, profile: DeviceProfile, device: str, plan=None, **params):
     """The step's time under a plan (`plan(trace)`, or the named planner's with no budget), and what
     its executor did per step."""
@@ -100,7 +153,16 @@ def _planned_s(model, step, inputs, profile: DeviceProfile, device: str, plan=No
                      "copies_s": sum(cost.d2h_s(b) + cost.h2d_s(b) for b in swapped),
                      "regions": stats["regions_recomputed"] / n,
                      "rerun_ops": sum(r.stop - trace.calls[r.call].first_op for r in set(program.regions.values())),
-                     "ops": len(trace.ops)}
+                     "ops": len(trace.ops),
+                     "hooks": len(trace.saved) + sum(s.unpacked_at is not None for s in trace.saved),
+                     "guarded_ops": int(guarded_ops(len(trace.ops), *_gaps(program)).sum()),
+                     "record_s": stats["record_s"] / n, "captured": len(program.captured_ops)}
+
+
+def _gaps(program) -> tuple[np.ndarray, np.ndarray]:
+    """The program's decisions' out_after and back_before, as columns."""
+    return (np.array([d.out_after for d in program.decisions], dtype=np.int64),
+            np.array([d.back_before for d in program.decisions], dtype=np.int64))
 
 
 def _step_s(fn, device: str) -> float:

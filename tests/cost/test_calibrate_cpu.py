@@ -51,6 +51,9 @@ def test_calibrate_cpu_writes_a_sane_profile(tmp_path, capsys):
     assert profile.memory_bytes > 0
     # the hooked executor's own prices, fitted on its runs: microseconds, not zero both
     assert 0 <= profile.hook_call_s < 1e-3 and 0 <= profile.action_s < 1e-3 and profile.hook_call_s + profile.action_s > 0
+    # the interpreted executor's, fitted on its runs: microseconds an op, not zero both
+    assert 0 <= profile.mode_op_s < 1e-3 and 0 <= profile.guard_op_s < 1e-3 and profile.mode_op_s + profile.guard_op_s > 0
+    assert 0 < profile.record_op_s < 1e-3  # the executor's own clock on its recording of ops to replay
 
 
 @pytest.mark.parametrize("call, action", [(5e-6, 2e-6), (1e-6, 9e-6)])
@@ -63,6 +66,21 @@ def test_the_executor_prices_are_the_two_plans_hook_calls_and_actions_solved(cal
     assert _per_call_and_action(extra[0], acts, extra[1], state) == pytest.approx((call, action))
     # two plans of one mix do not tell the two apart: one price carries all
     assert _per_call_and_action(extra[0], acts, extra[0], acts) == pytest.approx((0.0, (extra[0] - 1e-5) / 92))
+
+
+@pytest.mark.parametrize("per_op, guard", [(3e-6, 1e-6), (1e-6, 4e-6)])
+def test_the_interpreted_prices_are_the_two_plans_ops_and_ops_guarded_solved(per_op, guard):
+    from memplan.workflows.calibrate_executor import _per_op_and_guard
+
+    few = {"ops": 552, "guarded_ops": 6, "hooks": 96, "actions": 3, "copies_s": 1e-6}  # one parameter away briefly
+    every = {"ops": 552, "guarded_ops": 400, "hooks": 96, "actions": 192, "copies_s": 3e-5}  # state between steps
+    hook_s, action_s = 1e-6, 4e-6
+    extra = [p["ops"] * per_op + p["guarded_ops"] * guard + p["hooks"] * hook_s + p["actions"] * action_s
+             + p["copies_s"] for p in (few, every)]
+    assert _per_op_and_guard(extra[0], few, extra[1], every, hook_s, action_s) == pytest.approx((per_op, guard))
+    # one plan twice does not tell them apart: the price per op carries all
+    alone = (extra[0] - 96 * hook_s - 3 * action_s - 1e-6) / 552
+    assert _per_op_and_guard(extra[0], few, extra[0], few, hook_s, action_s) == pytest.approx((alone, 0.0))
 
 
 def test_a_cpu_profile_drives_planners_and_the_simulator_like_a_gpu_one(tmp_path, cpu_profile, capsys):

@@ -253,6 +253,21 @@ def _lists(lists, n):
     return ptr, np.array([k for x in lists for k in x], dtype=np.int64)
 
 
+def guarded(plain, cost, decisions, chains):
+    """`plain` plus the guard's price at each op some decision's storage is away at (after its out_after,
+    before its back_before; across the step's boundary where its gap wraps), decision by decision, and the
+    recording's price at each op a chain replays."""
+    host = np.array(plain, dtype=np.float64)
+    guard = cost.executor_s("guard_op")
+    for op in range(len(host)):
+        if any((d.out_after < op < d.back_before) if d.back_before > d.out_after else
+               (op > d.out_after or op < d.back_before) for d in decisions):
+            host[op] += guard
+    for op in {j for chain in chains.values() for step in chain.steps for j in step.ops}:
+        host[op] += cost.executor_s("record_op")
+    return host
+
+
 def reference_run(sim, plan, budget, hooked_only=False):
     """(level, dropped, reason, floats, ints, host peak) of `plan` under `budget`, prepared here (with
     `hooked_only`, of its hooked form alone: None where it has none)."""
@@ -266,7 +281,8 @@ def reference_run(sim, plan, budget, hooked_only=False):
         chains = lowering.chains(decisions, regions, producers) if level == HOOKED else (
             plan_chains(sim.trace, decisions, sim._durations, producers) if level == INTERPRETED else {})
         plain = host_per_op(sim.trace, sim.cost)[level]
-        host = lowering.host(plain, sim.cost, decisions, regions) if level == HOOKED else plain
+        host = lowering.host(plain, sim.cost, decisions, regions) if level == HOOKED else (
+            guarded(plain, sim.cost, decisions, chains) if level == INTERPRETED else plain)
         args = kernel_arrays(sim, level, decisions, chains, holds, host)
         floats, ints, *recorded, _ = compiled().run_kernel(*args, budget, False, False)
         peak = host_peak(args[9], args[10], recorded, ints) if ints[K.I_FEASIBLE] else 0

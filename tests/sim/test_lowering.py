@@ -150,6 +150,15 @@ def test_each_level_pays_its_host_work(gpt2):
     interpreted = Simulator(gpt2, Cost(profile=moded, durations=np.zeros(len(gpt2.ops)), priced_host=True), hooks=False).run(plan, NO_LIMIT)
     assert interpreted.level == "interpreted"
     assert interpreted.breakdown["host_s"] == pytest.approx(events * 1e-6 + len(gpt2.ops) * 2e-6)
+    # the interpreted runner checks every op's arguments while a storage is away: each such op pays the guard
+    away = set()
+    for d in plan.decisions:
+        away.update(range(d.out_after + 1, d.back_before) if d.back_before > d.out_after else
+                    [*range(d.out_after + 1, len(gpt2.ops)), *range(d.back_before)])
+    guarding = dataclasses.replace(moded, guard_op_s=3e-6)
+    checked = Simulator(gpt2, Cost(profile=guarding, durations=np.zeros(len(gpt2.ops)), priced_host=True),
+                        hooks=False).run(plan, NO_LIMIT)
+    assert away and checked.breakdown["host_s"] == pytest.approx(interpreted.breakdown["host_s"] + len(away) * 3e-6)
 
 
 def test_only_a_traced_pytorch_step_pays_the_host(gpt2):

@@ -30,7 +30,8 @@ from tests.sim.reference_preparation import ReferenceLowering, reference_run
 
 GPT2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 64, "seq_len": 16}
 # A host that prices everything, issuing ahead of the device (a GPU's) or being it (the CPU).
-HOST = {"host_op_s": 3e-6, "hook_s": 1e-6, "hook_call_s": 1.5e-6, "mode_op_s": 2e-6, "replay_op_s": 1e-6, "action_s": 4e-6, "region_s": 5e-6}
+HOST = {"host_op_s": 3e-6, "hook_s": 1e-6, "hook_call_s": 1.5e-6, "mode_op_s": 2e-6, "guard_op_s": 0.5e-6,
+        "replay_op_s": 1e-6, "record_op_s": 2.5e-6, "action_s": 4e-6, "region_s": 5e-6}
 PROFILES = ("h100", "gpu-host", "cpu-host")
 SHARES = (None, 1.0, 0.9, 0.7, 0.5, 0.3)
 EXAMPLES = 25

@@ -380,13 +380,13 @@ def test_the_model_prices_the_hosts_work_as_the_simulator_does(asynchronous):
 
 
 def test_the_plans_milp_falls_back_on_are_polished_to_a_local_optimum_in_the_simulator():
-    """The fast planners' plans are made for no executor in particular: milp's fallback (and the start of its
-    decomposition) is the best of them after the local search `auto` runs, so faster than every one of
-    them raw on a traced ResNet, and a local optimum (polishing it again finds nothing)."""
+    """The fast planners' plans are made for no executor in particular: milp's fallback is the best of them
+    after the local search `auto` runs, so faster than every one of them raw on a traced ResNet, and a
+    local optimum (polishing it again finds nothing)."""
     from memplan.planners.kit.candidates import DEFAULT_MIN_BYTES
     from memplan.planners.kit.fitting import fitting_plans
     from memplan.planners.kit.polish import Polisher
-    from memplan.planners.milp.finish import START_PLANNERS, fast_start
+    from memplan.planners.milp.finish import POLISH_S, START_PLANNERS, fast_start
     from memplan.problem import Problem
     from memplan.workflows.workloads import trace_workload
 
@@ -394,7 +394,7 @@ def test_the_plans_milp_falls_back_on_are_polished_to_a_local_optimum_in_the_sim
     cost = Cost.for_trace(trace, "h100")
     simulator, budget = Simulator(trace, cost), int(0.6 * trace.peak_load_bytes)
     raw = fitting_plans(Problem(trace, cost, budget), START_PLANNERS, simulator)
-    fallback = Plan(decisions=fast_start(trace, budget, cost, simulator))
+    fallback = Plan(decisions=fast_start(trace, budget, cost, simulator, polish_s=POLISH_S))
     time_s = simulator.time_if_fits(fallback, budget)
     assert raw and time_s < min(simulator.run(p, budget).time_s for p in raw)
     polisher = Polisher.of(trace, cost, budget, simulator, DEFAULT_MIN_BYTES)

@@ -26,16 +26,18 @@ FALLBACK_DTR_S = 5.0  # DTR's search for a plan within the budget, among the fal
 # time limit is at least as long (a shorter one is the user asking for a quick answer; and Optuna's
 # sampler imports torch, which a command that does not train must not load)
 FALLBACK_BO_S = 10.0
-POLISH_S = 10.0  # the local search from each of those plans, all of them together (at a local optimum
-# sooner: under a second on resnet18-cifar@128, where it took the best of them from 111% to 46%)
+POLISH_S = 10.0  # the fallback's local search from each of those plans, all of them together (at a local
+# optimum sooner: under a second on resnet18-cifar@128, where it took the best of them from 111% to 46%);
+# the decomposition's start is not polished (that time is the solver's)
 
 
 def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator, dtr_s: float = 0.0,
-               bo_s: float = 0.0) -> tuple[Decision, ...] | None:
+               bo_s: float = 0.0, polish_s: float = 0.0) -> tuple[Decision, ...] | None:
     """The decisions of the fitting plan of least simulated time among START_PLANNERS', the largest
     storages first (`memplan.planners.kit.cover`) and, with `dtr_s` and `bo_s`, DTR's (its caps
-    tried within that many seconds) and autoswap:bo's (with that time limit), each polished by the
-    local search (`memplan.planners.kit.polish`, POLISH_S in all); None when none fits."""
+    tried within that many seconds) and autoswap:bo's (with that time limit), with `polish_s` each
+    polished by the local search (`memplan.planners.kit.polish`, that many seconds in all); None when
+    none fits."""
     problem = Problem(trace, cost, budget_bytes)
     plans = fitting_plans(problem, START_PLANNERS, simulator)
     decisions = largest_first(trace, budget_bytes, DEFAULT_MIN_BYTES)
@@ -50,9 +52,9 @@ def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator
         plans += [found] if found is not None and not validate(trace, found, budget_bytes) else []
     if not plans:
         return None
-    polisher = Polisher.of(trace, cost, budget_bytes, simulator, DEFAULT_MIN_BYTES)
+    polisher = Polisher.of(trace, cost, budget_bytes, simulator, DEFAULT_MIN_BYTES) if polish_s > 0 else None
     if polisher is not None:
-        plans = [polisher.polish(p, time.monotonic() + POLISH_S / len(plans)) for p in plans]
+        plans = [polisher.polish(p, time.monotonic() + polish_s / len(plans)) for p in plans]
     return min(plans, key=lambda p: simulator.run(p, budget_bytes).time_s).decisions
 
 
@@ -111,9 +113,10 @@ def with_bound(plan: Plan, bound: Bound) -> Plan:
 def _fallback(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator,
               time_limit_s: float) -> tuple[Decision, ...] | None:
     """`fast_start` with DTR and autoswap:bo, within FALLBACK_DTR_S and FALLBACK_BO_S and no longer
-    than milp's `time_limit_s`."""
+    than milp's `time_limit_s`, each plan polished (POLISH_S, no longer than that limit either)."""
     return fast_start(trace, budget_bytes, cost, simulator, dtr_s=min(FALLBACK_DTR_S, time_limit_s),
-                      bo_s=FALLBACK_BO_S if time_limit_s >= FALLBACK_BO_S else 0.0)
+                      bo_s=FALLBACK_BO_S if time_limit_s >= FALLBACK_BO_S else 0.0,
+                      polish_s=min(POLISH_S, time_limit_s))
 
 
 def _time_s(simulator: Simulator, plan: Plan, budget_bytes: int) -> float:

@@ -287,4 +287,3 @@ def _profile_rows(data: dict) -> list[tuple[str, object]]:
             ("per executor action", f"{data.get('action_s', 0.0) * 1e6:.1f} us"),
             ("per region run", f"{data.get('region_s', 0.0) * 1e6:.1f} us"),
             ("memory", format_bytes(data["memory_bytes"])), ("kind", data.get("kind", "gpu"))]
-

@@ -83,6 +83,11 @@ class Decision:
         """True for a gap across the iteration boundary."""
         return self.back_before <= self.out_after
 
+    def away_at(self, op: int) -> bool:
+        """The storage is away while op `op` runs: strictly between out_after and back_before (across
+        the iteration boundary where the gap wraps)."""
+        return (op > self.out_after or op < self.back_before) if self.wraps else self.out_after < op < self.back_before
+
     def away_ranges(self, n_ops: int, until: int | None = None) -> list[tuple[int, int]]:
         """Half-open op ranges during which the storage is away, from out_after+1 up to `until`.
 

@@ -70,11 +70,9 @@ def _per_op_and_guard(extra_a: float, a: dict, extra_b: float, b: dict, hook_s: 
     negative), the price per op carries what the plan with fewer ops guarded costs, the guard the rest."""
     ya, yb = ((extra - p["hooks"] * hook_s - p["actions"] * action_s - p["copies_s"]) for extra, p in
               ((extra_a, a), (extra_b, b)))
-    det = a["ops"] * b["guarded_ops"] - b["ops"] * a["guarded_ops"]
-    if det:
-        per_op, guard = (ya * b["guarded_ops"] - yb * a["guarded_ops"]) / det, (a["ops"] * yb - b["ops"] * ya) / det
-        if per_op >= 0 and guard >= 0:
-            return per_op, guard
+    solved = _two_prices(ya, a["ops"], a["guarded_ops"], yb, b["ops"], b["guarded_ops"])
+    if solved is not None:
+        return solved
     per_op = max(0.0, ya) / max(1, a["ops"])
     return per_op, max(0.0, yb - b["ops"] * per_op) / max(1, b["guarded_ops"])
 
@@ -84,12 +82,18 @@ def _per_call_and_action(extra_a: float, a: dict, extra_b: float, b: dict) -> tu
     out, is its hook calls at a call's price plus its actions at an action's. Where the two plans do not
     tell the prices apart (or one comes out negative), the action's price carries all."""
     ya, yb = extra_a - a["copies_s"], extra_b - b["copies_s"]
-    det = a["calls"] * b["actions"] - b["calls"] * a["actions"]
-    if det:
-        call, action = (ya * b["actions"] - yb * a["actions"]) / det, (a["calls"] * yb - b["calls"] * ya) / det
-        if call >= 0 and action >= 0:
-            return call, action
-    return 0.0, max(0.0, ya) / max(1, a["actions"])
+    solved = _two_prices(ya, a["calls"], a["actions"], yb, b["calls"], b["actions"])
+    return solved if solved is not None else (0.0, max(0.0, ya) / max(1, a["actions"]))
+
+
+def _two_prices(ya: float, a1: float, a2: float, yb: float, b1: float, b2: float) -> tuple[float, float] | None:
+    """(x, y) with x * a1 + y * a2 = ya and x * b1 + y * b2 = yb (two plans' counts of two kinds of work,
+    and their extra seconds), or None where the plans do not tell them apart or a price comes out negative."""
+    det = a1 * b2 - b1 * a2
+    if not det:
+        return None
+    x, y = (ya * b2 - yb * a2) / det, (a1 * yb - b1 * ya) / det
+    return (x, y) if x >= 0 and y >= 0 else None
 
 
 def _chain(device: str):

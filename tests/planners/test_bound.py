@@ -378,7 +378,8 @@ def test_a_recomputation_replays_at_least_its_closure_and_hooks_recompute_only_s
     gradient at its one matrix product); an activation whose inputs stay alive replays its writers
     only; hooked, only storages autograd saves are recomputed (a gradient never is)."""
     from memplan.model.hookpoints import first_packs
-    from memplan.planners.bound.absences import HOOKED_RUNS, _closure, absences
+    from memplan.planners.bound.absences import _closure, absences
+    from memplan.planners.bound.levels import HookedAway
     from memplan.workflows.workloads import trace_workload
 
     trace = chain_trace(3)
@@ -396,7 +397,7 @@ def test_a_recomputation_replays_at_least_its_closure_and_hooks_recompute_only_s
     cost = Cost.for_trace(gpt2, "h100")
     budget = int(0.7 * gpt2.peak_load_bytes)
     packed = first_packs(gpt2.saved)
-    units = absences(gpt2, cost, check_ops(gpt2.load, budget, 8), replays=HOOKED_RUNS)
+    units = absences(gpt2, cost, check_ops(gpt2.load, budget, 8), hooked=HookedAway(gpt2))
     assert any(u.recompute_share > 0 for u in units)
     assert all(u.recompute_share == 0 for u in units if not any(s in packed for s in u.storages))
 

@@ -57,7 +57,7 @@ from ...model import Trace
 from ...model.program import HOOKED, INTERPRETED
 from ...sim.arrays import host_per_op
 from ...sim.simulate import Simulator
-from .absences import CHAINS, EITHER, HOOKED_RUNS, MS, absences
+from .absences import MS, absences
 from .levels import HookedAway
 from .lp import BoundLP, HostFloor
 from ..kit.linear import MIB
@@ -150,7 +150,7 @@ def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None,
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
         found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked,
-                       replays=HOOKED_RUNS if hooked is not None else CHAINS if level == INTERPRETED else EITHER)
+                       interpreted=level == INTERPRETED)
         log.info("bound (%s host, %s) with %d check ops: %s (%s) in %.1f s", level or "no", "hooked moves" if hooked
                  else "every move", found.check_ops, found.overhead, found.status, found.seconds)
         best = found if best is None or _better(found, best) else best
@@ -251,13 +251,13 @@ def _better(a: Bound, b: Bound) -> bool:
 
 
 def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_s: float, baseline_ms: float,
-           host: HostFloor | None, hooked: HookedAway | None = None, replays: str = EITHER) -> Bound:
+           host: HostFloor | None, hooked: HookedAway | None = None, interpreted: bool = False) -> Bound:
     """The LP's bound with `checks` check ops (units where `hooked` lets them be away, when given; a
-    recomputation replaying what `replays` says: memplan.planners.bound.absences), tightened by branch
-    and bound when the LP is small."""
+    recomputation replaying what its level's does, `interpreted` or hooked: memplan.planners.bound.absences),
+    tightened by branch and bound when the LP is small."""
     started = time.perf_counter()
     check = check_ops(trace.load, budget_bytes, checks)
-    units = absences(trace, cost, check, hooked=hooked, replays=replays)
+    units = absences(trace, cost, check, hooked=hooked, interpreted=interpreted)
     lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units,
                  host)
     result = _solve(lp, time_limit_s)

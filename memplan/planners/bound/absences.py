@@ -9,15 +9,16 @@ away at `i` copied it out after that last access started (an `overlap` copy star
 before `i` started, and copies it back after `i` ended and before that next access starts; a
 recomputation making it away at `i` replays at least its producer op between `i` and that access.
 
-What a recomputation replays at least depends on the level (`Replays`):
+What a recomputation replays at least depends on the level of the plans bounded:
 - interpreted (a chain of ops, memplan.sim.chains): its lineage's ops, and recursively those of
   every input the trace itself holds at no op of the gap (freed before it, or made after it: no plan
   makes such an input resident, so the chain rebuilds it), to the depth the simulator follows: its
   *closure*. A gradient's closure reaches back through the backward (and the forward where an input
   of it was freed): on vgg16@64 the LP priced recomputing the classifier's 392 MiB gradient at its
   one matrix product, 0.3 ms;
-- hooked (a module call run again, memplan.sim.regions): at least its producer, and only storages
-  autograd saves (a site finds a storage to recompute by its first pack: memplan.model.hooksites);
+- hooked (a module call run again, memplan.sim.regions): at least its producer, and only where a
+  module call makes and saves it (`HookedAway.rebuildable`: a site finds a storage to recompute by
+  its first pack, memplan.model.hooksites, and runs a call that saves it);
 - both (one LP over every plan): the producer where a saved storage may be run again by a module
   call, its closure where it is never saved (only the interpreted executor recomputes it).
 The storages rebuilt before one op replay each op once however many of them need it, so each op's
@@ -49,8 +50,6 @@ from .levels import HookedAway
 
 MS = 1e3  # the LP's time unit: milliseconds per second
 MERGE_BELOW = 2**20  # smaller storages with the same gap are one unit
-# What a recomputation replays at least (module docstring): for plans run hooked, interpreted, or either
-HOOKED_RUNS, CHAINS, EITHER = "hooked", "interpreted", "either"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -72,12 +71,12 @@ class Absence:
 
 
 def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW,
-              hooked: HookedAway | None = None, replays: str = EITHER) -> list[Absence]:
+              hooked: HookedAway | None = None, interpreted: bool = False) -> list[Absence]:
     """The units over every storage that may move, restricted to `check_ops` (ascending) and, for the
-    plans that run hooked, to where `hooked` lets each storage be away; storages smaller than
-    `merge_below` are merged by gap (and by the ops they may be away at). `replays`: the plans bounded
-    run hooked (HOOKED_RUNS), interpreted (CHAINS) or either (EITHER), which says what a recomputation
-    replays at least (module docstring)."""
+    plans that run hooked, to where `hooked` lets each storage be away or be recomputed; storages
+    smaller than `merge_below` are merged by gap (and by the ops they may be away at). The plans
+    bounded run hooked (`hooked` given), interpreted (`interpreted`) or either, which says what a
+    recomputation replays at least (module docstring)."""
     groups: dict[tuple, list[tuple[int, tuple | None]]] = {}
     packed = first_packs(trace.saved)
     closures: dict = {}
@@ -88,11 +87,11 @@ def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int =
         if not len(ops):
             continue
         recomputable = release is not None and due is not None and trace.recomputable(sid) and (
-            replays != HOOKED_RUNS or sid in packed) and (hooked is None or hooked.rebuildable(sid, due))
+            hooked is None or hooked.rebuildable(sid, due))
         alone = sid if trace.nbytes[sid] >= merge_below else None
         replayed = None  # per op of `ops`: the ops a recomputation away there replays at least
         if recomputable:
-            if replays == CHAINS or (replays == EITHER and sid not in packed):
+            if interpreted or sid not in packed:  # a chain's (what hooks rebuild is saved: rebuildable)
                 replayed = tuple(_closure(trace, sid, int(i) + 1, hi, closures) for i in ops.tolist())
             else:
                 replayed = (frozenset({trace.producer(sid)}),) * len(ops)

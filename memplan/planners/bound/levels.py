@@ -24,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...model import Trace
-from ...model.hookpoints import first_packs
 from ...model.hooksites import HookSites
 from ...sim.arrays import producer_ids
 from ...sim.regions import Regions
@@ -34,14 +33,12 @@ class HookedAway:
     """Where a hooked plan may have each storage away (a superset: see the module docstring)."""
 
     def __init__(self, trace: Trace):
-        n_storages = len(trace.storages)
-        self.first_pack = np.full(n_storages, np.iinfo(np.int64).max, dtype=np.int64)
-        for sid, k in first_packs(trace.saved).items():
-            self.first_pack[sid] = trace.saved[k].packed_at
-        self.last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)
-        self.owned = np.zeros(n_storages, dtype=np.bool_)
-        self.owned[[o.storage for o in trace.owners]] = True
         sites = HookSites(trace)
+        never = np.iinfo(np.int64).max  # a storage autograd never saves: no pack, no hook finds it
+        self.first_pack = np.where(sites.first_packed_at >= 0, sites.first_packed_at, never)
+        self.last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)
+        self.owned = np.zeros(len(trace.storages), dtype=np.bool_)
+        self.owned[[o.storage for o in trace.owners]] = True
         self.points = np.asarray(sites.points, dtype=np.int64)
         # which calls can run again is a fact of the trace (op times only price the runs: not read here)
         self.regions = Regions(trace, np.zeros(len(trace.ops)), sites, producer_ids(trace))

@@ -111,7 +111,7 @@ class PlanSearch:
         (nothing when none does)."""
         at = recompute.back_before
         inputs = set(self.fm.trace.lineage(recompute.storage, at)[1])
-        kept = [d for d in decisions if not (d.action == "swap" and d.storage in inputs and _away_at(d, at))]
+        kept = [d for d in decisions if not (d.action == "swap" and d.storage in inputs and d.away_at(at))]
         if len(kept) < len(decisions):
             yield kept
 
@@ -126,8 +126,3 @@ class PlanSearch:
         for j in (earlier, later):
             if 0 <= j < len(self.starts) and d.out_after < self.starts[j] <= d.back_before:
                 yield decisions[:i] + [replace(d, trigger=self.starts[j])] + decisions[i + 1:]
-
-
-def _away_at(d: Decision, op: int) -> bool:
-    """Decision `d` has its storage away while op `op` runs (across the iteration boundary where it wraps)."""
-    return (op > d.out_after or op < d.back_before) if d.wraps else d.out_after < op < d.back_before

@@ -89,13 +89,10 @@ class _Replay:
 
     def present(self, sid: int, t: int) -> bool:
         """Alive at op t and not inside one of its gaps (a gap ends before back_before)."""
-        return alive_at(self.trace, sid, t) and not any(self._away(d, t) for d in self.gaps.get(sid, ()))
+        return alive_at(self.trace, sid, t) and not any(d.away_at(t) for d in self.gaps.get(sid, ()))
 
     def rebuildable(self, sid: int, t: int, path: tuple[int, ...]) -> bool:
         """Recomputable, not on the host at t, not already being rebuilt, and replayable."""
-        swapped = any(d.action == "swap" and self._away(d, t) for d in self.gaps.get(sid, ()))
+        swapped = any(d.action == "swap" and d.away_at(t) for d in self.gaps.get(sid, ()))
         return (sid not in path and not swapped and self.trace.recomputable(sid)
                 and self.can_replay(sid, t, path))
-
-    def _away(self, d: Decision, t: int) -> bool:
-        return any(lo <= t < hi for lo, hi in d.away_ranges(self.trace.num_steps))

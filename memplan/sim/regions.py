@@ -296,8 +296,8 @@ class Regions:
             stop = max(self.trace.saved[k].packed_at for k, _ in captures)
             call = self.calls[c]
             wanted = tuple(sid for _, sid in captures)
-            transient = self._transient_bytes(c, stop, set(wanted))
             kept = sum(int(self.trace.nbytes[s]) for s in wanted)
+            transient = self._held_bytes(c, stop) - kept
             ops = tuple(range(call.first_op, stop))
             chain = Chain(steps=(ChainStep(storage=wanted[0], ops=ops, temporary=False),), adopted=wanted[1:],
                           seconds=float(self.durations[call.first_op:stop].sum()), alloc_bytes=kept + transient,
@@ -305,17 +305,19 @@ class Regions:
             self._runs[key] = _Run(run=RegionRun(call=c, stop=stop, captures=captures), chain=chain)
         return self._runs[key]
 
-    def _transient_bytes(self, c: int, stop: int, wanted: set) -> int:
-        """The largest memory a run of call `c` holds at once beside what it captures. What it makes
-        lives as long as in the step (Python frees it at the same point of the same code), but a
-        tensor autograd saves, which the run's graph holds until the run stops. When the call updates
-        module buffers, the executor copies all of its module's first (to restore them after)."""
+    def _held_bytes(self, c: int, stop: int) -> int:
+        """The largest memory a run of call `c` until op `stop` holds at once, what it captures included
+        from the op that makes it on (not all from the run's start: a layer's early transients are gone
+        before its last capture is made). What it makes lives as long as in the step (Python frees it at
+        the same point of the same code), but a tensor autograd saves (captured or not), which the run's
+        graph holds until the run stops. When the call updates module buffers, the executor copies all of
+        its module's first (to restore them after)."""
         trace, first = self.trace, self.calls[c].first_op
         delta = np.zeros(stop - first + 1, dtype=np.int64)
         for i in range(first, stop):
             for w in trace.ops[i].writes:
                 s = trace.storages[w]
-                if s.alloc_op == i and w not in wanted:
+                if s.alloc_op == i:
                     end = stop if w in self.first_pack else min(s.free_op, stop)
                     delta[i - first] += s.nbytes
                     delta[end - first] -= s.nbytes

@@ -23,7 +23,10 @@ What a recomputation replays at least depends on the level of the plans bounded:
   call, its closure where it is never saved (only the interpreted executor recomputes it).
 The storages rebuilt before one op replay each op once however many of them need it, so each op's
 duration is shared out over every storage that counts it, by bytes: the storages rebuilt at one op
-pay at most the ops they replay together.
+pay at most the ops they replay together. That share is small where many storages count an op that
+few are rebuilt by, so each unit also names the ops every recomputation of it replays wherever it
+runs (`replays`: at its first op, a subset of those at later ones), and the LP replays each of those
+once at least in the step when any share of the unit is recomputed (memplan.planners.bound.lp).
 
 A persistent storage's gap across the iteration boundary is two units: its *tail* (after its last
 access: a swap-out in this iteration, its prefetch in the next one's head or in this tail) and its
@@ -68,6 +71,7 @@ class Absence:
     # cheapest rate, at least (scaled by the share taken)
     fewest: float  # storages away per whole share away, at least (its bytes over its largest storage's)
     storages: tuple[int, ...] = ()  # the storages merged into it
+    replays: frozenset = frozenset()  # ops any recomputation of any share of it replays, wherever it runs
 
 
 def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW,
@@ -110,12 +114,14 @@ def _unit(trace: Trace, cost: Cost, shared: dict, members, ops, release, due) ->
     # per op, all of its bytes recomputed at the cheapest member's rate (ms per byte)
     per_op = [min(sum(shared[j] for j in replayed[t]) for _, replayed in rec) for t in range(len(ops))] \
         if rec else [0.0] * len(ops)
+    # a replay's ops at its first op are a subset of those at every later one (inputs only get freed)
+    replays = frozenset.intersection(*(replayed[0] for _, replayed in rec)) if rec else frozenset()
     return Absence(nbytes=int(total), members=len(members), ops=ops, release=release, due=due,
                    d2h_ms=MS * (cost.d2h_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    h2d_ms=MS * (cost.h2d_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    recompute_share=rec_bytes / total,
                    recompute_ms=MS * total * np.asarray(per_op, dtype=np.float64), fewest=copies,
-                   storages=tuple(s for s, _ in members))
+                   storages=tuple(s for s, _ in members), replays=replays)
 
 
 def _gaps(trace: Trace):

@@ -14,7 +14,12 @@ subset of the check ops): the copies out done by i and started after op v fit be
 the device-to-host lane, for every release op v; the copies back started after i and landed by
 op v fit between them on the host-to-device lane, for every due op v; the replays after i fit
 between i and the step's end. Each lane's sum is a running column over the release (or due)
-ops, so that a cut row has three terms.
+ops, so that a cut row has three terms. Per op some unit's recomputation replays wherever it runs
+(`Absence.replays`), a column rho_j >= r of every such unit at its first op (its share recomputed at
+all), and one row: the step ends after the first check op by at least every such op's duration
+times rho_j (each op a recomputation needs is replayed once at least, after the first op anything is
+away at; the cut rows share an op's replay out by bytes among every storage that counts it, which is
+far less where few of them are recomputed).
 
 Where the host's work is priced (`host`: its least work per op, in ms), the device starts no op
 before the host has issued it and every op before it (the simulator's asynchronous host): at
@@ -66,6 +71,8 @@ class BoundLP:
         self._memory(check_ops, excess_bytes)
         for i in cut_ops.tolist():
             self._cuts(i)
+        if len(check_ops):
+            self._replayed_once(int(check_ops.min()))
         if host is not None:
             self._host(host)
 
@@ -106,6 +113,24 @@ class BoundLP:
                     rows[i].append((self.y[k][t], size))
         for i, terms in rows.items():
             self.c.ge(terms, excess_bytes[i] / MIB)
+
+    def _replayed_once(self, first: int) -> None:
+        """Every op a recomputed unit replays wherever it runs is replayed once at least, after op
+        `first` (module docstring)."""
+        needed: dict[int, list] = {}
+        for u, r in zip(self.units, self.r):
+            if r is not None:
+                for j in u.replays:
+                    needed.setdefault(j, []).append(r[0])
+        if not needed:
+            return
+        ops = sorted(needed)
+        replayed = self.c.add(len(ops), ub=1)
+        for col, j in zip(replayed.tolist(), ops):
+            for share in needed[j]:
+                self.c.ge([(col, 1), (share, -1)], 0)
+        self.c.ge([(self.end, 1), (self.delta[first], -1)] +
+                  [(col, -float(self.durations[j])) for col, j in zip(replayed.tolist(), ops)], 0)
 
     def _host(self, host: HostFloor) -> None:
         """The host's rows (module docstring): no op starts before the host issued it; the step ends

@@ -204,6 +204,15 @@ class Regions:
         writers = self.trace.writers[sid]
         return sid in self.first_pack and bool(writers) and writers[0] < at and bool(self._candidates(sid, at))
 
+    def least_run(self, sid: int, at: int) -> frozenset:
+        """The ops every run that rebuilds `sid` for op `at` replays: from the start of the innermost
+        call that can (calls nest) to its first pack (empty where none can)."""
+        candidates = self._candidates(sid, at) if self.can_rebuild(sid, at) else []
+        if not candidates:
+            return frozenset()
+        first = max(self.calls[c].first_op for c, _ in candidates)
+        return frozenset(range(first, candidates[0][1]))
+
     def run_ops(self, c: int, sids) -> int:
         """Ops a run of call `c` takes to save every storage of `sids`."""
         return max(self.trace.saved[self.first_pack[s]].packed_at for s in sids) - self.calls[c].first_op

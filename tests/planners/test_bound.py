@@ -338,6 +338,35 @@ def test_a_hooked_plan_recomputes_only_what_a_module_call_can_run_again():
     assert any(share > 0 for share in shares["hooked"].values())
 
 
+def test_a_hooked_recomputation_replays_its_innermost_calls_run_at_least():
+    """GELU's output in a GPT-2 block is made by `mlp.act` and saved by `mlp.c_proj`: only a run of the
+    whole `mlp` rebuilds it, and that run replays `mlp.c_fc`'s matrix product first. The hooked
+    plans' LP counts those ops replayed (`HookedAway.replays`), a subset of the run the simulator
+    lowers the recomputation to."""
+    from memplan.planners.bound.absences import absences
+    from memplan.planners.bound.levels import HookedAway
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("hf:gpt2", 8, fake=True, **TINY_GPT2)
+    cost = Cost.for_trace(trace, "h100")
+    hooked = HookedAway(trace)
+    phases = [op.phase for op in trace.ops]
+    gaps = {sid: (max(a for a in acc if phases[a] == "forward"), min(a for a in acc if phases[a] == "backward"))
+            for sid, acc in enumerate(trace.accesses) if trace.recomputable(sid)
+            and {"forward", "backward"} <= {phases[a] for a in acc}}
+    gelu = max(sid for sid, (_, due) in gaps.items() if trace.ops[trace.producer(sid)].module.endswith("mlp.act")
+               and hooked.rebuildable(sid, due))
+    out_after, due = gaps[gelu]
+    replays = hooked.replays(gelu, due)
+    assert trace.producer(gelu) in replays
+    assert any(trace.ops[j].module.endswith("mlp.c_fc") and trace.ops[j].name == "aten.addmm.default" for j in replays)
+    plan = Plan(decisions=(Decision(storage=gelu, action="recompute", out_after=out_after, back_before=due),))
+    run = Simulator(trace, cost).lower(plan.decisions).regions[0]
+    assert replays <= frozenset(range(trace.calls[run.call].first_op, run.stop))
+    unit = next(u for u in absences(trace, cost, np.arange(len(trace.ops)), hooked=hooked) if u.storages == (gelu,))
+    assert unit.replays == replays
+
+
 def test_the_bound_is_below_random_hooked_plans_of_a_traced_step():
     """Random plans of recomputations and swaps of saved activations (from their last forward access to
     their first backward one) on a traced step (hook records, the host priced), each at its own

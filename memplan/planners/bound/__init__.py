@@ -167,8 +167,10 @@ def host_floor(trace: Trace, cost: Cost, level: str | None) -> HostFloor | None:
     if not cost.priced_host:
         return None
     run_s = min(cost.executor_s("region"), cost.executor_s("replay_op")) + cost.host_op_s  # either level
+    # an op replayed: issued again (memplan.sim.prepare), by the interpreted executor's mode too
+    replayed_s = cost.host_op_s + (cost.executor_s("replay_op") if level == INTERPRETED else 0.0)
     return HostFloor(per_op_ms=MS * host_per_op(trace, cost)[level], action_ms=MS * cost.executor_s("action"),
-                     run_ms=MS * run_s)
+                     run_ms=MS * run_s, replayed_op_ms=MS * replayed_s)
 
 
 def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseline_ms: float,

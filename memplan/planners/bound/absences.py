@@ -16,9 +16,11 @@ What a recomputation replays at least depends on the level of the plans bounded:
   *closure*. A gradient's closure reaches back through the backward (and the forward where an input
   of it was freed): on vgg16@64 the LP priced recomputing the classifier's 392 MiB gradient at its
   one matrix product, 0.3 ms;
-- hooked (a module call run again, memplan.sim.regions): at least its producer, and only where a
-  module call makes and saves it (`HookedAway.rebuildable`: a site finds a storage to recompute by
-  its first pack, memplan.model.hooksites, and runs a call that saves it);
+- hooked (a module call run again, memplan.sim.regions): only where a module call makes and saves
+  it (`HookedAway.rebuildable`: a site finds a storage to recompute by its first pack,
+  memplan.model.hooksites, and runs a call that saves it), and then at least the ops from the start
+  of the innermost such call to that pack (`HookedAway.replays`: a residual block's second
+  convolution output is rebuilt by running the block again, its first convolution too);
 - both (one LP over every plan): the producer where a saved storage may be run again by a module
   call, its closure where it is never saved (only the interpreted executor recomputes it).
 The storages rebuilt before one op replay each op once however many of them need it, so each op's
@@ -97,7 +99,9 @@ def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int =
         if recomputable:
             if interpreted or sid not in packed:  # a chain's (what hooks rebuild is saved: rebuildable)
                 replayed = tuple(_closure(trace, sid, int(i) + 1, hi, closures) for i in ops.tolist())
-            else:
+            elif hooked is not None:  # a module call's run
+                replayed = (hooked.replays(sid, due),) * len(ops)
+            else:  # a run or a chain: its producer at least
                 replayed = (frozenset({trace.producer(sid)}),) * len(ops)
         groups.setdefault((lo, hi, tuple(ops.tolist()), release, due, alone), []).append((sid, replayed))
     shared = _shared_ms(trace, cost, [m for members in groups.values() for m in members])

@@ -63,6 +63,11 @@ class HookedAway:
         before any op of the gap finds the same calls, none of them accessing it in between)."""
         return self.regions.can_rebuild(sid, due)
 
+    def replays(self, sid: int, due: int) -> frozenset:
+        """The ops a hooked plan's recomputation of storage `sid` for op `due` replays, whichever call
+        runs again (memplan.sim.regions.Regions.least_run)."""
+        return self.regions.least_run(sid, due)
+
     def at(self, i: int, storages: np.ndarray) -> np.ndarray:
         """bool per storage of `storages`: a hooked plan may have it away at op `i`."""
         stretch = int(self.stretch(np.array([i]))[0])

@@ -28,7 +28,8 @@ no earlier than the host's work for every op, plus the actions of every storage 
 check op: four for a swap (out, release, prefetch, wait; two each for the tail and the head of
 one across the iteration boundary), two for a recomputation (drop, run), each times its largest
 share away that way (the end of its running maximum) and the fewest storages that share is; and
-one recomputation's run where any share is recomputed.
+one recomputation's run where any share is recomputed, and the host's work of issuing again each op
+replayed once at least (below).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class HostFloor:
     per_op_ms: np.ndarray
     action_ms: float
     run_ms: float  # a recomputation's run: a region's (hooked) or an op's replay (interpreted), the less
+    replayed_op_ms: float = 0.0  # an op replayed by a recomputation at that level (issued again)
 
 
 class BoundLP:
@@ -71,8 +73,7 @@ class BoundLP:
         self._memory(check_ops, excess_bytes)
         for i in cut_ops.tolist():
             self._cuts(i)
-        if len(check_ops):
-            self._replayed_once(int(check_ops.min()))
+        self.replayed = self._replayed_once(int(check_ops.min())) if len(check_ops) else []
         if host is not None:
             self._host(host)
 
@@ -114,23 +115,23 @@ class BoundLP:
         for i, terms in rows.items():
             self.c.ge(terms, excess_bytes[i] / MIB)
 
-    def _replayed_once(self, first: int) -> None:
+    def _replayed_once(self, first: int) -> list[tuple[int, int]]:
         """Every op a recomputed unit replays wherever it runs is replayed once at least, after op
-        `first` (module docstring)."""
+        `first` (module docstring); returns (column, op) of each such op."""
         needed: dict[int, list] = {}
         for u, r in zip(self.units, self.r):
             if r is not None:
                 for j in u.replays:
                     needed.setdefault(j, []).append(r[0])
         if not needed:
-            return
-        ops = sorted(needed)
-        replayed = self.c.add(len(ops), ub=1)
-        for col, j in zip(replayed.tolist(), ops):
+            return []
+        replayed = list(zip(self.c.add(len(needed)).tolist(), sorted(needed)))
+        for col, j in replayed:
             for share in needed[j]:
                 self.c.ge([(col, 1), (share, -1)], 0)
-        self.c.ge([(self.end, 1), (self.delta[first], -1)] +
-                  [(col, -float(self.durations[j])) for col, j in zip(replayed.tolist(), ops)], 0)
+        self.c.ge([(self.end, 1), (self.delta[first], -1)] + [(col, -float(self.durations[j])) for col, j in replayed],
+                  0)
+        return replayed
 
     def _host(self, host: HostFloor) -> None:
         """The host's rows (module docstring): no op starts before the host issued it; the step ends
@@ -148,6 +149,7 @@ class BoundLP:
             actions.append((swapped, -swap * host.action_ms * u.fewest))
             if self.r[k] is not None:
                 actions.append((self.r[k][0], -RECOMPUTE_ACTIONS * host.action_ms * u.fewest))
+        actions += [(col, -host.replayed_op_ms) for col, _ in self.replayed]  # each issued again at least once
         recomputed = [r[0] for r in self.r if r is not None]
         if recomputed:  # at least one run when anything is recomputed
             runs = int(self.c.add(1, ub=1)[0])

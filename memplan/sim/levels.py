@@ -65,12 +65,18 @@ class Prepared:
         return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property
+    def interpreted_inputs(self) -> KernelInputs:
+        """The kernel's arrays of its interpreted form (`interpreted`, whose reason they do not read: a
+        search simulates them without asking why, which would need the hooked form)."""
+        return self._sim._prepare.inputs(as_given(INTERPRETED, self.decisions, self.arrays), self.priced)
+
+    @cached_property
     def interpreted(self) -> Level:
         """The plan as the interpreted runner runs it, when its hooked form does not fit."""
         why = (self.placed.reason if self.given is None else "") or self.lowered.reason
         lowered = as_given(INTERPRETED, self.decisions, self.arrays,
                            f"its hooked form does not fit ({why or 'later hook points'})")
-        return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
+        return Level(lowered=lowered, inputs=self.interpreted_inputs)
 
     @cached_property
     def chosen(self) -> Level:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..model import Trace
 from .decisions import DecisionArrays
-from .memo import ProbeMemo
+from .memo import MISS, ProbeMemo
 
 MAX_CHAIN_DEPTH = 64  # rebuilds nested deeper than this are not followed (a broken plan, not a real chain)
 
@@ -139,7 +139,9 @@ def _op_group(trace: Trace, op: int, targets: tuple[int, ...], away: dict, durat
 
     if memo is None:
         return made(_resident_probe(trace, op, away, {}))
-    return memo.compute((op, targets), _resident_probe(trace, op, away, memo.facts), made)
+    probe = _resident_probe(trace, op, away, memo.facts)
+    found = memo.lookup((op, targets), probe)
+    return memo.compute((op, targets), probe, made) if found is MISS else found
 
 
 def _op_chains(trace: Trace, op: int, targets: tuple[int, ...], resident_at, durations) -> tuple[Chain, ...]:
@@ -240,7 +242,14 @@ def _resident_probe(trace: Trace, op: int, away, alive: dict):
             here = alive[(op, sids)] = tuple(storages[s].alloc_op <= op < storages[s].free_op for s in sids)
         if away.keys().isdisjoint(sids):
             return here
-        return tuple(a and not any(lo < op < hi for lo, hi in away.get(s, ())) for s, a in zip(sids, here))
+        answers = list(here)
+        for i, s in enumerate(sids):  # a plain loop: a search asks this for most plans
+            if answers[i] and s in away:
+                for lo, hi in away[s]:
+                    if lo < op < hi:
+                        answers[i] = False
+                        break
+        return tuple(answers)
 
     return probe
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..model import Trace
 from .decisions import DecisionArrays
-from .memo import ProbeMemo
+from .memo import MISS, ProbeMemo
 
 MAX_CHAIN_DEPTH = 64  # rebuilds nested deeper than this are not followed (a broken plan, not a real chain)
 
@@ -94,6 +94,54 @@ def chains_of(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, produ
                                 lambda asked, op=op, targets=targets: _op_chains(trace, op, targets, asked, durations))
         chains.update(zip(ks, made))
     return chains
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class OpChains:
+    """The chains of the recompute decisions due at one op, in the order they run, and what the
+    simulator's kernel reads of them (made once per memo entry, not once per plan)."""
+
+    chains: tuple[Chain, ...]
+    rows: np.ndarray  # float64, (chains, 5): each chain's `kernel_row`
+    read_codes: np.ndarray  # int64, ascending: op * storages + each resident storage they read
+    ops: np.ndarray  # int64: every op they replay (repeats included)
+
+    @classmethod
+    def of(cls, trace: Trace, op: int, chains: tuple[Chain, ...]) -> OpChains:
+        read = sorted(set().union(*(c.inputs for c in chains)))
+        return cls(chains=chains, rows=np.array([c.kernel_row for c in chains], dtype=np.float64).reshape(-1, 5),
+                   read_codes=op * len(trace.storages) + np.array(read, dtype=np.int64),
+                   ops=np.array([j for c in chains for step in c.steps for j in step.ops], dtype=np.int64))
+
+
+def chain_groups(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, producers: np.ndarray,
+                 memo: ProbeMemo | None = None) -> tuple[np.ndarray, list[OpChains]]:
+    """`chains_of` by op: the recompute decisions in the order their chains run, and the chains due at
+    each of their ops (ascending) in turn, reused from `memo` as `chains_of` reuses them, with what
+    the kernel reads of them (`OpChains`)."""
+    recomputes = np.flatnonzero(arrays.recompute)
+    sid, back = arrays.storage[recomputes], arrays.back_before[recomputes]
+    away = _recompute_gaps(sid.tolist(), arrays.out_after[recomputes].tolist(), back.tolist())
+    order = np.lexsort((recomputes, producers[sid], back))
+    sids, backs = sid[order].tolist(), back[order]
+    starts = [0, *(np.flatnonzero(np.diff(backs)) + 1).tolist(), len(sids)]
+    backs = backs.tolist()
+    groups = [_op_group(trace, backs[lo], tuple(sids[lo:hi]), away, durations, memo)
+              for lo, hi in zip(starts, starts[1:])]
+    return recomputes[order], groups
+
+
+def _op_group(trace: Trace, op: int, targets: tuple[int, ...], away: dict, durations,
+              memo: ProbeMemo | None) -> OpChains:
+    """The chains due at `op` (`away`: the plan's recompute gaps by storage), from `memo` when there."""
+    def made(ask) -> OpChains:
+        return OpChains.of(trace, op, _op_chains(trace, op, targets, ask, durations))
+
+    if memo is None:
+        return made(_resident_probe(trace, op, away, {}))
+    probe = _resident_probe(trace, op, away, memo.facts)
+    found = memo.lookup((op, targets), probe)
+    return memo.compute((op, targets), probe, made) if found is MISS else found
 
 
 def _op_chains(trace: Trace, op: int, targets: tuple[int, ...], resident_at, durations) -> tuple[Chain, ...]:
@@ -194,7 +242,14 @@ def _resident_probe(trace: Trace, op: int, away, alive: dict):
             here = alive[(op, sids)] = tuple(storages[s].alloc_op <= op < storages[s].free_op for s in sids)
         if away.keys().isdisjoint(sids):
             return here
-        return tuple(a and not any(lo < op < hi for lo, hi in away.get(s, ())) for s, a in zip(sids, here))
+        answers = list(here)
+        for i, s in enumerate(sids):  # a plain loop: a search asks this for most plans
+            if answers[i] and s in away:
+                for lo, hi in away[s]:
+                    if lo < op < hi:
+                        answers[i] = False
+                        break
+        return tuple(answers)
 
     return probe
 

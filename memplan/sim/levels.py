@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+import numpy as np
+
 from ..budget import limited
 from .decisions import DecisionArrays
 from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Placed, as_given
@@ -63,12 +65,18 @@ class Prepared:
         return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property
+    def interpreted_inputs(self) -> KernelInputs:
+        """The kernel's arrays of its interpreted form (`interpreted`, whose reason they do not read: a
+        search simulates them without asking why, which would need the hooked form)."""
+        return self._sim._prepare.inputs(as_given(INTERPRETED, self.decisions, self.arrays), self.priced)
+
+    @cached_property
     def interpreted(self) -> Level:
         """The plan as the interpreted runner runs it, when its hooked form does not fit."""
         why = (self.placed.reason if self.given is None else "") or self.lowered.reason
         lowered = as_given(INTERPRETED, self.decisions, self.arrays,
                            f"its hooked form does not fit ({why or 'later hook points'})")
-        return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, self.priced))
+        return Level(lowered=lowered, inputs=self.interpreted_inputs)
 
     @cached_property
     def chosen(self) -> Level:
@@ -83,7 +91,23 @@ class Prepared:
         then it runs interpreted, and only that is simulated."""
         if self.given is not None or not limited(budget):
             return False
-        return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
+        return (self.placed_floor > budget or self._unrun_over(budget)
+                or (self.lowered.level == HOOKED and self.lowered_floor > budget))
+
+    def _unrun_over(self, budget: int) -> bool:
+        """`unrun_floor` exceeds `budget` (not computed where it cannot: leaving a decision out adds at
+        most its storage's bytes to the load at any op)."""
+        never = self.never_run
+        if not never.any():
+            return False
+        placed = self.placed.arrays
+        return (self.placed_floor + int(self._sim.trace.nbytes[placed.storage[never]].sum()) > budget
+                and self.unrun_floor > budget)
+
+    @cached_property
+    def never_run(self) -> np.ndarray:
+        """Per placed decision: a recompute decision no module call can run in any plan (memplan.sim.regions)."""
+        return self._sim.lowering.regions.never_run(self.placed.arrays)
 
     def cannot_fit(self, budget: int, chosen: str = "") -> bool:
         """True when no level the plan could run at fits `budget` (a lower bound of its peak there exceeds
@@ -100,6 +124,18 @@ class Prepared:
     def placed_floor(self) -> int:
         """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load)."""
         return self._sim._prepare.floor_bytes(self.placed.arrays)
+
+    @cached_property
+    def unrun_floor(self) -> int:
+        """`placed_floor` without the decisions no module call can run in any plan (memplan.sim.regions),
+        which its hooked form drops: a bound its region runs need not be chosen for. Where the hooked form
+        runs some decision, its peak's bound (`lowered_floor`) is at least this one (fewer decisions away,
+        more memory), and where it runs none, it is the plain run, whose bound (the trace's peak) is too;
+        0 where every decision is such (the plain run is then bounded by `lowered`'s level alone)."""
+        never = self.never_run
+        if never.all():
+            return 0
+        return self._sim._prepare.floor_bytes(self.placed.arrays.take(~never)) if never.any() else self.placed_floor
 
     @cached_property
     def lowered_floor(self) -> int:

@@ -7,6 +7,7 @@ recompute decisions (search planners vary the others too), the frees by the hook
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,7 +16,7 @@ from ..cost.model import Cost
 from ..model import Trace
 from ..model.program import HOOKED, INTERPRETED
 from .arrays import csr, host_per_op, hooked_host, interpreted_host, producer_ids
-from .chains import Chain, chains_of
+from .chains import Chain, chain_groups
 from .decisions import DecisionArrays
 from .lowering import Lowered, Lowering
 from .memo import ProbeMemo
@@ -40,20 +41,18 @@ class ChainArrays:
     @classmethod
     def of(cls, chains, read_codes: np.ndarray, n_storages: int) -> ChainArrays:
         """The arrays of `chains` ((decision, chain) pairs) and what they read (`read_codes`)."""
-        read_any = np.zeros(n_storages, dtype=np.bool_)
-        read_any[read_codes % n_storages] = True
         index = np.fromiter((k for k, _ in chains), dtype=np.int64, count=len(chains))
         values = np.array([c.kernel_row for _, c in chains], dtype=np.float64).reshape(-1, 5)
+        return cls.of_rows(index, values, read_codes, n_storages)
+
+    @classmethod
+    def of_rows(cls, index: np.ndarray, values: np.ndarray, read_codes: np.ndarray, n_storages: int) -> ChainArrays:
+        """The arrays of the chains of decisions `index` given their `kernel_row`s (`values`, one a row)."""
+        read_any = np.zeros(n_storages, dtype=np.bool_)
+        read_any[read_codes % n_storages] = True
         return cls(index=index, seconds=values[:, 0].copy(), alloc=values[:, 1].astype(np.int64),
                    free=values[:, 2].astype(np.int64), ops=values[:, 3].astype(np.int64), runs=values[:, 4].copy(),
                    read_codes=read_codes, read_any=read_any)
-
-
-def read_codes(chains: dict[int, Chain], back: np.ndarray, n_storages: int) -> np.ndarray:
-    """Sorted op * n_storages + storage of each storage a chain due at op reads (`back`: each
-    decision's back_before)."""
-    codes = {int(back[k]) * n_storages + r for k, c in chains.items() for r in c.inputs}
-    return np.sort(np.fromiter(codes, dtype=np.int64, count=len(codes)))
 
 
 NO_CHAINS = ChainArrays(index=np.zeros(0, dtype=np.int64), seconds=np.zeros(0), alloc=np.zeros(0, dtype=np.int64),
@@ -192,16 +191,21 @@ class Preparer:
         key = np.concatenate([rec, a.storage[rec], a.out_after[rec], a.back_before[rec]]).tobytes()
         found = self._recent_chains.get(key)
         if found is None:
-            chains = chains_of(self.trace, a, self.durations, self.producers, self._chain_memo)
-            n_storages = len(self.trace.storages)
-            captured = np.array(sorted({j for chain in chains.values() for step in chain.steps for j in step.ops}),
-                                dtype=np.int64)
-            found = (chains, ChainArrays.of(chains.items(), read_codes(chains, a.back_before, n_storages), n_storages),
-                     captured)
+            found = self._replays_of(a)
             if len(self._recent_chains) >= RECENT:
                 self._recent_chains.clear()
             self._recent_chains[key] = found
         return found
+
+    def _replays_of(self, a: DecisionArrays) -> tuple[dict[int, Chain], ChainArrays, np.ndarray]:
+        """`_replays` put together from the chains due at each op (memplan.sim.chains.chain_groups),
+        whose kernel rows, reads and ops are kept with them."""
+        index, groups = chain_groups(self.trace, a, self.durations, self.producers, self._chain_memo)
+        chains = dict(zip(index.tolist(), itertools.chain.from_iterable(g.chains for g in groups)))
+        # Each op's codes lie in its own range and the ops ascend: concatenated, they are sorted.
+        codes = np.concatenate([g.read_codes for g in groups])
+        arrays = ChainArrays.of_rows(index, np.concatenate([g.rows for g in groups]), codes, len(self.trace.storages))
+        return chains, arrays, np.unique(np.concatenate([g.ops for g in groups]))
 
     # --- frees -------------------------------------------------------------------------------
 

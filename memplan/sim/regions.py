@@ -148,6 +148,7 @@ class Regions:
         self._able: dict = {}  # (storage, op) -> ((call, inputs), ...) that can run it where no input is away
         self._inputs_memo: dict = {}
         self._groups: dict = {}  # (op, storages) -> _Choices
+        self._never: dict = {}  # (storage, op) -> no call can run it there (`never_run`)
 
     def assign(self, arrays: DecisionArrays) -> Assigned:
         """The region run of every recompute decision of `arrays` (by position)."""
@@ -167,6 +168,20 @@ class Regions:
             gone = away.at(found, at) if found else found
             parts.append((ks[lo:hi], choices.by_gone.get(gone) or self._group(at, storages, gone, choices)))
         return Assigned(parts)
+
+    def never_run(self, arrays: DecisionArrays) -> np.ndarray:
+        """Per decision of `arrays` (on hook points): a recompute decision no call can run whatever the
+        rest of the plan (`assign` leaves it unmade in every plan: a fact of the trace)."""
+        never = np.zeros(len(arrays), dtype=np.bool_)
+        rec = np.flatnonzero(arrays.recompute)
+        keys = list(zip(arrays.storage[rec].tolist(), arrays.back_before[rec].tolist()))
+        found = list(map(self._never.get, keys))  # a search asks this for every plan: one C loop when known
+        if None in found:
+            for j, key in enumerate(keys):
+                if found[j] is None:
+                    found[j] = self._never[key] = not self._able_calls(*key)
+        never[rec] = found
+        return never
 
     def holds(self, arrays: DecisionArrays, regions: dict[int, RegionRun]) -> dict[int, int]:
         """Arguments of calls run again that the trace frees before their last run: held until it."""

@@ -119,11 +119,16 @@ class Simulator:
         """The simulated step time of `plan` under `budget_bytes` at the level it runs (`run`), or None
         where it does not fit: what a search compares. Where a lower bound of its peak at that level
         exceeds the budget, nothing is simulated."""
-        if not plan.microbatches and self._prepared(plan.decisions).cannot_fit(int(budget_bytes), plan.level):
-            self.evaluations += 1
+        if plan.microbatches:
+            result = self.run(plan, budget_bytes)
+            return result.time_s if result.feasible else None
+        self.evaluations += 1
+        entry = self._prepared(plan.decisions)
+        if entry.cannot_fit(int(budget_bytes), plan.level):
             return None
-        result = self.run(plan, budget_bytes)
-        return result.time_s if result.feasible else None
+        _, out = self._at_its_level(entry, plan.level, int(budget_bytes), False, False)  # as `run`, no SimResult
+        floats, ints = out[1], out[2]
+        return float(floats[K.R_TIME]) if ints[K.I_FEASIBLE] else None
 
     def overhead_if_fits(self, plan: Plan, budget_bytes: int) -> float | None:
         """`time_if_fits` as an overhead against the unconstrained run (SimResult.overhead)."""
@@ -154,29 +159,33 @@ class Simulator:
         level, out = self._at_its_level(self._prepared(plan.decisions if plan else ()), plan.level if plan else "",
                                         int(budget_bytes), timeline, emit)
         inputs, floats, ints, recorded, rows = out
-        return self._result(inputs, floats, ints, recorded, timeline, level.lowered), rows, level.lowered
+        lowered = level().lowered
+        return self._result(inputs, floats, ints, recorded, timeline, lowered), rows, lowered
 
     def _at_its_level(self, entry: Prepared, chosen: str, budget: int, timeline: bool, emit: bool):
         """The level `entry` runs at under `budget`, and the kernel's run of it: the plan's own (`Plan.level`,
         recorded when it was planned), or for a plan without one, hooked where its hooked form fits, else
-        interpreted (with no cap, whichever peaks lower)."""
+        interpreted (with no cap, whichever peaks lower). The level comes as a function: an interpreted one's
+        reason may need the hooked form, which a search's question (`time_if_fits`) does not."""
         if chosen == INTERPRETED and entry.given is None:  # its planner chose the interpreted executor
-            return entry.chosen, self._run_prepared(entry.chosen, budget, timeline, emit)
-        if chosen or entry.hooked_cannot_fit(budget):  # the level is known: only that form runs
-            level = entry.first if chosen else entry.interpreted
-            return level, self._run_prepared(level, budget, timeline, emit)
+            return (lambda: entry.chosen), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
+        if chosen:  # the level is known: only that form runs
+            level = entry.first
+            return (lambda: level), self._run_inputs(level.inputs, budget, timeline, emit)
+        if entry.hooked_cannot_fit(budget):
+            return (lambda: entry.interpreted), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
         level = entry.first
-        out = self._run_prepared(level, budget, timeline, emit)
+        out = self._run_inputs(level.inputs, budget, timeline, emit)
         if level.lowered.level != HOOKED and not level.lowered.dropped:
-            return level, out
+            return (lambda: level), out
         if not out[2][K.I_FEASIBLE]:
-            return entry.interpreted, self._run_prepared(entry.interpreted, budget, timeline, emit)
+            return (lambda: entry.interpreted), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
         if not limited(budget):
-            other = self._run_prepared(entry.interpreted, budget, timeline, emit)
+            other = self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
             if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
-                lowered = replace(entry.interpreted.lowered, reason="its hooked form peaks higher")
-                return Level(lowered=lowered, inputs=entry.interpreted.inputs), other
-        return level, out
+                return (lambda: Level(lowered=replace(entry.interpreted.lowered, reason="its hooked form peaks higher"),
+                                      inputs=entry.interpreted_inputs)), other
+        return (lambda: level), out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
         """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
@@ -205,8 +214,11 @@ class Simulator:
         return entry
 
     def _run_prepared(self, level: Level, budget: int, timeline: bool, emit: bool):
-        floats, ints, *recorded, rows = self._kernel.run_kernel(*level.inputs.args, budget, timeline, emit)
-        return level.inputs, floats, ints, recorded, rows
+        return self._run_inputs(level.inputs, budget, timeline, emit)
+
+    def _run_inputs(self, inputs: KernelInputs, budget: int, timeline: bool, emit: bool):
+        floats, ints, *recorded, rows = self._kernel.run_kernel(*inputs.args, budget, timeline, emit)
+        return inputs, floats, ints, recorded, rows
 
     def _view_of(self, microbatches) -> Simulator:
         """A simulator of the trace as the conv decisions make it; the last one is kept (search

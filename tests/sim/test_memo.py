@@ -1,5 +1,6 @@
 """Reusing work between plans (memplan.sim.memo) changes no simulated result."""
 
+import itertools
 import random
 
 import numpy as np
@@ -10,6 +11,9 @@ from memplan.model import Decision, Plan
 from memplan.planners.kit.featuremaps import Decoder, feature_maps
 from memplan.planners.home.pso import random_policies
 from memplan.problem import Problem
+from memplan.sim.arrays import producer_ids
+from memplan.sim.chains import chain_groups, chains_of
+from memplan.sim.decisions import DecisionArrays
 from memplan.sim.memo import MISS, ProbeMemo
 from memplan.sim.program import compile_program
 from memplan.sim.simulate import Simulator
@@ -99,3 +103,30 @@ def test_a_reused_simulator_gives_what_a_fresh_one_gives(which, tiny):
         fresh = compile_program(Problem(trace, cost), plan)  # no cap: every plan compiles
         again = compile_program(Problem(trace, cost), plan, simulator=warm)
         assert (fresh.actions, fresh.rebuilds) == (again.actions, again.rebuilds)
+
+
+@pytest.mark.parametrize("which", ["chain", "tiny"])
+def test_chains_by_op_from_a_warm_memo_are_the_chains_of_the_plan(which, tiny):
+    """`chain_groups` (chains by op, with their kernel rows, reads and replayed ops) from a memo warmed by
+    other plans gives what `chains_of` computes afresh, and the arrays the simulator used to build from it."""
+    trace = chain_trace(14, sizes=[(8 + 16 * (i % 5)) * MIB for i in range(14)]) if which == "chain" else tiny
+    durations = np.asarray(Problem.of(trace).cost.durations, dtype=np.float64)
+    producers = producer_ids(trace)
+    plans = _random_plans(trace, random.Random(11), 25) + _policy_plans(trace, 25)
+    memo, n, checked = ProbeMemo(), len(trace.storages), 0
+    for plan in plans + plans[::-1]:
+        arrays = DecisionArrays.of(plan.decisions)
+        fresh = chains_of(trace, arrays, durations, producers)
+        index, groups = chain_groups(trace, arrays, durations, producers, memo)
+        chains = list(itertools.chain.from_iterable(g.chains for g in groups))
+        assert list(zip(index.tolist(), chains)) == list(fresh.items())
+        if not fresh:
+            continue
+        checked += 1
+        rows = np.concatenate([g.rows for g in groups])
+        assert rows.tolist() == [list(map(float, c.kernel_row)) for c in fresh.values()]
+        codes = sorted({int(arrays.back_before[k]) * n + r for k, c in fresh.items() for r in c.inputs})
+        assert np.concatenate([g.read_codes for g in groups]).tolist() == codes
+        replayed = sorted({j for c in fresh.values() for step in c.steps for j in step.ops})
+        assert np.unique(np.concatenate([g.ops for g in groups])).tolist() == replayed
+    assert checked >= len(plans)  # most plans recompute something

@@ -194,6 +194,26 @@ def test_the_hooked_forms_peak_is_never_below_its_floor(traced, model, seed):
 
 
 @on_traced_plans
+def test_the_floor_without_the_region_runs_rules_out_only_what_they_would(traced, model, seed):
+    """The bound taken before region runs are chosen (the decisions no call can run left out) is never
+    above the hooked form's own (`lowered_floor`) or, where it runs nothing, the plain run's; so under
+    every cap it rules out the hooked form only where that form does not fit."""
+    trace, sim, plan = _drawn(traced, model, seed)
+    entry = sim._prepared(plan.decisions)
+    if entry.given is not None:
+        return
+    lowered = entry.lowered
+    bound = entry.lowered_floor if lowered.level == "hooked" else sim._prepare.floor_bytes(lowered.arrays)
+    assert entry.unrun_floor <= bound
+    for share in SHARES[1:]:
+        cap = int(share * trace.peak_load_bytes)
+        if entry.hooked_cannot_fit(cap) and lowered.level == "hooked":
+            assert entry.placed_floor > cap or entry.lowered_floor > cap
+        elif entry.hooked_cannot_fit(cap):  # nothing runs hooked: the plain run does not fit either
+            assert not sim.hooked(plan, cap).feasible
+
+
+@on_traced_plans
 def test_plans_are_lowered_as_the_reference_lowers_them(traced, model, seed):
     """The hooked form itself: its decisions, region runs, holds and which decision carries each run."""
     trace, sim, plan = _drawn(traced, model, seed)

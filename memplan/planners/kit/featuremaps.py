@@ -28,7 +28,7 @@ import numpy as np
 
 from ...model import Action, Decision, Trace
 from ...sim.chains import MAX_CHAIN_DEPTH
-from ...sim.memo import ProbeMemo
+from ...sim.memo import MISS, ProbeMemo
 from .gaps import alive_at
 from .prefetch import DEFAULT_LEAD, backward_layer_starts, lead_trigger
 from .replayable import can_replay
@@ -91,19 +91,24 @@ class Decoder:
         self.memo = ProbeMemo()
         self._made: dict[tuple, Decision] = {}  # (feature map, back_before or -1 for recompute, trigger override)
         self._replayable: dict[tuple[int, int], bool] = {}
+        self._away: dict[tuple[int, tuple], tuple[int, ...]] = {}  # (op, feature maps) -> those away at op
 
     def __call__(self, policy: np.ndarray, triggers: dict[int, int] | None = None) -> tuple[Decision, ...]:
         """The decisions of `policy` (an Action per feature map; RECOMPUTE only where
         allowed); `triggers` overrides the prefetch op of some swapped feature maps (kept inside their gap)."""
-        policy = [int(a) for a in policy]  # plain lists: this runs for every policy a search scores
+        policy = np.asarray(policy, dtype=np.int64).tolist()  # plain lists: this runs for every policy scored
         back = list(self._back)
         recomputes = []
-        for k, action in enumerate(policy):
-            if action != Action.RECOMPUTE:
-                continue
+        action_of = policy.__getitem__
+
+        def actions(ks: tuple[int, ...]) -> tuple[int, ...]:  # the memo's probe (`_fetched` asks it)
+            return tuple(map(action_of, ks))
+
+        for k in [k for k, action in enumerate(policy) if action == Action.RECOMPUTE]:
             op = self._back[k]
-            probe = functools.partial(self._states, policy, op)
-            fetched = self.memo.compute(k, probe, functools.partial(self._fetched, k, op))
+            fetched = self.memo.lookup(k, actions)
+            if fetched is MISS:
+                fetched = self.memo.compute(k, actions, functools.partial(self._fetched, k, op))
             if fetched is None:
                 policy[k] = Action.KEEP  # its lineage cannot be rebuilt: it stays, and later chains find it
                 continue
@@ -129,22 +134,27 @@ class Decoder:
             self._made[(k, back, trigger)] = made
         return made
 
-    def _states(self, policy: list[int], op: int, ks: tuple[int, ...]) -> tuple[int, ...]:
-        """The memo's probe: per feature map, its action if it is away at `op`, else KEEP."""
-        out, back = self._out, self._back
-        return tuple(policy[k] if out[k] < op < back[k] else Action.KEEP for k in ks)
+    def _away_at(self, op: int, ks: tuple[int, ...]) -> tuple[int, ...]:
+        """Those of the feature maps `ks` away at `op` (in their gap): only their actions matter there, the
+        others are as good as KEEP (a fact of the feature maps, kept)."""
+        away = self._away.get((op, ks))
+        if away is None:
+            out, back = self._out, self._back
+            away = self._away[(op, ks)] = tuple(j for j in ks if out[j] < op < back[j])
+        return away
 
-    def _fetched(self, k: int, op: int, states) -> tuple[int, ...] | None:
+    def _fetched(self, k: int, op: int, actions) -> tuple[int, ...] | None:
         """The swapped feature maps a recomputation of feature map `k` before `op` needs back, or
-        None when its lineage cannot be rebuilt there (within MAX_DEPTH). `states` answers `_states`."""
+        None when its lineage cannot be rebuilt there (within MAX_DEPTH). `actions` gives the policy's
+        actions of feature maps (the memo's probe: it is asked only of those away at `op`)."""
         trace, fetched = self.fm.trace, []
         stack, seen = [(int(self.fm.storage[k]), 0)], {int(self.fm.storage[k])}
         while stack:
             node, depth = stack.pop()
             inputs = [r for r in trace.lineage(node, op)[1] if r not in seen]
             seen.update(inputs)
-            mapped = tuple(self.index[r] for r in inputs if r in self.index)
-            state = dict(zip(mapped, states(mapped))) if mapped else {}
+            away = self._away_at(op, tuple(self.index[r] for r in inputs if r in self.index))
+            state = dict(zip(away, actions(away))) if away else {}
             for r in inputs:
                 action = state.get(self.index.get(r), Action.KEEP)
                 if alive_at(trace, r, op) and action != Action.RECOMPUTE:

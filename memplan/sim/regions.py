@@ -222,9 +222,9 @@ class Regions:
     def least_run(self, sid: int, at: int) -> frozenset:
         """The ops every run that rebuilds `sid` for op `at` replays: from the start of the innermost
         call that can (calls nest) to its first pack (empty where none can)."""
-        candidates = self._candidates(sid, at) if self.can_rebuild(sid, at) else []
-        if not candidates:
+        if not self.can_rebuild(sid, at):
             return frozenset()
+        candidates = self._candidates(sid, at)
         first = max(self.calls[c].first_op for c, _ in candidates)
         return frozenset(range(first, candidates[0][1]))
 

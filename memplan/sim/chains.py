@@ -30,7 +30,7 @@ import numpy as np
 
 from ..model import Trace
 from .decisions import DecisionArrays
-from .memo import MISS, ProbeMemo
+from .memo import ProbeMemo
 
 MAX_CHAIN_DEPTH = 64  # rebuilds nested deeper than this are not followed (a broken plan, not a real chain)
 
@@ -64,19 +64,13 @@ class Chain:
         return self.seconds, self.alloc_bytes, self.free_bytes, sum(len(s.ops) for s in self.steps), bool(self.steps)
 
 
-def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.ndarray,
-                memo: ProbeMemo | None = None) -> dict[int, Chain]:
-    """The chain of every recompute decision (by index), in the order the simulator runs them.
-
-    The chains due at one op depend on the rest of the plan only through which storages
-    are resident there; with `memo` (one per trace and durations), they are reused while
-    those answers are the same.
-    """
-    return chains_of(trace, DecisionArrays.of(decisions), durations, producers, memo)
+def plan_chains(trace: Trace, decisions, durations: np.ndarray, producers: np.ndarray) -> dict[int, Chain]:
+    """The chain of every recompute decision (by index), in the order the simulator runs them (a search
+    that simulates many plans reuses them through `chain_groups`' memo)."""
+    return chains_of(trace, DecisionArrays.of(decisions), durations, producers)
 
 
-def chains_of(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, producers: np.ndarray,
-              memo: ProbeMemo | None = None) -> dict[int, Chain]:
+def chains_of(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, producers: np.ndarray) -> dict[int, Chain]:
     """`plan_chains` of decisions given as columns (memplan.sim.decisions)."""
     recomputes = np.flatnonzero(arrays.recompute)
     sid, back = arrays.storage[recomputes], arrays.back_before[recomputes]
@@ -86,13 +80,7 @@ def chains_of(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, produ
     chains: dict[int, Chain] = {}
     for op, group in itertools.groupby(rows, key=lambda row: row[2]):
         ks, targets, _ = zip(*group)
-        probe = _resident_probe(trace, op, away, memo.facts if memo is not None else {})
-        if memo is None:
-            made = _op_chains(trace, op, targets, probe, durations)
-        else:
-            made = memo.compute((op, targets), probe,
-                                lambda asked, op=op, targets=targets: _op_chains(trace, op, targets, asked, durations))
-        chains.update(zip(ks, made))
+        chains.update(zip(ks, _op_chains(trace, op, targets, _resident_probe(trace, op, away, {}), durations)))
     return chains
 
 
@@ -139,9 +127,7 @@ def _op_group(trace: Trace, op: int, targets: tuple[int, ...], away: dict, durat
 
     if memo is None:
         return made(_resident_probe(trace, op, away, {}))
-    probe = _resident_probe(trace, op, away, memo.facts)
-    found = memo.lookup((op, targets), probe)
-    return memo.compute((op, targets), probe, made) if found is MISS else found
+    return memo.compute((op, targets), _resident_probe(trace, op, away, memo.facts), made)
 
 
 def _op_chains(trace: Trace, op: int, targets: tuple[int, ...], resident_at, durations) -> tuple[Chain, ...]:

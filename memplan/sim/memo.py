@@ -49,8 +49,11 @@ class ProbeMemo:
     def compute(self, key: Hashable, probe: Callable[[Hashable], Hashable], fn: Callable):
         """`fn(probe)`, from the memo when possible; `fn` must ask everything it depends on through `probe`."""
         value = self.lookup(key, probe)
-        if value is not MISS:
-            return value
+        return self.record(key, probe, fn) if value is MISS else value
+
+    def record(self, key: Hashable, probe: Callable[[Hashable], Hashable], fn: Callable):
+        """`fn(probe)` computed and stored under `key` and the answers it got: `compute` once `lookup`
+        missed (for a caller that makes `fn` only on a miss)."""
         asked: list = []
 
         def recording(item):

@@ -216,15 +216,14 @@ class Regions:
     def can_rebuild(self, sid: int, at: int) -> bool:
         """Whether some module call can rebuild `sid` for op `at` in some plan: a fact of the trace (the
         plan only takes calls away, by keeping their inputs away), which the lower bound reads."""
-        writers = self.trace.writers[sid]
-        return sid in self.first_pack and bool(writers) and writers[0] < at and bool(self._candidates(sid, at))
+        return bool(self._rebuilders(sid, at))
 
     def least_run(self, sid: int, at: int) -> frozenset:
         """The ops every run that rebuilds `sid` for op `at` replays: from the start of the innermost
         call that can (calls nest) to its first pack (empty where none can)."""
-        if not self.can_rebuild(sid, at):
+        candidates = self._rebuilders(sid, at)
+        if not candidates:
             return frozenset()
-        candidates = self._candidates(sid, at)
         first = max(self.calls[c].first_op for c, _ in candidates)
         return frozenset(range(first, candidates[0][1]))
 
@@ -282,6 +281,11 @@ class Regions:
                     found.append((c, inputs))
             self._able[key] = tuple(found)
         return self._able[key]
+
+    def _rebuilders(self, sid: int, at: int) -> list[tuple[int, int]]:
+        """`_candidates` of a storage autograd saves and the trace makes before op `at` (else none)."""
+        writers = self.trace.writers[sid]
+        return self._candidates(sid, at) if sid in self.first_pack and writers and writers[0] < at else []
 
     def _candidates(self, sid: int, at: int) -> list[tuple[int, int]]:
         """(call, stop) of every call that makes `sid` and saves it before op `at` and writes nothing that

@@ -103,7 +103,7 @@ class Simulator:
         self._plans: OrderedDict[int, Prepared] = OrderedDict()  # by id of the decisions tuple
         self.evaluations = 0  # plans evaluated (simulated, or found not to fit without simulating)
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
-        self.baseline_time_s = float(self._run_prepared(self._prepared(()).first, NO_LIMIT, False, False)[1][K.R_TIME])
+        self.baseline_time_s = float(self._run_inputs(self._prepared(()).first.inputs, NO_LIMIT, False, False)[1][K.R_TIME])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
 
     @property
@@ -194,7 +194,7 @@ class Simulator:
         first = self._prepared(plan.decisions).first
         if first.lowered.level == INTERPRETED:
             return None
-        inputs, floats, ints, recorded, _ = self._run_prepared(first, int(budget_bytes), False, False)
+        inputs, floats, ints, recorded, _ = self._run_inputs(first.inputs, int(budget_bytes), False, False)
         return self._result(inputs, floats, ints, recorded, False, first.lowered)
 
     def lower(self, decisions) -> Lowered:
@@ -212,9 +212,6 @@ class Simulator:
             if len(self._plans) > RECENT_PLANS:
                 self._plans.popitem(last=False)
         return entry
-
-    def _run_prepared(self, level: Level, budget: int, timeline: bool, emit: bool):
-        return self._run_inputs(level.inputs, budget, timeline, emit)
 
     def _run_inputs(self, inputs: KernelInputs, budget: int, timeline: bool, emit: bool):
         floats, ints, *recorded, rows = self._kernel.run_kernel(*inputs.args, budget, timeline, emit)

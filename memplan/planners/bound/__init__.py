@@ -192,10 +192,8 @@ def hooks_cannot_fit(trace: Trace, budget_bytes: int) -> bool:
     storage a hooked plan could have away there away (memplan.planners.bound.levels.HookedAway)."""
     hooked = HookedAway(trace)
     for i in np.flatnonzero(trace.load > budget_bytes):
-        alive = np.flatnonzero((trace.alloc_ops <= i) & (trace.free_ops > i))
-        away = alive[hooked.at(int(i), alive)]
-        op = trace.ops[i]
-        away = away[~np.isin(away, list(op.reads) + list(op.writes))]
+        movable = np.flatnonzero(_movable_at(trace, int(i)))
+        away = movable[hooked.at(int(i), movable)]
         if int(trace.load[i]) - int(trace.nbytes[away].sum()) > budget_bytes:
             return True
     return False
@@ -209,10 +207,7 @@ def fewest_away(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
     for i in ops:
         need = int(trace.load[i]) - budget_bytes
         if need > 0:
-            alive = (trace.alloc_ops <= i) & (trace.free_ops > i)
-            op = trace.ops[int(i)]
-            alive[list(op.reads) + list(op.writes)] = False
-            largest_first = np.cumsum(np.sort(trace.nbytes[alive])[::-1])
+            largest_first = np.cumsum(np.sort(trace.nbytes[_movable_at(trace, int(i))])[::-1])
             fewest = max(fewest, int(np.searchsorted(largest_first, need)) + 1)
     return fewest
 
@@ -228,10 +223,7 @@ def least_actions(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
         need = int(trace.load[i]) - budget_bytes
         if need <= 0:
             continue
-        alive = (trace.alloc_ops <= i) & (trace.free_ops > i)
-        op = trace.ops[int(i)]
-        alive[list(op.reads) + list(op.writes)] = False
-        ids = np.flatnonzero(alive)
+        ids = np.flatnonzero(_movable_at(trace, int(i)))
         again = np.array([trace.recomputable(int(s)) for s in ids], dtype=np.bool_)
         swapped = np.concatenate([[0], np.cumsum(np.sort(trace.nbytes[ids[~again]])[::-1])])
         rebuilt = np.cumsum(np.sort(trace.nbytes[ids[again]])[::-1])
@@ -246,6 +238,15 @@ def least_actions(trace: Trace, budget_bytes: int, ops: np.ndarray) -> int:
         # no set of them covers the op: no plan fits (the LP says so); count them all
         least = max(least, best if best is not None else 4 * len(swapped) + 2 * len(rebuilt))
     return least
+
+
+def _movable_at(trace: Trace, i: int) -> np.ndarray:
+    """bool per storage: alive at op `i` and not accessed by it (what a plan may have away there: those
+    it reads or writes are resident while it runs, no decision's gap holding an access)."""
+    movable = (trace.alloc_ops <= i) & (trace.free_ops > i)
+    op = trace.ops[i]
+    movable[list(op.reads) + list(op.writes)] = False
+    return movable
 
 
 def _better(a: Bound, b: Bound) -> bool:

@@ -108,7 +108,7 @@ class Decoder:
             op = self._back[k]
             fetched = self.memo.lookup(k, actions)
             if fetched is MISS:
-                fetched = self.memo.compute(k, actions, functools.partial(self._fetched, k, op))
+                fetched = self.memo.record(k, actions, functools.partial(self._fetched, k, op))
             if fetched is None:
                 policy[k] = Action.KEEP  # its lineage cannot be rebuilt: it stays, and later chains find it
                 continue

@@ -8,15 +8,15 @@ later step works on arrays.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.plan import ROW
 from . import _codes as K
 
-NO_TRIGGER = -1  # placeholder for Decision.trigger None while extracting fields
-_FIELDS = 7  # values read per decision
+NO_TRIGGER = -1  # Decision.row's trigger when the Decision has none
+ROW_FIELDS = ROW.size // 8  # float64 values in a Decision's row
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,16 +34,12 @@ class DecisionArrays:
     @classmethod
     def of(cls, decisions) -> DecisionArrays:
         """The columns of `decisions` (a sequence of memplan.model.Decision)."""
-        # One flat iterator: numpy converts it much faster than a list of tuples.
-        fields = np.fromiter(itertools.chain.from_iterable(
-            (d.storage, d.action == "recompute", d.out_after, d.back_before,
-             NO_TRIGGER if d.trigger is None else d.trigger, d.sync + K.OVERLAP * d.overlap, d.compress_ratio or 0.0)
-            for d in decisions), dtype=np.float64, count=_FIELDS * len(decisions)).reshape(-1, _FIELDS)
-        storage, recompute, out_after, back, trigger, sync = (fields[:, j].astype(np.int64) for j in range(6))
+        fields = np.frombuffer(b"".join([d.row for d in decisions]), dtype=np.float64).reshape(-1, ROW_FIELDS)
+        storage, recompute, out_after, back, trigger, sync, overlap = (fields[:, j].astype(np.int64) for j in range(7))
         recompute = recompute.astype(np.bool_)
         prefetch_at = np.where((trigger == NO_TRIGGER) | recompute, back, trigger)
         return cls(storage=storage, recompute=recompute, out_after=out_after, back_before=back,
-                   prefetch_at=prefetch_at, sync=sync, ratio=fields[:, 6].copy())
+                   prefetch_at=prefetch_at, sync=sync * K.SYNC + overlap * K.OVERLAP, ratio=fields[:, 7].copy())
 
     def __len__(self) -> int:
         return len(self.storage)

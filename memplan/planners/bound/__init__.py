@@ -260,7 +260,7 @@ def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_
     tightened by branch and bound when the LP is small."""
     started = time.perf_counter()
     check = check_ops(trace.load, budget_bytes, checks)
-    units = absences(trace, cost, check, hooked=hooked, interpreted=interpreted)
+    units = absences(trace, cost, check, hooked=hooked, interpreted=interpreted, budget_bytes=budget_bytes)
     lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units,
                  host)
     result = _solve(lp, time_limit_s)

@@ -30,6 +30,16 @@ few are rebuilt by, so each unit also names the ops every recomputation of it re
 runs (`replays`: at its first op, a subset of those at later ones), and the LP replays each of those
 once at least in the step when any share of the unit is recomputed (memplan.planners.bound.lp).
 
+A chain also needs memory: the simulator allocates a chain's target and every input it rebuilds when
+it starts (memplan.sim.chains), before the op it runs at allocates its outputs. Every storage the
+closure rebuilds (the trace holds it at no op from the recomputation's earliest op on) is rebuilt by
+every chain of it, and none of them is in the op's load; what that op reads and no plan can recompute
+is resident then (read, so in no gap: copied back already). So where, at every op the chain could
+run at (after the op it is away at, up to its gap's end), those storages, the target and the rebuilt
+inputs exceed the budget, no plan that fits recomputes it away at that op (`recompute_share` 0 there):
+on vgg16@64 at 50%, the classifier's gradient away in the late backward would rebuild every feature
+map of the forward that the backward has freed.
+
 A persistent storage's gap across the iteration boundary is two units: its *tail* (after its last
 access: a swap-out in this iteration, its prefetch in the next one's head or in this tail) and its
 *head* (before its first access: the prefetch of a storage that starts the iteration on the host;
@@ -43,6 +53,7 @@ latencies counted per largest member) or of their cheapest recomputation per byt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,7 +79,7 @@ class Absence:
     due: int | None  # their prefetch lands before this op starts (None: not in this iteration)
     d2h_ms: float  # copying all of them out, at least
     h2d_ms: float  # copying all of them back, at least
-    recompute_share: float  # share of `nbytes` that can be recomputed (0: none)
+    recompute_share: np.ndarray  # per op of `ops`: share of `nbytes` a recomputation can have away there (0: none)
     recompute_ms: np.ndarray  # per op of `ops`: recomputing all `nbytes` away there (or later) at their
     # cheapest rate, at least (scaled by the share taken)
     fewest: float  # storages away per whole share away, at least (its bytes over its largest storage's)
@@ -77,15 +88,18 @@ class Absence:
 
 
 def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW,
-              hooked: HookedAway | None = None, interpreted: bool = False) -> list[Absence]:
+              hooked: HookedAway | None = None, interpreted: bool = False,
+              budget_bytes: int | None = None) -> list[Absence]:
     """The units over every storage that may move, restricted to `check_ops` (ascending) and, for the
     plans that run hooked, to where `hooked` lets each storage be away or be recomputed; storages
     smaller than `merge_below` are merged by gap (and by the ops they may be away at). The plans
     bounded run hooked (`hooked` given), interpreted (`interpreted`) or either, which says what a
-    recomputation replays at least (module docstring)."""
+    recomputation replays at least (module docstring); where `budget_bytes` is given, a chain is
+    recomputed away only at ops after which its memory can fit (module docstring)."""
     groups: dict[tuple, list[tuple[int, tuple | None]]] = {}
     packed = first_packs(trace.saved)
     closures: dict = {}
+    held = _held_before(trace) if budget_bytes is not None else None
     for sid, lo, hi, release, due in _gaps(trace):
         ops = check_ops[(check_ops >= lo) & (check_ops < hi)]
         if hooked is not None:
@@ -95,10 +109,16 @@ def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int =
         recomputable = release is not None and due is not None and trace.recomputable(sid) and (
             hooked is None or hooked.rebuildable(sid, due))
         alone = sid if trace.nbytes[sid] >= merge_below else None
-        replayed = None  # per op of `ops`: the ops a recomputation away there replays at least
+        replayed = None  # per op of `ops`: the ops a recomputation away there replays at least (None: cannot)
         if recomputable:
             if interpreted or sid not in packed:  # a chain's (what hooks rebuild is saved: rebuildable)
-                replayed = tuple(_closure(trace, sid, int(i) + 1, hi, closures) for i in ops.tolist())
+                chains = [_closure(trace, sid, int(i) + 1, hi, closures) for i in ops.tolist()]
+                if held is not None:  # where its memory can never fit, no chain has it away
+                    fits = [int(held[i + 1:hi + 1].min()) + int(trace.nbytes[sid]) + c.rebuilt_bytes <= budget_bytes
+                            for i, c in zip(ops.tolist(), chains)]
+                    chains = [c if fit else None for c, fit in zip(chains, fits)]
+                replayed = tuple(None if c is None else c.ops for c in chains) \
+                    if any(c is not None for c in chains) else None
             elif hooked is not None:  # a module call's run
                 replayed = (hooked.replays(sid, due),) * len(ops)
             else:  # a run or a chain: its producer at least
@@ -114,16 +134,17 @@ def _unit(trace: Trace, cost: Cost, shared: dict, members, ops, release, due) ->
     total, largest = float(sizes.sum()), float(sizes.max())
     copies = total / largest  # at least this share of a copy per member swapped (whole: one per member)
     rec = [(int(trace.nbytes[s]), replayed) for s, replayed in members if replayed is not None]
-    rec_bytes = sum(b for b, _ in rec)
-    # per op, all of its bytes recomputed at the cheapest member's rate (ms per byte)
-    per_op = [min(sum(shared[j] for j in replayed[t]) for _, replayed in rec) for t in range(len(ops))] \
-        if rec else [0.0] * len(ops)
+    # per op, the bytes recomputable there, all recomputed at the cheapest such member's rate (ms per byte)
+    at = [[(b, replayed[t]) for b, replayed in rec if replayed[t] is not None] for t in range(len(ops))]
+    shares = [sum(b for b, _ in there) / total for there in at]
+    per_op = [min((sum(shared[j] for j in ops_t) for _, ops_t in there), default=0.0) for there in at]
     # a replay's ops at its first op are a subset of those at every later one (inputs only get freed)
-    replays = frozenset.intersection(*(replayed[0] for _, replayed in rec)) if rec else frozenset()
+    firsts = [next(r for r in replayed if r is not None) for _, replayed in rec]
+    replays = frozenset.intersection(*firsts) if firsts else frozenset()
     return Absence(nbytes=int(total), members=len(members), ops=ops, release=release, due=due,
                    d2h_ms=MS * (cost.d2h_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    h2d_ms=MS * (cost.h2d_s(total) + (copies - 1) * cost.profile.copy_latency_s),
-                   recompute_share=rec_bytes / total,
+                   recompute_share=np.asarray(shares, dtype=np.float64),
                    recompute_ms=MS * total * np.asarray(per_op, dtype=np.float64), fewest=copies,
                    storages=tuple(s for s, _ in members), replays=replays)
 
@@ -150,11 +171,19 @@ def _gaps(trace: Trace):
                 yield s.id, p + 1, q, p, q
 
 
-def _closure(trace: Trace, sid: int, lo: int, hi: int, memo: dict) -> frozenset:
-    """The ops a chain rebuilding `sid` replays wherever it runs from op lo to op hi (before op b,
+class Closure(NamedTuple):
+    """What a chain rebuilding a storage replays and rebuilds wherever it runs in a stretch of ops."""
+
+    ops: frozenset  # ops it replays
+    rebuilt_bytes: int  # of the inputs it rebuilds (the trace holds them at no op of the stretch)
+
+
+def _closure(trace: Trace, sid: int, lo: int, hi: int, memo: dict) -> Closure:
+    """What a chain rebuilding `sid` replays wherever it runs from op lo to op hi (before op b,
     lo <= b <= hi): the ops writing it before lo (its lineage before every such b), and recursively
-    those of each input the trace holds at no op of [lo, hi] (no plan makes it resident then), to the
-    depth memplan.sim.chains follows; a subset of what the simulator's chain replays at every b."""
+    those of each input the trace holds at no op of [lo, hi] (no plan makes it resident then: the chain
+    rebuilds it), to the depth memplan.sim.chains follows; a subset of what the simulator's chain
+    replays and rebuilds at every b."""
     key = (sid, lo, hi)
     if key in memo:
         return memo[key]
@@ -171,8 +200,20 @@ def _closure(trace: Trace, sid: int, lo: int, hi: int, memo: dict) -> frozenset:
                 visit(r, depth + 1)
 
     visit(sid, 0)
-    memo[key] = frozenset(ops)
+    memo[key] = Closure(ops=frozenset(ops), rebuilt_bytes=sum(int(trace.nbytes[r]) for r in seen if r != sid))
     return memo[key]
+
+
+def _held_before(trace: Trace) -> np.ndarray:
+    """Per op, the bytes resident in every plan when its recomputations run (before it allocates its
+    outputs): the storages it accesses that exist before it and that the trace cannot recompute (one
+    recomputed for it may not be rebuilt yet: its chain may come later)."""
+    held = np.zeros(len(trace.ops), dtype=np.int64)
+    for op in trace.ops:
+        accessed = {s for s in (*op.reads, *op.writes)
+                    if trace.storages[s].alloc_op < op.index < trace.storages[s].free_op and not trace.recomputable(s)}
+        held[op.index] = sum(int(trace.nbytes[s]) for s in accessed)
+    return held
 
 
 def _shared_ms(trace: Trace, cost: Cost, members) -> dict:
@@ -183,6 +224,6 @@ def _shared_ms(trace: Trace, cost: Cost, members) -> dict:
     counted: dict[int, set] = {}
     for sid, replayed in members:
         for ops in replayed or ():
-            for j in ops:
+            for j in ops or ():
                 counted.setdefault(j, set()).add(sid)
     return {j: float(durations[j]) / float(sum(int(trace.nbytes[s]) for s in sids)) for j, sids in counted.items()}

@@ -84,7 +84,7 @@ class BoundLP:
         for u in self.units:
             n = len(u.ops)
             x = c.add(n, ub=1)
-            y = c.add(n, ub=u.recompute_share) if u.recompute_share > 0 else None
+            y = c.add(n, ub=u.recompute_share) if u.recompute_share.any() else None
             if y is not None:
                 for a, b in zip(x, y):
                     c.le([(a, 1), (b, 1)], 1)

@@ -22,11 +22,11 @@ class Columns:
         self.row_lb: list[float] = []
         self.row_ub: list[float] = []
 
-    def add(self, n: int = 1, ub: float = INF, integer: bool = False) -> np.ndarray:
-        """`n` new columns with bounds [0, ub]; returns their indices."""
+    def add(self, n: int = 1, ub: float | np.ndarray = INF, integer: bool = False) -> np.ndarray:
+        """`n` new columns with bounds [0, ub] (ub: one for all, or one each); returns their indices."""
         first = len(self.lb)
         self.lb += [0.0] * n
-        self.ub += [ub] * n
+        self.ub += np.broadcast_to(np.asarray(ub, dtype=np.float64), (n,)).tolist()
         self.integer += [int(integer)] * n
         return np.arange(first, first + n)
 

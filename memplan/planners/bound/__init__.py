@@ -16,6 +16,9 @@ What the LP knows of the simulator (each a consequence of its semantics, `mempla
   ends and before the gap's last op starts, each device-host direction one copy at a time;
 - a recomputation replays at least its storage's producer op, once per op it is due at however
   many storages it rebuilds there, on the compute stream after the ops it is away at;
+- a chain allocates its target and the inputs it rebuilds when it starts, so where those and what the
+  op it runs at reads exceed the budget wherever it can run, it has not recomputed its storage away
+  (`memplan.planners.bound.absences`);
 - every op runs for its duration, in order; every wait and replay delays all later ops.
 Where the cost model prices the host's work (a traced PyTorch step: `Cost.priced_host`), the host
 issues every op and action one after another, ahead of the device (`host_floor`: the least work
@@ -34,7 +37,7 @@ neediest check op needs away (integral, where the LP's shares are not: four acti
 a swap can take away, two one a recomputation can; of the storages the op does not access), over
 the plain step with the host's work.
 What it leaves out (so the bound is lower than the optimum): integrality (a share of a storage
-can be away), the memory a recomputation needs for its inputs, where between a gap's ends a
+can be away), the memory a recomputation needs beyond its chain's (above), where between a gap's ends a
 replay runs, the steady state across the iteration boundary, and memory rows and lane cuts at
 ops other than the `check_ops` it picks (at most `max_checks` of the ops over the budget, the
 most loaded one of each stretch). Any subset of the rows bounds from below; more rows, a tighter

@@ -210,8 +210,8 @@ def _held_before(trace: Trace) -> np.ndarray:
     recomputed for it may not be rebuilt yet: its chain may come later)."""
     held = np.zeros(len(trace.ops), dtype=np.int64)
     for op in trace.ops:
-        accessed = {s for s in (*op.reads, *op.writes)
-                    if trace.storages[s].alloc_op < op.index < trace.storages[s].free_op and not trace.recomputable(s)}
+        accessed = {s for s in (*op.reads, *op.writes) if alive_at(trace, s, op.index - 1) and alive_at(trace, s, op.index)
+                    and not trace.recomputable(s)}
         held[op.index] = sum(int(trace.nbytes[s]) for s in accessed)
     return held
 

@@ -58,8 +58,9 @@ PLAN_VERSION = 1
 LEVEL_CHOICES = ("", "plain", "hooked", "interpreted")  # Plan.level (memplan.model.program.LEVELS, or none yet)
 
 
-ROW = struct.Struct("<8d")  # Decision.row: storage, recompute, out_after, back_before, trigger (-1: none), sync,
-# overlap, compress_ratio (0.0: off)
+ROW = struct.Struct("<8d")  # Decision.row: storage, recompute, out_after, back_before, trigger, sync, overlap,
+# compress_ratio (0.0: off)
+NO_TRIGGER = -1  # Decision.row's trigger when the Decision has none
 
 
 class _Row:
@@ -101,7 +102,7 @@ class Decision(_Row):
         # joining these rows is ~5x faster than reading seven fields of each (memplan.sim.decisions).
         object.__setattr__(self, "row", ROW.pack(
             self.storage, self.action == "recompute", self.out_after, self.back_before,
-            -1 if self.trigger is None else self.trigger, self.sync, self.overlap, self.compress_ratio or 0.0))
+            NO_TRIGGER if self.trigger is None else self.trigger, self.sync, self.overlap, self.compress_ratio or 0.0))
 
     @property
     def wraps(self) -> bool:

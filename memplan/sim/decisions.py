@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.plan import ROW
+from ..model.plan import NO_TRIGGER, ROW
 from . import _codes as K
 
-NO_TRIGGER = -1  # Decision.row's trigger when the Decision has none
 ROW_FIELDS = ROW.size // 8  # float64 values in a Decision's row
 
 

@@ -48,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from ..model import Trace
 from ..model.hooksites import WHOLE_STEP, HookSites
 from ..model.program import ActionKind, RegionRun, StepProgram
+from ..tracing.stepwise import Stepwise, split_step
 from .engine import CopyEngine
 from .mover import Mover
 from .rerun import Held, run_again
@@ -126,10 +127,14 @@ class HookedRunner(Mover):
         self.rerunning = False
         self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._handles: list = []
+        self.stepwise: Stepwise | None = None
 
     # --- installation and steps ---------------------------------------------------------------
 
     def __enter__(self):
+        updates = [key for kind, key in self.sites.marks if kind == "update"]
+        self.stepwise = split_step(self.finder.optimizer, self.finder.model, updates,
+                                   lambda key: self._marked(("update", key))) if updates else None  # may refuse
         handles = []
         for module in self.modules.values():
             handles.append(module.register_forward_pre_hook(self._entered, with_kwargs=True))
@@ -146,6 +151,8 @@ class HookedRunner(Mover):
             handles.append(register_optimizer_step_pre_hook(lambda *_: self._marked(("step", ""))))
         if ("stepped", "") in self.sites.marks:
             handles.append(register_optimizer_step_post_hook(lambda *_: self._marked(("stepped", ""))))
+        if self.stepwise is not None:
+            handles.append(self.stepwise.install())
         self._handles = handles
         return self
 
@@ -174,6 +181,8 @@ class HookedRunner(Mover):
         if aborted and self.active:
             self.off = True
             self.abort()
+            if self.stepwise is not None:  # an optimizer's step cut short leaves its groups narrowed
+                self.stepwise.restore()
         elif self.active and not self.off:
             if WHOLE_STEP in self.sites.windows and self.packs != len(self.saved):
                 self.diverge(f"the step saved {self.packs} tensors where the trace saved {len(self.saved)}")
@@ -298,10 +307,11 @@ class HookedRunner(Mover):
         self.stats.host_s += perf_counter() - started
 
     def _marked(self, key: tuple, *_) -> None:
-        """A mark's hook fired (a gradient accumulated, the optimizer's step began or ended)."""
+        """A mark's hook fired (a gradient accumulated, the optimizer's step began, began updating a
+        parameter, or ended)."""
         if not self.active or self.off or self.rerunning:
             return
-        self.stats.hook_calls += 1
+        self.stats.hook_calls += 2 if key[0] == "update" else 1  # an update's also runs a stretch of the step
         occurrence = self.seen.get(key, 0)
         self.seen[key] = occurrence + 1
         point = self.marks.get((*key, occurrence))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from ..model import Owner
+from ..tracing.stepwise import group_params
 
 
 def resolve_owner(owner: Owner, model: torch.nn.Module | None, optimizer) -> torch.Tensor | None:
     """The tensor `owner` holds now (None when it is gone or there is nothing to look in)."""
     try:
         if owner.kind == "state":
-            param = optimizer.param_groups[owner.group]["params"][owner.index]
+            param = group_params(optimizer.param_groups[owner.group])[owner.index]
             return optimizer.state.get(param, {}).get(owner.key)
         if owner.kind == "buffer":
             return model.get_buffer(owner.name)

@@ -4,8 +4,9 @@ The tracer records, beside the ops, every tensor autograd saved for backward (a 
 `torch.autograd.graph.saved_tensors_hooks`) in the order it was packed, with the point it was
 packed and unpacked at; every module call of the forward (its forward pre-hook and forward hook
 fire at its first op and after its last); and the other hooks of a training step (`Mark`): a
-parameter's gradient accumulated (`register_post_accumulate_grad_hook`) and the optimizer's step
-beginning and ending (its step pre- and post-hooks). A point is the number of ops completed:
+parameter's gradient accumulated (`register_post_accumulate_grad_hook`), the optimizer's step
+beginning and ending (its step pre- and post-hooks) and, where its step updates one parameter at a
+time, beginning each parameter's update (memplan.tracing.stepwise). A point is the number of ops completed:
 point p lies between op p-1 and op p. The hooked executor (memplan.exec.hooked) knows where the
 step is at each of these hooks (the n-th pack of a step is `Trace.saved[n]`, the k-th call of a
 module is its k-th `Call`), so they are the moments it acts at (memplan.model.hooksites), and a
@@ -47,7 +48,9 @@ class Call:
             raise ValueError(f"call {self.occurrence} of module {self.module!r}: bad op or pack range")
 
 
-MARK_KINDS = ("accumulated", "step", "stepped")  # a gradient accumulated; the optimizer's step begins; it ended
+# a gradient accumulated; the optimizer's step begins; it begins updating a parameter (a step run a
+# parameter at a time: memplan.tracing.stepwise); it ended
+MARK_KINDS = ("accumulated", "step", "update", "stepped")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,7 +58,7 @@ class Mark:
     """One call of a training step's hook other than a saved tensor's or a module's, where it fired."""
 
     kind: str  # one of MARK_KINDS
-    key: str  # the parameter's name (accumulated); "" for the optimizer's step
+    key: str  # the parameter's name (accumulated, update); "" for the optimizer's step
     occurrence: int  # earlier calls of the same hook (kind and key) in the step
     point: int  # the point it fired at
 

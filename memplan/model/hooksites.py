@@ -5,7 +5,9 @@ completed when it fires):
 
 - the step's start (point 0) and end (point n): the runtime's own calls, free;
 - a mark: a parameter's gradient accumulated (a hook on that parameter, fired at each of its
-  accumulations) or the optimizer's step beginning or ending (its step pre- and post-hooks);
+  accumulations), the optimizer's step beginning or ending (its step pre- and post-hooks) or, where
+  it steps a parameter at a time, beginning a parameter's update (the executor then runs the step
+  in stretches, memplan.tracing.stepwise: such a firing costs two calls, the hook and the stretch's);
 - a module call's start or end (a forward pre-hook or a forward hook on the module, fired at
   every call of it; a module that opens windows or holds a region's arguments gets both);
 - a saved tensor's pack and first unpack, seen only inside a *window*: a module call during which
@@ -188,7 +190,7 @@ class HookSites:
         at = [self.packed_at[sites.hooked_packs], self.unpacked_at[sites.hooked_packs & (self.unpacked_at >= 0)]]
         at += [self._module_array[m] for m in sites.modules if m in self._module_array]
         at += [self._edge_array[k, m] for k, paths in (("start", sites.starts), ("end", sites.ends)) for m in paths]
-        at += [self._mark_array[k] for k in sites.marks]
+        at += [self._mark_array[k] for k in sites.marks for _ in range(_calls_per_firing(k))]
         return np.bincount(np.minimum(np.concatenate([np.zeros(0, dtype=np.int64), *at]), n - 1), minlength=n)
 
     def _hooked_packs(self, windows) -> np.ndarray:
@@ -218,7 +220,7 @@ class HookSites:
         """Hook calls a step makes for `candidate` beyond those installed already."""
         kind, site = candidate
         if kind == "mark":
-            return 0 if site in marks else len(self._mark_points[site])
+            return 0 if site in marks else len(self._mark_points[site]) * _calls_per_firing(site)
         if kind in ("start", "end"):
             return 0 if site in modules or candidate in edges else len(self._edge_points[candidate])
         call = self.trace.calls[site] if site != WHOLE_STEP else None
@@ -240,6 +242,12 @@ class HookSites:
                 if p >= 0:
                     out.setdefault(p, []).append(("window", int(self.window_of[k])))
         return {p: list(dict.fromkeys(sites)) for p, sites in out.items()}
+
+
+def _calls_per_firing(mark: tuple[str, str]) -> int:
+    """Python calls a firing of `mark` (kind, key) makes: a parameter's update also begins a stretch of
+    the optimizer's step, one more call of its step function (memplan.tracing.stepwise)."""
+    return 2 if mark[0] == "update" else 1
 
 
 def _ints(values) -> list[int]:

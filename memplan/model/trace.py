@@ -25,8 +25,8 @@ OWNER_KINDS = ("param", "buffer", "grad", "state")
 # Ops of the data-parallel engines (DDP, FSDP2) and their collectives: what they write is theirs.
 ENGINE_OP_PREFIXES = ("c10d.", "_c10d_functional.", "fsdp.")
 SCHEMA = "memplan.trace"
-SCHEMA_VERSION = 4  # 3: saved tensors and module calls; 4: marks (memplan.model.hookpoints)
-READABLE_VERSIONS = (2, 3, 4)  # version 2 files have none of them, version 3 no marks
+SCHEMA_VERSION = 5  # 3: saved tensors and module calls; 4: marks (memplan.model.hookpoints); 5: update marks
+READABLE_VERSIONS = (2, 3, 4, 5)  # version 2 files have none of them, version 3 no marks, version 4 no update marks
 
 
 @dataclass(frozen=True, kw_only=True)

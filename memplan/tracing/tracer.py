@@ -19,8 +19,9 @@ wall time over that many more iterations (`optimes`). The math settings in force
 autocast) are recorded in `meta["math"]` (`mathmode`), for the cost model.
 
 Saved-tensor hooks record every tensor autograd saves (`Trace.saved`) and the context every
-module call (`Trace.calls`), gradient accumulated and optimizer step (`Trace.marks`): the points
-the hooked executor acts at (memplan.model.hookpoints).
+module call (`Trace.calls`), gradient accumulated and optimizer step (`Trace.marks`, with where each
+parameter's update begins in a step that updates one at a time: memplan.tracing.stepwise): the
+points the hooked executor acts at (memplan.model.hookpoints).
 Under them autograd makes other detaches than without (optional ops, memplan.tracing.opinfo):
 the interpreted executor and the CPU op timer run the step under identity hooks, so they meet
 the trace's ops exactly, and plain training differs from them only in optional ops. `Trace.owners` says who holds each persistent storage
@@ -46,6 +47,7 @@ from ..model import Op, Owner, Saved, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
 from .fake import new_fake_mode, optimizer_as_on_device, quiet_fake_warnings
+from .stepwise import update_marks
 from .mathmode import math_settings
 from .opbench import OpBench
 from .opinfo import bytes_accessed, conv_params, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
@@ -107,7 +109,7 @@ def trace(step_fn: Callable, *example_inputs, fake: bool = True, model: torch.nn
         start = time.perf_counter()
         recorder.run(step_fn, example_inputs)
         _hint_after_step(recorder.table, model, optimizer)
-        recorder.owners = owner_records(recorder.table, model, optimizer)
+        recorder.find_owners(model, optimizer)
         seconds = time.perf_counter() - start
         if time_repeats and not fake and not _on_cuda(example_inputs, model):
             recorder.measured = time_ops_apart(step_fn, example_inputs, [op.name for op in recorder.ops],
@@ -231,6 +233,12 @@ class _Recorder(TorchDispatchMode):
                            conv=conv_params(func, args)))
         if self._progress and (index + 1) % PROGRESS_EVERY == 0:
             self._progress(index + 1)
+
+    def find_owners(self, model, optimizer) -> None:
+        """Who holds each persistent storage after the step, and where each parameter's update began."""
+        self.owners = owner_records(self.table, model, optimizer)
+        updates = update_marks(self.ops, self.owners, self.context.marks, model, optimizer)
+        self.context.marks = sorted([*self.context.marks, *updates], key=lambda m: m.point)  # stable: fire order
 
     def build(self, meta: dict) -> Trace:
         """The Trace of the recorded iteration."""

@@ -1,7 +1,8 @@
 """The hooked executor moves what autograd does not save (issue 48): parameters between their last
 use in forward and their first in backward, gradients between their accumulation and the optimizer,
 optimizer state between steps, each found through its owner and acted on at the step's hooks
-(module calls, `register_post_accumulate_grad_hook`, the optimizer's step pre- and post-hooks).
+(module calls, `register_post_accumulate_grad_hook`, the optimizer's step pre- and post-hooks, and
+the start of each parameter's update where the step runs a parameter at a time).
 
 Oracles: plain training from the same seed (bit-identical parameters, buffers and optimizer state),
 the storages' own sizes seen from probes of the test's own (a moved storage holds no bytes while it
@@ -9,12 +10,18 @@ is away), PyTorch's dispatch-mode stack (no mode is entered) and the independent
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
+from memplan.problem import Problem
+from memplan.cost.profiles import get_profile
 from memplan.exec.meter import MemoryMeter
+from memplan.sim.simulate import Simulator
 from memplan.model import Decision, Plan, Trace
 from memplan.workflows.optimize import optimize, trace_step
 from memplan.workflows.run import BUDGET_TOLERANCE
@@ -22,6 +29,7 @@ from memplan.workflows.run import BUDGET_TOLERANCE
 from tests.exec.helpers import STEPS, TinyNet, TinyWorkload, state_diffs
 
 LEAD = 2  # ops between a prefetch's trigger and the op that needs the storage back
+CPU = dataclasses.replace(get_profile("h100"), kind="cpu")  # copies inline: releases at their swap-outs' sites
 
 
 def _step_of(model, opt, accumulate: int, clip: bool):
@@ -171,3 +179,72 @@ def test_without_a_plan_the_probes_see_every_storage(case):
     make, _, _ = case
     _, _, probes = _run(make, None, None)
     assert min(probes.param) > 0 and min(probes.grad) > 0 and all(s is None or s > 0 for s in probes.state)
+
+
+class _StepProbe(TorchDispatchMode):
+    """Bytes the first parameter's optimizer state holds when the optimizer's step first touches the
+    last parameter's gradient: a dispatch mode of the test's own, entered only inside the step."""
+
+    def __init__(self, w: TinyWorkload):
+        super().__init__()
+        params = list(w.model.parameters())
+        self.first, self.last, self.optimizer, self.held = params[0], params[-1], w.optimizer, []
+        self.handles = [register_optimizer_step_pre_hook(lambda *_: None if self.__enter__() else None),
+                        register_optimizer_step_post_hook(lambda *_: self.__exit__(None, None, None))]
+        self.armed = False
+
+    def __enter__(self):
+        self.armed = True
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.armed = False
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        grad = self.last.grad
+        if self.armed and grad is not None and any(a is grad for a in args):
+            self.armed = False
+            state = [v for v in self.optimizer.state[self.first].values() if torch.is_tensor(v) and v.dim()]
+            self.held.append(min(v.untyped_storage().nbytes() for v in state))
+        return func(*args, **(kwargs or {}))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _run_probed(make, plan: Plan, trace: Trace):
+    w = make()
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=trace, measure=True,
+                    profile=CPU)
+    probe = _StepProbe(w)
+    torch.manual_seed(5)
+    for i in range(STEPS):
+        step(*w.make_inputs(w.batch, seed=100 + i))
+    probe.remove()
+    stats = step.stats()
+    step.close()
+    return w, stats, probe.held
+
+
+def test_optimizer_state_leaves_inside_the_step_a_parameter_at_a_time(case):
+    # The step updates one parameter at a time (SGD and AdamW, single-tensor): the tracer marks each
+    # update (memplan.tracing.stepwise), and a state swapped from its parameter's update to the next
+    # step's leaves at the next update's mark, not at the step's end: by the last parameter's update
+    # the first parameter's state holds no bytes. On the trace without those marks it still does (the
+    # oracle can fail), and both train bit-identically.
+    make, trace, ref = case
+    updates = [m.key for m in trace.marks if m.kind == "update"]
+    assert updates == [name for name, _ in ref.model.named_parameters()]
+    plan = owned_plan(trace, ("state",))
+    got, stats, held = _run_probed(make, plan, trace)
+    assert stats["level"] == "hooked" and stats["ops_in_mode"] == 0 and stats["unresolved"] == 0
+    _check_identical(got, ref)
+    assert held[1:] == [0] * (STEPS - 1)  # the first step creates the state
+    simulator = Simulator(trace, Problem.of(trace, profile=CPU).cost)  # each update's stretch priced as a call
+    assert stats["hook_calls"] / STEPS == simulator.lowering.sites.firings(simulator.lower(plan.decisions).sites).sum()
+    unmarked = dataclasses.replace(trace, marks=tuple(m for m in trace.marks if m.kind != "update"))
+    got, stats, held = _run_probed(make, dataclasses.replace(plan, trace_digest=unmarked.digest), unmarked)
+    assert stats["level"] == "hooked" and min(held[1:]) > 0
+    _check_identical(got, ref)

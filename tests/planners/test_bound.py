@@ -217,13 +217,23 @@ def test_milp_and_auto_report_the_bound_and_their_gap(planner):
     assert report["gap"] == pytest.approx(overhead - report["bound"], abs=1e-9)
 
 
+def _stepped_whole(trace):
+    """`trace` as if its optimizer stepped every parameter in one go (a multi-tensor step, as `foreach`
+    does): no hook inside the step (memplan.tracing.stepwise)."""
+    return replace(trace, marks=tuple(m for m in trace.marks if m.kind != "update"))
+
+
+SMALL_GPT2 = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "seq_len": 32}
+
+
 def test_where_only_the_interpreted_executor_can_fit_the_bound_counts_its_host_work():
     """A small GPT-2's weights outweigh its activations: below what moving every saved tensor reaches,
-    every plan that fits moves weights, which no hook sees, and runs interpreted."""
+    every plan that fits moves weights or their state at the optimizer's step, which no hook sees
+    where the step updates every parameter in one go, and runs interpreted."""
     from memplan.planners.bound import hooks_cannot_fit
     from memplan.workflows.workloads import trace_workload
 
-    trace = trace_workload("hf:gpt2", 1, fake=True, n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq_len=32)
+    trace = _stepped_whole(trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2))
     cost = Cost.for_trace(trace, "h100")
     assert cost.priced_host and trace.saved
     low = int(0.5 * trace.peak_load_bytes)
@@ -245,10 +255,26 @@ def test_where_only_the_interpreted_executor_can_fit_the_bound_counts_its_host_w
             assert simulator.run(plan, low).level == INTERPRETED and overhead >= bound - TOLERANCE, name
 
 
+def test_where_the_step_updates_a_parameter_at_a_time_hooked_plans_fit_below_the_weights():
+    """The same GPT-2 with its AdamW stepped a parameter at a time (single-tensor, as on the CPU): the
+    update of each parameter is a hook point, so a hooked plan can have the others' weights and state
+    away through the step: at half the peak a hooked plan is no longer ruled out, and at the step's
+    neediest op some storage may be away."""
+    from memplan.planners.bound import hooks_cannot_fit
+    from memplan.planners.bound.levels import HookedAway
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2)
+    low = int(0.5 * trace.peak_load_bytes)
+    assert hooks_cannot_fit(_stepped_whole(trace), low) and not hooks_cannot_fit(trace, low)
+    step = np.arange(max(op.index for op in trace.ops if op.phase == "backward") + 1, len(trace.ops))
+    assert HookedAway(trace).at(int(step[np.argmax(trace.load[step])]), np.arange(len(trace.storages))).any()
+
+
 def test_no_hook_moves_a_weight_at_the_optimizers_step_nor_a_storage_before_autograd_saves_it():
     """Weights are saved tensors in forward, but at the optimizer's step, after the last backward
-    op, every weight and its state is resident whatever a hooked plan does (the step reads them all
-    between two hook points): where that step is over the budget, no hooked plan fits (the rule once
+    op, every weight and its state is resident whatever a hooked plan does where the step updates
+    every parameter in one go (the step reads them all between two hook points): where that step is over the budget, no hooked plan fits (the rule once
     counted the weights as movable there; after the step's last hook point they may leave again). A storage no owner holds leaves no earlier than its first
     pack; an owned one (a weight, its gradient or state, swapped through its owner) is left to the
     hook points alone (the rule once left such swaps out: not a superset of what hooks move)."""
@@ -256,7 +282,7 @@ def test_no_hook_moves_a_weight_at_the_optimizers_step_nor_a_storage_before_auto
     from memplan.planners.bound.levels import HookedAway
     from memplan.workflows.workloads import trace_workload
 
-    trace = trace_workload("hf:gpt2", 1, fake=True, n_layer=2, n_embd=64, n_head=2, vocab_size=512, seq_len=32)
+    trace = _stepped_whole(trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2))
     hooked = HookedAway(trace)
     every = np.arange(len(trace.storages))
     last_backward = max(op.index for op in trace.ops if op.phase == "backward")

@@ -120,7 +120,7 @@ def test_the_device_view_rounds_adds_held_and_inner_memory_and_keeps_ids():
 
 # --- keeping the budget against what the trace does not see ------------------------------------------
 
-HIDDEN_BYTES = 8 * 2**20  # what the step allocates that its fake trace never sees
+HIDDEN_BYTES = 24 * 2**20  # what the step allocates that its fake trace never sees
 
 
 def _step_with_hidden_memory(w):

@@ -36,7 +36,7 @@ class Cost:
 
     def executor_s(self, what: str) -> float:
         """The executor's host work per `what` ("hook", "hook_call", "mode_op", "guard_op", "replay_op",
-        "record_op", "action" or "region"), if priced."""
+        "record_op", "action", "region" or "stretch"), if priced."""
         return getattr(self.profile, f"{what}_s") if self.priced_host else 0.0
 
     def carried(self, durations: np.ndarray) -> "Cost":

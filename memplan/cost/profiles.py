@@ -69,6 +69,9 @@ class DeviceProfile:
     record_op_s: float = 0.0
     action_s: float = 0.0  # per executor action (swap-out, release, prefetch, wait, drop, recomputation)
     region_s: float = 0.0  # per module call the hooked executor runs again, beside its ops (arguments, RNG, hooks)
+    # per stretch of an optimizer's step the hooked executor splits off (memplan.tracing.stepwise): one more
+    # call of the step's Python (32 us a split measured on the 2-core CPU host, hf:gpt2-tiny's AdamW)
+    stretch_s: float = 30e-6
 
     def __post_init__(self):
         if self.hook_call_s is None:

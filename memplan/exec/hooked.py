@@ -46,7 +46,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from ..model import Trace
-from ..model.hooksites import WHOLE_STEP, HookSites
+from ..model.hooksites import WHOLE_STEP, HookSites, without_updates
 from ..model.program import ActionKind, RegionRun, StepProgram
 from ..tracing.stepwise import Stepwise, split_step
 from .engine import CopyEngine
@@ -81,7 +81,7 @@ class HookedRunner(Mover):
         self.saved = trace.saved
         # each pack's storage size as the run must find it (a pack of a storage the trace does not know: any)
         self.expected = [trace.storages[s.storage].nbytes if s.storage is not None else None for s in trace.saved]
-        sites = HookSites(trace)
+        sites = HookSites(without_updates(trace) if program.whole_step else trace)
         self.when = _points_of(program, sites.points)
         regions = {run.call for run in program.regions.values()}
         self.sites = sites.installed(self.when, {d.storage for d in program.decisions}, regions)
@@ -311,7 +311,7 @@ class HookedRunner(Mover):
         parameter, or ended)."""
         if not self.active or self.off or self.rerunning:
             return
-        self.stats.hook_calls += 2 if key[0] == "update" else 1  # an update's also runs a stretch of the step
+        self.stats.hook_calls += 1
         occurrence = self.seen.get(key, 0)
         self.seen[key] = occurrence + 1
         point = self.marks.get((*key, occurrence))

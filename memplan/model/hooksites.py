@@ -7,7 +7,7 @@ completed when it fires):
 - a mark: a parameter's gradient accumulated (a hook on that parameter, fired at each of its
   accumulations), the optimizer's step beginning or ending (its step pre- and post-hooks) or, where
   it steps a parameter at a time, beginning a parameter's update (the executor then runs the step
-  in stretches, memplan.tracing.stepwise: such a firing costs two calls, the hook and the stretch's);
+  in stretches, memplan.tracing.stepwise: such a firing also costs a stretch, `stretches`);
 - a module call's start or end (a forward pre-hook or a forward hook on the module, fired at
   every call of it; a module that opens windows or holds a region's arguments gets both);
 - a saved tensor's pack and first unpack, seen only inside a *window*: a module call during which
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import bisect
 from itertools import repeat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -190,8 +190,13 @@ class HookSites:
         at = [self.packed_at[sites.hooked_packs], self.unpacked_at[sites.hooked_packs & (self.unpacked_at >= 0)]]
         at += [self._module_array[m] for m in sites.modules if m in self._module_array]
         at += [self._edge_array[k, m] for k, paths in (("start", sites.starts), ("end", sites.ends)) for m in paths]
-        at += [self._mark_array[k] for k in sites.marks for _ in range(_calls_per_firing(k))]
-        return np.bincount(np.minimum(np.concatenate([np.zeros(0, dtype=np.int64), *at]), n - 1), minlength=n)
+        at += [self._mark_array[k] for k in sites.marks]
+        return _per_op(at, n)
+
+    def stretches(self, sites: Installed) -> np.ndarray:
+        """Per op, the stretches of the optimizer's step the installed update marks split off there (each
+        one more call of the step: memplan.tracing.stepwise)."""
+        return _per_op([self._mark_array[k] for k in sites.marks if k[0] == "update"], max(self.n_ops, 1))
 
     def _hooked_packs(self, windows) -> np.ndarray:
         """bool per pack: saved inside one of `windows`."""
@@ -245,9 +250,19 @@ class HookSites:
 
 
 def _calls_per_firing(mark: tuple[str, str]) -> int:
-    """Python calls a firing of `mark` (kind, key) makes: a parameter's update also begins a stretch of
-    the optimizer's step, one more call of its step function (memplan.tracing.stepwise)."""
+    """Python calls a firing of `mark` (kind, key) makes, to choose among sites: a parameter's update also
+    begins a stretch of the optimizer's step, one more call of its step (memplan.tracing.stepwise)."""
     return 2 if mark[0] == "update" else 1
+
+
+def _per_op(points: list[np.ndarray], n: int) -> np.ndarray:
+    """How many of `points` fall at each of `n` ops (a point p at op p, the end at the last op)."""
+    return np.bincount(np.minimum(np.concatenate([np.zeros(0, dtype=np.int64), *points]), n - 1), minlength=n)
+
+
+def without_updates(trace):
+    """`trace` without the marks inside its optimizer's step: the sites of a step run whole."""
+    return replace(trace, marks=tuple(m for m in trace.marks if m.kind != "update"))
 
 
 def _ints(values) -> list[int]:

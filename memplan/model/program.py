@@ -141,6 +141,7 @@ class StepProgram:
     level: str = INTERPRETED  # how the executor runs it (LEVELS)
     regions: dict[int, RegionRun] = field(default_factory=dict)  # hooked: recompute decision -> its region run
     holds: dict[int, int] = field(default_factory=dict)  # hooked: storage -> the later free_op a region's hold gives it
+    whole_step: bool = False  # hooked: lowered without the hooks inside the optimizer's step (its update marks)
 
     @property
     def captured_ops(self) -> frozenset:

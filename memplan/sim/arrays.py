@@ -67,11 +67,13 @@ def interpreted_host(base: np.ndarray, cost: Cost, out_after: np.ndarray, back_b
     return host
 
 
-def hooked_host(plain: np.ndarray, cost: Cost, firings) -> np.ndarray:
+def hooked_host(plain: np.ndarray, cost: Cost, firings, stretches=None) -> np.ndarray:
     """The host's work at each op of a hooked program: plain training's, plus `hook_call_s` per call
-    its installed hooks make there (`firings`, memplan.model.hooksites; None: none priced)."""
+    its installed hooks make there (`firings`, memplan.model.hooksites; None: none priced) and
+    `stretch_s` per stretch of the optimizer's step split off there (`stretches`)."""
     call_s = cost.executor_s("hook_call")
-    return plain if not call_s or firings is None else plain + call_s * firings
+    host = plain if not call_s or firings is None else plain + call_s * firings
+    return host if stretches is None or not stretches.any() else host + cost.executor_s("stretch") * stretches
 
 
 def producer_ids(trace: Trace) -> np.ndarray:

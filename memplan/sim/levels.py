@@ -65,6 +65,19 @@ class Prepared:
         return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property
+    def whole(self) -> Level | None:
+        """Its hooked form with the optimizer's step run whole (no hook inside it), where its hooked form
+        splits the step (memplan.tracing.stepwise), else None."""
+        lowered = self.lowered
+        if lowered.level != HOOKED or not any(kind == "update" for kind, _ in lowered.sites.marks):
+            return None
+        whole = self._sim.whole_step_lowering.lower(self.decisions, self.arrays)
+        if whole.level != HOOKED:
+            return None
+        priced = self.priced if whole.kept is None else self.priced.take(whole.kept)
+        return Level(lowered=whole, inputs=self._sim._prepare.inputs(whole, priced))
+
+    @cached_property
     def interpreted_inputs(self) -> KernelInputs:
         """The kernel's arrays of its interpreted form (`interpreted`, whose reason they do not read: a
         search simulates them without asking why, which would need the hooked form)."""

@@ -54,6 +54,7 @@ class Lowered:
     runs_of: Regions | None = None  # hooked: the regions it was lowered with (its `holds` come from them)
     dropped: int = 0  # hooked: decisions left out (kept resident): no hook point or region runs them
     reason: str = ""  # why the first dropped decision was, or why the plan is interpreted
+    whole_step: bool = False  # hooked: lowered without the hooks inside the optimizer's step (Simulator.whole_step_lowering)
 
     @property
     def regions(self) -> dict[int, RegionRun]:
@@ -114,8 +115,9 @@ def as_given(level: str, decisions: tuple[Decision, ...], arrays: DecisionArrays
 class Lowering:
     """Lowers plans of one trace (per-trace facts are computed once; search planners lower many)."""
 
-    def __init__(self, trace: Trace, durations: np.ndarray, place_decisions):
+    def __init__(self, trace: Trace, durations: np.ndarray, place_decisions, whole_step: bool = False):
         self.trace = trace
+        self.whole_step = whole_step  # its trace was left without update marks: the optimizer's step runs whole
         self._place = place_decisions  # memplan.sim._events.place_decisions, compiled or interpreted
         self.sites = HookSites(trace)
         self.points = self.sites.points
@@ -178,7 +180,7 @@ class Lowering:
             return Lowered(level=PLAIN, arrays=candidates, source=decisions, kept=index,
                            dropped=len(decisions), reason=why)
         return Lowered(level=HOOKED, arrays=candidates, source=decisions, kept=index, assigned=runs,
-                       runs_of=self.regions, dropped=len(decisions) - len(index), reason=why)
+                       runs_of=self.regions, dropped=len(decisions) - len(index), reason=why, whole_step=self.whole_step)
 
     def unhookable(self, a: DecisionArrays) -> np.ndarray:
         """Per decision of `a`: it cannot run at hook points at all (memplan.model.hooksites says why)."""

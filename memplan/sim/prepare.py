@@ -160,8 +160,10 @@ class Preparer:
                                     self._replays(a)[2] if self.cost.executor_s("record_op") else None)
         if lowered.level != HOOKED:
             return self._host[lowered.level]
-        priced = self.cost.executor_s("hook_call") != 0.0
-        return hooked_host(self._host[HOOKED], self.cost, self.lowering.sites.firings(lowered.sites) if priced else None)
+        if self.cost.executor_s("hook_call") == 0.0:
+            return self._host[HOOKED]
+        sites = self.lowering.sites
+        return hooked_host(self._host[HOOKED], self.cost, sites.firings(lowered.sites), sites.stretches(lowered.sites))
 
     # --- chains ------------------------------------------------------------------------------
 

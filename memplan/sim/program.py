@@ -61,7 +61,8 @@ def compile_program(problem: Problem, plan: Plan, *, hooks: bool = True,
     predicted = Prediction(**{**result.summary(), "budget_bytes": budget_bytes, "budget_source": str(source)})
     return StepProgram(decisions=decisions, actions=actions, start_away=start_away, rebuilds=rebuilds,
                        microbatches=plan.microbatches, budget_bytes=budget_bytes, trace_digest=trace.digest,
-                       predicted=predicted, level=lowered.level, regions=lowered.regions, holds=lowered.holds)
+                       predicted=predicted, level=lowered.level, regions=lowered.regions, holds=lowered.holds,
+                       whole_step=lowered.whole_step)
 
 
 _FETCHES = (ActionKind.PREFETCH, ActionKind.RECOMPUTE)  # actions that bring a storage's bytes back

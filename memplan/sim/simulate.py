@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import replace
+from functools import cached_property
 from types import SimpleNamespace
 
 import numpy as np
@@ -61,6 +62,7 @@ import numpy as np
 from ..budget import NO_LIMIT, limited
 from ..cost.model import Cost
 from ..model import Plan, Trace
+from ..model.hooksites import without_updates
 from ..problem import Problem
 from . import _codes as K
 from .kernel_loader import compiled
@@ -105,6 +107,11 @@ class Simulator:
         # The kernel's own run of no plan: a plan without decisions takes exactly this time.
         self.baseline_time_s = float(self._run_inputs(self._prepared(()).first.inputs, NO_LIMIT, False, False)[1][K.R_TIME])
         self._views: tuple = ((), self)  # the last conv decisions simulated and the simulator of their view
+
+    @cached_property
+    def whole_step_lowering(self) -> Lowering:
+        """The lowering of the trace without the hooks inside the optimizer's step (its update marks)."""
+        return Lowering(without_updates(self.trace), self._durations, self._kernel.place_decisions, whole_step=True)
 
     @property
     def baseline_op_start_s(self) -> np.ndarray:
@@ -171,7 +178,8 @@ class Simulator:
             return (lambda: entry.chosen), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
         if chosen:  # the level is known: only that form runs
             level = entry.first
-            return (lambda: level), self._run_inputs(level.inputs, budget, timeline, emit)
+            return self._fewest_splits(entry, level, self._run_inputs(level.inputs, budget, timeline, emit), budget,
+                                       timeline, emit)
         if entry.hooked_cannot_fit(budget):
             return (lambda: entry.interpreted), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
         level = entry.first
@@ -185,6 +193,17 @@ class Simulator:
             if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
                 return (lambda: Level(lowered=replace(entry.interpreted.lowered, reason="its hooked form peaks higher"),
                                       inputs=entry.interpreted_inputs)), other
+        return self._fewest_splits(entry, level, out, budget, timeline, emit)
+
+    def _fewest_splits(self, entry: Prepared, level: Level, out, budget: int, timeline: bool, emit: bool):
+        """`level`, a form of `entry` and its kernel run `out`, or where it splits the optimizer's step and
+        the hooked form that runs the step whole fits `budget` no slower, that one (each split costs a
+        stretch of the step: memplan.tracing.stepwise)."""
+        whole = entry.whole if level.lowered.level == HOOKED and out[2][K.I_FEASIBLE] else None
+        if whole is not None:
+            other = self._run_inputs(whole.inputs, budget, timeline, emit)
+            if other[2][K.I_FEASIBLE] and other[1][K.R_TIME] <= out[1][K.R_TIME]:
+                return (lambda: whole), other
         return (lambda: level), out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:

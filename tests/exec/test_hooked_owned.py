@@ -18,9 +18,11 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
+from memplan.budget import NO_LIMIT
 from memplan.problem import Problem
 from memplan.cost.profiles import get_profile
 from memplan.exec.meter import MemoryMeter
+from memplan.sim.levels import Prepared
 from memplan.sim.simulate import Simulator
 from memplan.model import Decision, Plan, Trace
 from memplan.workflows.optimize import optimize, trace_step
@@ -228,12 +230,14 @@ def _run_probed(make, plan: Plan, trace: Trace):
     return w, stats, probe.held
 
 
-def test_optimizer_state_leaves_inside_the_step_a_parameter_at_a_time(case):
+def test_optimizer_state_leaves_inside_the_step_a_parameter_at_a_time(case, monkeypatch):
     # The step updates one parameter at a time (SGD and AdamW, single-tensor): the tracer marks each
     # update (memplan.tracing.stepwise), and a state swapped from its parameter's update to the next
     # step's leaves at the next update's mark, not at the step's end: by the last parameter's update
     # the first parameter's state holds no bytes. On the trace without those marks it still does (the
-    # oracle can fail), and both train bit-identically.
+    # oracle can fail), and both train bit-identically. (The split form as a plan runs it where the
+    # step run whole would not fit: this small step fits either way, and would run whole, below.)
+    monkeypatch.setattr(Prepared, "whole", None)
     make, trace, ref = case
     updates = [m.key for m in trace.marks if m.kind == "update"]
     assert updates == [name for name, _ in ref.model.named_parameters()]
@@ -242,9 +246,25 @@ def test_optimizer_state_leaves_inside_the_step_a_parameter_at_a_time(case):
     assert stats["level"] == "hooked" and stats["ops_in_mode"] == 0 and stats["unresolved"] == 0
     _check_identical(got, ref)
     assert held[1:] == [0] * (STEPS - 1)  # the first step creates the state
-    simulator = Simulator(trace, Problem.of(trace, profile=CPU).cost)  # each update's stretch priced as a call
+    simulator = Simulator(trace, Problem.of(trace, profile=CPU).cost)  # an update mark's firing: one hook call
     assert stats["hook_calls"] / STEPS == simulator.lowering.sites.firings(simulator.lower(plan.decisions).sites).sum()
     unmarked = dataclasses.replace(trace, marks=tuple(m for m in trace.marks if m.kind != "update"))
     got, stats, held = _run_probed(make, dataclasses.replace(plan, trace_digest=unmarked.digest), unmarked)
     assert stats["level"] == "hooked" and min(held[1:]) > 0
+    _check_identical(got, ref)
+
+
+def test_a_plan_that_fits_with_the_step_whole_runs_it_whole(case):
+    # Each split of the step costs a stretch (one more call of the optimizer's step): where the plan's
+    # hooked form with the step run whole fits no slower, that one is simulated and run, with no hook
+    # inside the step; the state is then away only between steps.
+    make, trace, ref = case
+    plan = owned_plan(trace, ("state",))
+    simulator = Simulator(trace, Problem.of(trace, profile=CPU).cost)
+    result, _, _, lowered = simulator.program_rows(plan, NO_LIMIT)
+    assert lowered.whole_step and result.time_s < simulator.hooked(plan, NO_LIMIT).time_s
+    got, stats, held = _run_probed(make, plan, trace)
+    assert stats["level"] == "hooked" and stats["hook_calls"] / STEPS == \
+        simulator.lowering.sites.firings(lowered.sites).sum()
+    assert not any(kind == "update" for kind, _ in lowered.sites.marks) and min(held[1:]) > 0
     _check_identical(got, ref)

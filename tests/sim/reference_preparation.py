@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 
 from memplan.budget import limited
 from memplan.model.hookpoints import first_packs
-from memplan.model.hooksites import HookSites
+from memplan.model.hooksites import HookSites, without_updates
 from memplan.sim import _codes as K
 from memplan.sim.arrays import csr, host_peak, host_per_op
 from memplan.sim.chains import Chain, plan_chains
@@ -102,12 +103,18 @@ class ReferenceLowering:
 
     def host(self, plain, cost, decisions, regions):
         """The host's work per op of a hooked program: plain training's, plus a hook's price per firing of the
-        hooks its points need (which, and where they fire, is the library's `HookSites`)."""
+        hooks its points need and a stretch's per split of the optimizer's step (which, and where they fire,
+        is the library's `HookSites`)."""
         if not cost.executor_s("hook_call"):
             return plain.copy()
+        sites = self.installed(decisions, regions)
+        return plain + cost.executor_s("hook_call") * self.sites.firings(sites) + \
+            cost.executor_s("stretch") * self.sites.stretches(sites)
+
+    def installed(self, decisions, regions):
+        """The sites the hooked program of `decisions` (lowered) needs."""
         points = [p for d in decisions for p in (d.out_after + 1, d.prefetch_at, self.before(d.back_before))]
-        sites = self.sites.installed(points, {d.storage for d in decisions}, {run.call for run in regions.values()})
-        return plain + cost.executor_s("hook_call") * self.sites.firings(sites)
+        return self.sites.installed(points, {d.storage for d in decisions}, {run.call for run in regions.values()})
 
     def runs(self, decisions):
         """The region run of each recompute decision some call can run (by index)."""
@@ -277,7 +284,7 @@ def reference_run(sim, plan, budget, hooked_only=False):
     decisions = tuple(plan.decisions)
     level, lowered, regions, holds, dropped, reason = lowering.lower(decisions)
 
-    def run(level, decisions, regions, holds):
+    def run(level, decisions, regions, holds, lowering=lowering):
         chains = lowering.chains(decisions, regions, producers) if level == HOOKED else (
             plan_chains(sim.trace, decisions, sim._durations, producers) if level == INTERPRETED else {})
         plain = host_per_op(sim.trace, sim.cost)[level]
@@ -303,4 +310,13 @@ def reference_run(sim, plan, budget, hooked_only=False):
             other = run(INTERPRETED, decisions, {}, {})
             if other[1][K.I_PEAK] < out[1][K.I_PEAK]:
                 return (INTERPRETED, 0, "its hooked form peaks higher", *other)
+    if level == HOOKED and out[1][K.I_FEASIBLE] and \
+            any(kind == "update" for kind, _ in lowering.installed(lowered, regions).marks):
+        # the hooked form with the optimizer's step run whole, where it fits no slower (each split costs)
+        whole = ReferenceLowering(SimpleNamespace(trace=without_updates(sim.trace), lowering=sim.whole_step_lowering))
+        w_level, w_lowered, w_regions, w_holds, w_dropped, w_reason = whole.lower(decisions)
+        if w_level == HOOKED:
+            other = run(HOOKED, w_lowered, w_regions, w_holds, whole)
+            if other[1][K.I_FEASIBLE] and other[0][K.R_TIME] <= out[0][K.R_TIME]:
+                return (HOOKED, w_dropped, w_reason, *other)
     return (level, dropped, reason, *out)

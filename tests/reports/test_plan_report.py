@@ -64,7 +64,8 @@ def test_the_page_shows_the_plan_on_its_trace(files):
 def test_the_drawn_residencies_add_up_to_the_simulated_load(files, monkeypatch):
     """While each op runs, the storages the page draws as resident (all of them shown) hold the load
     of the simulator's timeline then. The rows put an allocation where the work before its op begins
-    and a swap-out's release where its copy ends; the simulator may put one a wait later, so a few
+    and a swap-out's release where its copy ends; the simulator may put one a wait later (at the next
+    hook site of a hooked plan: inside the optimizer's step, the next parameter's update), so a few
     ops may differ, by one storage."""
     _, trace, plan = files
     monkeypatch.setattr(plan_report, "MAX_ROWS", len(trace.storages))
@@ -77,7 +78,7 @@ def test_the_drawn_residencies_add_up_to_the_simulated_load(files, monkeypatch):
     for t in running:
         drawn = sum(r["bytes"] for r in data["storages"]["rows"] if any(a <= t < b for a, b in r["t"]))
         differ += [abs(drawn - loads[np.searchsorted(times, t, side="right") - 1])]
-    assert sum(d > 0 for d in differ) <= 0.02 * len(running)
+    assert sum(d > 0 for d in differ) <= 0.03 * len(running)
     assert max(differ) <= max(s.nbytes for s in trace.storages)
 
 

@@ -132,7 +132,7 @@ class HookedRunner(Mover):
     # --- installation and steps ---------------------------------------------------------------
 
     def __enter__(self):
-        updates = [key for kind, key in self.sites.marks if kind == "update"]
+        updates = self.sites.updates
         self.stepwise = split_step(self.finder.optimizer, self.finder.model, updates,
                                    lambda key: self._marked(("update", key))) if updates else None  # may refuse
         handles = []

@@ -55,6 +55,11 @@ class Installed:
     marks: frozenset  # (kind, key) of the marks hooked
     hooked_packs: np.ndarray  # bool per pack: inside a window
 
+    @property
+    def updates(self) -> list[str]:
+        """The parameters whose update marks are hooked: the optimizer's step is split there."""
+        return [key for kind, key in self.marks if kind == "update"]
+
 
 class HookSites:
     """The sites of one trace's step, and the rule of which decisions can run there."""
@@ -196,7 +201,7 @@ class HookSites:
     def stretches(self, sites: Installed) -> np.ndarray:
         """Per op, the stretches of the optimizer's step the installed update marks split off there (each
         one more call of the step: memplan.tracing.stepwise)."""
-        return _per_op([self._mark_array[k] for k in sites.marks if k[0] == "update"], max(self.n_ops, 1))
+        return _per_op([self._mark_array["update", key] for key in sites.updates], max(self.n_ops, 1))
 
     def _hooked_packs(self, windows) -> np.ndarray:
         """bool per pack: saved inside one of `windows`."""

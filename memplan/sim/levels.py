@@ -69,7 +69,7 @@ class Prepared:
         """Its hooked form with the optimizer's step run whole (no hook inside it), where its hooked form
         splits the step (memplan.tracing.stepwise), else None."""
         lowered = self.lowered
-        if lowered.level != HOOKED or not any(kind == "update" for kind, _ in lowered.sites.marks):
+        if lowered.level != HOOKED or not lowered.sites.updates:
             return None
         whole = self._sim.whole_step_lowering.lower(self.decisions, self.arrays)
         if whole.level != HOOKED:

@@ -47,11 +47,11 @@ from ..model import Op, Owner, Saved, Trace
 from .classify import kind_of, to_storage
 from .context import ProgramContext
 from .fake import new_fake_mode, optimizer_as_on_device, quiet_fake_warnings
-from .stepwise import update_marks
 from .mathmode import math_settings
 from .opbench import OpBench
 from .opinfo import bytes_accessed, conv_params, counts_as_op, flops_of, is_recorded, moves_no_data, split_tensors
 from .optimes import time_ops as time_ops_apart
+from .stepwise import update_marks
 from .storages import StorageTable
 
 log = logging.getLogger(__name__)

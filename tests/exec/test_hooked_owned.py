@@ -22,6 +22,7 @@ from memplan.budget import NO_LIMIT
 from memplan.problem import Problem
 from memplan.cost.profiles import get_profile
 from memplan.exec.meter import MemoryMeter
+from memplan.model.hooksites import without_updates
 from memplan.sim.levels import Prepared
 from memplan.sim.simulate import Simulator
 from memplan.model import Decision, Plan, Trace
@@ -248,7 +249,7 @@ def test_optimizer_state_leaves_inside_the_step_a_parameter_at_a_time(case, monk
     assert held[1:] == [0] * (STEPS - 1)  # the first step creates the state
     simulator = Simulator(trace, Problem.of(trace, profile=CPU).cost)  # an update mark's firing: one hook call
     assert stats["hook_calls"] / STEPS == simulator.lowering.sites.firings(simulator.lower(plan.decisions).sites).sum()
-    unmarked = dataclasses.replace(trace, marks=tuple(m for m in trace.marks if m.kind != "update"))
+    unmarked = without_updates(trace)
     got, stats, held = _run_probed(make, dataclasses.replace(plan, trace_digest=unmarked.digest), unmarked)
     assert stats["level"] == "hooked" and min(held[1:]) > 0
     _check_identical(got, ref)
@@ -266,5 +267,5 @@ def test_a_plan_that_fits_with_the_step_whole_runs_it_whole(case):
     got, stats, held = _run_probed(make, plan, trace)
     assert stats["level"] == "hooked" and stats["hook_calls"] / STEPS == \
         simulator.lowering.sites.firings(lowered.sites).sum()
-    assert not any(kind == "update" for kind, _ in lowered.sites.marks) and min(held[1:]) > 0
+    assert not lowered.sites.updates and min(held[1:]) > 0
     _check_identical(got, ref)

@@ -19,6 +19,7 @@ from memplan.budget import parse_budget
 from memplan.cost.model import Cost
 from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision, Plan
+from memplan.model.hooksites import without_updates
 from memplan.model.program import INTERPRETED
 from memplan.planners.base import plan as make_plan
 from memplan.planners.bound import check_ops, fewest_away, lower_bound
@@ -217,12 +218,6 @@ def test_milp_and_auto_report_the_bound_and_their_gap(planner):
     assert report["gap"] == pytest.approx(overhead - report["bound"], abs=1e-9)
 
 
-def _stepped_whole(trace):
-    """`trace` as if its optimizer stepped every parameter in one go (a multi-tensor step, as `foreach`
-    does): no hook inside the step (memplan.tracing.stepwise)."""
-    return replace(trace, marks=tuple(m for m in trace.marks if m.kind != "update"))
-
-
 SMALL_GPT2 = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "seq_len": 32}
 
 
@@ -233,7 +228,7 @@ def test_where_only_the_interpreted_executor_can_fit_the_bound_counts_its_host_w
     from memplan.planners.bound import hooks_cannot_fit
     from memplan.workflows.workloads import trace_workload
 
-    trace = _stepped_whole(trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2))
+    trace = without_updates(trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2))
     cost = Cost.for_trace(trace, "h100")
     assert cost.priced_host and trace.saved
     low = int(0.5 * trace.peak_load_bytes)
@@ -266,7 +261,7 @@ def test_where_the_step_updates_a_parameter_at_a_time_hooked_plans_fit_below_the
 
     trace = trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2)
     low = int(0.5 * trace.peak_load_bytes)
-    assert hooks_cannot_fit(_stepped_whole(trace), low) and not hooks_cannot_fit(trace, low)
+    assert hooks_cannot_fit(without_updates(trace), low) and not hooks_cannot_fit(trace, low)
     step = np.arange(max(op.index for op in trace.ops if op.phase == "backward") + 1, len(trace.ops))
     assert HookedAway(trace).at(int(step[np.argmax(trace.load[step])]), np.arange(len(trace.storages))).any()
 
@@ -282,7 +277,7 @@ def test_no_hook_moves_a_weight_at_the_optimizers_step_nor_a_storage_before_auto
     from memplan.planners.bound.levels import HookedAway
     from memplan.workflows.workloads import trace_workload
 
-    trace = _stepped_whole(trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2))
+    trace = without_updates(trace_workload("hf:gpt2", 1, fake=True, **SMALL_GPT2))
     hooked = HookedAway(trace)
     every = np.arange(len(trace.storages))
     last_backward = max(op.index for op in trace.ops if op.phase == "backward")

@@ -311,7 +311,7 @@ def reference_run(sim, plan, budget, hooked_only=False):
             if other[1][K.I_PEAK] < out[1][K.I_PEAK]:
                 return (INTERPRETED, 0, "its hooked form peaks higher", *other)
     if level == HOOKED and out[1][K.I_FEASIBLE] and \
-            any(kind == "update" for kind, _ in lowering.installed(lowered, regions).marks):
+            lowering.installed(lowered, regions).updates:
         # the hooked form with the optimizer's step run whole, where it fits no slower (each split costs)
         whole = ReferenceLowering(SimpleNamespace(trace=without_updates(sim.trace), lowering=sim.whole_step_lowering))
         w_level, w_lowered, w_regions, w_holds, w_dropped, w_reason = whole.lower(decisions)

@@ -207,14 +207,18 @@ class Simulator:
         return (lambda: level), out
 
     def hooked(self, plan: Plan, budget_bytes: int) -> SimResult | None:
-        """The simulation of `plan`'s hooked form alone (None when it has none: memplan.sim.lowering)."""
+        """The simulation of `plan`'s hooked form alone, as the executor runs it: the optimizer's step
+        run whole where that fits no slower (None when it has none: memplan.sim.lowering)."""
         if plan.microbatches or not plan.decisions:
             return None
-        first = self._prepared(plan.decisions).first
-        if first.lowered.level == INTERPRETED:
+        entry = self._prepared(plan.decisions)
+        if entry.first.lowered.level == INTERPRETED:
             return None
-        inputs, floats, ints, recorded, _ = self._run_inputs(first.inputs, int(budget_bytes), False, False)
-        return self._result(inputs, floats, ints, recorded, False, first.lowered)
+        budget = int(budget_bytes)
+        level, out = self._fewest_splits(entry, entry.first, self._run_inputs(entry.first.inputs, budget, False, False),
+                                         budget, False, False)
+        inputs, floats, ints, recorded, _ = out
+        return self._result(inputs, floats, ints, recorded, False, level().lowered)
 
     def lower(self, decisions) -> Lowered:
         """`decisions` at the level they run (memplan.sim.lowering)."""

@@ -15,7 +15,7 @@ MIB = 2**20
 
 
 def chain_trace(n_layers: int = 8, act_bytes: int = 64 * MIB, param_bytes: int = 4 * MIB,
-                flops_per_layer: float = 2e11, sizes: list[int] | None = None) -> Trace:
+                flops_per_layer: float = 2e11, sizes: list[int] | None = None, state_bytes: int = 0) -> Trace:
     """A forward/backward/optimizer iteration of an n-layer chain.
 
     Args:
@@ -24,8 +24,10 @@ def chain_trace(n_layers: int = 8, act_bytes: int = 64 * MIB, param_bytes: int =
         param_bytes: size of every layer's weight (and its gradient).
         flops_per_layer: FLOPs of each forward op (backward ops do twice as much).
         sizes: per-layer activation sizes, overriding `act_bytes`.
+        state_bytes: when positive, every weight has an optimizer state of this size ("m3"), read and
+            written only by its update in the step (a momentum's).
     Returns:
-        The trace; storage names say what each one is ("x", "a3", "g3", "w3", "dw3").
+        The trace; storage names say what each one is ("x", "a3", "g3", "w3", "dw3", "m3").
     """
     sizes = sizes or [act_bytes] * n_layers
     b = _Builder()
@@ -46,8 +48,11 @@ def chain_trace(n_layers: int = 8, act_bytes: int = 64 * MIB, param_bytes: int =
              writes=[g_in, dw], flops=2 * flops_per_layer)
         grad = g_in
         grads.append(dw)
+    states = [b.storage(f"m{i}", state_bytes, "optimizer_state", pre=True, persistent=True) if state_bytes else None
+              for i in range(n_layers)]
     for i, dw in zip(reversed(range(n_layers)), grads):
-        b.op("aten.add_", "optimizer", "", reads=[weights[i], dw], writes=[weights[i]], flops=0)
+        m = [states[i]] if state_bytes else []
+        b.op("aten.add_", "optimizer", "", reads=[weights[i], dw] + m, writes=m + [weights[i]], flops=0)
     return b.build(meta={"source": "synthetic", "model": f"chain{n_layers}"})
 
 

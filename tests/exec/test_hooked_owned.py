@@ -255,15 +255,20 @@ def test_optimizer_state_leaves_inside_the_step_a_parameter_at_a_time(case, monk
     _check_identical(got, ref)
 
 
-def test_a_plan_that_fits_with_the_step_whole_runs_it_whole(case):
+def test_a_plan_that_fits_with_the_step_whole_runs_it_whole(case, monkeypatch):
     # Each split of the step costs a stretch (one more call of the optimizer's step): where the plan's
     # hooked form with the step run whole fits no slower, that one is simulated and run, with no hook
-    # inside the step; the state is then away only between steps.
+    # inside the step (by the planners' question too: `Simulator.hooked`); the state is then away only
+    # between steps.
     make, trace, ref = case
     plan = owned_plan(trace, ("state",))
-    simulator = Simulator(trace, Problem.of(trace, profile=CPU).cost)
+    cost = Problem.of(trace, profile=CPU).cost
+    simulator = Simulator(trace, cost)
     result, _, _, lowered = simulator.program_rows(plan, NO_LIMIT)
-    assert lowered.whole_step and result.time_s < simulator.hooked(plan, NO_LIMIT).time_s
+    assert lowered.whole_step and simulator.hooked(plan, NO_LIMIT).time_s == result.time_s
+    with monkeypatch.context() as patched:
+        patched.setattr(Prepared, "whole", None)
+        assert result.time_s < Simulator(trace, cost).hooked(plan, NO_LIMIT).time_s  # the step split
     got, stats, held = _run_probed(make, plan, trace)
     assert stats["level"] == "hooked" and stats["hook_calls"] / STEPS == \
         simulator.lowering.sites.firings(lowered.sites).sum()

@@ -295,9 +295,10 @@ def reference_run(sim, plan, budget, hooked_only=False):
         peak = host_peak(args[9], args[10], recorded, ints) if ints[K.I_FEASIBLE] else 0
         return floats, ints, peak
 
+    if hooked_only and (level == INTERPRETED or not decisions):
+        return None
     if hooked_only:
-        return None if level == INTERPRETED or not decisions else (level, dropped, reason,
-                                                                     *run(level, lowered, regions, holds))
+        return _fewest_splits(sim, lowering, decisions, level, lowered, regions, holds, dropped, reason, run)
     if plan.level == INTERPRETED and level != INTERPRETED and decisions:  # planned so
         return (INTERPRETED, 0, f"planned so: its hooked form missed the budget it was made for, or ran slower "
                                 f"({reason or 'actions at later hook points'})", *run(INTERPRETED, decisions, {}, {}))
@@ -310,9 +311,16 @@ def reference_run(sim, plan, budget, hooked_only=False):
             other = run(INTERPRETED, decisions, {}, {})
             if other[1][K.I_PEAK] < out[1][K.I_PEAK]:
                 return (INTERPRETED, 0, "its hooked form peaks higher", *other)
-    if level == HOOKED and out[1][K.I_FEASIBLE] and \
-            lowering.installed(lowered, regions).updates:
-        # the hooked form with the optimizer's step run whole, where it fits no slower (each split costs)
+    if level == HOOKED:
+        return _fewest_splits(sim, lowering, decisions, level, lowered, regions, holds, dropped, reason, run, out)
+    return (level, dropped, reason, *out)
+
+
+def _fewest_splits(sim, lowering, decisions, level, lowered, regions, holds, dropped, reason, run, out=None):
+    """The hooked form's result, or the one with the optimizer's step run whole where it fits no slower
+    (each split costs)."""
+    out = run(level, lowered, regions, holds) if out is None else out
+    if out[1][K.I_FEASIBLE] and lowering.installed(lowered, regions).updates:
         whole = ReferenceLowering(SimpleNamespace(trace=without_updates(sim.trace), lowering=sim.whole_step_lowering))
         w_level, w_lowered, w_regions, w_holds, w_dropped, w_reason = whole.lower(decisions)
         if w_level == HOOKED:

@@ -12,7 +12,8 @@ one thing at a time, largest feature map first:
   (a swap the validator would refuse it beside: on vgg16@64 at 50% the 37 MiB input image swapped
   kept the 784 MiB first convolution's output swapped, its copies stalling the step, where
   recomputing it costs 0.6 ms);
-- every other swap (weights, optimizer state, small storages): drop it, or move its prefetch.
+- every other swap (weights, optimizer state, small storages): drop it, or move its prefetch (one
+  across the iteration boundary too, within the head of the step it is due in).
 A change is kept when the plan then simulates faster within the budget and the validator accepts
 it, and sweeps repeat until one changes nothing or the deadline passes. So the plan returned is
 never slower than the one it started from.
@@ -116,13 +117,15 @@ class PlanSearch:
             yield kept
 
     def _trigger_moves(self, decisions: list[Decision], i: int):
-        """The swap at `i` with its prefetch one backward layer start earlier, then later (within its gap)."""
+        """The swap at `i` with its prefetch one backward layer start earlier, then later (within its gap;
+        across the iteration boundary, in the head: before it is due)."""
         d = decisions[i]
-        if d.wraps:
-            return
         at = d.prefetch_at
+        if d.wraps and at > d.out_after:
+            return  # prefetched in the tail, for the next iteration: left as planned
         earlier = bisect.bisect_left(self.starts, at) - 1
         later = bisect.bisect_right(self.starts, at)
+        first = -1 if d.wraps else d.out_after  # a head prefetch may be issued from the first op on
         for j in (earlier, later):
-            if 0 <= j < len(self.starts) and d.out_after < self.starts[j] <= d.back_before:
+            if 0 <= j < len(self.starts) and first < self.starts[j] <= d.back_before:
                 yield decisions[:i] + [replace(d, trigger=self.starts[j])] + decisions[i + 1:]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
 from memplan.cost.model import Cost
@@ -85,3 +86,50 @@ def test_a_prefetch_across_the_iteration_boundary_moves_within_its_head():
     assert all(validate(trace, Plan(decisions=(d,))) == [] for d in [swap] + moved)
     tail = replace(swap, back_before=update - 1, trigger=update + 1)  # issued after its update: for the next step
     assert tail.wraps and list(search._trigger_moves([tail], 0)) == []
+
+
+def _gap(trace, name: str) -> tuple[int, int, int]:
+    """(storage, last forward access, first backward access) of an activation of `chain_trace`."""
+    sid = next(s.id for s in trace.storages if s.name == name)
+    accesses = trace.accesses[sid]
+    return sid, accesses[-2], accesses[-1]
+
+
+def test_prefetches_are_issued_again_in_order_of_need_each_as_soon_as_it_fits():
+    """`retimed`: a plan's prefetches issued by §4.5, the one due first first, each at the first op
+    from which its bytes fit under the cap until it is due (from the backward's first op on), then at
+    the first hook point from there."""
+    from memplan.model import Decision
+    from memplan.planners.kit.gaps import load_without
+    from memplan.planners.kit.prefetch import retimed
+    from memplan.planners.kit.saved import first_backward_op
+
+    trace = chain_trace(6)
+    (a1, *_), (a2, _, a2_due) = gaps = [_gap(trace, "a1"), _gap(trace, "a2")]  # a2 is due first
+    late = [Decision(storage=s, action="swap", out_after=o, back_before=b, trigger=b) for s, o, b in gaps]
+    cap = int(load_without(trace, gaps).max()) + trace.nbytes[a2]  # room for one of them at the peak
+    again = {d.storage: d.trigger for d in retimed(trace, late, cap)}
+    assert again == {a2: first_backward_op(trace), a1: a2_due}  # a1 fits only once a2 is in use
+    points = np.arange(len(trace.ops) + 1)
+    points[again[a2]] = again[a2] + 1  # no hook point at a2's op: the next one, still before it is due
+    assert {d.storage: d.trigger for d in retimed(trace, late, cap, points)} == {a2: again[a2] + 1, a1: a2_due}
+
+
+def test_a_swap_no_feature_map_owns_is_exchanged_for_a_feature_map():
+    """An optimizer state swapped over the iteration boundary is tried in place of each of the
+    EXCHANGED_WITH largest feature maps without a decision, swapped and recomputed, with every prefetch
+    issued again: where the plan fits only with one of the two, no single change finds the other (the
+    state's actions fall in the optimizer's step, the activation's in the forward)."""
+    from memplan.model import Decision
+    from memplan.planners.kit.plan_search import EXCHANGED_WITH
+
+    trace = chain_trace(4, state_bytes=8 * MIB)
+    state = next(s.id for s in trace.storages if s.name == "m3")
+    update = trace.accesses[state][0]
+    swap = Decision(storage=state, action="swap", out_after=update, back_before=update, trigger=update)
+    fm = feature_maps(trace)
+    search = PlanSearch(fm, Simulator(trace, Cost.for_trace(trace, "h100")), trace.peak_load_bytes)
+    exchanged = {(t[0].storage, t[0].action) for t in search._sweep([swap]) if len(t) == 1 and t[0].storage != state}
+    largest = search.order[:EXCHANGED_WITH]
+    assert exchanged == {(int(fm.storage[k]), a) for k in largest for a in ("swap", "recompute")
+                         if a == "swap" or fm.recomputable[k]}

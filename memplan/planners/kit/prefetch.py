@@ -4,7 +4,8 @@
   backward layer `lead` layers before the one that needs the storage starts
   (`lead_trigger` over `backward_layer_starts`).
 - Paper 002 §4.5 (the DQN planner, TFLMS, SuperNeurons' modes): the earliest reused absent
-  storage first, each as soon as it fits (`prefetch_triggers`, `gap_decisions`).
+  storage first, each as soon as it fits (`prefetch_triggers`, `gap_decisions`); `retimed` applies
+  it to any plan's swaps, at the hooked executor's points.
 
 Every planner lists its decisions in the simulator's issue order (`in_issue_order`).
 """
@@ -12,6 +13,7 @@ Every planner lists its decisions in the simulator's issue order (`in_issue_orde
 from __future__ import annotations
 
 import bisect
+from dataclasses import replace
 
 import numpy as np
 
@@ -76,6 +78,36 @@ def prefetch_triggers(trace: Trace, swaps, load: np.ndarray, cap: int) -> list[i
         triggers.append(trigger)
         previous = trigger
     return triggers
+
+
+def retimed(trace: Trace, decisions, cap: int, points: np.ndarray | None = None) -> tuple[Decision, ...]:
+    """`decisions` with every swap's prefetch issued again by §4.5 (`prefetch_triggers`): in order of
+    need, each as soon as it fits under `cap`, and onto the first hook point at or after that op
+    (`points`: the first point at or after each op, `HookSites.after_of`; None: any op), where the
+    hooked executor issues it (lowered to the last point before it, a prefetch may land before a peak
+    it should wait out). A swap across the iteration boundary holds its bytes from its swap-out to
+    the step's end in that load: its copy out (a large optimizer state's, after its update) outlasts
+    the rest of the step, and the bytes are freed only when it is done. Other decisions are kept."""
+    swaps = [(d.storage, d.out_after, d.back_before) for d in decisions if d.action == "swap"]
+    if not swaps:
+        return tuple(decisions)
+    load = load_without(trace, [(d.storage, d.out_after, d.back_before) for d in decisions])
+    for sid, out_after, back in swaps:
+        if back <= out_after:
+            load[out_after + 1:] += trace.nbytes[sid]
+    order = sorted(set(swaps), key=lambda g: (g[2], g[0]))
+    trigger = dict(zip(order, prefetch_triggers(trace, order, load, cap)))
+    if points is not None:
+        trigger = {g: _at_point(points, t, g[2]) for g, t in trigger.items()}
+    return in_issue_order(replace(d, trigger=trigger[d.storage, d.out_after, d.back_before]) if d.action == "swap"
+                          else d for d in decisions)
+
+
+def _at_point(points: np.ndarray, trigger: int, back_before: int) -> int:
+    """`trigger` moved onto the first point at or after it, where that is still no later than the op
+    that needs the storage (else left where it is)."""
+    later = int(points[trigger])
+    return later if later <= back_before else trigger
 
 
 def gap_decisions(trace: Trace, swaps, recomputes, cap: int | None = None,

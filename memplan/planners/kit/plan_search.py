@@ -18,7 +18,7 @@ one thing at a time, largest feature map first:
   swapped or recomputed (what no single change finds where the plan fits only with one of them: an
   optimizer state's actions fall in the optimizer's step, where the host is the bottleneck, and an
   activation's in the forward; gpt2@8 with 4 layers at 70%: 8.4% -> 7.3%).
-Each sweep first tries every prefetch issued again by §4.5 (`memplan.planners.kit.prefetch.retimed`:
+Where none of those improves the plan, every prefetch issued again by §4.5 is tried (`memplan.planners.kit.prefetch.retimed`:
 in order of need, each as soon as it fits, at a hook point): a planner's own prefetch ops can crowd
 the host-to-device engine in another order (gpt2@8 with 4 layers at 70%: autoswap:bo's plan brought
 the tied embedding's Adam states back before the activations due earlier, which then stalled the
@@ -76,11 +76,8 @@ class PlanSearch:
         return plan if decisions == list(plan.decisions) else Plan(decisions=tuple(decisions))
 
     def _sweep(self, decisions: list[Decision]):
-        """Every neighbour of `decisions`: its prefetches issued again, feature maps largest first, the
-        other swaps, then those swaps exchanged for feature maps."""
-        again = self._retimed(decisions)
-        if again != decisions:
-            yield again
+        """Every neighbour of `decisions`: feature maps largest first, the other swaps, its prefetches
+        issued again, then the other swaps exchanged for feature maps."""
         by_storage = {d.storage: i for i, d in enumerate(decisions)}
         covered = set()
         for k in self.order:
@@ -94,6 +91,9 @@ class PlanSearch:
         for i in others:
             yield decisions[:i] + decisions[i + 1:]
             yield from self._trigger_moves(decisions, i)
+        again = self._retimed(decisions)
+        if again != decisions:
+            yield again
         free = [k for k in self.order if int(self.fm.storage[k]) not in by_storage][:EXCHANGED_WITH]
         for i in others:
             for k in free:  # prefetches issued again: the feature map's own lead rarely suits the others'

@@ -13,16 +13,17 @@ one thing at a time, largest feature map first:
   kept the 784 MiB first convolution's output swapped, its copies stalling the step, where
   recomputing it costs 0.6 ms);
 - every other swap (weights, optimizer state, small storages): drop it, or move its prefetch (one
-  across the iteration boundary too, within the head of the step it is due in);
+  across the iteration boundary too, within the head of the step it is due in).
+Where none of those improves the plan, two more:
+- every prefetch issued again by §4.5 (`memplan.planners.kit.prefetch.retimed`: in order of need,
+  each as soon as it fits, at a hook point): a planner's own prefetch ops can crowd the
+  host-to-device engine in another order (gpt2@8 with 4 layers at 70%: autoswap:bo's plan brought
+  the tied embedding's Adam states back before the activations due earlier, which then stalled);
 - every other swap exchanged for one of the EXCHANGED_WITH largest feature maps without a decision,
-  swapped or recomputed (what no single change finds where the plan fits only with one of them: an
-  optimizer state's actions fall in the optimizer's step, where the host is the bottleneck, and an
-  activation's in the forward; gpt2@8 with 4 layers at 70%: 8.4% -> 7.3%).
-Where none of those improves the plan, every prefetch issued again by §4.5 is tried (`memplan.planners.kit.prefetch.retimed`:
-in order of need, each as soon as it fits, at a hook point): a planner's own prefetch ops can crowd
-the host-to-device engine in another order (gpt2@8 with 4 layers at 70%: autoswap:bo's plan brought
-the tied embedding's Adam states back before the activations due earlier, which then stalled the
-step). A change is kept when the plan then simulates faster within the budget and the validator accepts
+  swapped or recomputed, the prefetches issued again: a plan that fits only with one of the two is
+  not reached one change at a time (there an optimizer state's actions fall in the optimizer's step,
+  where the host is the bottleneck, an activation's in the forward; 8.4% -> 7.3%).
+A change is kept when the plan then simulates faster within the budget and the validator accepts
 it, and sweeps repeat until one changes nothing or the deadline passes. So the plan returned is
 never slower than the one it started from.
 """

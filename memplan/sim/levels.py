@@ -60,9 +60,7 @@ class Prepared:
     @cached_property
     def first(self) -> Level:
         """The form simulated first: hooked where the plan has one, else as it runs."""
-        lowered = self.lowered
-        priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
-        return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
+        return self._level(self.lowered)
 
     @cached_property
     def whole(self) -> Level | None:
@@ -72,10 +70,12 @@ class Prepared:
         if lowered.level != HOOKED or not lowered.sites.updates:
             return None
         whole = self._sim.whole_step_lowering.lower(self.decisions, self.arrays)
-        if whole.level != HOOKED:
-            return None
-        priced = self.priced if whole.kept is None else self.priced.take(whole.kept)
-        return Level(lowered=whole, inputs=self._sim._prepare.inputs(whole, priced))
+        return self._level(whole) if whole.level == HOOKED else None
+
+    def _level(self, lowered: Lowered) -> Level:
+        """`lowered` (a form of this plan) with the kernel's arrays for the decisions it runs."""
+        priced = self.priced if lowered.kept is None else self.priced.take(lowered.kept)
+        return Level(lowered=lowered, inputs=self._sim._prepare.inputs(lowered, priced))
 
     @cached_property
     def interpreted_inputs(self) -> KernelInputs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from memplan.errors import InfeasibleBudgetError
 from memplan.model import Decision
 from memplan.planners.dtr.eviction import DtrRun
 from memplan.planners.base import plan
-from memplan.planners.dtr import dtr_decisions
+from memplan.planners.dtr import HOOKED_TRIES, _fitting, dtr_decisions
 from memplan.problem import Problem
 from memplan.sim.stage import simulate
 from memplan.sim.validate import validate
@@ -85,3 +86,35 @@ def test_runs_exactly_on_cpu_within_its_budget(capsys, model, batch, budget):
     assert out["planner"] == "dtr" and out["executor"]["recomputed"] > 0
     assert out["max_param_diff"] == 0.0 and out["max_buffer_diff"] == 0.0
     assert out["within_budget"]
+
+
+class _Levels:
+    """A simulator stand-in: every plan fits; the n-th run is at levels[n] and takes times[n]."""
+
+    def __init__(self, levels, times):
+        self.levels, self.times, self.plans = list(levels), list(times), []
+
+    def run(self, plan, budget):
+        n = len(self.plans)
+        self.plans.append(plan)
+        return SimpleNamespace(feasible=True, level=self.levels[n], time_s=self.times[n])
+
+
+@pytest.mark.parametrize("hooked_time, chosen", [(1.0, 1), (3.0, 0)])
+def test_an_interpreted_first_plan_gives_way_to_a_faster_hooked_one_at_a_lower_cap(hooked_time, chosen):
+    trace = _chain()
+    budget = trace.peak_load_bytes - 128 * MIB
+    sim = _Levels(["interpreted", "hooked", "hooked"], [2.0, hooked_time, 0.5])
+    found = _fitting(trace, Problem.of(trace).cost, sim, budget)
+    assert found is sim.plans[chosen] and len(sim.plans) == 2  # the first hooked plan ends the search
+    assert sim.plans[1].decisions != sim.plans[0].decisions  # a lower cap: other evictions
+
+
+def test_a_hooked_first_plan_is_taken_and_the_interpreted_kept_when_none_hooks():
+    trace = _chain()
+    budget = trace.peak_load_bytes - 128 * MIB
+    hooked = _Levels(["hooked"], [2.0])
+    assert _fitting(trace, Problem.of(trace).cost, hooked, budget) is hooked.plans[0]
+    interpreted = _Levels(["interpreted"] * 10, [2.0] * 10)
+    assert _fitting(trace, Problem.of(trace).cost, interpreted, budget) is interpreted.plans[0]
+    assert len(interpreted.plans) == 1 + HOOKED_TRIES

@@ -13,6 +13,8 @@ need more than c in the simulator. The planner therefore runs DTR at the budget 
 while the simulator does not fit the plan under the budget, again at lower caps (a fixed
 grid of shares of the trace's peak, at most MAX_TRIES runs). Evictions whose replay cannot run (an input gone
 or overwritten by then: `memplan.planners.kit.replayable`) are kept instead.
+Where the first plan that fits runs interpreted (DTR frees between the hooks' points or evicts what
+no hook takes away), a few lower caps are tried for one that fits at the hooks, the faster kept.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 
 from ...cost.model import Cost
 from ...model import Decision, Plan, Trace
+from ...model.program import INTERPRETED
 from ...problem import Problem
 from ...sim.simulate import Simulator, simulator_of
 from ...sim.validate import static_load
@@ -31,6 +34,7 @@ from .eviction import DtrRun
 
 MAX_TRIES = 10  # DTR runs (the budget, then lower caps) before the budget counts as out of reach
 GRID_STEP = 0.025  # the lower caps: multiples of this share of the trace's peak
+HOOKED_TRIES = 3  # caps tried below an interpreted plan for one that runs at the hooks
 NAMING_CAPS = 3  # caps tried per load while searching the smallest feasible load an infeasible budget names
 
 
@@ -81,14 +85,23 @@ def _caps(budget: int, peak: int) -> list[int]:
 def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int, tries: int = MAX_TRIES,
              deadline: float | None = None) -> Plan | None:
     """The first DTR plan over the first `tries` of `_caps` that fits `budget` (trying no cap after
-    `deadline`, a time.monotonic() value), or None."""
+    `deadline`, a time.monotonic() value), or None. Where that plan runs interpreted (DTR frees
+    between the hooks' points or evicts what no hook can take away), a lower cap's plan may fit at
+    the hooks: the faster of the first and the first hooked one within HOOKED_TRIES more caps."""
+    first, left = None, HOOKED_TRIES
     for cap in _caps(budget, trace.peak_load_bytes)[:tries]:
-        if deadline is not None and time.monotonic() >= deadline:
-            return None
+        if deadline is not None and time.monotonic() >= deadline or first is not None and left == 0:
+            break
         plan = Plan(decisions=dtr_decisions(trace, cost, cap))
-        if simulator.run(plan, budget).feasible and static_load(trace, plan.decisions).max() <= budget:
-            return plan
-    return None
+        result = simulator.run(plan, budget)
+        if first is not None:
+            left -= 1
+        if not result.feasible or static_load(trace, plan.decisions).max() > budget:
+            continue
+        if result.level != INTERPRETED:
+            return plan if first is None or result.time_s < first[0] else first[1]
+        first = first or (result.time_s, plan)
+    return first[1] if first else None
 
 
 def _feasible_load(trace: Trace, cost: Cost, simulator: Simulator, budget: int) -> int:

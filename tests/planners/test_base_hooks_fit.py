@@ -12,7 +12,7 @@ from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 
 
-@pytest.mark.parametrize("model, batch, planner", [("resnet18-cifar", 8, "tflms"), ("transformer-encoder", 2, "dtr")])
+@pytest.mark.parametrize("model, batch, planner", [("resnet18-cifar", 8, "tflms"), ("transformer-encoder", 2, "tflms")])
 def test_a_plan_whose_hooked_form_misses_its_budget_is_planned_again_until_it_fits(model, batch, planner):
     trace = memplan.trace_workload(model, batch, fake=True)
     cost = Problem.of(trace, profile="h100").cost

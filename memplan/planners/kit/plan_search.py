@@ -142,9 +142,9 @@ class PlanSearch:
             yield kept
 
     def _with_first_rebuild(self, decisions: list[Decision], i: int):
-        """The recomputation at `i` brought back at an earlier recomputation whose chain rebuilds its
-        storage as a passing input (each such, earliest first): due at one op, the chains run together
-        and rebuild it once (`memplan.sim.chains`), where apart it is replayed twice."""
+        """The recomputation at `i` brought back at the earliest recomputation whose chain rebuilds its
+        storage as a passing input: due at one op, the chains run together and rebuild it once
+        (`memplan.sim.chains`), where apart it is replayed twice."""
         d = decisions[i]
         away = {}  # storage -> the gaps it is recomputed away in
         for e in decisions:

@@ -90,8 +90,8 @@ def _fitting(trace: Trace, cost: Cost, simulator: Simulator, budget: int, tries:
     the hooks: the faster of the first and the first hooked one within HOOKED_TRIES more caps."""
     first, left = None, HOOKED_TRIES
     for cap in _caps(budget, trace.peak_load_bytes)[:tries]:
-        if deadline is not None and time.monotonic() >= deadline or first is not None and left == 0:
-            break
+        if (deadline is not None and time.monotonic() >= deadline) or (first is not None and left == 0):
+            break  # out of time, or HOOKED_TRIES caps tried past an interpreted plan
         plan = Plan(decisions=dtr_decisions(trace, cost, cap))
         result = simulator.run(plan, budget)
         if first is not None:

@@ -475,6 +475,36 @@ def test_an_op_a_recomputation_needs_is_replayed_once_at_least_however_many_stor
     assert _solve(lp, 10.0).fun == pytest.approx(10.0, rel=1e-3)  # (a 1e-4 share swapped instead)
 
 
+def test_a_weight_away_at_the_steps_start_costs_a_whole_swaps_actions_every_step():
+    """A storage away before its first access (a head) was swapped out in the previous step's tail: its
+    one swap across the boundary costs all four actions each step (memplan.sim._events), whether the
+    LP has it away in its head, its tail or both (issue 49: on the GPT-2 with 4 layers at 70% the LP
+    took twenty optimizer states' heads at two actions each)."""
+    from memplan.planners.bound import _solve
+    from memplan.planners.bound.absences import Absence
+    from memplan.planners.bound.lp import BoundLP, HostFloor
+
+    durations = np.ones(6)  # ms
+    host = HostFloor(per_op_ms=np.full(6, 0.5), action_ms=1.0, run_ms=0.0)  # 2 ms of slack for actions
+
+    def part(storage: int, at: int, head: bool) -> Absence:  # a 64 MiB weight's head (before op 2) or tail
+        return Absence(nbytes=64 * MIB, members=1, ops=np.array([at]), release=None if head else 3,
+                       due=2 if head else None, d2h_ms=0.0, h2d_ms=0.0, recompute_share=np.zeros(1),
+                       recompute_ms=np.zeros(1), fewest=1.0, storages=(storage,))
+
+    def late_ms(units) -> float:  # ops 1 and 4 each 64 MiB over the budget where a unit is away there
+        checks = np.array(sorted({int(u.ops[0]) for u in units}))
+        excess = np.zeros(6)
+        excess[checks] = 64 * MIB
+        return _solve(BoundLP(durations, excess, checks, checks, units, host), 10.0).fun
+
+    # four actions a swap at 1 ms each, 2 ms of them free: the head alone, or with the same weight's
+    # tail (one swap), ends 2 ms late; the head of one weight and the tail of another (two swaps), 6 ms
+    assert late_ms([part(7, 1, head=True)]) == pytest.approx(2.0)
+    assert late_ms([part(7, 1, head=True), part(7, 4, head=False)]) == pytest.approx(2.0)
+    assert late_ms([part(7, 1, head=True), part(8, 4, head=False)]) == pytest.approx(6.0)
+
+
 @given(trace=training_traces(), budget=budget_shares())
 def test_least_actions_is_the_fewest_actions_of_what_brings_an_op_within_the_budget(trace, budget):
     """Brute force over every group of the storages alive at the peak op that it does not access:

@@ -25,9 +25,11 @@ Where the host's work is priced (`host`: its least work per op, in ms), the devi
 before the host has issued it and every op before it (the simulator's asynchronous host): at
 every time op j, its start is at least the host's work up to and including j; and the step ends
 no earlier than the host's work for every op, plus the actions of every storage away at some
-check op: four for a swap (out, release, prefetch, wait; two each for the tail and the head of
-one across the iteration boundary), two for a recomputation (drop, run), each times its largest
-share away that way (the end of its running maximum) and the fewest storages that share is; and
+check op: four for a swap (out, release, prefetch, wait), two for a recomputation (drop, run), each
+times its largest share away that way (the end of its running maximum) and the fewest storages that
+share is. A storage's tail and head (after its last access, before its first) are one swap across the
+iteration boundary, which acts four times every step: four times the larger of their shares (merged
+units, whose members' tails and heads need not pair up, half of that each); and
 one recomputation's run where any share is recomputed, and the host's work of issuing again each op
 replayed once at least (below).
 """
@@ -139,16 +141,20 @@ class BoundLP:
         issued = np.cumsum(host.per_op_ms)  # the host's work up to and including each op
         for j in self.times:
             self.c.ge([(self.delta[j], 1)], issued[j] - self.start[j])
-        actions = []
+        actions, across = [], {}
         for k, u in enumerate(self.units):
-            # its largest share away by a swap and by a recomputation: the running maxima's ends;
-            # a weight's tail and head are one swap across the boundary: half its actions each
-            swap = SWAP_ACTIONS if u.release is not None and u.due is not None else SWAP_ACTIONS / 2
+            # its largest share away by a swap and by a recomputation: the running maxima's ends
             swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None \
                 else self._running(self.x[k], forward=True)[-1]
-            actions.append((swapped, -swap * host.action_ms * u.fewest))
+            if u.members == 1 and (u.release is None) != (u.due is None):
+                across.setdefault(u.storages[0], []).append(swapped)  # a tail or a head: below
+            else:  # merged tails and heads: half a swap's actions each (one swap may be both)
+                swap = SWAP_ACTIONS if u.release is not None and u.due is not None else SWAP_ACTIONS / 2
+                actions.append((swapped, -swap * host.action_ms * u.fewest))
             if self.r[k] is not None:
                 actions.append((self.r[k][0], -RECOMPUTE_ACTIONS * host.action_ms * u.fewest))
+        for shares in across.values():  # one storage's tail and head: a swap across the boundary is all its
+            actions.append((self._at_least(shares), -SWAP_ACTIONS * host.action_ms))  # actions every step
         actions += [(col, -host.replayed_op_ms) for col, _ in self.replayed]  # each issued again at least once
         recomputed = [r[0] for r in self.r if r is not None]
         if recomputed:  # at least one run when anything is recomputed
@@ -158,6 +164,15 @@ class BoundLP:
             actions.append((runs, -host.run_ms))
         n = len(self.durations)
         self.c.ge([(self.end, 1)] + actions, issued[-1] + self.durations[-1] - self.start[n])
+
+    def _at_least(self, cols: list) -> int:
+        """`cols[0]` where it is the only one, else a column at least each of `cols`."""
+        if len(cols) == 1:
+            return cols[0]
+        out = int(self.c.add(1, ub=1)[0])
+        for col in cols:
+            self.c.ge([(out, 1), (col, -1)], 0)
+        return out
 
     def _cuts(self, i: int) -> None:
         """The lane and replay rows at cut op i."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..model import Trace
 from .decisions import DecisionArrays
-from .memo import ProbeMemo
+from .memo import MISS, ProbeMemo
 
 MAX_CHAIN_DEPTH = 64  # rebuilds nested deeper than this are not followed (a broken plan, not a real chain)
 
@@ -78,9 +78,11 @@ def chains_of(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, produ
     order = np.lexsort((recomputes, producers[sid], back))
     rows = zip(recomputes[order].tolist(), sid[order].tolist(), back[order].tolist())
     chains: dict[int, Chain] = {}
+    resident = _Resident(trace, away, {})
     for op, group in itertools.groupby(rows, key=lambda row: row[2]):
         ks, targets, _ = zip(*group)
-        chains.update(zip(ks, _op_chains(trace, op, targets, _resident_probe(trace, op, away, {}), durations)))
+        resident.move(op)
+        chains.update(zip(ks, _op_chains(trace, op, targets, resident, durations)))
     return chains
 
 
@@ -114,20 +116,21 @@ def chain_groups(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, pr
     sids, backs = sid[order].tolist(), back[order]
     starts = [0, *(np.flatnonzero(np.diff(backs)) + 1).tolist(), len(sids)]
     backs = backs.tolist()
-    groups = [_op_group(trace, backs[lo], tuple(sids[lo:hi]), away, durations, memo)
-              for lo, hi in zip(starts, starts[1:])]
+    memo = memo or ProbeMemo()
+    resident = _Resident(trace, away, memo.facts)  # one probe for the plan, moved from op to op
+    groups = []
+    for lo, hi in zip(starts, starts[1:]):  # the loop a search runs for every plan: kept lean
+        op = backs[lo]
+        resident.move(op)
+        key = (op, tuple(sids[lo:hi]))
+        found = memo.lookup(key, resident)
+        groups.append(found if found is not MISS else memo.record(key, resident, _made(trace, *key, durations)))
     return recomputes[order], groups
 
 
-def _op_group(trace: Trace, op: int, targets: tuple[int, ...], away: dict, durations,
-              memo: ProbeMemo | None) -> OpChains:
-    """The chains due at `op` (`away`: the plan's recompute gaps by storage), from `memo` when there."""
-    def made(ask) -> OpChains:
-        return OpChains.of(trace, op, _op_chains(trace, op, targets, ask, durations))
-
-    if memo is None:
-        return made(_resident_probe(trace, op, away, {}))
-    return memo.compute((op, targets), _resident_probe(trace, op, away, memo.facts), made)
+def _made(trace: Trace, op: int, targets: tuple[int, ...], durations):
+    """The memo's computation of the chains due at `op`, given the probe it asks."""
+    return lambda ask: OpChains.of(trace, op, _op_chains(trace, op, targets, ask, durations))
 
 
 def _op_chains(trace: Trace, op: int, targets: tuple[int, ...], resident_at, durations) -> tuple[Chain, ...]:
@@ -212,20 +215,34 @@ def chain_inputs(trace: Trace, chain: Chain) -> set[int]:
     return chain_reads(trace, chain) - {step.storage for step in chain.steps}
 
 
-def _resident_probe(trace: Trace, op: int, away, alive: dict):
-    """The memo's probe at `op`: for each of a tuple of storages, whether it is resident then: alive
-    and not recomputed away there (swapped-away inputs are the plan's business: the validator
+class _Resident:
+    """The memo's probe at op `op` (`move` sets it; one probe for a plan's chains): for each of a
+    tuple of storages, whether it is resident then: alive and not recomputed away there (`away`: the
+    plan's recompute gaps by storage; swapped-away inputs are the plan's business: the validator
     rejects a recomputation that reads one).
 
-    `alive` caches, per (op, storages), whether each is in its lifetime then (it never changes):
-    for the usual tuple, none of which a recompute takes away, that is the answer.
+    `alive` caches, per op and storages, whether each is in its lifetime then (it never changes): for
+    the usual tuple, none of which a recompute takes away, that is the answer.
     """
-    storages = trace.storages
 
-    def probe(sids: tuple[int, ...]) -> tuple[bool, ...]:
-        here = alive.get((op, sids))
+    __slots__ = ("storages", "away", "alive", "op", "_alive_at")
+
+    def __init__(self, trace: Trace, away: dict, alive: dict):
+        self.storages, self.away, self.alive = trace.storages, away, alive
+        self.move(-1)
+
+    def move(self, op: int) -> None:
+        """Ask about op `op` from now on."""
+        self.op = op
+        self._alive_at = self.alive.setdefault(op, {})
+
+    def __call__(self, sids: tuple[int, ...]) -> tuple[bool, ...]:
+        op, at = self.op, self._alive_at
+        here = at.get(sids)
         if here is None:
-            here = alive[(op, sids)] = tuple(storages[s].alloc_op <= op < storages[s].free_op for s in sids)
+            storages = self.storages
+            here = at[sids] = tuple(storages[s].alloc_op <= op < storages[s].free_op for s in sids)
+        away = self.away
         if away.keys().isdisjoint(sids):
             return here
         answers = list(here)
@@ -236,8 +253,6 @@ def _resident_probe(trace: Trace, op: int, away, alive: dict):
                         answers[i] = False
                         break
         return tuple(answers)
-
-    return probe
 
 
 def _recompute_gaps(storages, outs, backs) -> dict[int, list[tuple[int, int]]]:

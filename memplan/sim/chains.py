@@ -116,7 +116,7 @@ def chain_groups(trace: Trace, arrays: DecisionArrays, durations: np.ndarray, pr
     sids, backs = sid[order].tolist(), back[order]
     starts = [0, *(np.flatnonzero(np.diff(backs)) + 1).tolist(), len(sids)]
     backs = backs.tolist()
-    memo = memo or ProbeMemo()
+    memo = ProbeMemo() if memo is None else memo
     resident = _Resident(trace, away, memo.facts)  # one probe for the plan, moved from op to op
     groups = []
     for lo, hi in zip(starts, starts[1:]):  # the loop a search runs for every plan: kept lean
@@ -229,7 +229,7 @@ class _Resident:
 
     def __init__(self, trace: Trace, away: dict, alive: dict):
         self.storages, self.away, self.alive = trace.storages, away, alive
-        self.move(-1)
+        self.op, self._alive_at = -1, {}
 
     def move(self, op: int) -> None:
         """Ask about op `op` from now on."""

@@ -146,7 +146,7 @@ class BoundLP:
             # its largest share away by a swap and by a recomputation: the running maxima's ends
             swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None \
                 else self._running(self.x[k], forward=True)[-1]
-            if u.members == 1 and (u.release is None) != (u.due is None):
+            if u.members == 1 and u.storages and (u.release is None) != (u.due is None):
                 across.setdefault(u.storages[0], []).append(swapped)  # a tail or a head: below
             else:  # merged tails and heads: half a swap's actions each (one swap may be both)
                 swap = SWAP_ACTIONS if u.release is not None and u.due is not None else SWAP_ACTIONS / 2

@@ -160,7 +160,7 @@ def test_a_recomputation_rebuilt_on_a_neighbours_chain_is_brought_back_with_it()
 def test_a_swap_across_the_boundary_is_tried_swapped_out_at_the_steps_end():
     """An Adam state swapped out after its update splits the optimizer's step at a hook there, a stretch
     the host pays (memplan.tracing.stepwise); swapped out at the step's end instead, it splits it
-    nowhere (gpt2@8 with 4 layers at 70%: auto's plan 7.3% -> 5.4%). The search tries each one there,
+    nowhere (gpt2@8 with 4 layers at 70%: auto 7.3% -> 6.1%). The search tries each one there,
     and all at once; one prefetched in the tail stays where it is."""
     from dataclasses import replace
 

@@ -127,10 +127,7 @@ class BoundLP:
                     needed.setdefault(j, []).append(r[0])
         if not needed:
             return []
-        replayed = list(zip(self.c.add(len(needed)).tolist(), sorted(needed)))
-        for col, j in replayed:
-            for share in needed[j]:
-                self.c.ge([(col, 1), (share, -1)], 0)
+        replayed = [(self._at_least(needed[j]), j) for j in sorted(needed)]
         self.c.ge([(self.end, 1), (self.delta[first], -1)] + [(col, -float(self.durations[j])) for col, j in replayed],
                   0)
         return replayed
@@ -158,15 +155,13 @@ class BoundLP:
         actions += [(col, -host.replayed_op_ms) for col, _ in self.replayed]  # each issued again at least once
         recomputed = [r[0] for r in self.r if r is not None]
         if recomputed:  # at least one run when anything is recomputed
-            runs = int(self.c.add(1, ub=1)[0])
-            for col in recomputed:
-                self.c.ge([(runs, 1), (col, -1)], 0)
-            actions.append((runs, -host.run_ms))
+            actions.append((self._at_least(recomputed), -host.run_ms))
         n = len(self.durations)
         self.c.ge([(self.end, 1)] + actions, issued[-1] + self.durations[-1] - self.start[n])
 
     def _at_least(self, cols: list) -> int:
-        """`cols[0]` where it is the only one, else a column at least each of `cols`."""
+        """`cols[0]` where it is the only one, else a column at least each of `cols` (at most 1: they are
+        shares; the LP, paying for it, takes their largest)."""
         if len(cols) == 1:
             return cols[0]
         out = int(self.c.add(1, ub=1)[0])

@@ -61,6 +61,7 @@ class PlanSearch:
         self.fm, self.simulator, self.budget, self.lead = fm, simulator, int(budget_bytes), lead
         self.order = np.argsort(-fm.nbytes, kind="stable").tolist()
         self.starts = list(fm.layer_starts)
+        self.last = fm.trace.num_steps - 1  # a swap-out at the step's end comes after this op
 
     def time_s(self, decisions) -> float:
         """Simulated iteration time within the budget (inf when the plan does not run there)."""
@@ -97,8 +98,7 @@ class PlanSearch:
             covered.add(i)
             yield from self._feature_map_moves(decisions, k, i)
         others = [i for i, d in enumerate(decisions) if i not in covered and d.action == "swap"]
-        last = self.fm.trace.num_steps - 1
-        at_end = {i: replace(decisions[i], out_after=last) for i in others if self._splits_the_step(decisions[i])}
+        at_end = {i: replace(decisions[i], out_after=self.last) for i in others if self._splits_the_step(decisions[i])}
         for i in others:
             yield decisions[:i] + decisions[i + 1:]
             yield from self._trigger_moves(decisions, i)
@@ -121,7 +121,7 @@ class PlanSearch:
     def _splits_the_step(self, d: Decision) -> bool:
         """A swap across the boundary prefetched in the next step's head, swapped out before the step's end
         (`d.out_after` may move to the last op: no access comes after it in the step)."""
-        return d.wraps and d.prefetch_at <= d.back_before and d.out_after < self.fm.trace.num_steps - 1
+        return d.wraps and d.prefetch_at <= d.back_before and d.out_after < self.last
 
     def _covers(self, d: Decision, k: int) -> bool:
         return not d.wraps and d.out_after < self.fm.back_before[k] and d.back_before > self.fm.out_after[k]

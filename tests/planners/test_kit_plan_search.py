@@ -157,6 +157,22 @@ def test_a_recomputation_rebuilt_on_a_neighbours_chain_is_brought_back_with_it()
     assert apart.breakdown["recompute_s"] - moved.breakdown["recompute_s"] == pytest.approx(replay)
 
 
+def _optimizer_states_of_a_tiny_gpt2(every: int):
+    """A tiny traced GPT-2 (AdamW steps it a parameter at a time), every `every`-th of its optimizer
+    states, a plan search at its peak and the stretches a plan splits its optimizer's step into."""
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("hf:gpt2", 2, fake=True, n_layer=1, n_embd=32, n_head=2, vocab_size=64, seq_len=64)
+    simulator = Simulator(trace, Cost.for_trace(trace, "h100"))
+    states = [s.id for s in trace.storages if s.kind == "optimizer_state" and trace.accesses[s.id]][::every]
+    search = PlanSearch(feature_maps(trace), simulator, trace.peak_load_bytes)
+
+    def stretches(decisions) -> int:
+        return int(simulator.lowering.sites.stretches(simulator.lower(tuple(decisions)).sites).sum())
+
+    return trace, states, search, stretches
+
+
 def test_a_swap_across_the_boundary_is_tried_swapped_out_at_the_steps_end():
     """An Adam state swapped out after its update splits the optimizer's step at a hook there, a stretch
     the host pays (memplan.tracing.stepwise); swapped out at the step's end instead, it splits it
@@ -165,20 +181,11 @@ def test_a_swap_across_the_boundary_is_tried_swapped_out_at_the_steps_end():
     from dataclasses import replace
 
     from memplan.model import Decision
-    from memplan.workflows.workloads import trace_workload
 
-    trace = trace_workload("hf:gpt2", 2, fake=True, n_layer=1, n_embd=32, n_head=2, vocab_size=64, seq_len=64)
-    simulator = Simulator(trace, Cost.for_trace(trace, "h100"))
+    trace, states, search, stretches = _optimizer_states_of_a_tiny_gpt2(every=6)
     last = trace.num_steps - 1
-    states = [s.id for s in trace.storages if s.kind == "optimizer_state" and trace.accesses[s.id]][::6]
     swaps = [Decision(storage=s, action="swap", out_after=trace.accesses[s][-1], back_before=trace.accesses[s][0],
                       trigger=0) for s in states]
-    search = PlanSearch(feature_maps(trace), simulator, trace.peak_load_bytes)
-    sites = simulator.lowering.sites
-
-    def stretches(decisions) -> int:
-        return int(sites.stretches(simulator.lower(tuple(decisions)).sites).sum())
-
     trials = list(search._sweep(swaps))
     assert swaps[0].out_after < last and [replace(swaps[0], out_after=last)] + swaps[1:] in trials
     at_end = [replace(d, out_after=last) for d in swaps]
@@ -197,20 +204,11 @@ def test_prefetches_waited_inside_the_optimizers_step_are_tried_waited_at_the_ma
     from dataclasses import replace
 
     from memplan.model import Decision
-    from memplan.workflows.workloads import trace_workload
 
-    trace = trace_workload("hf:gpt2", 2, fake=True, n_layer=1, n_embd=32, n_head=2, vocab_size=64, seq_len=64)
-    simulator = Simulator(trace, Cost.for_trace(trace, "h100"))
+    trace, states, search, stretches = _optimizer_states_of_a_tiny_gpt2(every=3)
     last = trace.num_steps - 1
-    states = [s.id for s in trace.storages if s.kind == "optimizer_state" and trace.accesses[s.id]][::3]
     swaps = [Decision(storage=s, action="swap", out_after=last, back_before=trace.accesses[s][0], trigger=0)
              for s in states]
-    search = PlanSearch(feature_maps(trace), simulator, trace.peak_load_bytes)
-    sites = simulator.lowering.sites
-
-    def stretches(decisions) -> int:
-        return int(sites.stretches(simulator.lower(tuple(decisions)).sites).sum())
-
     merged, trials = swaps, list(search._waits_merged(swaps))
     assert len(trials) > 1 and trials[0] in list(search._sweep(swaps))
     while trials:  # every mark merged into the one before, until all are waited at the step's start

@@ -138,8 +138,6 @@ class PlanSearch:
         issued by then: a wait at a mark splits the step there, a stretch the host pays, and a prefetch
         that landed before an earlier mark can be waited there at no cost (memory is the same: a
         prefetch holds its bytes from its issue on)."""
-        if self.simulator.lowering is None:
-            return
         before = self.simulator.lowering.sites.before_of
         waited: dict[int, list[int]] = {}  # update mark point -> the swaps waited there
         for i, d in enumerate(decisions):

@@ -28,6 +28,9 @@ class Cost:
     # The host's work is priced for a traced PyTorch step (what memplan's executor runs); a trace from
     # elsewhere (a DTR log, a memory snapshot, a problem built by hand) is the device's work alone.
     priced_host: bool = False
+    # The step is replayed as a captured CUDA graph, which joins every copy at its end (memplan.exec.graphed):
+    # no swap-out is carried over to the next step (memplan.sim.simulate).
+    captured: bool = False
 
     @property
     def host_op_s(self) -> float:
@@ -42,7 +45,7 @@ class Cost:
     def carried(self, durations: np.ndarray) -> "Cost":
         """This cost model with other durations (a view of the trace), pricing the host as this one does."""
         return Cost(profile=self.profile, durations=durations, host_in_durations=self.host_in_durations,
-                    priced_host=self.priced_host)
+                    priced_host=self.priced_host, captured=self.captured)
 
     @property
     def host_async(self) -> bool:

@@ -152,8 +152,9 @@ class Mover:
         self.stats.dropped += 1
 
     def _storage_of(self, entry: MovedStorage, found) -> torch.UntypedStorage | None:
-        """The entry's storage among `found` tensors, or, where none are given, through its owner."""
-        if found is None and entry.sid in self.finder.owners:
+        """The entry's storage among `found` tensors, or, where they do not hold it, through its owner (the
+        interpreted executor finds an op's tensors: a state swapped out after the step's last update is not one)."""
+        if (found is None or entry.sid not in found) and entry.sid in self.finder.owners:
             return self.finder.owned(entry)
         return self.finder.found(entry, found)
 

@@ -144,6 +144,15 @@ class StepProgram:
     whole_step: bool = False  # hooked: lowered without the hooks inside the optimizer's step (its update marks)
 
     @property
+    def carried_over(self) -> frozenset:
+        """Decisions of `start_away` whose swap-out at the step's end is released in the next step (its
+        first action there): the storage is on the device, still copying, when a step starts."""
+        first: dict[int, ActionKind] = {}
+        for a in self.actions:
+            first.setdefault(a.decision, a.kind)
+        return frozenset(k for k in self.start_away if first.get(k) == ActionKind.RELEASE)
+
+    @property
     def captured_ops(self) -> frozenset:
         """Ops whose calls the executor records in the step, to replay them later."""
         return frozenset(j for rebuild in self.rebuilds.values() for step in rebuild.steps for j in step.ops)

@@ -18,9 +18,9 @@ except ImportError:  # numba is a dependency, but keep the simulator usable with
 
 from ._codes import (
     A_DROP, A_PREFETCH, A_RECOMPUTE, A_RELEASE, A_SWAP_OUT, A_WAIT, EXTRA_WORK,
-    I_BAD_OP, I_FEASIBLE, I_LINK, I_N_HOST_EVENTS, I_N_LOAD_EVENTS, I_N_PROGRAM, I_PEAK, I_SHORTFALL, N_FLOAT_RESULTS,
-    N_INT_RESULTS, NO_WRAP, OVERLAP, R_COMPUTE, R_COPY_BUSY, R_HOST, R_MEM_STALL, R_PREFETCH_STALL, R_RECOMPUTE,
-    R_SYNC_STALL, R_TIME, RECOMPUTE, SWAP, SYNC, TAIL_WRAP)
+    HEAD_WRAP, I_BAD_OP, I_FEASIBLE, I_LINK, I_N_HOST_EVENTS, I_N_LOAD_EVENTS, I_N_PROGRAM, I_PEAK, I_SHORTFALL,
+    N_FLOAT_RESULTS, N_INT_RESULTS, NO_WRAP, OVERLAP, R_COMPUTE, R_COPY_BUSY, R_HOST, R_MEM_STALL, R_PREFETCH_STALL,
+    R_RECOMPUTE, R_SYNC_STALL, R_TIME, RECOMPUTE, SWAP, SYNC, TAIL_WRAP)
 
 # Helpers are inlined into their caller by numba itself: left to LLVM they stayed calls, which took a
 # third of the kernel's time.
@@ -28,20 +28,18 @@ inlined = njit(cache=True, inline="always")
 
 
 @inlined
-def _make_room(need, budget, t, load, pend_t, pend_b, head, tail, load_t, load_v, n_load, record):
-    """Release the swap-outs completed by time `t`, then wait for more until `need` fits.
+def _make_room(need, budget, t, load, pend_t, pend_b, head, tail, load_t, load_v, n_load, record, through=-1):
+    """Release the swap-outs completed by time `t`, then wait for more until `need` fits (and until
+    the one at queue position `through` is released).
 
     Returns:
         (t, load, head, n_load): the time after any wait, the load, the new head of the
         pending-release queue and the timeline length.
     """
-    while head < tail and (pend_t[head] <= t or load + need > budget):
+    while head < tail and (pend_t[head] <= t or load + need > budget or head <= through):
         t = max(t, pend_t[head])
         load -= pend_b[head]
-        if record:
-            load_t[n_load] = pend_t[head]
-            load_v[n_load] = load
-            n_load += 1
+        n_load = _point(load_t, load_v, n_load, pend_t[head], load, record)
         head += 1
     return t, load, head, n_load
 
@@ -170,8 +168,9 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
                d_kind, d_sid, d_sync, d_wrap, d_link_bytes, d_d2h_s, d_h2d_s, d_comp_s,
                d_chain_s, d_chain_alloc, d_chain_free, d_chain_host_s,
                issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
-               absent_at_start, d_back, d_wait_first, host_s, host_async, budget, record, emit):
-    """Simulate one iteration; see `memplan.sim.simulate` for the contract.
+               absent_at_start, d_back, d_wait_first, host_s, host_async, carry, budget, record, emit):
+    """Simulate one iteration; see `memplan.sim.simulate` for the contract (`carry`: swap-outs after
+    the last op are released in the next step, which starts with them copying).
 
     Returns:
         (floats, ints, load_t, load_v, host_t, host_v, op_start, copies, program) — the result
@@ -187,11 +186,12 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     land = np.zeros(n_dec)
     h2d_start = np.zeros(n_dec)
     on_host_at = np.zeros(nbytes.shape[0])  # when each storage's latest swap-out reached the host
-    # Pending swap-out releases, FIFO (the D2H engine completes in issue order).
-    pend_t = np.zeros(n_dec + 1)
-    pend_b = np.zeros(n_dec + 1, dtype=np.int64)
-    pend_d = np.zeros(n_dec + 1, dtype=np.int64)
+    # Pending swap-out releases, FIFO (the D2H engine completes in issue order): carried over, then this step's.
+    pend_t = np.zeros(2 * n_dec + 1)
+    pend_b = np.zeros(2 * n_dec + 1, dtype=np.int64)
+    pend_d = np.zeros(2 * n_dec + 1, dtype=np.int64)
     pend_head, pend_tail = 0, 0
+    carried_at = np.full(n_dec, -1)  # a carried-over swap-out's position in the queue
     prog = np.zeros((4 * n_dec + 1 if emit else 1, 4), dtype=np.int64)
     n_prog = 0
     waited = np.zeros(n_dec, dtype=np.bool_)
@@ -211,6 +211,21 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
     d2h_free, h2d_free = 0.0, 0.0
     link = 0
     ints[I_FEASIBLE] = 1
+    if carry and n_ops > 0:
+        # Steady state: the previous step's swap-outs after its last op (wrap-around, asynchronous,
+        # uncompressed) are still copying when this step starts, their bytes on the device until released.
+        for k in range(out_ptr[n_ops - 1], out_ptr[n_ops]):
+            d = out_ids[k]
+            if d_kind[d] == SWAP and d_wrap[d] == HEAD_WRAP and not d_sync[d] & SYNC and d_comp_s[d] == 0.0:
+                s = d_sid[d]
+                d2h_free += d_d2h_s[d]
+                on_host_at[s] = pend_t[pend_tail] = d2h_free
+                pend_b[pend_tail], pend_d[pend_tail], carried_at[d] = nbytes[s], d, pend_tail
+                pend_tail += 1
+                load += nbytes[s]
+        if load:
+            peak = load
+            n_load = _point(load_t, load_v, n_load, t, load, record)
     for i in range(n_ops):
         head = pend_head
         t, load, pend_head, n_load = _make_room(0, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
@@ -220,6 +235,11 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
         for k in range(issue_ptr[i], issue_ptr[i + 1]):
             d = issue_ids[k]
             head = pend_head
+            if carried_at[d] >= pend_head:  # its carried-over copy is released first, waited for
+                before = t
+                t, load, pend_head, n_load = _make_room(0, budget, t, load, pend_t, pend_b, pend_head, pend_tail,
+                                                        load_t, load_v, n_load, record, carried_at[d])
+                floats[R_MEM_STALL] += t - before
             t, load, peak, pend_head, n_load, stall, short = _allocate(
                 nbytes[d_sid[d]], budget, t, load, peak, pend_t, pend_b, pend_head, pend_tail, load_t, load_v, n_load, record)
             n_prog = _emit_releases(prog, n_prog, pend_d, head, pend_head, i, 0, emit)
@@ -354,8 +374,17 @@ def run_kernel(durations, nbytes, birth_ptr, birth_ids, death_ptr, death_ids,
             load -= released
             if i < n_ops - 1:  # the end-of-iteration release is not part of the curve
                 n_load = _point(load_t, load_v, n_load, t, load, record)
-    # Swap-outs still in flight are released at the end of the step.
-    n_prog = _emit_releases(prog, n_prog, pend_d, pend_head, pend_tail, n_ops - 1, 1, emit)
+    # Swap-outs still in flight are released at the step's end, the compute stream waiting for them there
+    # (memplan.exec.engine, rule 5), but those carried over to the next step.
+    joined = 0.0
+    for k in range(pend_head, pend_tail):
+        d = pend_d[k]
+        if carried_at[d] < 0:
+            n_prog = _emit(prog, n_prog, n_ops - 1, 1, A_RELEASE, d, emit)
+            joined = max(joined, pend_t[k])
+    if joined > t:
+        floats[R_SYNC_STALL] += joined - t
+        t = joined
     ints[I_N_PROGRAM] = n_prog
     # Steady state: wrap-around copies that the next iteration would wait for cost time here.
     late = _boundary_stall(d_kind, d_wrap, d_sid, d_back, land, h2d_start, on_host_at, op_start, h2d_free, t)

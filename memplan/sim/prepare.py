@@ -149,7 +149,7 @@ class Preparer:
         args = (self.durations, trace.nbytes, *self._births, *self._deaths_for(lowered.holds),
                 kind, a.storage, a.sync, wrap, priced.link_bytes, d2h, h2d, priced.comp, *chain_columns,
                 issue_ptr, issue_ids, need_ptr, need_ids, out_ptr, out_ids,
-                absent, a.back_before, wait_first, host, cost.host_async)
+                absent, a.back_before, wait_first, host, cost.host_async, not cost.captured)
         return KernelInputs(args=args, wrap=wrap, link_bytes=priced.link_bytes)
 
     def _host_of(self, lowered: Lowered) -> np.ndarray:

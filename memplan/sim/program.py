@@ -81,7 +81,8 @@ def residencies(trace: Trace, program: StepProgram) -> list[tuple[int, int, int,
     by_storage: dict[int, list] = {}
     for a in program.actions:
         by_storage.setdefault(program.decisions[a.decision].storage, []).append(a)
-    away_at_start = {program.decisions[k].storage for k in program.start_away}
+    carried = program.carried_over  # on the device, still copying, until their release
+    away_at_start = {program.decisions[k].storage for k in program.start_away if k not in carried}
     out = []
     for s in trace.storages:
         if s.nbytes <= 0 or s.free_op <= s.alloc_op:

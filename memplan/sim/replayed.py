@@ -25,7 +25,7 @@ HOST_COSTS = ("host_op_s", "hook_s", "hook_call_s", "mode_op_s", "guard_op_s", "
 def replay_cost(cost: Cost) -> Cost:
     """`cost` for a step replayed as a CUDA graph: the same durations, every host cost zero."""
     profile = replace(cost.profile, **{name: 0.0 for name in HOST_COSTS})
-    return Cost(profile=profile, durations=cost.durations, host_in_durations=cost.host_in_durations)
+    return Cost(profile=profile, durations=cost.durations, host_in_durations=cost.host_in_durations, captured=True)
 
 
 def replay_time_s(trace: Trace, plan: Plan | None, cost: Cost, budget_bytes: int = NO_LIMIT) -> float | None:

@@ -23,6 +23,12 @@ Semantics (the contract; docs/simulator.md, "Simulation", says it for users):
   the device-to-host engine (an uncompressed `overlap` swap-out is enqueued as of op i's
   start: it ran beside op i, which only read it); their memory is released when the copy completes, or, if
   `sync`, the compute stream waits for it (sync_stall_s). Recompute decisions release at once.
+  A swap-out after the last op (wrap-around, asynchronous, uncompressed) is carried over: the
+  step starts with it still copying out, FIFO from the step's start, its bytes held until it is
+  released in the step (its copy done, or waited for by an allocation or by its own prefetch).
+  Any other swap-out still copying when the last op ends is released at the step's end, where the
+  compute stream waits for it (sync_stall_s; memplan.exec.engine, rule 5), and so is every one of a
+  step replayed as a CUDA graph (`Cost.captured`), which joins its copies at its end.
 - A swap-out's memory is released lazily: at the start of the first op after its copy
   completed, or earlier, waiting for it, when an allocation needs the room. These release
   points, with every prefetch, wait, recompute, swap-out and drop, are the step program
@@ -42,7 +48,8 @@ Semantics (the contract; docs/simulator.md, "Simulation", says it for users):
   action. A GPU's host runs ahead on its own clock and the device waits for it only when it
   catches up (host_s); the CPU is its own device: its host work adds to the step, and so do
   its copies, which it makes itself (memplan.exec.engine) instead of on copy engines.
-- The iteration ends when the compute stream finishes, plus, in steady state, the wait the
+- The iteration ends when the compute stream finishes (its wait for the swap-outs released at the
+  step's end included), plus, in steady state, the wait the
   next iteration (taken to repeat this one) would have for wrap-around copies: a tail
   prefetch landing after its op's start there, or a head prefetch there delayed by this
   iteration's swap-out or host-to-device queue beyond its slack. The largest such lateness is

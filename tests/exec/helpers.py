@@ -151,6 +151,16 @@ def swap_all_plan(trace: Trace, lead: int = 4, compress: float | None = None, sy
     return Plan(decisions=tuple(decisions), planner="test-swap", trace_digest=trace.digest)
 
 
+def carried_state_plan(trace: Trace, lead: int = 2) -> Plan:
+    """Swap every optimizer state out after the step's last op (its copy carried over to the next step,
+    memplan.sim.simulate) and back before its first access, prefetching `lead` ops before it."""
+    last = len(trace.ops) - 1
+    decisions = tuple(Decision(storage=s.id, action="swap", out_after=last, back_before=trace.accesses[s.id][0],
+                               trigger=max(0, trace.accesses[s.id][0] - lead))
+                      for s in trace.storages if s.kind == "optimizer_state" and trace.accesses[s.id])
+    return Plan(decisions=decisions, planner="test-carried", trace_digest=trace.digest)
+
+
 def recompute_plan(trace: Trace, every: int = 1) -> Plan:
     """Recompute every `every`-th saved activation that has a producer in the forward pass."""
     decisions = []

@@ -11,10 +11,11 @@ from memplan.testing.cuda_rules import CudaRules
 from memplan.workflows.cuda_graph import on_cuda_runtime
 from memplan.workflows.optimize import optimize, trace_step
 
-from tests.exec.helpers import batches, recompute_plan, swap_all_plan, tiny_workload, train_plain
+from tests.exec.helpers import batches, carried_state_plan, recompute_plan, swap_all_plan, tiny_workload, train_plain
 
 PLANS = {"swaps": lambda t: swap_all_plan(t), "sync swaps": lambda t: swap_all_plan(t, sync=True),
-         "early prefetches": lambda t: swap_all_plan(t, lead=40), "recomputations": recompute_plan}
+         "early prefetches": lambda t: swap_all_plan(t, lead=40), "recomputations": recompute_plan,
+         "state carried over": carried_state_plan}
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +31,12 @@ def tiny():
 @pytest.mark.parametrize("kind", sorted(PLANS))
 def test_every_kind_of_plan_keeps_cudas_rules_and_trains_exactly(tiny, kind, executor):
     """Also the stand-in's first catch: a swap-out prefetched before its release (`kept`) left its copy
-    unordered with the storage's later free, which the caching allocator could hand out under it."""
+    unordered with the storage's later free, which the caching allocator could hand out under it. A state
+    swapped out at the step's end is released in the next step, its copy's event waited for there."""
     trace, expected = tiny
     w, rules = tiny_workload(), CudaRules()
-    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=PLANS[kind](trace), trace=trace,
+    plan = PLANS[kind](trace)
+    step = optimize(w.step, *w.inputs, model=w.model, optimizer=w.optimizer, plan=plan, trace=trace,
                     executor=executor)
     torch.manual_seed(5)
     with rules:
@@ -42,6 +45,11 @@ def test_every_kind_of_plan_keeps_cudas_rules_and_trains_exactly(tiny, kind, exe
             step(*x)
     stats = step.stats()
     assert stats["swapped_out"] + stats["recomputed"] > 0 and stats["diverged_steps"] == 0
+    assert stats["unresolved"] == 0
+    if kind == "state carried over":  # sent away before the first step, released in each later one
+        n = len(plan.decisions)
+        assert len(step.program.carried_over) == n > 0 and stats["start_sent"] == n
+        assert stats["released"] == len(batches(w)) * n and stats["swapped_out"] == (len(batches(w)) + 1) * n
     for p, q in zip(w.model.parameters(), expected):
         assert torch.equal(p, q)
     step.close()

@@ -16,7 +16,7 @@ from memplan.testing.cuda_rules import CudaRules
 from memplan.workflows.cuda_graph import on_cuda_runtime
 from memplan.workflows.optimize import optimize, trace_step
 
-from tests.exec.helpers import batches, swap_all_plan, tiny_workload
+from tests.exec.helpers import batches, carried_state_plan, swap_all_plan, tiny_workload
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +53,13 @@ def _run(w, step, rules, k: int = WARMUP_STEPS + 3) -> dict:
     return step.stats()["cuda_graph"]
 
 
-@pytest.mark.parametrize("planned", ["none", "wrap-around swap", "activation swaps"])
+@pytest.mark.parametrize("planned", ["none", "wrap-around swap", "activation swaps", "state carried over"])
 def test_a_planned_step_is_captured_under_cudas_rules(tiny, planned):
     """Finding 1: the capture waited on events recorded outside it (lanes that never joined it, a prefetch
-    after the previous step's swap-out), which a capturing stream may not: every capture failed."""
-    plan = {"none": None, "wrap-around swap": wrap_plan(tiny), "activation swaps": swap_all_plan(tiny)}[planned]
+    after the previous step's swap-out), which a capturing stream may not: every capture failed. A state
+    swapped out at the step's end is released in the next step eagerly, and joined at the replay's end."""
+    plan = {"none": None, "wrap-around swap": wrap_plan(tiny), "activation swaps": swap_all_plan(tiny),
+            "state carried over": carried_state_plan(tiny)}[planned]
     w, step, rules = _graphed(tiny, plan, planner="none")
     graph = _run(w, step, rules)
     assert graph["captured"] and graph["replays"] == 3 and graph["warmup_steps"] == WARMUP_STEPS

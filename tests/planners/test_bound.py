@@ -505,6 +505,30 @@ def test_a_weight_away_at_the_steps_start_costs_a_whole_swaps_actions_every_step
     assert late_ms([part(7, 1, head=True), part(8, 4, head=False)]) == pytest.approx(6.0)
 
 
+def test_a_weight_away_at_the_steps_start_was_copied_out_after_its_last_access_a_step_before():
+    """A head's swap-out ran in the previous iteration, after its last access there (a swap-out at the step's
+    end is carried over into the next step, memplan.sim.simulate): its copy fits between that op's start one
+    step earlier and the first op it is away at, or the step is late. Six 1 ms ops; a 64 MiB weight away at
+    op 1 whose copy out takes 4 ms."""
+    from memplan.planners.bound import _solve
+    from memplan.planners.bound.absences import Absence
+    from memplan.planners.bound.lp import BoundLP
+
+    durations, checks = np.ones(6), np.array([1])
+    excess = np.zeros(6)
+    excess[1] = 64 * MIB
+
+    def late_ms(copied_after: int | None) -> float:
+        head = Absence(nbytes=64 * MIB, members=1, ops=checks, release=None, due=2, d2h_ms=4.0, h2d_ms=0.0,
+                       recompute_share=np.zeros(1), recompute_ms=np.zeros(1), fewest=1.0, storages=(7,),
+                       copied_after=copied_after)
+        return _solve(BoundLP(durations, excess, checks, checks, [head]), 10.0).fun
+
+    assert late_ms(None) == pytest.approx(0.0, abs=1e-6)  # no copy out priced
+    assert late_ms(4) == pytest.approx(1.0)  # 3 ms from op 4's start to op 1's
+    assert late_ms(5) == pytest.approx(2.0)  # 2 ms
+
+
 @given(trace=training_traces(), budget=budget_shares())
 def test_least_actions_is_the_fewest_actions_of_what_brings_an_op_within_the_budget(trace, budget):
     """Brute force over every group of the storages alive at the peak op that it does not access:

@@ -18,7 +18,9 @@ from memplan.model import Decision, Op, Plan, Storage, Trace
 from memplan.model.program import INTERPRETED
 from memplan.planners.base import plan as make_plan
 from memplan.planners.bound import fewest_away, lower_bound
+from memplan.problem import Problem
 from memplan.sim.arrays import host_per_op
+from memplan.sim.program import compile_program
 from memplan.sim.simulate import Simulator
 from memplan.sim.validate import validate
 from memplan.testing.conformance import PlannerConformance
@@ -138,8 +140,13 @@ def test_milp_equals_brute_force_over_all_policies(factory, share):
     assert Simulator(trace, cost).run(plan, budget).time_s == pytest.approx(best, rel=1e-9)
     report = plan.report
     assert report["status"] == "optimal" and report["mip_gap"] == pytest.approx(0.0, abs=1e-9)
-    # Every op here starts a layer: the MILP's objective is the simulated overhead.
-    assert report["milp_overhead"] == pytest.approx(report["simulated_overhead"], abs=1e-9)
+    # Every op here starts a layer: the MILP's objective is the simulated overhead, but where a swap-out
+    # at the step's end is carried over to the next step (its bytes held there while it copies, which
+    # the MILP's model does not price)
+    if compile_program(Problem(trace, cost), plan).carried_over:
+        assert report["milp_overhead"] <= report["simulated_overhead"] + 1e-9
+    else:
+        assert report["milp_overhead"] == pytest.approx(report["simulated_overhead"], abs=1e-9)
 
 
 BRUTE_CASES = [  # (trace, budget share, the bound equals the optimum there)
@@ -148,7 +155,10 @@ BRUTE_CASES = [  # (trace, budget share, the bound equals the optimum there)
     (lambda: chain_trace(3, param_bytes=SMALL_WEIGHTS, flops_per_layer=3e10), 0.65, False),
     (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.8, True),
     (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.9, True),
-    (_optimizer_state_chain, 0.8, True), (_optimizer_state_chain, 0.6, True),
+    (_optimizer_state_chain, 0.8, True),
+    # the state's copy out, carried over from the previous step's end, starts in the LP's rows as early as
+    # its last access (the optimizer's op) starts: 0.2354 against 0.2382
+    (_optimizer_state_chain, 0.6, False),
 ]
 
 

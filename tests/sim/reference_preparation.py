@@ -240,7 +240,7 @@ def kernel_arrays(sim, level, decisions, chains, holds, host):
             *(np.array(v, dtype=np.int64 if name in ints else np.float64) for name, v in cols.items()),
             *chain_cols, *_lists(issue, n), *_lists([[k for _, k in sorted(ks)] for ks in need], n), *_lists(outs, n),
             absent, np.array([d.back_before for d in decisions], dtype=np.int64), np.array(wait_first, dtype=np.bool_),
-            host, cost.host_async)
+            host, cost.host_async, not cost.captured)
 
 
 def _chain_columns(cost, level, chains, count):

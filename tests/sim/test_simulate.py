@@ -10,9 +10,11 @@ import random
 import numpy as np
 import pytest
 
+from memplan.budget import NO_LIMIT
 from memplan.cost.model import Cost
 from memplan.cost.profiles import BUILTIN
 from memplan.model import Decision, Plan
+from memplan.sim._codes import A_RELEASE
 from memplan.sim.simulate import Simulator
 from memplan.sim.stage import simulate
 from memplan.testing.synthetic import chain_trace
@@ -139,26 +141,72 @@ def test_wrap_around_weight_swap_prefetched_in_the_head():
 def test_wrap_around_tail_prefetch_late_for_the_next_iteration():
     # A 2e9-byte weight read by ops 1 and 3 goes out after op 3 (D2H 4 -> 6) and is prefetched
     # at op 4 for the next iteration: the H2D waits for the host copy (6) and lands at 8. The
-    # iteration's compute ends at 5 and the next one needs it when its op 1 starts (5 + 1 = 6):
-    # 2 s late, charged at the boundary. Peak at t=4: the weight still copying out (2e9) plus
-    # the tail prefetch's buffer (2e9).
+    # iteration's compute ends at 5, and its end waits for the swap-out still copying (released
+    # there): 1 s, to 6. The next one needs the weight when its op 1 starts (6 + 1 = 7): 1 s late,
+    # charged at the boundary. Peak at t=4: the weight still copying out (2e9) plus the tail
+    # prefetch's buffer (2e9).
     trace = make_trace([(2 * GB, "param", 0, 5, True)], [((), ()), ((0,), ()), ((), ()), ((0,), ()), ((), ())])
     result = run(trace, [Decision(storage=0, action="swap", out_after=3, back_before=1, trigger=4)])
     assert result.time_s == pytest.approx(7.0)
-    assert result.breakdown["prefetch_stall_s"] == pytest.approx(2.0)
+    assert result.breakdown["sync_stall_s"] == pytest.approx(1.0)
+    assert result.breakdown["prefetch_stall_s"] == pytest.approx(1.0)
     assert result.peak_load_bytes == 4 * GB
     assert result.host_peak_bytes == 2 * GB
 
 
 def test_wrap_around_head_prefetch_waits_for_last_iterations_swap_out():
     # A 2e9-byte weight starts on the host; its prefetch at op 0 runs 0 -> 2, so op 1 waits 1 s
-    # (ops: 0-1, 1 stalls to 2, 2-3, 3-4, 4-5, 5-6). It goes out after op 3 (t=5): D2H 5 -> 7.
-    # The next iteration (starting at 6) can start its head prefetch only at 7 instead of 6, and
-    # that prefetch had no slack (it landed exactly when op 1 started): 1 s more at the boundary.
+    # (ops: 0-1, 1 stalls to 2, 2-3, 3-4, 4-5, 5-6). It goes out after op 3 (t=5): D2H 5 -> 7,
+    # still copying when the compute ends (6): the step's end, where it is released, waits for it
+    # (1 s). The next iteration then starts at 7, its head prefetch no later than this one's: no
+    # more at the boundary.
     trace = make_trace([(2 * GB, "param", 0, 5, True)], [((), ()), ((0,), ()), ((), ()), ((0,), ()), ((), ())])
     result = run(trace, [Decision(storage=0, action="swap", out_after=3, back_before=1, trigger=0)])
     assert result.time_s == pytest.approx(7.0)
-    assert result.breakdown["prefetch_stall_s"] == pytest.approx(2.0)
+    assert result.breakdown["prefetch_stall_s"] == pytest.approx(1.0)
+    assert result.breakdown["sync_stall_s"] == pytest.approx(1.0)
+    assert result.peak_load_bytes == 2 * GB
+
+
+def _weight_swapped_at_the_steps_end():
+    """A 2e9-byte weight read by ops 3 and 5 (the last) and a 1e9-byte activation of ops 0-1; the
+    weight goes out after the last op and is prefetched at op 2 for op 3."""
+    trace = make_trace([(2 * GB, "param", 0, 6, True), (GB, "activation", 0, 2, False)],
+                       [((), (1,)), ((1,), ()), ((), ()), ((0,), ()), ((), ()), ((0,), ())])
+    return trace, Plan(decisions=(Decision(storage=0, action="swap", out_after=5, back_before=3, trigger=2),))
+
+
+def test_a_swap_out_at_the_steps_end_is_carried_over_to_the_next_step():
+    # Steady state: the step starts with the weight still copying out (D2H 0 -> 2), its bytes on
+    # the device (2e9 + the activation's 1e9: the peak). It is released at op 2's start, when its
+    # copy is done, and prefetched: H2D 2 -> 4, so op 3 waits 1 s. Its swap-out after op 5 (t=6)
+    # is the next step's: the step ends at 6 without waiting for it.
+    trace, plan = _weight_swapped_at_the_steps_end()
+    sim = Simulator(trace, Cost.for_trace(trace, PROFILE))
+    result = sim.run(plan)
+    assert result.time_s == pytest.approx(7.0)
+    assert result.breakdown["prefetch_stall_s"] == pytest.approx(1.0)
+    assert result.breakdown["sync_stall_s"] == result.breakdown["memory_stall_s"] == 0.0
+    assert result.peak_load_bytes == 3 * GB
+    rows = sim.program_rows(plan, NO_LIMIT)[1]
+    releases = [(int(op), bool(after)) for op, after, kind, _ in rows if kind == A_RELEASE]
+    assert releases == [(2, False)]  # in the step, not at its end
+    # Under 2.5e9 the activation's allocation at op 0 waits for the carried copy (2 s): the
+    # prefetch then starts at 4 and op 3 still waits 1 s.
+    tight = sim.run(plan, int(2.5 * GB))
+    assert tight.time_s == pytest.approx(9.0)
+    assert tight.breakdown["memory_stall_s"] == pytest.approx(2.0)
+    assert tight.peak_load_bytes == 2 * GB
+
+
+def test_a_captured_step_waits_for_its_swap_outs_at_its_end():
+    # A CUDA graph's replay joins every copy at its end: the weight starts on the host, lands at 4
+    # (op 3 waits 1 s), and the step waits for its swap-out after op 5 (D2H 7 -> 9): 2 s.
+    trace, plan = _weight_swapped_at_the_steps_end()
+    cost = dataclasses.replace(Cost.for_trace(trace, PROFILE), captured=True)
+    result = Simulator(trace, cost).run(plan)
+    assert result.time_s == pytest.approx(9.0)
+    assert result.breakdown["sync_stall_s"] == pytest.approx(2.0)
     assert result.peak_load_bytes == 2 * GB
 
 

@@ -76,6 +76,11 @@ class Reference:
                 self.alloc(s.id, s.nbytes, 0)
         for i in range(len(trace.ops)):
             self.step(i)
+        # the compute stream waits for the swap-outs still copying (released at the step's end)
+        last = max((end for end, _ in self.in_flight), default=0.0)
+        if last > self.t:
+            self.stall["sync"] += last - self.t
+            self.t = last
         return self.t
 
     def step(self, i):

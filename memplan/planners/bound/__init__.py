@@ -13,7 +13,9 @@ What the LP knows of the simulator (each a consequence of its semantics, `mempla
   bytes away at i are at least the trace's load there minus the budget;
 - a storage is away only inside one of its gaps (`memplan.planners.bound.absences`), its swap-out
   copied after the start of the gap's first op and before i starts, its prefetch copied after i
-  ends and before the gap's last op starts, each device-host direction one copy at a time;
+  ends and before the gap's last op starts, each device-host direction one copy at a time (a
+  storage away at the step's start, across the boundary, was copied out after its last access in
+  the previous iteration, one step earlier: a swap-out at the step's end is carried over);
 - a recomputation replays at least its storage's producer op, once per op it is due at however
   many storages it rebuilds there, on the compute stream after the ops it is away at;
 - a chain allocates its target and the inputs it rebuilds when it starts, so where those and what the

@@ -43,7 +43,7 @@ map of the forward that the backward has freed.
 A persistent storage's gap across the iteration boundary is two units: its *tail* (after its last
 access: a swap-out in this iteration, its prefetch in the next one's head or in this tail) and its
 *head* (before its first access: the prefetch of a storage that starts the iteration on the host;
-its swap-out was in the previous iteration).
+its swap-out was in the previous iteration, after its last access there: `copied_after`).
 
 Units of the same storages-free description (same gap ends and role) are merged into one of their
 total bytes: a share of those bytes away costs at least that share of their copy time (their
@@ -85,6 +85,9 @@ class Absence:
     fewest: float  # storages away per whole share away, at least (its bytes over its largest storage's)
     storages: tuple[int, ...] = ()  # the storages merged into it
     replays: frozenset = frozenset()  # ops any recomputation of any share of it replays, wherever it runs
+    # a head: its swap-out was copied after this op of the previous iteration started (its members' earliest
+    # last access; None: not a head)
+    copied_after: int | None = None
 
 
 def absences(trace: Trace, cost: Cost, check_ops: np.ndarray, merge_below: int = MERGE_BELOW,
@@ -146,7 +149,9 @@ def _unit(trace: Trace, cost: Cost, shared: dict, members, ops, release, due) ->
                    h2d_ms=MS * (cost.h2d_s(total) + (copies - 1) * cost.profile.copy_latency_s),
                    recompute_share=np.asarray(shares, dtype=np.float64),
                    recompute_ms=MS * total * np.asarray(per_op, dtype=np.float64), fewest=copies,
-                   storages=tuple(s for s, _ in members), replays=replays)
+                   storages=tuple(s for s, _ in members), replays=replays,
+                   copied_after=min(trace.accesses[s][-1] for s, _ in members) if release is None and due is not None
+                   else None)
 
 
 def _gaps(trace: Trace):

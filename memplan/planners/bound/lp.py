@@ -11,10 +11,12 @@ its replay runs after i).
 
 Rows, at every check op i: the load without what is away fits the budget; at every cut op i (a
 subset of the check ops): the copies out done by i and started after op v fit between v and i on
-the device-to-host lane, for every release op v; the copies back started after i and landed by
-op v fit between them on the host-to-device lane, for every due op v; the replays after i fit
-between i and the step's end. Each lane's sum is a running column over the release (or due)
-ops, so that a cut row has three terms. Per op some unit's recomputation replays wherever it runs
+the device-to-host lane, for every release op v, and with them those of the heads away at i (their
+swap-outs in the previous iteration, after their last access there) that started after op v of the
+previous iteration, one step (the plain step's time plus the overhead) before; the copies back
+started after i and landed by op v fit between them on the host-to-device lane, for every due op
+v; the replays after i fit between i and the step's end. Each lane's sum is a running column over
+the release (or due) ops, so that a cut row has three terms. Per op some unit's recomputation replays wherever it runs
 (`Absence.replays`), a column rho_j >= r of every such unit at its first op (its share recomputed at
 all), and one row: the step ends after the first check op by at least every such op's duration
 times rho_j (each op a recomputation needs is replayed once at least, after the first op anything is
@@ -65,7 +67,7 @@ class BoundLP:
         self.start = np.concatenate([[0.0], np.cumsum(durations_ms)])  # op start times without a plan
         self.durations = durations_ms
         times = set(check_ops.tolist()) | {u.release for u in units if u.release is not None} | \
-            {u.due for u in units if u.due is not None}
+            {u.due for u in units if u.due is not None} | {u.copied_after for u in units if u.copied_after is not None}
         self.times = sorted(times)
         self.delta = dict(zip(self.times, self.c.add(len(self.times)).tolist()))
         self.end = int(self.c.add(1)[0])
@@ -171,8 +173,11 @@ class BoundLP:
 
     def _cuts(self, i: int) -> None:
         """The lane and replay rows at cut op i."""
-        out, back, replay = {}, {}, {}
+        out, back, replay, heads = {}, {}, {}, {}
         for k, u in enumerate(self.units):
+            at = int(np.searchsorted(u.ops, i))
+            if u.copied_after is not None and at < len(u.ops) and u.ops[at] == i:
+                heads.setdefault(u.copied_after, []).append((self.x[k][at], u.d2h_ms))
             if u.release is not None and u.ops[0] <= i:
                 t = int(np.searchsorted(u.ops, i, side="right")) - 1
                 out.setdefault(u.release, []).append((self.z[k][t], u.d2h_ms))
@@ -183,8 +188,16 @@ class BoundLP:
                 if self.r[k] is not None:
                     replay.setdefault(u.due, []).append((self.r[k][t], float(u.recompute_ms[t])))
         d_i = self.delta[i]
+        every_out = []
         for v, total in self._running_sums(out, descending=True):  # copies out in [start of v, start of i]
             self.c.ge([(d_i, 1), (self.delta[v], -1), (total, -1)], -(self.start[i] - self.start[v]))
+            every_out = [(total, -1)]
+        # Heads away at i, copied out after op v of the previous iteration (one step earlier: the plain
+        # step's time plus the overhead), and every copy out of this one done by i, in between.
+        step = self.start[len(self.durations)]
+        for v, total in self._running_sums(heads, descending=True):
+            self.c.ge([(d_i, 1), (self.end, 1), (self.delta[v], -1), (total, -1)] + every_out,
+                      -(self.start[i] + step - self.start[v]))
         for v, total in self._running_sums(back, descending=False):  # copies back in [end of i, start of v]
             self.c.ge([(self.delta[v], 1), (d_i, -1), (total, -1)], -(self.start[v] - self.start[i + 1]))
         for v, total in self._running_sums(replay, descending=False):  # replays after i, before v starts

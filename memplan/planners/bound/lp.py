@@ -175,9 +175,10 @@ class BoundLP:
         """The lane and replay rows at cut op i."""
         out, back, replay, heads = {}, {}, {}, {}
         for k, u in enumerate(self.units):
-            at = int(np.searchsorted(u.ops, i))
-            if u.copied_after is not None and at < len(u.ops) and u.ops[at] == i:
-                heads.setdefault(u.copied_after, []).append((self.x[k][at], u.d2h_ms))
+            if u.copied_after is not None:  # a head: its share away at i, where it has one
+                at = int(np.searchsorted(u.ops, i))
+                if at < len(u.ops) and u.ops[at] == i:
+                    heads.setdefault(u.copied_after, []).append((self.x[k][at], u.d2h_ms))
             if u.release is not None and u.ops[0] <= i:
                 t = int(np.searchsorted(u.ops, i, side="right")) - 1
                 out.setdefault(u.release, []).append((self.z[k][t], u.d2h_ms))

@@ -30,7 +30,8 @@ Where none of those improves the plan, four more:
 - the prefetches waited at one update mark inside the optimizer's step waited at the mark before (the
   first mark's at the step's start), one mark at a time, where each was issued by then: each mark
   waited at is a stretch, and a prefetch that landed before an earlier mark costs nothing waited there
-  (gpt2@8 with 4 layers at 70%: 25 Adam states waited at thirteen marks, 6.1% -> 4.3%; tried before
+  (gpt2@8 with 4 layers at 70%: 25 Adam states waited at thirteen marks, 6.1% -> 4.3% while the
+  simulator priced no copy still running at the step's end; tried before
   the prefetches issued again, the 12-layer one's polish ran out of time before reaching those);
 - every other swap exchanged for one of the EXCHANGED_WITH largest feature maps without a decision,
   swapped or recomputed, the prefetches issued again: a plan that fits only with one of the two is

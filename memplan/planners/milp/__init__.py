@@ -18,7 +18,10 @@ What the MILP models of the simulator's semantics (memplan.sim.simulate):
   recomputations there run (every op of their chains once: chains at one op share what they
   rebuild), then the op waits for the prefetches due there (and prefetches that those chains
   read land before the chains run);
-- the device-to-host lane: FIFO in swap-out order, each copy starting when its op ends;
+- the device-to-host lane: FIFO in swap-out order, each copy starting when its op ends, and
+  done by the step's end (the step waits for it there) but for one after the step's last op,
+  which is carried over: copied at the next step's start, before that step's own swap-outs,
+  its bytes held there until it is released (by its prefetch at the latest);
   the host-to-device lane: FIFO in prefetch order, a copy starting at its trigger, after the
   previous one and after its own swap-out reached the host;
 - memory at every segment and before every recomputation, within the budget: a swapped map
@@ -41,8 +44,7 @@ What it approximates (the simulator is the judge of every plan, and reports the 
   variant for the inputs of the targets' own writers; deeper inputs of a chain must be
   resident or rebuilt: the validator forbids reading data that is on the host);
 - a storage across the iteration boundary is prefetched in the head of the iteration only
-  (the simulator also allows a prefetch in the tail), and the next iteration's device-to-host
-  queue is not charged;
+  (the simulator also allows a prefetch in the tail);
 - compression is not decided (traces carry no measured ratio per tensor).
 So the simulated overhead of the chosen plan is at most the MILP objective when no wait is
 charged early, and both are reported. The MILP's proven lower bound and gap (`milp_bound`; when

@@ -56,6 +56,8 @@ class Unit:
     h2d_s: float  # seconds to copy it back
     group: int  # index of the unit it is a variant of (itself for a whole gap); one of a group is chosen
     recomputable: bool  # it may be dropped and rebuilt before back_before
+    carried: bool = False  # swapped, it leaves after the step's last op: its copy is carried over into the next
+    # step, which starts with its bytes held until the copy is done (memplan.sim.simulate; not a captured step's)
 
     @property
     def wraps(self) -> bool:
@@ -167,6 +169,7 @@ def movable_gaps(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | N
     over = np.ones(len(trace.ops), dtype=bool) if budget_bytes is None else trace.load > budget_bytes
     over_before = np.concatenate([[0], np.cumsum(over)])  # over-budget ops before each op
     owned = trace.engine_owned
+    last = len(trace.ops) - 1
     out = []
     for sid, a, b, nbytes in zip(cand.storage.tolist(), cand.out_after.tolist(), cand.back_before.tolist(),
                                  cand.nbytes.tolist()):
@@ -176,7 +179,8 @@ def movable_gaps(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | N
             continue
         out.append(Unit(storage=sid, nbytes=nbytes, out_after=a, back_before=b, d2h_s=float(cost.d2h_s(nbytes)),
                         h2d_s=float(cost.h2d_s(nbytes)), group=len(out),
-                        recomputable=b > a and trace.recomputable(sid)))
+                        recomputable=b > a and trace.recomputable(sid),
+                        carried=b <= a and a == last and not cost.captured))
     return out
 
 

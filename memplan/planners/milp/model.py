@@ -17,7 +17,10 @@ A wrap-around unit (a weight or optimizer state away across the iteration bounda
 released in the tail after out_after and prefetched in the head up to back_before (it starts
 the iteration on the host, as the simulator's steady state has it); its prefetch cannot start
 before the previous iteration's swap-out reached the host: G_k + T >= F_k + h2d, T the
-iteration time.
+iteration time. Every swap-out but a carried one is done by the step's end (the step waits for it
+there). A carried unit (`Unit.carried`: it leaves after the step's last op) is copied at the start
+of the step, before the step's own swap-outs on the device-to-host lane (F_k in the step's time),
+and holds its bytes until it is released in the head, by its prefetch at the latest.
 """
 
 from __future__ import annotations
@@ -97,10 +100,11 @@ class _Builder:
 
     def _gap_positions(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(release positions, trigger positions) of unit k: both its gap's, or for a wrap-around
-        unit the tail after out_after and the head up to back_before."""
+        unit the tail after out_after and the head up to back_before (a carried one's both the head)."""
         u, pos = self.p.units[k], self.p.positions
         if u.wraps:
-            return np.flatnonzero(pos > u.out_after), np.flatnonzero(pos <= u.back_before)
+            head = np.flatnonzero(pos <= u.back_before)
+            return (head if u.carried else np.flatnonzero(pos > u.out_after)), head
         gap = np.flatnonzero((pos > u.out_after) & (pos <= u.back_before))
         return gap, gap
 
@@ -118,7 +122,18 @@ class _Builder:
             c.eq([(m.triggers[k][-1][1], 1), (m.s[k], -1)], 0)  # issued by back_before at the latest
         self.two_phase = {self.p.position_of(op) for op in self.p.rebuilds} | \
             {q for k in gaps for q, _ in m.triggers[k]}
-        self.release = {k: self._releases(rel[:self._size(rel)], m.s[k]) for k, (rel, _) in gaps.items()}
+        self.release = {k: self._releases(self._release_window(k, rel), m.s[k]) for k, (rel, _) in gaps.items()}
+        for k in (k for k, u in enumerate(self.p.units) if u.carried):  # released by its prefetch at the latest
+            for q, col in m.triggers[k]:
+                c.le([(col, 1)] + [(r, -coef) for r, coef in self._released(k, q, late=False)], 0)
+
+    def _release_window(self, k: int, positions: np.ndarray) -> np.ndarray:
+        """The first `window` release positions; a carried unit's also its trigger window's (the
+        simulator releases it when its copy is done, or at its prefetch)."""
+        first = positions[:self._size(positions)]
+        if not self.p.units[k].carried:
+            return first
+        return np.union1d(first, positions[len(positions) - self._size(positions):])
 
     def _size(self, positions: np.ndarray) -> int:
         return len(positions) if self.window == MAX_POSITIONS else min(self.window, len(positions))
@@ -228,11 +243,14 @@ class _Builder:
         m, c, p = self.m, self.c, self.p
         rank = {k: i for i, k in enumerate(self.need)}
         previous = None
-        for k in sorted(range(len(p.units)), key=lambda k: (p.units[k].out_after, rank[k])):
+        for k in sorted(range(len(p.units)), key=lambda k: (not p.units[k].carried, p.units[k].out_after, rank[k])):
             u = p.units[k]
             d2h = MS * u.d2h_s
             i = p.position_of(u.out_after)
-            c.ge([(self.F[k], 1), (self.o[i], -1), (m.s[k], -d2h)], MS * p.seg_s[i])
+            if u.carried:  # copied from the step's start
+                c.ge([(self.F[k], 1), (m.s[k], -d2h)], 0)
+            else:
+                c.ge([(self.F[k], 1), (self.o[i], -1), (m.s[k], -d2h)], MS * p.seg_s[i])
             if previous is not None:
                 c.ge([(self.F[k], 1), (self.F[previous], -1), (m.s[k], -d2h)], 0)
             for q, u, late in self.release[k]:  # released at q: its copy was done by then
@@ -240,10 +258,14 @@ class _Builder:
                 if late is not None:
                     c.ge([(self.o[q], 1), (self.F[k], -1), (late, -self.big_m)], -self.big_m)
             previous = k
+        if previous is not None and not p.units[previous].carried:  # the step ends after its swap-outs
+            c.ge([(self.overhead, 1), (self.F[previous], -1)], -MS * p.baseline_s)
         previous = None
         for k in self.need:
             h2d = MS * p.units[k].h2d_s
-            if p.units[k].wraps:  # after the previous iteration's swap-out: G + baseline + overhead >= F + h2d
+            if p.units[k].carried:  # after its swap-out, in the step's time
+                c.ge([(self.G[k], 1), (self.F[k], -1), (m.s[k], -self.big_m)], h2d - self.big_m)
+            elif p.units[k].wraps:  # after the previous iteration's swap-out: G + baseline + overhead >= F + h2d
                 c.ge([(self.G[k], 1), (self.F[k], -1), (self.overhead, 1), (m.s[k], -self.big_m)],
                      h2d - MS * p.baseline_s - self.big_m)
             else:
@@ -352,13 +374,14 @@ class _Builder:
         return terms
 
     def _wrap_terms(self, k: int, i: int, op: int, size: float, pre: bool) -> list[tuple[int, float]]:
-        """A wrap-around unit: released in the tail; on the host from the iteration's start until its
-        prefetch is issued in the head."""
+        """A wrap-around unit: released in the tail; on the host from the iteration's start (a carried
+        one: from its release in the head) until its prefetch is issued in the head."""
         u, terms = self.p.units[k], []
         if op > u.out_after:
             terms += [(col, -size * coef) for col, coef in self._released(k, i, late=not pre)]
         if op <= u.back_before:
-            terms.append((self.m.s[k], -size))
+            away = self._released(k, i, late=not pre) if u.carried else [(self.m.s[k], 1.0)]
+            terms += [(col, -size * coef) for col, coef in away]
             issued = self._at(self.m.triggers[k], i)
             if issued is not None:
                 terms.append((issued, size))

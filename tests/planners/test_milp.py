@@ -43,15 +43,28 @@ def _optimizer_state_chain() -> Trace:
     """Two layers and an optimizer whose state (48 MiB) is read only by its step: it can leave
     across the iteration boundary, its prefetch issued in forward or backward, or in the tail
     right after its own swap-out."""
-    specs = [("x", 16, "input", 0, 3, False), ("w", 1, "param", 0, 6, True), ("a0", 32, "activation", 0, 4, False),
+    return _state_chain(48, late=False)
+
+
+def _late_state_chain() -> Trace:
+    """The same, but the state (96 MiB) is last read before the step's last op (a short op on the
+    gradient): leaving after that op instead, its copy runs in the next step's long first op rather
+    than at the step's end, where the step would wait for it."""
+    return _state_chain(96, late=True)
+
+
+def _state_chain(state_mib: int, late: bool) -> Trace:
+    n = 7 if late else 6
+    specs = [("x", 16, "input", 0, 3, False), ("w", 1, "param", 0, n, True), ("a0", 32, "activation", 0, 4, False),
              ("a1", 32, "activation", 1, 3, False), ("g", 32, "temp", 2, 4, False), ("g0", 16, "temp", 3, 4, False),
-             ("dw", 1, "grad", 3, 6, False), ("m", 48, "optimizer_state", 0, 6, True)]
+             ("dw", 1, "grad", 3, n, False), ("m", state_mib, "optimizer_state", 0, n, True)]
     storages = tuple(Storage(id=i, nbytes=size * MIB, kind=kind, alloc_op=lo, free_op=hi, persistent=keep)
                      for i, (_, size, kind, lo, hi, keep) in enumerate(specs))
     rows = [("aten.linear", "forward", (0, 1), (2,), 1e11), ("aten.linear", "forward", (2, 1), (3,), 1e11),
             ("aten.mse_loss_backward", "backward", (3,), (4,), 0.0), ("aten.linear_backward", "backward", (4, 2, 1),
                                                                       (5, 6), 2e11),
             ("aten.mul", "backward", (5,), (5,), 1e10), ("aten.adam_step", "optimizer", (1, 6, 7), (1, 7), 1e9)]
+    rows += [("aten.zero_", "optimizer", (6,), (6,), 1e6)] if late else []
     ops = tuple(Op(index=i, name=name, phase=phase, module=f"layer{i}", reads=reads, writes=writes, flops=flops)
                 for i, (name, phase, reads, writes, flops) in enumerate(rows))
     return Trace(storages=storages, ops=ops)
@@ -76,8 +89,9 @@ def _options(trace, budget, min_bytes=MIB, overlap=False):
     elsewhere only costs): keep (None), recompute (where the trace can rebuild it, not across the
     boundary), or swap with every prefetch op, back by the gap's end or earlier at any op
     where another gap ends (where a recomputation may read it); across the boundary with every
-    prefetch op in the tail or the head; with `overlap`, every swap also with its copy out beside
-    the op it leaves after (where that op does not write it)."""
+    prefetch op in the tail or the head, and also leaving after the step's last op (its copy carried
+    over into the next step) with every prefetch op in the head; with `overlap`, every swap also
+    with its copy out beside the op it leaves after (where that op does not write it)."""
     n = len(trace.ops)
     over = [i for i in range(n) if trace.load[i] > budget]
     gaps = [(s.id, a, b) for s in trace.storages if s.nbytes >= min_bytes for a, b in _gaps(trace, s.id)]
@@ -96,6 +110,9 @@ def _options(trace, budget, min_bytes=MIB, overlap=False):
         else:
             choices += [Decision(storage=sid, action="swap", out_after=a, back_before=b, trigger=t)
                         for t in [*range(0, b + 1), *range(a + 1, n)]]
+            if a < n - 1:
+                choices += [Decision(storage=sid, action="swap", out_after=n - 1, back_before=b, trigger=t)
+                            for t in range(0, b + 1)]
         if overlap and sid not in trace.ops[a].writes:
             choices += [replace(d, overlap=True) for d in choices if d is not None and d.action == "swap"]
         out.append(choices)
@@ -120,6 +137,7 @@ def _brute_force(trace, cost, budget, overlap=False) -> float | None:
     (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.8),  # weights across the boundary
     (lambda: chain_trace(2, act_bytes=16 * MIB, param_bytes=32 * MIB), 0.9),
     (_optimizer_state_chain, 0.8), (_optimizer_state_chain, 0.6),  # the state leaves across the boundary
+    (_late_state_chain, 0.75),  # ... after the step's last op, carried over (milp's variant of its gap)
     pytest.param(lambda: chain_trace(4, sizes=[(16 + 24 * (i % 4)) * MIB for i in range(4)],
                                      param_bytes=SMALL_WEIGHTS, flops_per_layer=3e10), 0.75,
                  marks=pytest.mark.slow),  # 16,524 plans simulated
@@ -142,6 +160,23 @@ def test_milp_equals_brute_force_over_all_policies(factory, share):
     # Every op here starts a layer: the MILP's objective is the simulated overhead, a swap-out carried
     # over to the next step (its bytes held there while it copies) included
     assert report["milp_overhead"] == pytest.approx(report["simulated_overhead"], abs=1e-9)
+
+
+def test_milp_leaves_a_late_state_after_the_last_op_when_its_copy_then_costs_nothing():
+    """The late state's copy out carried over into the next step's first op: no wait at the step's end
+    (the swap after its last read waits for its 2 ms copy there)."""
+    trace = _late_state_chain()
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(0.75 * trace.peak_load_bytes)
+    plan = make_plan(trace, budget, planner="milp", cost=cost, **EXACT)
+    (state,) = [d for d in plan.decisions if d.storage == 7]
+    assert state.out_after == len(trace.ops) - 1 and state.back_before == 5
+    # the state's only: the weight's gap across the boundary spans no op over the budget
+    assert plan.report["carried_variants"] == 1
+    simulator = Simulator(trace, cost)
+    carried, waited = simulator.run(plan, budget), simulator.run(Plan(decisions=(replace(state, out_after=5),)), budget)
+    assert carried.breakdown["sync_stall_s"] == 0 and waited.breakdown["sync_stall_s"] > 1e-3
+    assert carried.time_s < waited.time_s
 
 
 BRUTE_CASES = [  # (trace, budget share, the bound equals the optimum there)

@@ -33,8 +33,10 @@ What the MILP models of the simulator's semantics (memplan.sim.simulate):
   their temporarily rebuilt inputs and the largest replayed op's discarded outputs count.
 What it approximates (the simulator is the judge of every plan, and reports the overhead):
 - within a segment the decisions are fixed: releases and triggers happen only at positions
-  (`window` of them at each end of a gap, or the whole gap with window=0), and a segment's
-  load is its largest op's; on traces whose every op starts a layer this is exact;
+  (`window` of them at each end of a gap, or the whole gap with window=0; for a storage across
+  the boundary also up to `window` of the positions ending a stretch over the budget, and for a
+  copy carried over of the positions over it), and a segment's load is its largest op's; on
+  traces whose every op starts a layer this is exact;
 - a wait for memory is charged at the start of a position, before its prefetches are issued
   (the simulator may wait later, at the allocation that needs the room);
 - the chains before one op are charged as if all ran at once (their temporaries all alive
@@ -327,7 +329,8 @@ class _Search:
             "optimal_s": None,
             "units": len(units),
             "wrap_units": sum(u.wraps for u in units),
-            "early_variants": sum(u.group != k for k, u in enumerate(units)),
+            "early_variants": sum(u.group != k and not u.carried for k, u in enumerate(units)),
+            "carried_variants": sum(u.carried and u.group != k for k, u in enumerate(units)),
             "positions": len(self.problem.positions),
             "variables": len(model.cols.lb),
             "constraints": len(model.cols.rows),
@@ -340,5 +343,5 @@ def _trivial_report(problem: LayerProblem) -> dict:
     """Nothing needs to move: keeping everything is optimal."""
     return {"status": "optimal", "milp_overhead": 0.0, "milp_bound": 0.0, "mip_gap": 0.0, "simulated_overhead": 0.0,
             "solve_s": 0.0, "optimal_s": 0.0, "rounds": 0, "model_budget_bytes": None, "units": len(problem.units),
-            "wrap_units": 0, "early_variants": 0, "positions": len(problem.positions), "variables": 0,
-            "constraints": 0, "milp_bound_scope": "nothing needs to move: 0 is the optimum of every planner"}
+            "wrap_units": 0, "early_variants": 0, "carried_variants": 0, "positions": len(problem.positions),
+            "variables": 0, "constraints": 0, "milp_bound_scope": "nothing needs to move: 0 is the optimum of every planner"}

@@ -13,10 +13,12 @@ A recomputation before op p reads the inputs of the ops it replays; an input swa
 may be brought back for it: every swappable unit of an input of a target's own writers whose
 gap covers p gets a variant ending at p (deeper inputs of the closure are not: they stay
 resident or are rebuilt) (its `group` names the unit it shortens; at most one unit of a group is
-chosen). Time and memory are tracked at positions: the first op of every layer of
-`Trace.layers`, plus the ops where a unit can leave (out_after + 1) and must be back
-(back_before). Between two positions nothing a plan decides changes, so a segment is summed
-(its ops' durations) and maxed (its load).
+chosen). A wrap-around gap whose storage's last access is not the step's last op gets a variant
+leaving after the last op (`Unit.carried`): its copy out then runs at the next step's start,
+where the device-to-host lane is idle, instead of in the step's tail. Time and memory are
+tracked at positions: the first op of every layer of `Trace.layers`, plus the ops where a unit
+can leave (out_after + 1) and must be back (back_before). Between two positions nothing a plan
+decides changes, so a segment is summed (its ops' durations) and maxed (its load).
 
 A recompute of unit x before op p replays x's writers (`Trace.lineage`); an input of those ops
 that is not resident at p must be rebuilt first: a storage the framework has already freed is
@@ -155,7 +157,7 @@ def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | 
     for op in sorted({u.back_before for u in base if u.recomputable}):
         targets = tuple(k for k, u in enumerate(base) if u.recomputable and u.back_before == op)
         rebuilds[op] = _rebuild(trace, op, targets, base, units_of)
-    units = base + _early_variants(base, rebuilds, units_of)
+    units = base + _early_variants(base, rebuilds, units_of) + _carried_variants(base, n, cost)
     return LayerProblem(positions=positions, op_s=np.asarray(cost.durations, dtype=np.float64),
                         seg_s=prefix[ends] - prefix[positions], seg_load=np.maximum.reduceat(trace.load, positions),
                         pre_load=trace.load[positions] - born[positions], units=tuple(units), rebuilds=rebuilds,
@@ -195,6 +197,15 @@ def _early_variants(base: list[Unit], rebuilds: dict, units_of: dict) -> list[Un
                     out.append(Unit(storage=u.storage, nbytes=u.nbytes, out_after=u.out_after, back_before=op,
                                     d2h_s=u.d2h_s, h2d_s=u.h2d_s, group=k, recomputable=False))
     return out
+
+
+def _carried_variants(base: list[Unit], n_ops: int, cost: Cost) -> list[Unit]:
+    """A variant leaving after the step's last op of every wrap-around gap leaving earlier (none where
+    the step is captured: a graph's replay waits for that copy at its end)."""
+    if cost.captured:
+        return []
+    return [replace(u, out_after=n_ops - 1, group=k, carried=True) for k, u in enumerate(base)
+            if u.wraps and u.out_after < n_ops - 1]
 
 
 def _direct_reads(rb: Rebuild) -> set[int]:

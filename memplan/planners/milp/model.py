@@ -34,9 +34,7 @@ from ..kit.prefetch import issue_key
 from .columns import Model
 from .host import HostPrice, add_host_rows
 from .layers import LayerProblem
-
-MAX_POSITIONS = 0  # window value meaning "the whole gap"
-
+from .windows import Windows
 
 def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=(), host: HostPrice | None = None) -> Model:
     """The MILP of `problem` under `budget_bytes`.
@@ -59,7 +57,8 @@ class _Builder:
 
     def __init__(self, model: Model, budget_bytes: int, window: int, forbidden: set, host: HostPrice | None):
         self.m, self.p, self.c, self.host = model, model.problem, model.cols, host
-        self.budget, self.window, self.forbidden = budget_bytes, window, forbidden
+        self.budget, self.forbidden = budget_bytes, forbidden
+        self.windows = Windows(self.p, budget_bytes, window)
         p = self.p
         self.need = sorted(range(len(p.units)), key=lambda k: issue_key(p.units[k]))
         # Longer than any schedule: every copy and every possible replay after the baseline.
@@ -98,45 +97,26 @@ class _Builder:
 
     # --- swap windows ------------------------------------------------------------------------------
 
-    def _gap_positions(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(release positions, trigger positions) of unit k: both its gap's, or for a wrap-around
-        unit the tail after out_after and the head up to back_before (a carried one's both the head)."""
-        u, pos = self.p.units[k], self.p.positions
-        if u.wraps:
-            head = np.flatnonzero(pos <= u.back_before)
-            return (head if u.carried else np.flatnonzero(pos > u.out_after)), head
-        gap = np.flatnonzero((pos > u.out_after) & (pos <= u.back_before))
-        return gap, gap
-
     def _windows(self) -> None:
         """Trigger (v) and release (u, and l where a position has a pre-phase) columns per feature map.
 
         v_kq: the prefetch was issued at or before q. u_kq: the swap-out was released before q's
         pre-phase (its prefetches and recomputations); l_kq: released at q, after its pre-phase,
-        before its op. Both non-decreasing over the first `window` positions of the gap.
+        before its op. Both non-decreasing over the positions of the unit's windows
+        (memplan.planners.milp.windows).
         """
-        m, c = self.m, self.c
-        gaps = {k: self._gap_positions(k) for k in range(len(self.p.units))}
-        for k, (_, trig) in gaps.items():
-            m.triggers[k] = self._cumulative(trig[len(trig) - self._size(trig):], m.s[k])
+        m, c, w = self.m, self.c, self.windows
+        gaps = {k: w.gap(k) for k in range(len(self.p.units))}
+        triggers = {k: w.triggers(k, trig) for k, (_, trig) in gaps.items()}
+        for k, positions in triggers.items():
+            m.triggers[k] = self._cumulative(positions, m.s[k])
             c.eq([(m.triggers[k][-1][1], 1), (m.s[k], -1)], 0)  # issued by back_before at the latest
         self.two_phase = {self.p.position_of(op) for op in self.p.rebuilds} | \
             {q for k in gaps for q, _ in m.triggers[k]}
-        self.release = {k: self._releases(self._release_window(k, rel), m.s[k]) for k, (rel, _) in gaps.items()}
+        self.release = {k: self._releases(w.releases(k, rel, triggers[k]), m.s[k]) for k, (rel, _) in gaps.items()}
         for k in (k for k, u in enumerate(self.p.units) if u.carried):  # released by its prefetch at the latest
             for q, col in m.triggers[k]:
                 c.le([(col, 1)] + [(r, -coef) for r, coef in self._released(k, q, late=False)], 0)
-
-    def _release_window(self, k: int, positions: np.ndarray) -> np.ndarray:
-        """The first `window` release positions; a carried unit's also its trigger window's (the
-        simulator releases it when its copy is done, or at its prefetch)."""
-        first = positions[:self._size(positions)]
-        if not self.p.units[k].carried:
-            return first
-        return np.union1d(first, positions[len(positions) - self._size(positions):])
-
-    def _size(self, positions: np.ndarray) -> int:
-        return len(positions) if self.window == MAX_POSITIONS else min(self.window, len(positions))
 
     def _cumulative(self, positions, s_col) -> list[tuple[int, int]]:
         cols = self.c.add(len(positions), ub=1, integer=True)
@@ -289,10 +269,17 @@ class _Builder:
             for b in self.need[a_i + 1:]:
                 if m.triggers[b][0][0] >= last_a:
                     continue
-                # T_a <= T_b + n_pos (2 - s_a - s_b), T_k = back position - (v columns set before it).
-                terms = [(col, 1) for _, col in m.triggers[a][:-1]] + [(col, -1) for _, col in m.triggers[b][:-1]]
+                # T_a <= T_b + n_pos (2 - s_a - s_b), T_k = its last trigger position - the positions from each
+                # v column set before it to the next one.
+                terms = [(col, w) for col, w in self._steps(m.triggers[a])] + \
+                    [(col, -w) for col, w in self._steps(m.triggers[b])]
                 terms += [(m.s[a], -n_pos), (m.s[b], -n_pos)]
                 c.ge(terms, last_a - m.triggers[b][-1][0] - 2 * n_pos)
+
+    @staticmethod
+    def _steps(cumulative: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """(v column, positions to the next trigger position) of every trigger position but the last."""
+        return [(col, q_next - q) for (q, col), (q_next, _) in itertools.pairwise(cumulative)]
 
     def _lane_cuts(self) -> None:
         """Valid inequalities without big-M, so that the LP relaxation pays for copies.
@@ -320,7 +307,7 @@ class _Builder:
                 c.ge([(self.t[q], 1), (self.o[i], -1), (suffix[a], -1)], MS * p.seg_s[i])
         for k_last in {p.units[k].back_before for k in range(len(p.units))}:
             q = p.position_of(k_last)
-            for a in range(max(0, q - self._cut_reach()), q + 1):
+            for a in range(max(0, q - self.windows.reach()), q + 1):
                 op_a = int(p.positions[a])
                 due = [k for k, u in enumerate(p.units) if op_a <= u.back_before <= k_last]
                 terms = [(self.o[q], 1), (self.t[a], -1)]
@@ -332,10 +319,6 @@ class _Builder:
                         terms.append((issued, h2d))
                 if due:
                     c.ge(terms, 0)
-
-    def _cut_reach(self) -> int:
-        """How many positions before a due op the prefetch cuts start from."""
-        return len(self.p.positions) if self.window == MAX_POSITIONS else self.window
 
     # --- memory --------------------------------------------------------------------------------------
 

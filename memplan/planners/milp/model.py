@@ -36,6 +36,7 @@ from .host import HostPrice, add_host_rows
 from .layers import LayerProblem
 from .windows import Windows
 
+
 def build(problem: LayerProblem, budget_bytes: int, window: int, forbidden=(), host: HostPrice | None = None) -> Model:
     """The MILP of `problem` under `budget_bytes`.
 

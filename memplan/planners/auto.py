@@ -10,7 +10,7 @@ Within one time limit (default 20 s) it
    DTR_SHARE of the time left);
 3. runs AutoSwap's Bayesian-optimised weights (`autoswap:bo`) for BO_SHARE of the time left;
 4. runs `milp` when its model is small enough to be solved whole (at most MILP_MAX_GROUPS
-   decision groups; over saved activations only when the model over every storage is
+   decision groups, `whole_gaps`; over saved activations only when the model over every storage is
    larger), for MILP_SHARE of the time left (on larger models the decomposition improves too
    slowly to be worth the time, unless no fast planner reaches the budget: then milp over every
    storage runs, decomposed, since it moves what the others cannot, such as optimizer state
@@ -59,7 +59,7 @@ from .kit.polish import Polisher
 from .kit.refine import policy_of_bound
 from .kit.searched import search_report
 from .milp import MAX_DIRECT_GROUPS, solve_milp
-from .milp.layers import MOVES, layer_problem
+from .milp.layers import MOVES, whole_gaps
 
 log = logging.getLogger(__name__)
 
@@ -216,8 +216,8 @@ class _Search:
         share = min(MILP_SHARE * self.left(), MILP_MAX_S)
         if share < MILP_MIN_S:
             return
-        moves = next((m for m in MOVES if len(layer_problem(self.trace, self.cost, self.min_bytes, self.budget,
-                                                            m).groups()) <= MILP_MAX_GROUPS), None)
+        moves = next((m for m in MOVES if len(whole_gaps(self.trace, self.cost, self.min_bytes, self.budget, m))
+                      <= MILP_MAX_GROUPS), None)
         if not self.candidates:  # nothing reaches the budget yet: the model over every storage, decomposed if large
             moves = MOVES[0]
         if moves is None:

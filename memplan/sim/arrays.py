@@ -56,14 +56,14 @@ def interpreted_host(base: np.ndarray, cost: Cost, out_after: np.ndarray, back_b
                      captured: np.ndarray | None = None) -> np.ndarray:
     """The host's work at each op of an interpreted program: `base` (the mode's and its identity hooks'),
     plus `guard_op_s` at each op run while a storage is away (`guarded_ops`), plus `record_op_s` at each
-    op whose call it records to replay later (`captured`: StepProgram.captured_ops)."""
+    op whose call it records to replay later (`captured`: StepProgram.captured_ops, repeats counted once)."""
     guard_s, record_s = cost.executor_s("guard_op"), cost.executor_s("record_op")
     host = base
     if guard_s and len(out_after):
         host = host + guard_s * guarded_ops(len(base), out_after, back_before)
     if record_s and captured is not None and len(captured):
         host = host.copy() if host is base else host
-        host[captured] += record_s
+        host[captured] += record_s  # fancy assignment: a repeated op gets it once
     return host
 
 

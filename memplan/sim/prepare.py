@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -16,13 +17,12 @@ from ..cost.model import Cost
 from ..model import Trace
 from ..model.program import HOOKED, INTERPRETED
 from .arrays import csr, host_per_op, hooked_host, interpreted_host, producer_ids
-from .chains import Chain, chain_groups
+from .chains import Chain, OpChains, chain_groups
 from .decisions import DecisionArrays
 from .lowering import Lowered, Lowering
 from .memo import ProbeMemo
 
 RECENT = 4096  # chains and frees kept by the decisions they depend on (bounds their memory)
-_NO_OPS = np.zeros(0, dtype=np.int64)  # no op recorded to replay
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +84,31 @@ class Priced:
                       comp=self.comp[index])
 
 
+class Replays:
+    """The replay chains of a plan's recompute decisions (memplan.sim.chains), by the op they are due at:
+    their kernel columns, the ops the executor records in the step to replay them (repeats included:
+    `StepProgram.captured_ops`), and each decision's chain, made only when asked (a search never asks)."""
+
+    def __init__(self, index: np.ndarray, groups: list[OpChains], arrays: ChainArrays, ops: np.ndarray):
+        self.index, self.groups, self.arrays, self.ops = index, groups, arrays, ops
+
+    @classmethod
+    def of(cls, index: np.ndarray, groups: list[OpChains], n_storages: int) -> Replays:
+        """The chains of decisions `index`, due at ops in turn as `groups` (memplan.sim.chains.chain_groups)."""
+        # Each op's codes lie in its own range and the ops ascend: concatenated, they are sorted.
+        arrays = ChainArrays.of_rows(index, np.concatenate([g.rows for g in groups]),
+                                     np.concatenate([g.read_codes for g in groups]), n_storages)
+        return cls(index, groups, arrays, np.concatenate([g.ops for g in groups]))
+
+    @cached_property
+    def chains(self) -> dict[int, Chain]:
+        """The chain of every recompute decision (by index)."""
+        return dict(zip(self.index.tolist(), itertools.chain.from_iterable(g.chains for g in self.groups)))
+
+
+NO_REPLAYS = Replays(NO_CHAINS.index, [], NO_CHAINS, NO_CHAINS.ops)
+
+
 class Preparer:
     """Prepares lowered plans of one trace and cost for the kernel (per-trace arrays built once)."""
 
@@ -98,7 +123,7 @@ class Preparer:
         self.producers = lowering.regions.producers if lowering is not None else producer_ids(trace)
         # Chains of plans that differ in a few decisions are mostly the same (memplan.sim.memo).
         self._chain_memo = ProbeMemo()
-        self._recent_chains: dict[bytes, tuple[dict, ChainArrays]] = {}
+        self._recent_chains: dict[bytes, Replays] = {}
         self._host = host_per_op(trace, cost)
         alive = np.zeros(n + 1, dtype=np.int64)  # bytes of the storages alive at each op (outputs included)
         np.add.at(alive, trace.alloc_ops[lives], trace.nbytes[lives])
@@ -157,7 +182,7 @@ class Preparer:
         if lowered.level == INTERPRETED:
             a = lowered.arrays
             return interpreted_host(self._host[INTERPRETED], self.cost, a.out_after, a.back_before,
-                                    self._replays(a)[2] if self.cost.executor_s("record_op") else None)
+                                    self._replays(a).ops if self.cost.executor_s("record_op") else None)
         if lowered.level != HOOKED:
             return self._host[lowered.level]
         if self.cost.executor_s("hook_call") == 0.0:
@@ -176,38 +201,29 @@ class Preparer:
             if not lowered.carriers:  # a run's first decision carries it: none, no runs
                 return NO_CHAINS
             return ChainArrays.of(lowered.carriers, lowered.read_codes, len(self.trace.storages))
-        return self._replays(a)[1]
+        return self._replays(a).arrays
 
     def chains(self, lowered: Lowered) -> dict[int, Chain]:
         """The chain of every recompute decision of `lowered` (for the step program)."""
         if lowered.level == HOOKED:
             return self.lowering.regions.chains(lowered.arrays, lowered.regions, lowered.carriers)
-        return self._replays(lowered.arrays)[0]
+        return self._replays(lowered.arrays).chains
 
-    def _replays(self, a: DecisionArrays) -> tuple[dict[int, Chain], ChainArrays, np.ndarray]:
-        """The replay chains of `a`'s recompute decisions, their kernel columns, and the ops the executor
-        records in the step to replay them (`StepProgram.captured_ops`)."""
+    def _replays(self, a: DecisionArrays) -> Replays:
+        """The replay chains of `a`'s recompute decisions, reused for a plan with the same ones as a recent
+        plan, else put together from the chains due at each op (memplan.sim.chains.chain_groups)."""
         rec = np.flatnonzero(a.recompute)
         if not len(rec):
-            return {}, NO_CHAINS, _NO_OPS
+            return NO_REPLAYS
         key = np.concatenate([rec, a.storage[rec], a.out_after[rec], a.back_before[rec]]).tobytes()
         found = self._recent_chains.get(key)
         if found is None:
-            found = self._replays_of(a)
+            found = Replays.of(*chain_groups(self.trace, a, self.durations, self.producers, self._chain_memo),
+                               len(self.trace.storages))
             if len(self._recent_chains) >= RECENT:
                 self._recent_chains.clear()
             self._recent_chains[key] = found
         return found
-
-    def _replays_of(self, a: DecisionArrays) -> tuple[dict[int, Chain], ChainArrays, np.ndarray]:
-        """`_replays` put together from the chains due at each op (memplan.sim.chains.chain_groups),
-        whose kernel rows, reads and ops are kept with them."""
-        index, groups = chain_groups(self.trace, a, self.durations, self.producers, self._chain_memo)
-        chains = dict(zip(index.tolist(), itertools.chain.from_iterable(g.chains for g in groups)))
-        # Each op's codes lie in its own range and the ops ascend: concatenated, they are sorted.
-        codes = np.concatenate([g.read_codes for g in groups])
-        arrays = ChainArrays.of_rows(index, np.concatenate([g.rows for g in groups]), codes, len(self.trace.storages))
-        return chains, arrays, np.unique(np.concatenate([g.ops for g in groups]))
 
     # --- frees -------------------------------------------------------------------------------
 

@@ -385,6 +385,21 @@ def test_below_its_models_floor_milp_returns_a_fast_planners_plan_that_fits():
         make_plan(trace, 1, planner="milp", cost=cost, **tiny_units)
 
 
+@pytest.mark.parametrize("moves", ["all", "activations"])
+def test_the_whole_gaps_are_the_models_decision_groups(moves):
+    """`auto` sizes milp's model by its whole gaps alone (making the model takes seconds on a large trace):
+    every unit of the model is one of them or a variant in its group, on a trace whose model has variants."""
+    from memplan.planners.milp.layers import layer_problem, whole_gaps
+
+    trace = _uneven_chain()
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(0.6 * trace.peak_load_bytes)
+    problem = layer_problem(trace, cost, MIB, budget, moves)
+    assert len(problem.units) > len(problem.groups()) > 0
+    assert [(u.storage, u.out_after, u.back_before) for u in whole_gaps(trace, cost, MIB, budget, moves)] == \
+        [(problem.units[k].storage, problem.units[k].out_after, problem.units[k].back_before) for k in problem.groups()]
+
+
 @pytest.mark.parametrize("asynchronous", [True, False])
 def test_the_model_prices_the_hosts_work_as_the_simulator_does(asynchronous):
     """On a host-bound step (the host issues each op in 1.5 mean op times): keeping everything costs

@@ -116,7 +116,8 @@ def lower_bound(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: fl
 
     Args:
         trace, budget_bytes, cost: the problem, as a planner gets it.
-        time_limit_s: wall-clock limit for all solves (overhead None when not even the first one ends).
+        time_limit_s: wall-clock limit for making and solving the LPs (overhead None when not even the first
+            one is solved in it).
         max_checks: at most this many ops get memory rows and lane cuts.
     """
     started = time.perf_counter()
@@ -273,8 +274,10 @@ def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_
     units = absences(trace, cost, check, hooked=hooked, interpreted=interpreted, budget_bytes=budget_bytes)
     lp = BoundLP(MS * np.asarray(cost.durations, dtype=np.float64), trace.load - budget_bytes, check, check, units,
                  host)
-    result = _solve(lp, time_limit_s)
-    if result.status == OPTIMAL:
+    result = _solve(lp, time_limit_s - (time.perf_counter() - started))  # making the LP took part of the limit
+    if result is None:
+        overhead, status = None, "time limit reached while making the LP"
+    elif result.status == OPTIMAL:
         overhead, status = max(0.0, float(result.fun) - SAFETY_MS) / baseline_ms, "optimal"
         left = time_limit_s - (time.perf_counter() - started)
         if len(lp.c.lb) <= MIP_MAX_VARIABLES and left > 0:
@@ -287,7 +290,7 @@ def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_
         overhead, status = None, result.message.strip()
     return Bound(overhead=overhead, status=status, seconds=time.perf_counter() - started, check_ops=len(check),
                  units=len(units), variables=len(lp.c.lb), constraints=len(lp.c.rows),
-                 away=_away(lp, result.x) if result.status == OPTIMAL else {})
+                 away=_away(lp, result.x) if status.startswith("optimal") else {})
 
 
 def _away(lp: BoundLP, x: np.ndarray) -> dict:
@@ -306,7 +309,10 @@ def check_ops(load: np.ndarray, budget_bytes: int, max_checks: int) -> np.ndarra
 
 
 def _solve(lp: BoundLP, time_limit_s: float):
-    """linprog (HiGHS' interior point method, then crossover) on the LP: minimise the overhead."""
+    """linprog (HiGHS' interior point method, then crossover) on the LP: minimise the overhead (None
+    with no time left)."""
+    if time_limit_s <= 0:
+        return None
     c = lp.c
     matrix = c.matrix().tocsr()
     lower, upper = np.array(c.row_lb), np.array(c.row_ub)

@@ -138,11 +138,7 @@ def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | 
             gap from their last forward to their first backward access: the feature maps of
             HOME, a smaller model).
     """
-    base = movable_gaps(trace, cost, min_bytes, budget_bytes)
-    if moves == ACTIVATIONS:
-        saved = {(g.storage, g.last_forward, g.back_before) for g in saved_gaps(trace, min_bytes)}
-        kept = [u for u in base if (u.storage, u.out_after, u.back_before) in saved]
-        base = [replace(u, group=k) for k, u in enumerate(kept)]
+    base = whole_gaps(trace, cost, min_bytes, budget_bytes, moves)
     positions = _positions(trace, base)
     n = len(trace.ops)
     prefix = op_starts(cost)
@@ -162,6 +158,18 @@ def layer_problem(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | 
                         seg_s=prefix[ends] - prefix[positions], seg_load=np.maximum.reduceat(trace.load, positions),
                         pre_load=trace.load[positions] - born[positions], units=tuple(units), rebuilds=rebuilds,
                         baseline_s=float(prefix[-1]), peak_bytes=trace.peak_load_bytes, moves=moves)
+
+
+def whole_gaps(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | None = None,
+               moves: str = "all") -> list[Unit]:
+    """The whole-gap units of `layer_problem` (its arguments), one a decision group: how large its model is,
+    without the rebuild closures and variants that take most of its making."""
+    base = movable_gaps(trace, cost, min_bytes, budget_bytes)
+    if moves != ACTIVATIONS:
+        return base
+    saved = {(g.storage, g.last_forward, g.back_before) for g in saved_gaps(trace, min_bytes)}
+    kept = [u for u in base if (u.storage, u.out_after, u.back_before) in saved]
+    return [replace(u, group=k) for k, u in enumerate(kept)]
 
 
 def movable_gaps(trace: Trace, cost: Cost, min_bytes: int, budget_bytes: int | None = None) -> list[Unit]:

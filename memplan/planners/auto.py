@@ -225,7 +225,7 @@ class _Search:
             return
         try:
             plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
-                              moves=moves, bound=self.bound)
+                              moves=moves, bound=self.bound, fallback=False)
         except InfeasibleBudgetError as exc:
             self.named["milp"] = exc.min_feasible_bytes
             return
@@ -269,7 +269,7 @@ class _Search:
             return
         try:
             plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=left, min_bytes=self.min_bytes,
-                              start=ranked[0].plan.decisions, bound=self.bound)
+                              start=ranked[0].plan.decisions, bound=self.bound, fallback=False)
         except InfeasibleBudgetError:
             return
         self.milp_report = {**plan.report, "moves": MOVES[0], "started_from": ranked[0].name}

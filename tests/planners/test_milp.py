@@ -18,6 +18,7 @@ from memplan.model import Decision, Op, Plan, Storage, Trace
 from memplan.model.program import INTERPRETED
 from memplan.planners.base import plan as make_plan
 from memplan.planners.bound import fewest_away, lower_bound
+from memplan.planners.milp import solve_milp
 from memplan.problem import Problem
 from memplan.sim.arrays import host_per_op
 from memplan.sim.simulate import Simulator
@@ -383,6 +384,22 @@ def test_below_its_models_floor_milp_returns_a_fast_planners_plan_that_fits():
     assert validate(trace, plan, budget) == [] and Simulator(trace, cost).run(plan, budget).peak_load_bytes <= budget
     with pytest.raises(InfeasibleBudgetError):  # where nothing fits, the model's floor is the answer
         make_plan(trace, 1, planner="milp", cost=cost, **tiny_units)
+    with pytest.raises(InfeasibleBudgetError):  # without the fallback (auto has those plans): the floor
+        solve_milp(trace, budget, cost, fallback=False, **tiny_units)
+
+
+def test_auto_runs_milp_without_the_fallback_it_already_has(monkeypatch):
+    """The fallback's plans are made after milp's solves (up to 25 s past its limit); auto has them as
+    candidates already, so both of its milp steps leave them out and its own limit holds."""
+    import memplan.planners.auto as auto
+
+    calls = []
+    real = auto.solve_milp
+    monkeypatch.setattr(auto, "solve_milp", lambda *args, **kwargs: calls.append(kwargs) or real(*args, **kwargs))
+    trace = _light_residual()
+    cost = Cost.for_trace(trace, "h100")
+    make_plan(trace, int(0.7 * trace.peak_load_bytes), planner="auto", cost=cost, time_limit_s=30.0)
+    assert calls and all(kwargs["fallback"] is False for kwargs in calls)
 
 
 @pytest.mark.parametrize("moves", ["all", "activations"])

@@ -139,12 +139,13 @@ def plan_milp(problem: Problem, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S, m
 def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                mip_rel_gap: float = DEFAULT_GAP, min_bytes: int = DEFAULT_MIN_BYTES, window: int = DEFAULT_WINDOW,
                max_direct_groups: int = MAX_DIRECT_GROUPS, start: tuple[Decision, ...] | None = None,
-               moves: str = "all", bound: Bound | None = None) -> Plan:
+               moves: str = "all", bound: Bound | None = None, fallback: bool = True) -> Plan:
     """`milp`'s plan (see `plan_milp`), the decomposition starting from `start` (another
     planner's decisions) when one is given; never slower in the simulator than `start`, nor,
-    when HiGHS proved nothing, than the fast planners' best plan. Its report holds the lower bound
-    of every plan (`memplan.planners.bound`: `bound`, or one found with SIM_BOUND_SHARE of the time
-    limit) and the gap to it."""
+    when HiGHS proved nothing and `fallback` holds, than the fast planners' best plan (made after the
+    solves, up to 25 s more: `memplan.planners.milp.finish`; a caller that has their plans, `auto`,
+    passes False). Its report holds the lower bound of every plan (`memplan.planners.bound`: `bound`,
+    or one found with SIM_BOUND_SHARE of the time limit) and the gap to it."""
     _check(time_limit_s, mip_rel_gap, moves)
     started = time.perf_counter()
     if bound is None:
@@ -154,13 +155,16 @@ def solve_milp(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: flo
         plan = _solve(trace, budget_bytes, cost, time_limit_s=left, mip_rel_gap=mip_rel_gap, min_bytes=min_bytes,
                       window=window, max_direct_groups=max_direct_groups, start=start, moves=moves)
     except InfeasibleBudgetError as exc:  # below the model's floor: another planner's units may go lower
+        if not fallback:
+            raise
         return with_bound(below_the_floor(trace, budget_bytes, cost, time_limit_s, exc), bound)
-    return with_bound(never_worse(trace, budget_bytes, cost, plan, start, time_limit_s), bound)
+    return with_bound(never_worse(trace, budget_bytes, cost, plan, start, time_limit_s if fallback else None), bound)
 
 
 def _solve(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float, mip_rel_gap: float, min_bytes: int,
            window: int, max_direct_groups: int, start: tuple[Decision, ...] | None, moves: str) -> Plan:
     """The MILP's plan (whole or decomposed), before the comparisons of `solve_milp`."""
+    started = time.perf_counter()
     if moves != ACTIVATIONS and len(movable_gaps(trace, cost, min_bytes, budget_bytes)) > MAX_UNITS:
         log.warning("milp: more than %d movable gaps; deciding saved activations only", MAX_UNITS)
         moves = ACTIVATIONS
@@ -171,7 +175,9 @@ def _solve(trace: Trace, budget_bytes: int, cost: Cost, *, time_limit_s: float, 
     floor = int(static_load(trace, list(fallback)).max())
     if budget_bytes < floor:
         raise infeasible(budget_bytes, floor, "milp")
-    search = _Search(trace, cost, problem, budget_bytes, window, mip_rel_gap, time_limit_s)
+    # making the model takes seconds on a large trace: the solves have what is left
+    search = _Search(trace, cost, problem, budget_bytes, window, mip_rel_gap,
+                     max(time_limit_s - (time.perf_counter() - started), MIN_SOLVE_S))
     if len(problem.groups()) <= max_direct_groups:
         return search.run(fallback)
     origin = "the given start"

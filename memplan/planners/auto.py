@@ -225,7 +225,7 @@ class _Search:
             return
         try:
             plan = solve_milp(self.trace, self.budget, self.cost, time_limit_s=share, min_bytes=self.min_bytes,
-                              moves=moves, bound=self.bound, fallback=False)
+                              moves=moves, bound=self.bound)
         except InfeasibleBudgetError as exc:
             self.named["milp"] = exc.min_feasible_bytes
             return
@@ -263,7 +263,8 @@ class _Search:
 
     def decompose(self) -> None:
         """Step 6: with time left, milp over every storage warm-started from the best plan so far
-        (decomposed on a large model; never worse than its start in the simulator)."""
+        (decomposed on a large model; never worse than its start in the simulator; without milp's
+        fallback, made after its solves: it would end past the limit, and those plans are candidates)."""
         left, ranked = min(self.left() - max(FINISH_S, FINISH_SHARE * self.limit_s), MILP_MAX_S), self.ranked()
         if left < MILP_MIN_S or not ranked or (self.milp_report or {}).get("moves") == MOVES[0]:
             return

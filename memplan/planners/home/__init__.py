@@ -67,7 +67,8 @@ def home(problem: Problem, *, iters: int = DEFAULT_ITERS,
         problem: the trace, its cap, its costs and the seed (memplan.problem).
         iters: swarm iterations (Algorithm 1).
         particles: particles per iteration.
-        time_limit_s: stop after the iteration running when this many seconds have passed.
+        time_limit_s: stop after the iteration running when this many seconds have passed since the
+            call (finding the feature maps and, for `home:seeded`, planning its seeds included).
         workers: worker processes (0: one per core when the search is large enough).
         min_bytes: smaller activations are not feature maps (they stay).
         lead: a prefetch is issued this many backward layers before the layer that needs it.
@@ -88,6 +89,7 @@ def _home(problem: Problem, *, iters: int, particles: int, time_limit_s: float |
     (`home:seeded` is never worse than a planner it was seeded with)."""
     if iters < 1 or particles < 1:
         raise MemplanError(f"planner {name!r}: iters and particles must be at least 1 (got {iters}, {particles})")
+    deadline = math.inf if time_limit_s is None else time.monotonic() + time_limit_s  # what comes first counts too
     trace, budget_bytes = problem.trace, problem.budget_bytes
     if budget_bytes >= trace.peak_load_bytes:
         return Plan()
@@ -106,7 +108,6 @@ def _home(problem: Problem, *, iters: int, particles: int, time_limit_s: float |
     at_fork = evaluator.evaluations
     if workers == 0:
         workers = available_cores() if particles * len(fm) >= PARALLEL_MIN_WORK else 1
-    deadline = math.inf if time_limit_s is None else time.monotonic() + time_limit_s
     best, score, history = _search(evaluator, policies, iters, workers, deadline, name)
     if seeded and score < INFEASIBLE:
         best, score = Refiner(evaluator).polish(best, deadline)

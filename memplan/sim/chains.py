@@ -243,8 +243,8 @@ class _Resident:
         return here
 
     def lookup(self, memo: ProbeMemo, key):
-        """`memo.lookup(key, self)`, its walk inlined with the answer of the usual tuple (about a hundred
-        walks a plan)."""
+        """`memo.lookup(key, self)`, its walk inlined with the answer of the usual tuple (one walk per op
+        with recomputations, for every plan a search scores)."""
         node, at, away = memo.roots.get(key), self._alive_at, self.away.keys()
         while node is not None:
             sids = node.item

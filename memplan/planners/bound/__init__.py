@@ -290,7 +290,7 @@ def _bound(trace: Trace, budget_bytes: int, cost: Cost, checks: int, time_limit_
         overhead, status = None, result.message.strip()
     return Bound(overhead=overhead, status=status, seconds=time.perf_counter() - started, check_ops=len(check),
                  units=len(units), variables=len(lp.c.lb), constraints=len(lp.c.rows),
-                 away=_away(lp, result.x) if status.startswith("optimal") else {})
+                 away=_away(lp, result.x) if result is not None and result.status == OPTIMAL else {})
 
 
 def _away(lp: BoundLP, x: np.ndarray) -> dict:

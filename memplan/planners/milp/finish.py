@@ -59,11 +59,11 @@ def fast_start(trace: Trace, budget_bytes: int, cost: Cost, simulator: Simulator
 
 
 def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: tuple[Decision, ...] | None,
-                time_limit_s: float | None) -> Plan:
-    """`plan`, or the given start or (when HiGHS proved nothing) the best plan of the fast planners, DTR
-    and autoswap:bo, polished (the last two within FALLBACK_DTR_S and FALLBACK_BO_S, no longer than milp's
-    `time_limit_s`; None: not that one) when one of them simulates faster within the budget and validates;
-    `chosen` in the report says which."""
+                fallback_s: float | None) -> Plan:
+    """`plan`, or the given start or (when HiGHS proved nothing and `fallback_s` is given) the best plan of
+    the fast planners, DTR and autoswap:bo, polished (the last two within FALLBACK_DTR_S and FALLBACK_BO_S,
+    no longer than `fallback_s`, milp's time limit) when one of them simulates faster within the budget and
+    validates; `chosen` in the report says which."""
     report = dict(plan.report or {})
     if report.get("status") == "optimal" and not start:
         return plan
@@ -71,8 +71,8 @@ def never_worse(trace: Trace, budget_bytes: int, cost: Cost, plan: Plan, start: 
     named = [(report.get("chosen", "the MILP's plan"), plan)]
     if start:
         named.append(("the given start", Plan(decisions=tuple(start))))
-    if report.get("status") != "optimal" and time_limit_s is not None:
-        fast = _fallback(trace, budget_bytes, cost, simulator, time_limit_s)
+    if report.get("status") != "optimal" and fallback_s is not None:
+        fast = _fallback(trace, budget_bytes, cost, simulator, fallback_s)
         if fast is not None:
             named.append(("the best plan of the fast planners, DTR and autoswap:bo", Plan(decisions=fast)))
     best_name, best, best_s = named[0][0], plan, _time_s(simulator, plan, budget_bytes)

@@ -143,6 +143,19 @@ class HookSites:
 
     # --- installation ----------------------------------------------------------------------------
 
+    def packs_hooked_for(self, sid: int) -> np.ndarray:
+        """The packs (indices into Trace.saved) whose hooks every program that moves storage `sid` installs:
+        the windows of its packs are installed, and each hooks every pack saved inside its call."""
+        calls, saved = self.trace.calls, len(self.trace.saved)
+        spans = [(0, saved) if c == WHOLE_STEP else (calls[c].first_saved, calls[c].end_saved)
+                 for c in self._windows_of.get(sid, ())]
+        return np.array(sorted({k for lo, hi in spans for k in range(lo, hi)}), dtype=np.int64)
+
+    def pack_firings(self, pack: int) -> list[int]:
+        """The ops whose host work a hooked pack's hooks add to (`firings`): its pack's, and its unpack's."""
+        at = [int(self.packed_at[pack])] + ([int(self.unpacked_at[pack])] if self.unpacked_at[pack] >= 0 else [])
+        return [min(p, max(self.n_ops, 1) - 1) for p in at]
+
     def installed(self, points, moved, regions=()) -> Installed:
         """The sites a program needs: windows around every pack of the storages `moved` and around the
         `regions` (calls run again: their modules hold a region's arguments, and what such a call saves

@@ -46,13 +46,25 @@ def residency_intervals(trace: Trace, sid: int, decisions: list[Decision]) -> li
     return sorted((a, b) for a, b in zip(starts, ends) if a < b)
 
 
+def pooled_intervals(trace: Trace, sid: int, decisions: list[Decision], slots: dict) -> list[tuple[int, int]]:
+    """`residency_intervals`, and where the plan's pool holds storage `sid` at the step's start for a
+    swap-out after the step's last op (copied, and released, in the next step: memplan.sim.program's
+    carried copies), that head: [0, 1), the op it surely holds its bytes at (its release lies at an op
+    the program's timing decides, which this timing-free check does not know)."""
+    intervals = residency_intervals(trace, sid, decisions)
+    carried = any(d.wraps and d.out_after == trace.num_steps - 1 for d in decisions)
+    if carried and (sid, 0) in slots and all(a > 0 for a, _ in intervals):
+        return [(0, 1), *intervals]
+    return intervals
+
+
 def check_pool(trace: Trace, plan: Plan, by_storage: dict[int, list[Decision]], out: list[Violation]) -> None:
     slots = {(p.storage, p.start): p.offset for p in plan.pool}
     spans: list[tuple[int, int, int, int, int]] = []  # (start, end, offset, nbytes, storage)
     for s in trace.storages:
         if s.nbytes == 0:
             continue
-        for start, end in residency_intervals(trace, s.id, by_storage.get(s.id, [])):
+        for start, end in pooled_intervals(trace, s.id, by_storage.get(s.id, []), slots):
             offset = slots.pop((s.id, start), None)
             if offset is None:
                 out.append(Violation(kind=POOL_MISSING_SLOT, storage=s.id, op=start,

@@ -300,16 +300,16 @@ def _over_every_unit(trace, budget, cost) -> float:
     from memplan.model.program import HOOKED
     from memplan.planners.bound import MS, _bound, _with_host, host_floor
 
-    baseline_ms, host = MS * float(np.sum(cost.durations)), host_floor(trace, cost, HOOKED)
+    baseline_ms, host = MS * float(np.sum(cost.durations)), host_floor(trace, cost, HOOKED, either=True)
     found = _bound(trace, budget, cost, 32, 60.0, baseline_ms, host)
     return _with_host(found, trace, cost, budget, baseline_ms, host).overhead
 
 
-@pytest.mark.parametrize("share, tighter", [(0.8, False), (0.68, True)])
-def test_bounding_hooked_and_interpreted_plans_apart_is_tighter_and_below_every_plan_that_fits(share, tighter):
+@pytest.mark.parametrize("share", [0.8, 0.68])
+def test_bounding_hooked_and_interpreted_plans_apart_is_tighter_and_below_every_plan_that_fits(share):
     """A traced step (hook records; the host priced): the least of the bounds of the plans run hooked
-    (only where a site can have a storage away) and of those run interpreted (the dispatch mode's work
-    on every op) is never below the single LP's, strictly above it at 68% of the peak, and never above
+    (only where a site can have a storage away, paying the pack hooks of what they move) and of those run
+    interpreted (the dispatch mode's work on every op) is strictly above the single LP's, and never above
     a plan that fits, hooked (save-on-cpu's) or interpreted (tflms')."""
     from memplan.workflows.workloads import trace_workload
 
@@ -319,7 +319,7 @@ def test_bounding_hooked_and_interpreted_plans_apart_is_tighter_and_below_every_
     budget = int(share * trace.peak_load_bytes)
     bound = lower_bound(trace, budget, cost, time_limit_s=60.0).overhead
     before = _over_every_unit(trace, budget, cost)
-    assert bound >= before - TOLERANCE and (bound > before + 1e-3) == tighter
+    assert bound > before + 1e-3
     simulator = Simulator(trace, cost)
     levels = set()
     for name in ("save-on-cpu", "tflms", "capuchin", "checkpoint-all", "sqrt-n"):
@@ -527,6 +527,75 @@ def test_a_weight_away_at_the_steps_start_was_copied_out_after_its_last_access_a
     assert late_ms(None) == pytest.approx(0.0, abs=1e-6)  # no copy out priced
     assert late_ms(4) == pytest.approx(1.0)  # 3 ms from op 4's start to op 1's
     assert late_ms(5) == pytest.approx(2.0)  # 2 ms
+
+
+def _recomputed(at: int, due: int, storage: int) -> "Absence":
+    """A 64 MiB storage recomputed away at check op `at` (its copies far dearer), due at op `due`."""
+    from memplan.planners.bound.absences import Absence
+
+    return Absence(nbytes=64 * MIB, members=1, ops=np.array([at]), release=at - 1, due=due, d2h_ms=1e5,
+                   h2d_ms=1e5, recompute_share=np.ones(1), recompute_ms=np.zeros(1), fewest=1.0, storages=(storage,))
+
+
+def _late_ms(units, host) -> float:
+    """The LP's step over six 1 ms ops, each unit's check op 64 MiB over the budget."""
+    from memplan.planners.bound import _solve
+    from memplan.planners.bound.lp import BoundLP
+
+    checks = np.array(sorted({int(u.ops[0]) for u in units}))
+    excess = np.zeros(6)
+    excess[checks] = 64 * MIB
+    return _solve(BoundLP(np.ones(6), excess, checks, checks, units, host), 10.0).fun
+
+
+def test_a_recomputation_away_at_one_check_op_and_due_by_the_next_makes_a_run_of_its_own():
+    """Issue 49: a run of its own for each stretch between check ops where something recomputed away at
+    the first is due by the last (the LP counted one run for the whole step). Six 1 ms ops, the host
+    3 ms for them all, never behind the device (2 ms of slack), and 2 ms a run."""
+    from memplan.planners.bound.lp import HostFloor
+
+    host = HostFloor(per_op_ms=np.array([0.0, 0.6, 0.6, 0.6, 0.6, 0.6]), action_ms=0.0, run_ms=2.0)
+    assert _late_ms([_recomputed(1, 2, 7)], host) == pytest.approx(0.0, abs=1e-6)  # one run: in the slack
+    assert _late_ms([_recomputed(1, 2, 7), _recomputed(1, 2, 8)], host) == pytest.approx(0.0, abs=1e-6)  # shared
+    # away at op 1 and due by op 3 (the next check op), and away at op 3: two runs, 2 ms late
+    assert _late_ms([_recomputed(1, 2, 7), _recomputed(3, 4, 8)], host) == pytest.approx(2.0, rel=1e-4)  # (a sliver swapped)
+    # away at op 1 but due after op 3: it may run with the other, after op 3
+    assert _late_ms([_recomputed(1, 5, 7), _recomputed(3, 4, 8)], host) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_actions_due_by_an_op_are_issued_before_it_starts():
+    """Issue 49: a decision's actions are all issued before its gap's last op starts (its wait there,
+    its swap-out and release after the first), so a host-bound op after many of them starts late even
+    where the host's work for the whole step is within the device's. Here the first three ops are
+    issued in 2.9 ms (the device reaches op 2 at 2 ms) and the rest take no host work: a recomputation
+    due at op 2 costs its two 1 ms actions there, 2.9 ms late; due at op 5, they fit (the LP sees the
+    host's lag at its time ops only: op 0's, 0.1 ms)."""
+    from memplan.planners.bound.lp import HostFloor
+
+    host = HostFloor(per_op_ms=np.array([0.1, 0.1, 2.7, 0.0, 0.0, 0.0]), action_ms=1.0, run_ms=0.0)
+    assert _late_ms([_recomputed(1, 2, 7)], host) == pytest.approx(2.9 - 2.0 + 2 * 1.0)
+    assert _late_ms([_recomputed(1, 5, 7)], host) == pytest.approx(0.1)
+
+
+def test_a_hooked_plan_pays_the_pack_hooks_of_what_it_moves():
+    """Issue 49: the plans run hooked pay a hook call at every pack and unpack inside the windows of what
+    they move (memplan.sim.arrays.hooked_host); the LP of those plans counts them, so on a traced step it
+    is tighter than without them, and still below every hooked plan that fits (the random plans above)."""
+    from memplan.model.program import HOOKED
+    from memplan.planners.bound import MS, _bound, host_floor
+    from memplan.planners.bound.levels import HookedAway
+    from memplan.workflows.workloads import trace_workload
+
+    trace = trace_workload("hf:gpt2", 8, fake=True, **TINY_GPT2)
+    cost = Cost.for_trace(trace, "h100")
+    budget, hooked = int(0.7 * trace.peak_load_bytes), HookedAway(trace)
+    baseline_ms, host = MS * float(np.sum(cost.durations)), host_floor(trace, cost, HOOKED, hooked)
+    assert host.sites is not None and host.hook_call_ms > 0
+    moved = next(s for s in range(len(trace.storages)) if len(hooked.sites.packs_hooked_for(s)))
+    assert all(hooked.sites.pack_firings(k) for k in hooked.sites.packs_hooked_for(moved).tolist())
+    paid = _bound(trace, budget, cost, 8, 60.0, baseline_ms, host, hooked).overhead
+    free = _bound(trace, budget, cost, 8, 60.0, baseline_ms, replace(host, sites=None), hooked).overhead
+    assert paid > free + 1e-3
 
 
 @given(trace=training_traces(), budget=budget_shares())

@@ -277,3 +277,41 @@ def test_a_recompute_whose_chain_rebuilds_an_input_from_data_written_since_is_re
     assert f"input storage {ids['w2']} is written again by op 7" in violations[0].message
     # before the optimizer writes w2, the same chain reads what the step read
     assert v.validate(trace, Plan(decisions=(recompute(ids["dw1"], 5, 7),))) == []
+
+
+CARRIED_TRACE = """\
+{"schema": "memplan.trace", "version": 5, "meta": {"source": "hypothesis"}, "num_steps_hint": 0, "storages": 9, "ops": 6, "owners": 0, "saved": 0, "calls": 0, "marks": 0}
+{"type": "storage", "id": 0, "nbytes": 64, "kind": "input", "alloc_op": 0, "free_op": 4, "dtype": "float32"}
+{"type": "storage", "id": 1, "nbytes": 1048576, "kind": "param", "alloc_op": 0, "free_op": 6, "persistent": true, "dtype": "float32"}
+{"type": "storage", "id": 2, "nbytes": 0, "kind": "temp", "alloc_op": 0, "free_op": 2, "dtype": "float32"}
+{"type": "storage", "id": 3, "nbytes": 0, "kind": "temp", "alloc_op": 0, "free_op": 1, "dtype": "float32"}
+{"type": "storage", "id": 4, "nbytes": 64, "kind": "activation", "alloc_op": 1, "free_op": 3, "dtype": "float32"}
+{"type": "storage", "id": 5, "nbytes": 0, "kind": "temp", "alloc_op": 2, "free_op": 4, "dtype": "float32"}
+{"type": "storage", "id": 6, "nbytes": 0, "kind": "temp", "alloc_op": 3, "free_op": 4, "dtype": "float32"}
+{"type": "storage", "id": 7, "nbytes": 1048576, "kind": "grad", "alloc_op": 3, "free_op": 6, "dtype": "float32"}
+{"type": "storage", "id": 8, "nbytes": 1048576, "kind": "optimizer_state", "alloc_op": 0, "free_op": 6, "persistent": true, "dtype": "float32"}
+{"type": "op", "index": 0, "name": "aten.layer", "phase": "forward", "reads": [0, 1], "writes": [2, 3], "bytes_accessed": 1048640}
+{"type": "op", "index": 1, "name": "aten.loss", "phase": "forward", "reads": [2], "writes": [4], "bytes_accessed": 64}
+{"type": "op", "index": 2, "name": "aten.loss_backward", "phase": "backward", "reads": [4], "writes": [5], "bytes_accessed": 64}
+{"type": "op", "index": 3, "name": "aten.layer_backward", "phase": "backward", "reads": [5, 0, 1], "writes": [6, 7], "bytes_accessed": 2097216}
+{"type": "op", "index": 4, "name": "aten.mul_", "phase": "optimizer", "reads": [8, 7], "writes": [8], "bytes_accessed": 2097152}
+{"type": "op", "index": 5, "name": "aten.add_", "phase": "optimizer", "reads": [1, 7, 8], "writes": [1], "bytes_accessed": 3145728}
+"""
+
+
+def test_a_pool_slot_for_a_swap_out_carried_into_the_next_step_is_no_stray(tmp_path):
+    """A swap-out after the step's last op is copied, and released, in the next step (memplan.sim.program):
+    the pool holds its storage at the step's start, which the validator accepts (found by the planner
+    property suite: `autoswap:doa+smartpool` on this generated trace was refused as a stray slot)."""
+    from memplan.pool.api import with_pool
+    from memplan.tracing.io import read_trace
+
+    path = tmp_path / "carried.jsonl"
+    path.write_text(CARRIED_TRACE)
+    trace = read_trace(path)
+    swap = Decision(storage=8, action="swap", out_after=5, back_before=4, trigger=4)
+    plan = with_pool(trace, Plan(decisions=(swap,), budget_bytes=3 * 2**20))
+    assert {(p.storage, p.start) for p in plan.pool if p.storage == 8} == {(8, 0), (8, 4)}
+    assert v.validate(trace, plan) == []
+    stray = plan.with_meta(pool=plan.pool + (PoolSlot(storage=4, start=0, offset=0),))
+    assert [x.kind for x in v.validate(trace, stray)] == [v.POOL_STRAY_SLOT]

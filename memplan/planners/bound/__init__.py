@@ -31,9 +31,11 @@ mode's work on every op, the hooked ones with the hooked executor's work and a s
 where a hook point can run its decision (`HookedAway`); only the interpreted ones where even with
 everything a hooked plan could have away at some op over the budget it stays over it
 (`hooks_cannot_fit`). The LP then also knows (`memplan.planners.bound.lp`, its host rows) that no
-op starts before the host has issued it and every op before it, and that the step ends no earlier
-than the host's work for every op plus the actions of every storage away at some check op (four a
-swap, two a recomputation) and a recomputation's run where any storage is recomputed. Each level's
+op starts before the host has issued it, every op before it and the actions, runs and hooks issued
+among them, and that the step ends no earlier than the host's work for every op plus the actions of
+every storage away at some check op (four a swap, two a recomputation), a recomputation's run for
+each stretch between check ops that must hold one, and, for the plans run hooked, the pack hooks of
+what they move. Each level's
 bound is the larger of its LP's step and the host's work with the `least_actions` of what the
 neediest check op needs away (integral, where the LP's shares are not: four actions a storage only
 a swap can take away, two one a recomputation can; of the storages the op does not access), over
@@ -157,7 +159,7 @@ def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None,
     none priced) and storages away only where `hooked` lets them be (None: anywhere): with
     FIRST_CHECKS check ops, then twice as many while time is left (up to `max_checks`)."""
     deadline = time.perf_counter() + time_limit_s
-    host = host_floor(trace, cost, level)
+    host = host_floor(trace, cost, level, hooked, either=level == HOOKED and hooked is None)
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
         found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked,
@@ -172,16 +174,24 @@ def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None,
     return _with_host(best, trace, cost, budget_bytes, baseline_ms, host)
 
 
-def host_floor(trace: Trace, cost: Cost, level: str | None) -> HostFloor | None:
+def host_floor(trace: Trace, cost: Cost, level: str | None, hooked: HookedAway | None = None,
+               either: bool = False) -> HostFloor | None:
     """The least host work of every plan that fits at `level` (None where the cost model prices no
-    host work): the executor's per op there, its actions, and a recomputation's run."""
+    host work): the executor's per op there, its actions, and its recomputations' runs (`either`: the
+    plans bounded run at either level, `level` the one whose work per op is the lesser; `hooked`: they run
+    hooked, and pay the pack hooks of what they move).
+
+    A recomputation's run costs the host, beyond issuing each op it replays again (memplan.sim.prepare),
+    a region's work where it runs hooked (once per module call run) and the dispatch mode's replay of
+    each op where it runs interpreted (a chain replays one op at least): so `run_ms` per run and
+    `replayed_op_ms` per op replayed are both sound, however the runs share their ops."""
     if not cost.priced_host:
         return None
-    run_s = min(cost.executor_s("region"), cost.executor_s("replay_op")) + cost.host_op_s  # either level
-    # an op replayed: issued again (memplan.sim.prepare), by the interpreted executor's mode too
-    replayed_s = cost.host_op_s + (cost.executor_s("replay_op") if level == INTERPRETED else 0.0)
+    region, replay = cost.executor_s("region"), cost.executor_s("replay_op")
+    run_s = min(region, replay) if either else region if level == HOOKED else replay
     return HostFloor(per_op_ms=MS * host_per_op(trace, cost)[level], action_ms=MS * cost.executor_s("action"),
-                     run_ms=MS * run_s, replayed_op_ms=MS * replayed_s)
+                     run_ms=MS * run_s, replayed_op_ms=MS * cost.host_op_s,
+                     hook_call_ms=MS * cost.executor_s("hook_call"), sites=None if hooked is None else hooked.sites)
 
 
 def _with_host(found: Bound, trace: Trace, cost: Cost, budget_bytes: int, baseline_ms: float,

@@ -33,7 +33,7 @@ class HookedAway:
     """Where a hooked plan may have each storage away (a superset: see the module docstring)."""
 
     def __init__(self, trace: Trace):
-        sites = HookSites(trace)
+        sites = self.sites = HookSites(trace)
         never = np.iinfo(np.int64).max  # a storage autograd never saves: no pack, no hook finds it
         self.first_pack = np.where(sites.first_packed_at >= 0, sites.first_packed_at, never)
         self.last_backward = max((op.index for op in trace.ops if op.phase == "backward"), default=-1)

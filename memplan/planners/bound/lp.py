@@ -24,24 +24,35 @@ away at; the cut rows share an op's replay out by bytes among every storage that
 far less where few of them are recomputed).
 
 Where the host's work is priced (`host`: its least work per op, in ms), the device starts no op
-before the host has issued it and every op before it (the simulator's asynchronous host): at
-every time op j, its start is at least the host's work up to and including j; and the step ends
-no earlier than the host's work for every op, plus the actions of every storage away at some
-check op: four for a swap (out, release, prefetch, wait), two for a recomputation (drop, run), each
-times its largest share away that way (the end of its running maximum) and the fewest storages that
-share is. A storage's tail and head (after its last access, before its first) are one swap across the
-iteration boundary, which acts four times every step: four times the larger of their shares (merged
-units, whose members' tails and heads need not pair up, half of that each); and
-one recomputation's run where any share is recomputed, and the host's work of issuing again each op
-replayed once at least (below).
+before the host has issued it, every op before it and what it issued among them (the simulator's
+asynchronous host): at every time op j, its start is at least the host's work up to and including
+j, plus the actions of every unit due at j or before (a swap's four actions, out, release, prefetch
+and wait, and a recomputation's two, drop and run, all lie between its gap's ends; a head's wait lies
+before its due op), the runs of the stretches that end there (below) and the pack hooks that fire
+there (below), each times its share; and the step ends no earlier than the host's work for every
+op, plus the actions of every storage away at some check op, each times its largest share away that
+way (the end of its running maximum) and the fewest storages that share is. A storage's tail and
+head (after its last access, before its first) are one swap across the iteration boundary, which
+acts four times every step: four times the larger of their shares (merged units, whose members'
+tails and heads need not pair up, half of that each). A recomputation's run lies after the check op
+it is away at and at or before its due op, so each stretch from one check op to the next where
+something recomputed away at the first is due by the next holds a run of its own (and the last
+stretch, to the step's end, one where anything is away at the last check op): the step pays a run
+for each such stretch, and one at least where any share is recomputed, and the host's work of
+issuing again each op replayed once at least (below). Where the plans bounded run hooked
+(`host.sites`), moving a storage installs the windows of its packs, whose hooks fire at every pack
+and unpack saved inside them (memplan.model.hooksites): a column per such pack, at least the share
+moved of every storage alone in its unit that hooks it, pays a hook's call at each of its firings.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
+from ...model.hooksites import HookSites
 from .absences import Absence
 from ..kit.linear import MIB, Columns
 
@@ -56,6 +67,8 @@ class HostFloor:
     action_ms: float
     run_ms: float  # a recomputation's run: a region's (hooked) or an op's replay (interpreted), the less
     replayed_op_ms: float = 0.0  # an op replayed by a recomputation at that level (issued again)
+    hook_call_ms: float = 0.0  # a hook's call, where the plans bounded run hooked (`sites` given)
+    sites: HookSites | None = None  # the trace's hook sites, where the plans bounded run hooked
 
 
 class BoundLP:
@@ -79,7 +92,7 @@ class BoundLP:
             self._cuts(i)
         self.replayed = self._replayed_once(int(check_ops.min())) if len(check_ops) else []
         if host is not None:
-            self._host(host)
+            self._host(host, check_ops.tolist())
 
     def _unit_columns(self) -> None:
         """x, y and their running maxima z, w, r per unit and op (see the module docstring)."""
@@ -134,17 +147,21 @@ class BoundLP:
                   0)
         return replayed
 
-    def _host(self, host: HostFloor) -> None:
-        """The host's rows (module docstring): no op starts before the host issued it; the step ends
-        after the host's work for every op and the actions and runs of what is away."""
+    def _host(self, host: HostFloor, check_ops: list[int]) -> None:
+        """The host's rows (module docstring): no op starts before the host issued it and the actions and
+        runs issued before it; the step ends after the host's work for every op and the actions and runs
+        of what is away."""
         issued = np.cumsum(host.per_op_ms)  # the host's work up to and including each op
-        for j in self.times:
-            self.c.ge([(self.delta[j], 1)], issued[j] - self.start[j])
-        actions, across = [], {}
+        actions, across, before = [], {}, {}
         for k, u in enumerate(self.units):
             # its largest share away by a swap and by a recomputation: the running maxima's ends
             swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None \
                 else self._running(self.x[k], forward=True)[-1]
+            if u.due is not None:  # issued before its due op starts: a swap's four actions, a head's wait
+                terms = before.setdefault(u.due, [])
+                terms.append((swapped, host.action_ms * u.fewest * (SWAP_ACTIONS if u.release is not None else 1)))
+                if self.r[k] is not None:
+                    terms.append((self.r[k][0], host.action_ms * u.fewest * RECOMPUTE_ACTIONS))
             if u.members == 1 and u.storages and (u.release is None) != (u.due is None):
                 across.setdefault(u.storages[0], []).append(swapped)  # a tail or a head: below
             else:  # merged tails and heads: half a swap's actions each (one swap may be both)
@@ -156,10 +173,60 @@ class BoundLP:
             actions.append((self._at_least(shares), -SWAP_ACTIONS * host.action_ms))  # actions every step
         actions += [(col, -host.replayed_op_ms) for col, _ in self.replayed]  # each issued again at least once
         recomputed = [r[0] for r in self.r if r is not None]
-        if recomputed:  # at least one run when anything is recomputed
-            actions.append((self._at_least(recomputed), -host.run_ms))
+        if recomputed:  # a run in every stretch that must hold one, and one run at least anyway
+            runs = self._runs(check_ops)
+            for col, last in runs:
+                if last is not None:  # issued before the stretch's last op starts
+                    before.setdefault(last, []).append((col, host.run_ms))
+            every = int(self.c.add(1)[0])
+            self.c.ge([(every, 1)] + [(col, -1) for col, _ in runs], 0)
+            self.c.ge([(every, 1), (self._at_least(recomputed), -1)], 0)
+            actions.append((every, -host.run_ms))
+        if host.sites is not None and host.hook_call_ms:
+            self._pack_hooks(host, before, actions)
+        sums = list(self._running_sums(before, descending=False))
+        dues = [v for v, _ in sums]
+        for j in self.times:
+            at = bisect.bisect_right(dues, j) - 1  # what is issued before op j at the latest
+            self.c.ge([(self.delta[j], 1)] + ([(sums[at][1], -1)] if at >= 0 else []), issued[j] - self.start[j])
         n = len(self.durations)
         self.c.ge([(self.end, 1)] + actions, issued[-1] + self.durations[-1] - self.start[n])
+
+    def _pack_hooks(self, host: HostFloor, before: dict, actions: list) -> None:
+        """The pack and unpack hooks a hooked program installs for what it moves: a column per pack, at least
+        the share moved (away at some check op, swapped or recomputed) of every storage alone in its unit
+        whose move hooks that pack (memplan.model.hooksites.packs_hooked_for), each hook's call issued
+        at its op (`before`) and in the step (`actions`)."""
+        moved: dict[int, list] = {}
+        for k, u in enumerate(self.units):
+            if u.members != 1 or not u.storages:
+                continue
+            swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None else None
+            shares = [c for c in (swapped, None if self.r[k] is None else self.r[k][0]) if c is not None]
+            for pack in host.sites.packs_hooked_for(u.storages[0]).tolist():
+                moved.setdefault(pack, []).extend(shares)
+        for pack, shares in moved.items():
+            col = self._at_least(shares)
+            for op in host.sites.pack_firings(pack):
+                before.setdefault(op, []).append((col, host.hook_call_ms))
+                actions.append((col, -host.hook_call_ms))
+
+    def _runs(self, check_ops: list[int]) -> list[tuple[int, int | None]]:
+        """The recomputations' runs every plan makes: (column, op) for each stretch of ops after a check
+        op up to the next one (op; None: the step's end) in which some unit recomputed away at the
+        stretch's first op is due (its run lies in the stretch: after the op it is away at, at or before
+        the one it is due at). The stretches are disjoint, so each holds a run of its own; its column is
+        at least each such share."""
+        shares: dict[int, list] = {}
+        for u, y in zip(self.units, self.y):
+            if y is None:
+                continue
+            for t, i in enumerate(u.ops.tolist()):
+                m = bisect.bisect_left(check_ops, i)  # a unit's ops are check ops
+                if m + 1 == len(check_ops) or u.due <= check_ops[m + 1]:
+                    shares.setdefault(m, []).append(y[t])
+        return [(self._at_least(cols), check_ops[m + 1] if m + 1 < len(check_ops) else None)
+                for m, cols in sorted(shares.items())]
 
     def _at_least(self, cols: list) -> int:
         """`cols[0]` where it is the only one, else a column at least each of `cols` (at most 1: they are

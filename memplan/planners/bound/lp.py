@@ -65,7 +65,8 @@ class HostFloor:
 
     per_op_ms: np.ndarray
     action_ms: float
-    run_ms: float  # a recomputation's run: a region's (hooked) or an op's replay (interpreted), the less
+    run_ms: float  # a recomputation's run beyond issuing its ops: a region's work (hooked), an op's dispatch
+    # (interpreted), the lesser where the plans bounded run at either level
     replayed_op_ms: float = 0.0  # an op replayed by a recomputation at that level (issued again)
     hook_call_ms: float = 0.0  # a hook's call, where the plans bounded run hooked (`sites` given)
     sites: HookSites | None = None  # the trace's hook sites, where the plans bounded run hooked
@@ -152,11 +153,12 @@ class BoundLP:
         runs issued before it; the step ends after the host's work for every op and the actions and runs
         of what is away."""
         issued = np.cumsum(host.per_op_ms)  # the host's work up to and including each op
-        actions, across, before = [], {}, {}
+        actions, across, before, moved = [], {}, {}, []
         for k, u in enumerate(self.units):
             # its largest share away by a swap and by a recomputation: the running maxima's ends
             swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None \
                 else self._running(self.x[k], forward=True)[-1]
+            moved.append([swapped] + ([self.r[k][0]] if self.r[k] is not None else []))
             if u.due is not None:  # issued before its due op starts: a swap's four actions, a head's wait
                 terms = before.setdefault(u.due, [])
                 terms.append((swapped, host.action_ms * u.fewest * (SWAP_ACTIONS if u.release is not None else 1)))
@@ -183,7 +185,7 @@ class BoundLP:
             self.c.ge([(every, 1), (self._at_least(recomputed), -1)], 0)
             actions.append((every, -host.run_ms))
         if host.sites is not None and host.hook_call_ms:
-            self._pack_hooks(host, before, actions)
+            self._pack_hooks(host, moved, before, actions)
         sums = list(self._running_sums(before, descending=False))
         dues = [v for v, _ in sums]
         for j in self.times:
@@ -192,20 +194,17 @@ class BoundLP:
         n = len(self.durations)
         self.c.ge([(self.end, 1)] + actions, issued[-1] + self.durations[-1] - self.start[n])
 
-    def _pack_hooks(self, host: HostFloor, before: dict, actions: list) -> None:
+    def _pack_hooks(self, host: HostFloor, moved: list, before: dict, actions: list) -> None:
         """The pack and unpack hooks a hooked program installs for what it moves: a column per pack, at least
-        the share moved (away at some check op, swapped or recomputed) of every storage alone in its unit
-        whose move hooks that pack (memplan.model.hooksites.packs_hooked_for), each hook's call issued
-        at its op (`before`) and in the step (`actions`)."""
-        moved: dict[int, list] = {}
-        for k, u in enumerate(self.units):
-            if u.members != 1 or not u.storages:
-                continue
-            swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None else None
-            shares = [c for c in (swapped, None if self.r[k] is None else self.r[k][0]) if c is not None]
-            for pack in host.sites.packs_hooked_for(u.storages[0]).tolist():
-                moved.setdefault(pack, []).extend(shares)
-        for pack, shares in moved.items():
+        the share moved (`moved`: per unit, its largest shares away swapped and recomputed) of every
+        storage alone in its unit whose move hooks that pack (memplan.model.hooksites.packs_hooked_for),
+        each hook's call issued at its op (`before`) and in the step (`actions`)."""
+        hooked: dict[int, list] = {}
+        for u, shares in zip(self.units, moved):
+            if u.members == 1 and u.storages:
+                for pack in host.sites.packs_hooked_for(u.storages[0]).tolist():
+                    hooked.setdefault(pack, []).extend(shares)
+        for pack, shares in hooked.items():
             col = self._at_least(shares)
             for op in host.sites.pack_firings(pack):
                 before.setdefault(op, []).append((col, host.hook_call_ms))

@@ -300,7 +300,7 @@ def _over_every_unit(trace, budget, cost) -> float:
     from memplan.model.program import HOOKED
     from memplan.planners.bound import MS, _bound, _with_host, host_floor
 
-    baseline_ms, host = MS * float(np.sum(cost.durations)), host_floor(trace, cost, HOOKED, either=True)
+    baseline_ms, host = MS * float(np.sum(cost.durations)), host_floor(trace, cost, HOOKED)
     found = _bound(trace, budget, cost, 32, 60.0, baseline_ms, host)
     return _with_host(found, trace, cost, budget, baseline_ms, host).overhead
 

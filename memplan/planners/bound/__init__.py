@@ -159,7 +159,7 @@ def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None,
     none priced) and storages away only where `hooked` lets them be (None: anywhere): with
     FIRST_CHECKS check ops, then twice as many while time is left (up to `max_checks`)."""
     deadline = time.perf_counter() + time_limit_s
-    host = host_floor(trace, cost, level, hooked, either=level == HOOKED and hooked is None)
+    host = host_floor(trace, cost, level, hooked)
     best, checks = None, min(FIRST_CHECKS, max_checks)
     while True:
         found = _bound(trace, budget_bytes, cost, checks, deadline - time.perf_counter(), baseline_ms, host, hooked,
@@ -174,12 +174,11 @@ def _level_bound(trace: Trace, budget_bytes: int, cost: Cost, level: str | None,
     return _with_host(best, trace, cost, budget_bytes, baseline_ms, host)
 
 
-def host_floor(trace: Trace, cost: Cost, level: str | None, hooked: HookedAway | None = None,
-               either: bool = False) -> HostFloor | None:
+def host_floor(trace: Trace, cost: Cost, level: str | None, hooked: HookedAway | None = None) -> HostFloor | None:
     """The least host work of every plan that fits at `level` (None where the cost model prices no
-    host work): the executor's per op there, its actions, and its recomputations' runs (`either`: the
-    plans bounded run at either level, `level` the one whose work per op is the lesser; `hooked`: they run
-    hooked, and pay the pack hooks of what they move).
+    host work): the executor's per op there, its actions, and its recomputations' runs. With `hooked`
+    the plans bounded run hooked, and pay the pack hooks of what they move; at HOOKED without it they
+    run at either level (the hooked executor's work per op the lesser).
 
     A recomputation's run costs the host, beyond issuing each op it replays again (memplan.sim.prepare),
     a region's work where it runs hooked (once per module call run) and the dispatch mode's replay of
@@ -188,6 +187,7 @@ def host_floor(trace: Trace, cost: Cost, level: str | None, hooked: HookedAway |
     if not cost.priced_host:
         return None
     region, replay = cost.executor_s("region"), cost.executor_s("replay_op")
+    either = level == HOOKED and hooked is None
     run_s = min(region, replay) if either else region if level == HOOKED else replay
     return HostFloor(per_op_ms=MS * host_per_op(trace, cost)[level], action_ms=MS * cost.executor_s("action"),
                      run_ms=MS * run_s, replayed_op_ms=MS * cost.host_op_s,

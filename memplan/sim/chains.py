@@ -244,14 +244,20 @@ class _Resident:
 
     def lookup(self, memo: ProbeMemo, key):
         """`memo.lookup(key, self)`, its walk inlined with the answer of the usual tuple (one walk per op
-        with recomputations, for every plan a search scores)."""
-        node, at, away = memo.roots.get(key), self._alive_at, self.away.keys()
+        with recomputations, for every plan a search scores): a node of `key` is always asked at its op, so
+        the child the lifetimes' answer leads to is kept on it (`_Node.usual`)."""
+        node, away = memo.roots.get(key), self.away.keys()
         while node is not None:
             sids = node.item
             if sids is MISS:
                 return node.value
-            here = at.get(sids)
-            node = node.children.get(here if here is not None and away.isdisjoint(sids) else self._asked(sids))
+            if away.isdisjoint(sids):
+                usual = node.usual
+                if usual is None:
+                    usual = node.usual = node.children.get(self._alive_at.get(sids))
+                node = usual
+            else:
+                node = node.children.get(self._asked(sids))
         return MISS
 
     def _asked(self, sids: tuple[int, ...]) -> tuple[bool, ...]:

@@ -125,17 +125,20 @@ class Prepared:
     def cannot_fit(self, budget: int, chosen: str = "") -> bool:
         """True when no level the plan could run at fits `budget` (a lower bound of its peak there exceeds
         it): its own level where it has one (`Plan.level`), else neither its hooked form (above) nor its
-        interpreted one."""
+        interpreted one. The interpreted form's bound decides that alone: the hooked form's is at least as
+        high (`placed_floor`), so where that one exceeds the budget, so does the hooked form's."""
         if not limited(budget):
             return False
-        hooked = self.given is None and chosen != INTERPRETED
-        if chosen and hooked:
+        if chosen and self.given is None and chosen != INTERPRETED:
             return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
-        return (not hooked or self.hooked_cannot_fit(budget)) and self.interpreted_floor > budget
+        return self.interpreted_floor > budget
 
     @cached_property
     def placed_floor(self) -> int:
-        """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load)."""
+        """A lower bound of its hooked form's peak before its region runs are chosen (memplan.sim._events.floor_load);
+        never below `interpreted_floor`: placing a decision on hook points only narrows the ops its storage
+        is away at, or drops it (memplan.sim._events.place_decisions), and a gap that wraps, which that
+        bound counts away over the storage's whole life, holds every narrower one."""
         return self._sim._prepare.floor_bytes(self.placed.arrays)
 
     @cached_property

@@ -20,12 +20,15 @@ DEFAULT_LIMIT = 200_000  # nodes kept before the memo starts over (bounds its me
 
 
 class _Node:
-    __slots__ = ("children", "item", "value")
+    __slots__ = ("children", "item", "value", "usual")
 
     def __init__(self):
         self.item = MISS  # the probe asked here (MISS at a leaf)
         self.children: dict = {}  # answer -> next node
         self.value = MISS  # the result (at a leaf)
+        # the owner's: the child its usual answer here leads to, once recorded (an answer that follows from
+        # facts that never change, found without asking: nodes are never removed but all at once)
+        self.usual = None
 
 
 class ProbeMemo:

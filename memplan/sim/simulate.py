@@ -151,6 +151,12 @@ class Simulator:
             return None
         return time_s / self.baseline_time_s - 1.0 if self.baseline_time_s > 0 else 0.0
 
+    def peak_floor(self, plan: Plan) -> int:
+        """A lower bound of `plan`'s peak as planned, whatever its timing: every storage alive at an op and
+        outside its decisions' gaps is resident there (memplan.sim._events.floor_load). What a search that
+        scores a plan over the budget by how far over it is reads (`time_if_fits` has prepared it)."""
+        return self._prepared(plan.decisions).interpreted_floor
+
     def program_rows(self, plan: Plan | None, budget_bytes: int) -> tuple[SimResult, np.ndarray, dict, Lowered]:
         """Simulate and return the step program the simulation ran.
 

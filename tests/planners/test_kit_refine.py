@@ -1,17 +1,22 @@
 """The policy the lower bound's LP suggests (memplan.planners.kit.refine.policy_of_bound): read here
-from shares written by hand, and from a real bound, whose plan auto's local search starts from."""
+from shares written by hand, and from a real bound, whose plan auto's local search starts from; and the
+local search over policies beside a plan's other decisions (memplan.planners.kit.refine.Refiner)."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from memplan.cost.model import Cost
 from memplan.planners.bound import lower_bound
 from memplan.planners.kit.featuremaps import Decoder, feature_maps
-from memplan.planners.kit.refine import policy_of_bound
+from memplan.planners.kit.policy import INFEASIBLE, PolicyEvaluator
+from memplan.planners.kit.refine import Refiner, policy_of_bound
+from memplan.planners.milp.layers import movable_gaps
 from memplan.sim.validate import validate
 from memplan.testing.synthetic import MIB, chain_trace
-from memplan.model import Action, Plan
+from memplan.model import Action, Decision, Plan
 
 
 def test_each_feature_map_takes_what_the_lp_keeps_away_most_of_it():
@@ -38,3 +43,21 @@ def test_the_bounds_own_solution_decodes_to_a_valid_plan_that_moves_what_the_bud
     policy = policy_of_bound(fm, bound.away)
     plan = Plan(decisions=Decoder(fm)(policy))
     assert np.any(policy != Action.KEEP) and validate(trace, plan) == []
+
+
+def test_beside_other_decisions_an_infeasible_start_is_searched_toward_the_budget():
+    # Every optimizer state swapped across the boundary (a plan's decisions beside its feature maps'), and
+    # a budget that needs three activations away besides: no single change fits, so the search needs a
+    # direction among infeasible policies (their static peaks), as it has without those decisions.
+    trace = chain_trace(6, act_bytes=32 * MIB, state_bytes=16 * MIB)
+    cost = Cost.for_trace(trace, "h100")
+    states = tuple(Decision(storage=u.storage, action="swap", out_after=u.out_after, back_before=u.back_before)
+                   for u in movable_gaps(trace, cost, 0) if trace.storages[u.storage].kind == "optimizer_state")
+    assert len(states) == 6 and all(d.wraps for d in states)
+    budget = trace.peak_load_bytes - 6 * 16 * MIB - 2 * 32 * MIB - 8 * MIB
+    refiner = Refiner(PolicyEvaluator(feature_maps(trace), cost, budget), states)
+    start = np.full(len(refiner.evaluator.fm), Action.KEEP, dtype=np.int8)
+    assert refiner.score(start) > INFEASIBLE  # graded: over the budget by its static peak
+    best, score = refiner.polish(start, time.monotonic() + 60.0)
+    assert score < INFEASIBLE and (best != Action.KEEP).sum() >= 3
+    assert validate(trace, refiner.plan(best), budget) == []

@@ -194,6 +194,19 @@ def test_the_hooked_forms_peak_is_never_below_its_floor(traced, model, seed):
 
 
 @on_traced_plans
+def test_the_hooked_forms_floor_is_never_below_the_interpreted_forms(traced, model, seed):
+    """So the interpreted form's floor alone says when neither form fits (`Prepared.cannot_fit`)."""
+    trace, sim, plan = _drawn(traced, model, seed)
+    entry = sim._prepared(plan.decisions)
+    if entry.given is None:
+        assert entry.placed_floor >= entry.interpreted_floor
+    for share in SHARES[1:]:
+        cap = int(share * trace.peak_load_bytes)
+        if entry.cannot_fit(cap):
+            assert not sim.run(plan, cap).feasible  # simulated at every level it may run at
+
+
+@on_traced_plans
 def test_the_floor_without_the_region_runs_rules_out_only_what_they_would(traced, model, seed):
     """The bound taken before region runs are chosen (the decisions no call can run left out) is never
     above the hooked form's own (`lowered_floor`) or, where it runs nothing, the plain run's; so under

@@ -90,6 +90,8 @@ class Decoder:
         self._out, self._back = fm.out_after.tolist(), fm.back_before.tolist()
         self.memo = ProbeMemo()
         self._made: dict[tuple, Decision] = {}  # (feature map, back_before or -1 for recompute, trigger override)
+        self._recompute_of: list = [None] * len(fm)  # per feature map, its recomputation and its usual swap
+        self._swap_of: list = [None] * len(fm)
         self._replayable: dict[tuple[int, int], bool] = {}
         self._away: dict[tuple[int, tuple], tuple[int, ...]] = {}  # (op, feature maps) -> those away at op
 
@@ -97,28 +99,51 @@ class Decoder:
         """The decisions of `policy` (an Action per feature map; RECOMPUTE only where
         allowed); `triggers` overrides the prefetch op of some swapped feature maps (kept inside their gap)."""
         policy = np.asarray(policy, dtype=np.int64).tolist()  # plain lists: this runs for every policy scored
-        back = list(self._back)
+        back, early = self._back, {}  # early: a swapped feature map's back_before brought forward
         recomputes = []
         action_of = policy.__getitem__
 
         def actions(ks: tuple[int, ...]) -> tuple[int, ...]:  # the memo's probe (`_fetched` asks it)
             return tuple(map(action_of, ks))
 
+        roots = self.memo.roots
         for k in [k for k, action in enumerate(policy) if action == Action.RECOMPUTE]:
-            op = self._back[k]
-            fetched = self.memo.lookup(k, actions)
+            node = roots.get(k)  # the memo's walk (ProbeMemo.lookup), inlined: it runs per recomputation
+            while node is not None and node.item is not MISS:
+                node = node.children.get(tuple(map(action_of, node.item)))
+            fetched = node.value if node is not None else MISS
             if fetched is MISS:
-                fetched = self.memo.record(k, actions, functools.partial(self._fetched, k, op))
+                fetched = self.memo.record(k, actions, functools.partial(self._fetched, k, back[k]))
             if fetched is None:
                 policy[k] = Action.KEEP  # its lineage cannot be rebuilt: it stays, and later chains find it
                 continue
+            op = back[k]
             for j in fetched:
-                back[j] = min(back[j], op)
+                if op < early.get(j, back[j]):
+                    early[j] = op
             recomputes.append(k)
-        swaps = [k for k, action in enumerate(policy) if action == Action.SWAP and self._out[k] + 1 < back[k]]
-        triggers = triggers or {}
-        return tuple([self._decision(k, -1, None) for k in recomputes]
-                     + [self._decision(k, back[k], triggers.get(k)) for k in swaps])
+        made = [self._recomputed(k) for k in recomputes]
+        for k, action in enumerate(policy):
+            if action == Action.SWAP:
+                to = early.get(k, back[k])
+                trigger = triggers.get(k) if triggers else None
+                if self._out[k] + 1 < to:
+                    made.append(self._swapped(k) if to == back[k] and trigger is None else
+                                self._decision(k, to, trigger))
+        return tuple(made)
+
+    def _recomputed(self, k: int) -> Decision:
+        made = self._recompute_of[k]
+        if made is None:
+            made = self._recompute_of[k] = self._decision(k, -1, None)
+        return made
+
+    def _swapped(self, k: int) -> Decision:
+        """Feature map `k` swapped over its whole gap, prefetched at its lead trigger."""
+        made = self._swap_of[k]
+        if made is None:
+            made = self._swap_of[k] = self._decision(k, self._back[k], None)
+        return made
 
     def _decision(self, k: int, back: int, trigger: int | None) -> Decision:
         made = self._made.get((k, back, trigger))

@@ -3,9 +3,9 @@
 
 A policy the simulator can run under the budget scores its overhead. One it cannot
 (Algorithm 2's "return error") scores INFEASIBLE plus its static peak load (copies and
-recomputations taking no time, `memplan.sim.validate.static_load`: a lower bound of what it
-needs) over the budget, so that among infeasible policies the search still prefers the ones
-needing less memory (with one error value for all of them it would have no direction at all).
+recomputations taking no time, `Simulator.peak_floor`: a lower bound of what it needs) over the
+budget, so that among infeasible policies the search still prefers the ones needing less memory
+(with one error value for all of them it would have no direction at all).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import numpy as np
 from ...cost.model import Cost
 from ...model import Plan
 from ...sim.simulate import Simulator
-from ...sim.validate import static_load
 from .featuremaps import Decoder, FeatureMaps
 from .fitting import smallest_fitting_budget
 from .prefetch import DEFAULT_LEAD
@@ -45,7 +44,7 @@ class PolicyEvaluator:
         key = policy.tobytes()
         score = self.memo.get(key)
         if score is None:
-            score = self.memo[key] = self._score(self.plan(policy))
+            score = self.memo[key] = self.score_plan(self.plan(policy))
         return score
 
     @property
@@ -58,9 +57,10 @@ class PolicyEvaluator:
         return smallest_fitting_budget(self.simulator, self.plan(policy), self.budget_bytes,
                                        resolution_share=CAP_RESOLUTION)
 
-    def _score(self, plan: Plan) -> float:
+    def score_plan(self, plan: Plan) -> float:
+        """The score of `plan` (a policy's, or one with decisions beside its feature maps'), not memoised."""
         overhead = self.simulator.overhead_if_fits(plan, self.budget_bytes)
         if overhead is not None:
             return float(overhead)
-        return INFEASIBLE + int(static_load(self.fm.trace, plan.decisions).max()) / self.budget_bytes
+        return INFEASIBLE + self.simulator.peak_floor(plan) / self.budget_bytes
 

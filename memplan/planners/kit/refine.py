@@ -20,7 +20,7 @@ import numpy as np
 from ...model import Action, Decision, Plan
 from ...sim.validate import validate
 from .featuremaps import FeatureMaps
-from .policy import INFEASIBLE, PolicyEvaluator
+from .policy import PolicyEvaluator
 
 BETTER = 1e-9  # a change must lower the overhead by more than this
 
@@ -71,13 +71,12 @@ class Refiner:
         return Plan(decisions=self.evaluator.decode(policy) + self.extras)
 
     def score(self, policy: np.ndarray) -> float:
-        """Simulated overhead under the budget (INFEASIBLE and above when it does not run there)."""
+        """Simulated overhead under the budget (INFEASIBLE and above when it does not run there: memplan.planners.kit.policy)."""
         if not self.extras:
             return self.evaluator(policy)
         key = policy.tobytes()
-        if key not in self.memo:
-            overhead = self.evaluator.simulator.overhead_if_fits(self.plan(policy), self.evaluator.budget_bytes)
-            self.memo[key] = INFEASIBLE if overhead is None else float(overhead)
+        if key not in self.memo:  # graded as the evaluator grades a policy: an infeasible one by its static peak
+            self.memo[key] = self.evaluator.score_plan(self.plan(policy))
         return self.memo[key]
 
     def valid(self, policy: np.ndarray) -> bool:

@@ -5,6 +5,8 @@ Each planner plans resnet50 at batch 256 (fake tensors) at a third of its peak o
 evaluating methods (`Simulator.run`, and `time_if_fits` where the revision has it), since an older
 revision's reports carry no `evaluations`. With --against REV the same runs alternate with those of a
 checkout of REV in a temporary git worktree (its own tracer's trace), so both come from one sitting.
+Each planner first runs untimed in each checkout: a fresh worktree compiles its numba kernels on its
+first run, which took half of a 20 s run's time.
 
     python benchmarks/search_rate.py [--against 85716aa] [--rounds 2] [--write]
 
@@ -29,6 +31,7 @@ RESULTS = REPO / "benchmarks" / "results"
 PLANNERS = ("home:fast", "auto")
 SECONDS = 20.0
 TARGET = 10.0  # times the evaluations of 85716aa (issue 49)
+WARM_UP_S = 2.0  # an untimed run of each planner in each checkout first (a fresh worktree compiles its kernels)
 
 # One planning run, in the checkout on sys.path: its evaluations counted at the simulator.
 COUNT = """
@@ -72,6 +75,9 @@ def measure(against: str | None, rounds: int, seconds: float) -> dict:
             subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), against], check=True,
                            capture_output=True)
         try:
+            for planner in PLANNERS:  # untimed: each checkout compiles its numba kernels into its cache first
+                for tree in ([old] if against else []) + [REPO]:
+                    count(tree, planner, WARM_UP_S)
             for _ in range(rounds):
                 for planner in PLANNERS:
                     if against:

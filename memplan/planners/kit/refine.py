@@ -71,7 +71,8 @@ class Refiner:
         return Plan(decisions=self.evaluator.decode(policy) + self.extras)
 
     def score(self, policy: np.ndarray) -> float:
-        """Simulated overhead under the budget (INFEASIBLE and above when it does not run there: memplan.planners.kit.policy)."""
+        """Simulated overhead under the budget (INFEASIBLE and above when it does not run there, graded by
+        how far over it is: memplan.planners.kit.policy)."""
         if not self.extras:
             return self.evaluator(policy)
         key = policy.tobytes()

@@ -9,6 +9,7 @@ PyTorch checks a view's extent against its storage's size).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -216,9 +217,18 @@ class Trace:
             any in-place updates, in order) and the other storages those ops read, which
             must be resident (or rebuilt first) when the recomputation runs.
         """
-        ops = tuple(i for i in self.writers[sid] if i < before_op)
-        inputs = sorted({r for i in ops for r in self.ops[i].reads if r != sid})
-        return ops, tuple(inputs)
+        writers = self.writers[sid]
+        key = (sid, bisect.bisect_left(writers, before_op))  # the answer depends on the writers before it only
+        found = self._lineages.get(key)
+        if found is None:
+            ops = writers[:key[1]]
+            found = self._lineages[key] = (ops, tuple(sorted({r for i in ops for r in self.ops[i].reads if r != sid})))
+        return found
+
+    @cached_property
+    def _lineages(self) -> dict:
+        """`lineage`'s answers by (storage, writers before the op): searches ask the same ones again and again."""
+        return {}
 
     def recomputable(self, sid: int) -> bool:
         """True when `sid` has a producer op inside the trace (so it can be rebuilt), and neither

@@ -15,7 +15,7 @@ import numpy as np
 from ..budget import limited
 from .decisions import DecisionArrays
 from .lowering import HOOKED, INTERPRETED, PLAIN, Lowered, Placed, as_given
-from .prepare import KernelInputs
+from .prepare import KernelInputs, Priced
 
 CHOSEN = "planned so: its hooked form missed the budget it was made for, or ran slower"  # why Plan.level says so
 
@@ -36,7 +36,12 @@ class Prepared:
         self.decisions = decisions  # the plan's decisions (the key is their identity: kept alive here)
         self._sim = sim
         self.arrays = DecisionArrays.of(decisions)
-        self.priced = sim._prepare.priced(self.arrays)  # what each decision moves, at each level
+
+    @cached_property
+    def priced(self) -> Priced:
+        """What each decision moves over the link (memplan.sim.prepare.Priced; a plan a floor rules out
+        is never priced)."""
+        return self._sim._prepare.priced(self.arrays)
 
     @cached_property
     def given(self) -> Lowered | None:
@@ -162,3 +167,12 @@ class Prepared:
     def interpreted_floor(self) -> int:
         """A lower bound of its peak as planned (interpreted)."""
         return self._sim._prepare.floor_bytes(self.arrays)
+
+    @cached_property
+    def replayed_floor(self) -> int:
+        """The same with its replay chains' memory (memplan.sim.chains), which its interpreted form's kernel
+        arrays are made from: a search asks it before those are made, and a plan over the budget by it is
+        not simulated interpreted (most plans a search finds not to fit are so: on resnet50@256 at 1/3, all
+        4,006 of home:fast's that `interpreted_floor` let through)."""
+        prepare = self._sim._prepare
+        return prepare.floor_bytes(self.arrays, chains=prepare.replays(self.arrays).arrays)

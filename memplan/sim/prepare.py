@@ -134,12 +134,14 @@ class Preparer:
         # Cost's copy times are affine in bytes, so they take arrays: each storage's, uncompressed.
         self._d2h, self._h2d = cost.d2h_s(trace.nbytes), cost.h2d_s(trace.nbytes)
 
-    def floor_bytes(self, a: DecisionArrays, carriers=()) -> int:
+    def floor_bytes(self, a: DecisionArrays, carriers=(), chains: ChainArrays = NO_CHAINS) -> int:
         """A lower bound of the peak load of the decisions `a`, whatever their timing; with `carriers`
-        ((decision, chain) of a hooked form's region runs), counting their memory too
-        (memplan.sim._events.floor_load)."""
-        index = np.fromiter((k for k, _ in carriers), dtype=np.int64, count=len(carriers))
-        transient = np.fromiter((c.free_bytes for _, c in carriers), dtype=np.int64, count=len(carriers))
+        ((decision, chain) of a hooked form's region runs) or `chains` (the replay chains of its
+        interpreted form: `replays`), counting their memory too (memplan.sim._events.floor_load)."""
+        index, transient = chains.index, chains.free
+        if carriers:
+            index = np.fromiter((k for k, _ in carriers), dtype=np.int64, count=len(carriers))
+            transient = np.fromiter((c.free_bytes for _, c in carriers), dtype=np.int64, count=len(carriers))
         trace = self.trace
         return int(self._floor_load(self._alive, self._born, trace.alloc_ops, trace.free_ops, trace.nbytes,
                                     a.storage, a.out_after, a.back_before, a.prefetch_at, index, transient,
@@ -182,7 +184,7 @@ class Preparer:
         if lowered.level == INTERPRETED:
             a = lowered.arrays
             return interpreted_host(self._host[INTERPRETED], self.cost, a.out_after, a.back_before,
-                                    self._replays(a).ops if self.cost.executor_s("record_op") else None)
+                                    self.replays(a).ops if self.cost.executor_s("record_op") else None)
         if lowered.level != HOOKED:
             return self._host[lowered.level]
         if self.cost.executor_s("hook_call") == 0.0:
@@ -201,15 +203,15 @@ class Preparer:
             if not lowered.carriers:  # a run's first decision carries it: none, no runs
                 return NO_CHAINS
             return ChainArrays.of(lowered.carriers, lowered.read_codes, len(self.trace.storages))
-        return self._replays(a).arrays
+        return self.replays(a).arrays
 
     def chains(self, lowered: Lowered) -> dict[int, Chain]:
         """The chain of every recompute decision of `lowered` (for the step program)."""
         if lowered.level == HOOKED:
             return self.lowering.regions.chains(lowered.arrays, lowered.regions, lowered.carriers)
-        return self._replays(lowered.arrays).chains
+        return self.replays(lowered.arrays).chains
 
-    def _replays(self, a: DecisionArrays) -> Replays:
+    def replays(self, a: DecisionArrays) -> Replays:
         """The replay chains of `a`'s recompute decisions, reused for a plan with the same ones as a recent
         plan, else put together from the chains due at each op (memplan.sim.chains.chain_groups)."""
         rec = np.flatnonzero(a.recompute)

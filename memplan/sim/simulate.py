@@ -140,7 +140,9 @@ class Simulator:
         entry = self._prepared(plan.decisions)
         if entry.cannot_fit(int(budget_bytes), plan.level):
             return None
-        _, out = self._at_its_level(entry, plan.level, int(budget_bytes), False, False)  # as `run`, no SimResult
+        _, out = self._at_its_level(entry, plan.level, int(budget_bytes), False, False, probe=True)  # as `run`
+        if out is None:  # its interpreted form's floor exceeds the budget: not simulated
+            return None
         floats, ints = out[1], out[2]
         return float(floats[K.R_TIME]) if ints[K.I_FEASIBLE] else None
 
@@ -182,31 +184,40 @@ class Simulator:
         lowered = level().lowered
         return self._result(inputs, floats, ints, recorded, timeline, lowered), rows, lowered
 
-    def _at_its_level(self, entry: Prepared, chosen: str, budget: int, timeline: bool, emit: bool):
+    def _at_its_level(self, entry: Prepared, chosen: str, budget: int, timeline: bool, emit: bool,
+                      probe: bool = False):
         """The level `entry` runs at under `budget`, and the kernel's run of it: the plan's own (`Plan.level`,
         recorded when it was planned), or for a plan without one, hooked where its hooked form fits, else
         interpreted (with no cap, whichever peaks lower). The level comes as a function: an interpreted one's
-        reason may need the hooked form, which a search's question (`time_if_fits`) does not."""
+        reason may need the hooked form, which a search's question (`time_if_fits`) does not. With `probe`
+        (that question), the run is None where it is interpreted and its replays' floor exceeds the budget."""
         if chosen == INTERPRETED and entry.given is None:  # its planner chose the interpreted executor
-            return (lambda: entry.chosen), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
+            return (lambda: entry.chosen), self._interpreted_run(entry, budget, timeline, emit, probe)
         if chosen:  # the level is known: only that form runs
             level = entry.first
             return self._fewest_splits(entry, level, self._run_inputs(level.inputs, budget, timeline, emit), budget,
                                        timeline, emit)
         if entry.hooked_cannot_fit(budget):
-            return (lambda: entry.interpreted), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
+            return (lambda: entry.interpreted), self._interpreted_run(entry, budget, timeline, emit, probe)
         level = entry.first
         out = self._run_inputs(level.inputs, budget, timeline, emit)
         if level.lowered.level != HOOKED and not level.lowered.dropped:
             return (lambda: level), out
         if not out[2][K.I_FEASIBLE]:
-            return (lambda: entry.interpreted), self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
+            return (lambda: entry.interpreted), self._interpreted_run(entry, budget, timeline, emit, probe)
         if not limited(budget):
             other = self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
             if other[2][K.I_PEAK] < out[2][K.I_PEAK]:
                 return (lambda: Level(lowered=replace(entry.interpreted.lowered, reason="its hooked form peaks higher"),
                                       inputs=entry.interpreted_inputs)), other
         return self._fewest_splits(entry, level, out, budget, timeline, emit)
+
+    def _interpreted_run(self, entry: Prepared, budget: int, timeline: bool, emit: bool, probe: bool):
+        """The kernel's run of `entry`'s interpreted form, or with `probe`, None where its replays' floor
+        exceeds `budget` (then the kernel would find it infeasible: `Prepared.replayed_floor`)."""
+        if probe and limited(budget) and entry.replayed_floor > budget:
+            return None
+        return self._run_inputs(entry.interpreted_inputs, budget, timeline, emit)
 
     def _fewest_splits(self, entry: Prepared, level: Level, out, budget: int, timeline: bool, emit: bool):
         """`level`, a form of `entry` and its kernel run `out`, or where it splits the optimizer's step and

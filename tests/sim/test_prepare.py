@@ -4,8 +4,9 @@ tests/sim/reference_preparation.py gives: the same level, dropped decisions and 
 same kernel results (time, every part of the breakdown, peak, link and host bytes, the infeasible
 op and its shortfall), at every level, on traced models with hook records (hooked plans) and on
 drawn traces without (interpreted ones), for drawn plans, budgets and host costs; and a search's
-question (`time_if_fits`: the time, or None) gets the same answer. And the lower bound of a hooked
-form's peak that lets the simulator skip it is never above the peak it reaches."""
+question (`time_if_fits`: the time, or None) gets the same answer. And the lower bounds of a form's
+peak that let the simulator skip it (hooked) or answer a search without the kernel (interpreted) are
+never above the peak it reaches."""
 
 from __future__ import annotations
 
@@ -204,6 +205,22 @@ def test_the_hooked_forms_floor_is_never_below_the_interpreted_forms(traced, mod
         cap = int(share * trace.peak_load_bytes)
         if entry.cannot_fit(cap):
             assert not sim.run(plan, cap).feasible  # simulated at every level it may run at
+
+
+@on_traced_plans
+def test_the_interpreted_forms_peak_is_never_below_its_replayed_floor(traced, model, seed):
+    """So a search's question (`time_if_fits`) answers None from that floor where it exceeds the budget,
+    without making the kernel's arrays: the same answer as the kernel's, for the plan as it is and as its
+    planner may have chosen to run it (interpreted)."""
+    trace, sim, plan = _drawn(traced, model, seed)
+    interpreted = dataclasses.replace(plan, level="interpreted")
+    entry = sim._prepared(plan.decisions)
+    assert entry.interpreted_floor <= entry.replayed_floor <= sim.run(interpreted, NO_LIMIT).peak_load_bytes
+    for share in SHARES[1:]:
+        cap = int(share * trace.peak_load_bytes)
+        for form in (plan, interpreted):
+            ran = sim.run(form, cap)
+            assert Simulator(trace, sim.cost).time_if_fits(form, cap) == (ran.time_s if ran.feasible else None)
 
 
 @on_traced_plans

@@ -161,7 +161,7 @@ class Prepared:
     @cached_property
     def lowered_floor(self) -> int:
         """The same with its region runs' memory."""
-        return self._sim._prepare.floor_bytes(self.lowered.arrays, self._sim._prepare.chain_arrays(self.lowered))
+        return self._sim._prepare.floor_bytes(self.lowered.arrays, self.lowered.carriers)
 
     @cached_property
     def interpreted_floor(self) -> int:
@@ -175,4 +175,4 @@ class Prepared:
         not simulated interpreted (most plans a search finds not to fit are so: on resnet50@256 at 1/3, all
         4,006 of home:fast's that `interpreted_floor` let through)."""
         prepare = self._sim._prepare
-        return prepare.floor_bytes(self.arrays, prepare.replays(self.arrays).arrays)
+        return prepare.floor_bytes(self.arrays, chains=prepare.replays(self.arrays).arrays)

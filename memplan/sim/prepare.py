@@ -134,13 +134,17 @@ class Preparer:
         # Cost's copy times are affine in bytes, so they take arrays: each storage's, uncompressed.
         self._d2h, self._h2d = cost.d2h_s(trace.nbytes), cost.h2d_s(trace.nbytes)
 
-    def floor_bytes(self, a: DecisionArrays, chains: ChainArrays = NO_CHAINS) -> int:
-        """A lower bound of the peak load of the decisions `a`, whatever their timing; with `chains` (a
-        form's region runs or replays: `chain_arrays`), counting their memory too
-        (memplan.sim._events.floor_load)."""
+    def floor_bytes(self, a: DecisionArrays, carriers=(), chains: ChainArrays = NO_CHAINS) -> int:
+        """A lower bound of the peak load of the decisions `a`, whatever their timing; with `carriers`
+        ((decision, chain) of a hooked form's region runs) or `chains` (an interpreted form's replays:
+        `replays`), counting their memory too (memplan.sim._events.floor_load)."""
+        index, transient = chains.index, chains.free
+        if carriers:  # not made into ChainArrays: most hooked forms a search bounds are never simulated
+            index = np.fromiter((k for k, _ in carriers), dtype=np.int64, count=len(carriers))
+            transient = np.fromiter((c.free_bytes for _, c in carriers), dtype=np.int64, count=len(carriers))
         trace = self.trace
         return int(self._floor_load(self._alive, self._born, trace.alloc_ops, trace.free_ops, trace.nbytes,
-                                    a.storage, a.out_after, a.back_before, a.prefetch_at, chains.index, chains.free,
+                                    a.storage, a.out_after, a.back_before, a.prefetch_at, index, transient,
                                     self.producers[a.storage]))
 
     def priced(self, a: DecisionArrays) -> Priced:

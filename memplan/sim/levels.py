@@ -131,12 +131,16 @@ class Prepared:
         """True when no level the plan could run at fits `budget` (a lower bound of its peak there exceeds
         it): its own level where it has one (`Plan.level`), else neither its hooked form (above) nor its
         interpreted one. The interpreted form's bound decides that alone: the hooked form's is at least as
-        high (`placed_floor`), so where that one exceeds the budget, so does the hooked form's."""
+        high (`placed_floor`), so where that one exceeds the budget, so does the hooked form's; and where the
+        plan has no hooked form, so does its bound with its replay chains (`replayed_floor`)."""
         if not limited(budget):
             return False
         if chosen and self.given is None and chosen != INTERPRETED:
             return self.placed_floor > budget or (self.lowered.level == HOOKED and self.lowered_floor > budget)
-        return self.interpreted_floor > budget
+        if self.interpreted_floor > budget:
+            return True
+        given = self.given
+        return given is not None and given.level == INTERPRETED and self.replayed_floor > budget
 
     @cached_property
     def placed_floor(self) -> int:

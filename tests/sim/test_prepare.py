@@ -216,11 +216,13 @@ def test_the_interpreted_forms_peak_is_never_below_its_replayed_floor(traced, mo
     interpreted = dataclasses.replace(plan, level="interpreted")
     entry = sim._prepared(plan.decisions)
     assert entry.interpreted_floor <= entry.replayed_floor <= sim.run(interpreted, NO_LIMIT).peak_load_bytes
+    bare = dataclasses.replace(trace, saved=(), calls=())  # without hook records: it has no hooked form
     for share in SHARES[1:]:
         cap = int(share * trace.peak_load_bytes)
-        for form in (plan, interpreted):
-            ran = sim.run(form, cap)
-            assert Simulator(trace, sim.cost).time_if_fits(form, cap) == (ran.time_s if ran.feasible else None)
+        for simulator, form in ((sim, plan), (sim, interpreted), (Simulator(bare, sim.cost), plan)):
+            ran = simulator.run(form, cap)
+            asked = Simulator(simulator.trace, sim.cost).time_if_fits(form, cap)
+            assert asked == (ran.time_s if ran.feasible else None)
 
 
 @on_traced_plans

@@ -5,11 +5,15 @@ per feature map and decodes it again with the decoder's own prefetch ops, this s
 plan as it is (its triggers, its decisions on weights and optimizer state, its order) and changes
 one thing at a time, largest feature map first:
 - a feature map without a decision: swap it (prefetched `lead` backward layers before it is due),
-  or recompute it;
-- a swapped one: keep it, recompute it, or move its prefetch one backward layer earlier or later;
+  or recompute it (also with every recomputation the same module call runs again for due at the
+  earliest of theirs: below);
+- a swapped one: keep it, recompute it (so too), or move its prefetch one backward layer earlier or later;
 - a recomputed one: keep it, swap it, or bring it back with the first recomputation whose chain
   rebuilds it on the way (due at one op, the chains rebuild it once: on resnet50@256 at 1/3, 3.2 of
-  the 15.1 ms replayed were storages rebuilt twice, for a neighbour's chain and then for their own);
+  the 15.1 ms replayed were storages rebuilt twice, for a neighbour's chain and then for their own),
+  or with an earlier recomputation that the hooked executor runs the same module call again for (due at
+  one hook point, one run of the call rebuilds both, where apart it runs twice: gpt2@8 with 4 layers at
+  70%, five 12 MiB activations rebuilt by three runs instead of five, 12.44% -> 11.45%);
 - each recomputation above also without the swaps that have its lineage's inputs away when it runs
   (a swap the validator would refuse it beside: on vgg16@64 at 50% the 37 MiB input image swapped
   kept the 784 MiB first convolution's output swapped, its copies stalling the step, where
@@ -98,6 +102,7 @@ class PlanSearch:
         """Every neighbour of `decisions`: feature maps largest first, the other swaps, its prefetches
         issued again, then the other swaps exchanged for feature maps."""
         by_storage = {d.storage: i for i, d in enumerate(decisions)}
+        calls = self._region_calls(decisions)
         covered = set()
         for k in self.order:
             sid = int(self.fm.storage[k])
@@ -105,7 +110,7 @@ class PlanSearch:
             if i is not None and not self._covers(decisions[i], k):
                 continue  # a decision on another gap of this storage: left to the moves below
             covered.add(i)
-            yield from self._feature_map_moves(decisions, k, i)
+            yield from self._feature_map_moves(decisions, k, i, calls)
         others = [i for i, d in enumerate(decisions) if i not in covered and d.action == "swap"]
         at_end = {i: replace(decisions[i], out_after=self.last) for i in others if self._splits_the_step(decisions[i])}
         for i in others:
@@ -155,7 +160,7 @@ class PlanSearch:
     def _covers(self, d: Decision, k: int) -> bool:
         return not d.wraps and d.out_after < self.fm.back_before[k] and d.back_before > self.fm.out_after[k]
 
-    def _feature_map_moves(self, decisions: list[Decision], k: int, i: int | None):
+    def _feature_map_moves(self, decisions: list[Decision], k: int, i: int | None, calls: dict | None = None):
         fm = self.fm
         out, back = int(fm.out_after[k]), int(fm.back_before[k])
         swap = Decision(storage=int(fm.storage[k]), action="swap", out_after=out, back_before=back,
@@ -165,6 +170,7 @@ class PlanSearch:
             yield decisions + [swap]
             if fm.recomputable[k]:
                 yield decisions + [recompute]
+                yield from self._aligned(decisions + [recompute], len(decisions))
                 yield from self._inputs_back(decisions + [recompute], recompute)
             return
         rest = decisions[:i] + decisions[i + 1:]
@@ -172,11 +178,13 @@ class PlanSearch:
         if decisions[i].action == "swap":
             if fm.recomputable[k]:
                 yield decisions[:i] + [recompute] + decisions[i + 1:]
+                yield from self._aligned(decisions[:i] + [recompute] + decisions[i + 1:], i)
                 yield from self._inputs_back(decisions[:i] + [recompute] + decisions[i + 1:], recompute)
             yield from self._trigger_moves(decisions, i)
         else:
             yield decisions[:i] + [swap] + decisions[i + 1:]
             yield from self._with_first_rebuild(decisions, i)
+            yield from self._with_region_mates(decisions, i, calls or {})
 
     def _inputs_back(self, decisions: list[Decision], recompute: Decision):
         """`decisions` without the swaps that have an input of `recompute`'s lineage away when it runs
@@ -203,6 +211,40 @@ class PlanSearch:
                    if e.action == "recompute" and e.back_before == at):
                 yield decisions[:i] + [replace(d, back_before=at)] + decisions[i + 1:]
                 return
+
+    def _region_calls(self, decisions: list[Decision]) -> dict[int, int]:
+        """Per recompute decision (its position in `decisions`), the module call the hooked executor runs
+        again for it (memplan.sim.regions; none where the plan has no hooked form)."""
+        lowering = self.simulator.lowering
+        if lowering is None:
+            return {}
+        lowered = lowering.lower(tuple(decisions))
+        kept = range(len(decisions)) if lowered.kept is None else lowered.kept.tolist()
+        return {kept[j]: run.call for j, run in lowered.regions.items()}
+
+    def _with_region_mates(self, decisions: list[Decision], i: int, calls: dict[int, int]):
+        """The recomputation at `i` brought back with each earlier one that the same module call runs again
+        for (`calls`), the nearest first: due at one hook point, one run rebuilds them both."""
+        call, d = calls.get(i), decisions[i]
+        if call is None:
+            return
+        dues = {decisions[j].back_before for j, c in calls.items() if c == call and j != i}
+        for at in sorted((at for at in dues if d.out_after + 1 < at < d.back_before), reverse=True):
+            yield decisions[:i] + [replace(d, back_before=at)] + decisions[i + 1:]
+
+    def _aligned(self, decisions: list[Decision], i: int):
+        """`decisions` with every recomputation that the same module call runs again for as the new one at `i`
+        due at the earliest of theirs (one run rebuilds them all), where that moves any."""
+        calls = self._region_calls(decisions)
+        call = calls.get(i)
+        if call is None:
+            return
+        mates = [j for j, c in calls.items() if c == call]
+        at = min(decisions[j].back_before for j in mates)
+        moved = {j: replace(decisions[j], back_before=at) for j in mates
+                 if decisions[j].out_after + 1 < at < decisions[j].back_before}
+        if moved:
+            yield [moved.get(j, d) for j, d in enumerate(decisions)]
 
     def _rebuilt(self, storage: int, at: int, away: dict) -> set[int]:
         """The storages a chain rebuilding `storage` before op `at` rebuilds on the way: the inputs of its

@@ -55,6 +55,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...model import Decision, Plan
+from ...model.program import HOOKED
 from ...sim.simulate import Simulator
 from ...sim.validate import validate
 from .featuremaps import FeatureMaps
@@ -170,7 +171,7 @@ class PlanSearch:
             yield decisions + [swap]
             if fm.recomputable[k]:
                 yield decisions + [recompute]
-                yield from self._aligned(decisions + [recompute], len(decisions))
+                yield from self._aligned(decisions + [recompute], len(decisions), calls)
                 yield from self._inputs_back(decisions + [recompute], recompute)
             return
         rest = decisions[:i] + decisions[i + 1:]
@@ -178,7 +179,7 @@ class PlanSearch:
         if decisions[i].action == "swap":
             if fm.recomputable[k]:
                 yield decisions[:i] + [recompute] + decisions[i + 1:]
-                yield from self._aligned(decisions[:i] + [recompute] + decisions[i + 1:], i)
+                yield from self._aligned(decisions[:i] + [recompute] + decisions[i + 1:], i, calls)
                 yield from self._inputs_back(decisions[:i] + [recompute] + decisions[i + 1:], recompute)
             yield from self._trigger_moves(decisions, i)
         else:
@@ -214,11 +215,16 @@ class PlanSearch:
 
     def _region_calls(self, decisions: list[Decision]) -> dict[int, int]:
         """Per recompute decision (its position in `decisions`), the module call the hooked executor runs
-        again for it (memplan.sim.regions; none where the plan has no hooked form)."""
-        lowering = self.simulator.lowering
-        if lowering is None:
+        again for it (memplan.sim.regions), where the plan runs hooked (none where it runs interpreted:
+        its chains are not module calls)."""
+        if self.simulator.lowering is None or self.simulator.run(Plan(decisions=tuple(decisions)),
+                                                                 self.budget).level != HOOKED:
             return {}
-        lowered = lowering.lower(tuple(decisions))
+        return self._calls_of(decisions)
+
+    def _calls_of(self, decisions: list[Decision]) -> dict[int, int]:
+        """`_region_calls` of the hooked form of `decisions`, whether or not it is the one that runs."""
+        lowered = self.simulator.lowering.lower(tuple(decisions))
         kept = range(len(decisions)) if lowered.kept is None else lowered.kept.tolist()
         return {kept[j]: run.call for j, run in lowered.regions.items()}
 
@@ -232,14 +238,16 @@ class PlanSearch:
         for at in sorted((at for at in dues if d.out_after + 1 < at < d.back_before), reverse=True):
             yield decisions[:i] + [replace(d, back_before=at)] + decisions[i + 1:]
 
-    def _aligned(self, decisions: list[Decision], i: int):
-        """`decisions` with every recomputation that the same module call runs again for as the new one at `i`
-        due at the earliest of theirs (one run rebuilds them all), where that moves any."""
-        calls = self._region_calls(decisions)
-        call = calls.get(i)
-        if call is None:
+    def _aligned(self, decisions: list[Decision], i: int, calls: dict | None):
+        """`decisions` with the new recomputation at `i` and every one that the same module call runs again for
+        due at the earliest of theirs (one run rebuilds them all), where that moves any; only where the plan
+        it changes runs hooked (`calls`, that plan's `_region_calls`, not empty)."""
+        if not calls:
             return
-        mates = [j for j, c in calls.items() if c == call]
+        calls = self._calls_of(decisions)
+        if i not in calls:
+            return
+        mates = [j for j, c in calls.items() if c == calls[i]]
         at = min(decisions[j].back_before for j in mates)
         moved = {j: replace(decisions[j], back_before=at) for j in mates
                  if decisions[j].out_after + 1 < at < decisions[j].back_before}

@@ -577,6 +577,20 @@ def test_the_actions_due_by_an_op_are_issued_before_it_starts():
     assert _late_ms([_recomputed(1, 5, 7)], host) == pytest.approx(0.1)
 
 
+def test_a_weight_away_at_the_steps_start_is_prefetched_and_waited_for_before_its_first_access():
+    """A head (a storage the step starts away) has its prefetch issued in the step's head and its wait at its
+    due op (memplan.sim._events: the prefetch at its trigger, before the op it is back before): two actions
+    before that op starts, where the host is behind (gpt2@8 with 4 layers at 70%: Adam states due in the
+    host-bound optimizer's step). Host and ops as in the test above; a 64 MiB weight away at op 1, due at 2."""
+    from memplan.planners.bound.absences import Absence
+    from memplan.planners.bound.lp import HostFloor
+
+    host = HostFloor(per_op_ms=np.array([0.1, 0.1, 2.7, 0.0, 0.0, 0.0]), action_ms=1.0, run_ms=0.0)
+    head = Absence(nbytes=64 * MIB, members=1, ops=np.array([1]), release=None, due=2, d2h_ms=0.0, h2d_ms=0.0,
+                   recompute_share=np.zeros(1), recompute_ms=np.zeros(1), fewest=1.0, storages=(7,))
+    assert _late_ms([head], host) == pytest.approx(2.9 - 2.0 + 2 * 1.0)
+
+
 def test_a_hooked_plan_pays_the_pack_hooks_of_what_it_moves():
     """Issue 49: the plans run hooked pay a hook call at every pack and unpack inside the windows of what
     they move (memplan.sim.arrays.hooked_host); the LP of those plans counts them, so on a traced step it

@@ -27,11 +27,11 @@ Where the host's work is priced (`host`: its least work per op, in ms), the devi
 before the host has issued it, every op before it and what it issued among them (the simulator's
 asynchronous host): at every time op j, its start is at least the host's work up to and including
 j, plus the actions of every unit due at j or before (a swap's four actions, out, release, prefetch
-and wait, and a recomputation's two, drop and run, all lie between its gap's ends; a head's wait lies
-before its due op), the runs of the stretches that end there (below) and the pack hooks that fire
-there (below), each times its share; and the step ends no earlier than the host's work for every
-op, plus the actions of every storage away at some check op, each times its largest share away that
-way (the end of its running maximum) and the fewest storages that share is. A storage's tail and
+and wait, and a recomputation's two, drop and run, all lie between its gap's ends; a head's prefetch
+and wait lie before its due op, in the step's head, where it starts away), the runs of the
+stretches that end there (below) and the pack hooks that fire there (below), each times its
+share; and the step ends no earlier than the host's work for every op, plus the actions of every
+storage away at some check op, each times its largest share away that way (the end of its running maximum) and the fewest storages that share is. A storage's tail and
 head (after its last access, before its first) are one swap across the iteration boundary, which
 acts four times every step: four times the larger of their shares (merged units, whose members'
 tails and heads need not pair up, half of that each). A recomputation's run lies after the check op
@@ -57,6 +57,7 @@ from .absences import Absence
 from ..kit.linear import MIB, Columns
 
 SWAP_ACTIONS, RECOMPUTE_ACTIONS = 4, 2  # the executor's actions per decision (memplan.sim.simulate)
+HEAD_ACTIONS = 2  # ... of a swap across the boundary, in the step's head: its prefetch and its wait
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,10 @@ class BoundLP:
             swapped = self.z[k][-1] if self.z[k] is not None else self.w[k][0] if self.w[k] is not None \
                 else self._running(self.x[k], forward=True)[-1]
             moved.append([swapped] + ([self.r[k][0]] if self.r[k] is not None else []))
-            if u.due is not None:  # issued before its due op starts: a swap's four actions, a head's wait
+            if u.due is not None:  # issued before its due op starts: a swap's four actions, a head's two
                 terms = before.setdefault(u.due, [])
-                terms.append((swapped, host.action_ms * u.fewest * (SWAP_ACTIONS if u.release is not None else 1)))
+                count = SWAP_ACTIONS if u.release is not None else HEAD_ACTIONS
+                terms.append((swapped, host.action_ms * u.fewest * count))
                 if self.r[k] is not None:
                     terms.append((self.r[k][0], host.action_ms * u.fewest * RECOMPUTE_ACTIONS))
             if u.members == 1 and u.storages and (u.release is None) != (u.due is None):

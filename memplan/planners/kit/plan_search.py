@@ -13,7 +13,7 @@ one thing at a time, largest feature map first:
   the 15.1 ms replayed were storages rebuilt twice, for a neighbour's chain and then for their own),
   or with an earlier recomputation that the hooked executor runs the same module call again for (due at
   one hook point, one run of the call rebuilds both, where apart it runs twice: gpt2@8 with 4 layers at
-  70%, five 12 MiB activations rebuilt by three runs instead of five, 12.44% -> 11.45%);
+  70%, five 12 MiB activations rebuilt by two runs instead of four, 12.44% -> 11.45%);
 - each recomputation above also without the swaps that have its lineage's inputs away when it runs
   (a swap the validator would refuse it beside: on vgg16@64 at 50% the 37 MiB input image swapped
   kept the 784 MiB first convolution's output swapped, its copies stalling the step, where

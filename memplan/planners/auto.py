@@ -20,13 +20,14 @@ Within one time limit (default 20 s) it
    (`memplan.planners.kit.plan_search`: its own prefetch ops kept, one decision changed at a
    time), sharing the time left until each reaches a local optimum;
 6. runs `home:seeded` (HOME's swarm seeded with the fast planners' plans; SWARM_PARTICLES
-   particles for at most SWARM_ITERS iterations) within what is left;
+   particles for at most SWARM_ITERS iterations) within what is left but step 8's share;
 7. with time still left, runs milp over every storage warm-started from the best plan so
    far (its decomposition on a large model, never worse than that start in the simulator;
    FINISH_SHARE of the limit, at least FINISH_S, is kept back: HiGHS and scoring the plans
    overrun a solve's own limit);
-8. with time still left, searches on the best plan itself where no local search made it (milp's
-   warm start ends at no local optimum of `plan_search`);
+8. with the time left (SETTLE_SHARE of the limit is kept for it), an iterated local search on the
+   best plan itself (`PlanSearch.iterate`: one to three of its decisions dropped at random, seeded,
+   and the plan searched again, until PATIENCE such kicks in a row find nothing faster);
 9. returns the plan of least simulated time that validates and fits the budget.
 
 `plan.report` names the plan chosen (`chosen`), the planner whose plan it refined
@@ -86,6 +87,7 @@ BOUND_SHARES = (0.5, 0.25, 0.1)  # ... a feature map is moved where the LP keeps
 BOUND_SHARE = 0.15  # of the time limit for the lower bound of every plan (memplan.planners.bound)
 FINISH_S, FINISH_SHARE = 2.0, 0.1  # kept back from the last milp (seconds, share of the limit): its
 # solves and the scoring of its plans end up to a few seconds past its own limit on large traces
+SETTLE_SHARE = 0.1  # of the limit kept from the swarm and the last milp for the iterated search (step 8)
 SWARM_MIN_S = 2.0  # home:seeded runs with the time left when at least this much is
 SWARM_ITERS, SWARM_PARTICLES = 50, 100  # its size: it ends on its own on small traces (a result that a time cut
 # does not decide), and within the limit on large ones
@@ -264,8 +266,8 @@ class _Search:
         return self._polisher
 
     def swarm(self) -> None:
-        """Step 6: with time left after the local searches, `home:seeded` with the rest of it."""
-        left = self.left()
+        """Step 6: with time left after the local searches, `home:seeded` with the rest of it but step 8's."""
+        left = self.left() - SETTLE_SHARE * self.limit_s
         if left >= SWARM_MIN_S:
             self.run_planner("home:seeded", time_limit_s=left, workers=1, min_bytes=self.min_bytes,
                              iters=SWARM_ITERS, particles=SWARM_PARTICLES)
@@ -274,7 +276,8 @@ class _Search:
         """Step 7: with time left, milp over every storage warm-started from the best plan so far
         (decomposed on a large model; never worse than its start in the simulator; without milp's
         fallback, made after its solves: it would end past the limit, and those plans are candidates)."""
-        left, ranked = min(self.left() - max(FINISH_S, FINISH_SHARE * self.limit_s), MILP_MAX_S), self.ranked()
+        kept = max(FINISH_S, FINISH_SHARE * self.limit_s) + SETTLE_SHARE * self.limit_s
+        left, ranked = min(self.left() - kept, MILP_MAX_S), self.ranked()
         if left < MILP_MIN_S or not ranked or (self.milp_report or {}).get("moves") == MOVES[0]:
             return
         try:
@@ -286,13 +289,12 @@ class _Search:
         self.add(f"milp from {ranked[0].name}", plan)
 
     def settle(self) -> None:
-        """Step 8: with time left, the search on the plan itself from the best candidate, where no local search
-        made it (milp's warm start does not end at that search's local optimum: gpt2@8 with 4 layers at 70%,
-        10.28% -> 6.79%)."""
+        """Step 8: with the time left (SETTLE_SHARE of the limit kept for it), the iterated search on the plan
+        itself from the best candidate (`PlanSearch.iterate`: its local optimum kicked and searched again)."""
         ranked, polisher = self.ranked(), self.polisher()
-        if not ranked or ranked[0].name.startswith("refined:") or polisher is None or self.left() <= 0:
+        if not ranked or polisher is None or self.left() <= 0:
             return
-        settled = polisher.search.polish(ranked[0].plan, self.deadline)
+        settled = polisher.search.iterate(ranked[0].plan, self.deadline, self.seed)
         if settled is not ranked[0].plan:
             self.add(f"refined:{ranked[0].name}", settled)
 

@@ -43,6 +43,22 @@ def test_the_search_never_slows_a_plan_down(factory, share, start, faster):
         assert polished is begun  # nothing improved: the plan itself, its prefetch ops untouched
 
 
+def test_the_iterated_search_is_never_slower_than_the_local_optimum_and_seeded():
+    """`PlanSearch.iterate` kicks the polished plan (drops one to three decisions at random) and searches again:
+    what it returns validates, fits, is no slower than `polish`'s local optimum, and the same for a seed."""
+    trace = residual_trace(3, flops_per_block=3e10)
+    cost = Cost.for_trace(trace, "h100")
+    budget = int(0.7 * trace.peak_load_bytes)
+    simulator = Simulator(trace, cost)
+    start = make_plan(trace, budget, planner="tflms", cost=cost)
+    search = PlanSearch(feature_maps(trace), simulator, budget)
+    local = search.polish(start, time.monotonic() + 60.0)
+    kicked = [search.iterate(start, time.monotonic() + 120.0, seed=3) for _ in range(2)]
+    assert kicked[0].decisions == kicked[1].decisions
+    assert validate(trace, kicked[0], budget) == [] and simulator.run(kicked[0], budget).peak_load_bytes <= budget
+    assert search.time_s(kicked[0].decisions) <= search.time_s(local.decisions)
+
+
 def test_a_recomputation_is_tried_with_its_inputs_swaps_dropped():
     """Swapping a recomputation's input away keeps the recomputation out (the validator refuses it
     beside that swap), so the search also tries it without the swap: on vgg16@64 at 50% the input

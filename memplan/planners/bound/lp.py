@@ -31,10 +31,11 @@ and wait, and a recomputation's two, drop and run, all lie between its gap's end
 and wait lie before its due op, in the step's head, where it starts away), the runs of the
 stretches that end there (below) and the pack hooks that fire there (below), each times its
 share; and the step ends no earlier than the host's work for every op, plus the actions of every
-storage away at some check op, each times its largest share away that way (the end of its running maximum) and the fewest storages that share is. A storage's tail and
-head (after its last access, before its first) are one swap across the iteration boundary, which
-acts four times every step: four times the larger of their shares (merged units, whose members'
-tails and heads need not pair up, half of that each). A recomputation's run lies after the check op
+storage away at some check op, each times its largest share away that way (the end of its running
+maximum) and the fewest storages that share is. A storage's tail and head (after its last access,
+before its first) are one swap across the iteration boundary, which acts four times every step:
+four times the larger of their shares (merged units, whose members' tails and heads need not pair
+up, half of that each). A recomputation's run lies after the check op
 it is away at and at or before its due op, so each stretch from one check op to the next where
 something recomputed away at the first is due by the next holds a run of its own (and the last
 stretch, to the step's end, one where anything is away at the last check op): the step pays a run

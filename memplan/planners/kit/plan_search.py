@@ -43,7 +43,8 @@ Where none of those improves the plan, four more:
   where the host is the bottleneck, an activation's in the forward; 8.4% -> 7.3%).
 A change is kept when the plan then simulates faster within the budget and the validator accepts
 it, and sweeps repeat until one changes nothing or the deadline passes. So the plan returned is
-never slower than the one it started from.
+never slower than the one it started from. `PlanSearch.iterate` repeats the search from kicked plans
+(one to three decisions of the best so far dropped at random, seeded): auto's last step.
 """
 
 from __future__ import annotations
@@ -264,7 +265,7 @@ class PlanSearch:
     def _aligned(self, decisions: list[Decision], i: int, calls: dict | None):
         """`decisions` with the new recomputation at `i` and every one that the same module call runs again for
         due at the earliest of theirs (one run rebuilds them all), where that moves any; only where the plan
-        it changes runs hooked (`calls`, that plan's `_region_calls`, not empty)."""
+        it changes runs hooked and recomputes (`calls`, that plan's `_region_calls`, not empty)."""
         if not calls:
             return
         calls = self._calls_of(decisions)

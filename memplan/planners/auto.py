@@ -43,6 +43,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -155,7 +156,6 @@ class _Search:
         self.named: dict[str, int] = {}  # planner -> the smallest load its infeasible-budget error named
         self.milp_report: dict | None = None
         self.bound: Bound | None = None  # the lower bound of every plan
-        self._polisher: Polisher | None | bool = False  # made when first needed (`polisher`)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -241,7 +241,7 @@ class _Search:
         """Step 5: from each of the best REFINED candidates and the bound's plan, sharing the time left:
         the local searches of `memplan.planners.kit.polish` (over policies for half of its share, then
         on the better plan itself); never slower than the candidate it starts from."""
-        polisher = self.polisher()
+        polisher = self.polisher
         if polisher is None:
             return
         fm, evaluator = polisher.fm, polisher.evaluator
@@ -259,11 +259,10 @@ class _Search:
             if polished is not plan or name == BOUND_START:
                 self.add(f"refined:{name}", polished)
 
+    @cached_property
     def polisher(self) -> Polisher | None:
-        """The local searches over this problem's feature maps (made once; None where it has none)."""
-        if self._polisher is False:
-            self._polisher = Polisher.of(self.trace, self.cost, self.budget, self.simulator, self.min_bytes)
-        return self._polisher
+        """The local searches over this problem's feature maps (made when first needed; None where it has none)."""
+        return Polisher.of(self.trace, self.cost, self.budget, self.simulator, self.min_bytes)
 
     def swarm(self) -> None:
         """Step 6: with time left after the local searches, `home:seeded` with the rest of it but step 8's."""
@@ -291,7 +290,7 @@ class _Search:
     def settle(self) -> None:
         """Step 8: with the time left (SETTLE_SHARE of the limit kept for it), the iterated search on the plan
         itself from the best candidate (`PlanSearch.iterate`: its local optimum kicked and searched again)."""
-        ranked, polisher = self.ranked(), self.polisher()
+        ranked, polisher = self.ranked(), self.polisher
         if not ranked or polisher is None or self.left() <= 0:
             return
         settled = polisher.search.iterate(ranked[0].plan, self.deadline, self.seed)

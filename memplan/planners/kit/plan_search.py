@@ -268,10 +268,10 @@ class PlanSearch:
         it changes runs hooked and recomputes (`calls`, that plan's `_region_calls`, not empty)."""
         if not calls:
             return
-        calls = self._calls_of(decisions)
-        if i not in calls:
+        runs = self._calls_of(decisions)  # the trial's: the new recomputation may change which call runs
+        if i not in runs:
             return
-        mates = [j for j, c in calls.items() if c == calls[i]]
+        mates = [j for j, c in runs.items() if c == runs[i]]
         at = min(decisions[j].back_before for j in mates)
         moved = {j: replace(decisions[j], back_before=at) for j in mates
                  if decisions[j].out_after + 1 < at < decisions[j].back_before}
